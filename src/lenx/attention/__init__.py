@@ -1,0 +1,21 @@
+"""Attention variants as composable parts, and the one attention module built from them."""
+
+from .alibi import ALiBi, alibi_slopes
+from .backends import BACKENDS, Parts, plan_backend
+from .cope import CoPE
+from .dape import DapeV2
+from .fire import FIRE
+from .kerple import KerpleLog, KerplePower
+from .methods import BASES, MethodSpec, UnknownMethodError, all_methods, parse_method
+from .module import Attention, AttentionConfig
+from .rope import RoPE
+from .softmax import Softmax
+from .stickbreaking import StickBreaking
+from .t5 import T5Bias
+from .xl import XLRelative
+
+__all__ = [
+    "ALiBi", "alibi_slopes", "BACKENDS", "Parts", "plan_backend", "CoPE", "DapeV2", "FIRE", "KerpleLog",
+    "KerplePower", "BASES", "MethodSpec", "UnknownMethodError", "all_methods", "parse_method", "Attention",
+    "AttentionConfig", "RoPE", "Softmax", "StickBreaking", "T5Bias", "XLRelative",
+]

@@ -1,0 +1,167 @@
+"""Ways to compute one attention composition, and the planner that picks among them.
+
+dense    the reference: the whole [B, H, T, T] score map, straight from the formulas.
+chunked  the same per block of query rows, keys cut at the block's causal edge (plus the DAPE V2
+         halo); at most [B, H, chunk, T] live, and blocks are recomputed in backward.
+sdpa     fused torch scaled_dot_product_attention: softmax with no bias and no processor.
+flex     FlexAttention with a per-distance bias table: softmax, pointwise bias, no processor.
+triton   lenx's fused kernels (lenx.ops), CUDA only, where a kernel covers the composition.
+"""
+
+from dataclasses import dataclass
+import math
+
+import torch
+from torch.nn import functional as F
+from torch.utils.checkpoint import checkpoint
+
+from .cope import CoPE
+from .dape import DapeV2
+
+BACKENDS = ("triton", "sdpa", "flex", "chunked", "dense")
+AUTO_ORDER = ("triton", "sdpa", "flex", "chunked")
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The four parts of one attention (the modules are owned by the attention layer)."""
+
+    qk: object | None  # RoPE or None (applied by the caller before any backend)
+    bias: object | None  # (q_pos, k_pos, q, k) -> broadcastable to [B, H, Tq, Tk]
+    processor: object | None  # DapeV2 or CoPE
+    normaliser: object  # Softmax or StickBreaking
+    causal: bool = True
+
+
+def block_attention(q, k, v, parts: Parts, q_start: int = 0):
+    """Rows q [B, H, c, d] at positions q_start.., keys/values [B, H, Tk, d] at 0..Tk-1.
+    Returns (out [B, H, c, d], rem [B, H, c] or None)."""
+    q_pos = torch.arange(q_start, q_start + q.shape[-2], device=q.device)
+    k_pos = torch.arange(k.shape[-2], device=q.device)
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    bias = parts.bias(q_pos, k_pos, q=q, k=k) if parts.bias is not None else None
+    if isinstance(parts.processor, DapeV2):
+        scores = parts.processor(scores, bias, q_offset=q_start)
+    else:
+        if bias is not None:
+            scores = scores + bias.to(scores.dtype)
+        if isinstance(parts.processor, CoPE):
+            scores = parts.processor(scores, q, q_pos, k_pos)
+    allowed = parts.normaliser.allowed(q_pos, k_pos, parts.causal)
+    return parts.normaliser(scores, v, allowed)
+
+
+def dense_attention(q, k, v, parts: Parts):
+    return block_attention(q, k, v, parts, 0)
+
+
+def chunked_attention(q, k, v, parts: Parts, chunk_size: int = 256):
+    T = q.shape[-2]
+    halo = getattr(parts.processor, "halo", 0)
+    sees_future = not parts.causal or getattr(parts.processor, "leak", False)
+    recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    outs, rems = [], []
+    for q0 in range(0, T, chunk_size):
+        q1 = min(T, q0 + chunk_size)
+        Tk = T if sees_future else min(T, q1 + halo)
+        args = (q[:, :, q0:q1], k[:, :, :Tk], v[:, :, :Tk], parts, q0)
+        # Recompute each block in backward so training memory stays at one block, not T x T.
+        out, rem = checkpoint(block_attention, *args, use_reentrant=False) if recompute else block_attention(*args)
+        outs.append(out)
+        rems.append(rem)
+    rem = None if rems[0] is None else torch.cat(rems, -1)
+    return torch.cat(outs, -2), rem
+
+
+def sdpa_attention(q, k, v, parts: Parts):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=parts.causal), None
+
+
+_compiled_flex = None
+
+
+def flex_attention(q, k, v, parts: Parts):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention as flex
+
+    global _compiled_flex
+    if not q.is_cuda and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise RuntimeError("FlexAttention has no backward on CPU; train with backend='chunked' (or 'auto')")
+    T = q.shape[-2]
+    table = parts.bias.table(T, q.device)  # [H, 2T - 1]
+    table = table.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return score + table[h, q_idx - kv_idx + T - 1]
+
+    block_mask = None
+    if parts.causal:
+        block_mask = create_block_mask(lambda b, h, qi, ki: ki <= qi, None, None, T, T, device=q.device)
+    fn = flex
+    if q.is_cuda:
+        if _compiled_flex is None:
+            _compiled_flex = torch.compile(flex, dynamic=False)
+        fn = _compiled_flex
+    return fn(q, k, v, score_mod=score_mod, block_mask=block_mask), None
+
+
+def unsupported_reason(backend: str, parts: Parts, device: torch.device) -> str | None:
+    """Why `backend` cannot compute this composition on `device`, or None if it can."""
+    softmax = parts.normaliser.name == "softmax"
+    if backend in ("dense", "chunked"):
+        return None
+    if backend == "sdpa":
+        if parts.bias is not None or parts.processor is not None or not softmax:
+            return "fused SDPA takes only plain softmax attention (no bias, no score processor)"
+        return None
+    if backend == "flex":
+        if parts.bias is None or not getattr(parts.bias, "pointwise", False) or parts.processor is not None or not softmax:
+            return "FlexAttention here takes softmax with a per-distance bias (alibi, kerple, kerple-power, t5) and no processor"
+        if not _has_flex():
+            return "this torch has no FlexAttention"
+        return None
+    if backend == "triton":
+        from ..ops import triton_unsupported_reason
+
+        return triton_unsupported_reason(parts, device)
+    raise ValueError(f"unknown backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")
+
+
+def _has_flex() -> bool:
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def plan_backend(parts: Parts, device: torch.device, requested: str = "auto") -> str:
+    """The fastest backend for this composition, or the requested one (an error if it cannot run it).
+    FlexAttention is only chosen automatically on CUDA: on CPU it runs unfused."""
+    if requested != "auto":
+        reason = unsupported_reason(requested, parts, device)
+        if reason:
+            ok = [b for b in BACKENDS if unsupported_reason(b, parts, device) is None]
+            raise ValueError(f"backend {requested!r} cannot run this attention: {reason}. Usable here: {', '.join(ok)}")
+        return requested
+    for backend in AUTO_ORDER:
+        if backend == "flex" and device.type != "cuda":
+            continue
+        if unsupported_reason(backend, parts, device) is None:
+            return backend
+    return "chunked"
+
+
+def run_backend(backend: str, q, k, v, parts: Parts, chunk_size: int = 256):
+    if backend == "dense":
+        return dense_attention(q, k, v, parts)
+    if backend == "chunked":
+        return chunked_attention(q, k, v, parts, chunk_size)
+    if backend == "sdpa":
+        return sdpa_attention(q, k, v, parts)
+    if backend == "flex":
+        return flex_attention(q, k, v, parts)
+    if backend == "triton":
+        from ..ops import triton_attention
+
+        return triton_attention(q, k, v, parts)
+    raise ValueError(f"unknown backend {backend!r}; choose one of auto, {', '.join(BACKENDS)}")

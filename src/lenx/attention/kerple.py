@@ -1,0 +1,41 @@
+"""Kerple (Chi et al. 2022): kernelised relative biases, log and power variants."""
+
+import torch
+from torch import nn
+
+from .positions import DistanceBias
+
+
+class KerpleLog(DistanceBias):
+    """Bias = -r1 * log(1 + r2 * |i - j|), r1 ~ U(0,2), r2 ~ U(0,1), both clamped >= 1e-2."""
+
+    def __init__(self, num_heads: int, causal: bool = True, eps: float = 1e-2):
+        super().__init__()
+        self.causal, self.eps = causal, eps
+        self.r1 = nn.Parameter(torch.rand(num_heads) * 2)
+        self.r2 = nn.Parameter(torch.rand(num_heads))
+
+    def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
+        shape = (-1,) + (1,) * dist.dim()
+        r1 = self.r1.clamp(min=self.eps).view(shape)
+        r2 = self.r2.clamp(min=self.eps).view(shape)
+        return -r1 * torch.log1p(r2 * dist.to(r1.dtype))
+
+
+class KerplePower(DistanceBias):
+    """Bias = -a * |i - j|^p, a ~ U(0,1) clamped >= 1e-2, p ~ U(0,2) clamped to [1e-2, 2]."""
+
+    def __init__(self, num_heads: int, causal: bool = True, eps: float = 1e-2):
+        super().__init__()
+        self.causal, self.eps = causal, eps
+        self.a = nn.Parameter(torch.rand(num_heads))
+        self.p = nn.Parameter(torch.rand(num_heads) * 2)
+
+    def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
+        shape = (-1,) + (1,) * dist.dim()
+        a = self.a.clamp(min=self.eps).view(shape)
+        p = self.p.clamp(self.eps, 2.0).view(shape)
+        d = dist.to(a.dtype)
+        # d**p at d = 0 has a NaN gradient in p (0 * log 0); evaluate at 1 and zero it instead.
+        powered = torch.where(d > 0, d.clamp(min=1.0) ** p, torch.zeros_like(d))
+        return -a * powered

@@ -1,0 +1,43 @@
+"""Relative-position helpers shared by the position biases."""
+
+import torch
+from torch import nn
+
+
+def relative_distance(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Distance i - j as a [Tq, Tk] long tensor.
+
+    Causal: clamped at 0 (entries with j > i are masked or zeroed later, so their value is
+    irrelevant, and clamping keeps every bias finite there). Bidirectional: |i - j|.
+    """
+    return fold_distance(q_pos[:, None] - k_pos[None, :], causal)
+
+
+def fold_distance(signed: torch.Tensor, causal: bool) -> torch.Tensor:
+    return signed.clamp(min=0) if causal else signed.abs()
+
+
+def signed_distances(T: int, device=None) -> torch.Tensor:
+    """-(T-1) .. T-1: the index range of a per-distance table, entry (i - j) + T - 1."""
+    return torch.arange(-(T - 1), T, device=device)
+
+
+class DistanceBias(nn.Module):
+    """A bias that depends only on (head, i - j): subclasses define from_distance(dist) -> [H, *dist].
+
+    Such biases are "pointwise": FlexAttention and the fused kernels read them from a per-distance
+    table instead of a [T, T] map.
+    """
+
+    pointwise = True
+    causal = True
+
+    def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def table(self, T: int, device=None) -> torch.Tensor:
+        """[H, 2T - 1] bias for every signed distance i - j (see signed_distances)."""
+        return self.from_distance(fold_distance(signed_distances(T, device), self.causal))
+
+    def forward(self, q_pos, k_pos, q=None, k=None):
+        return self.from_distance(relative_distance(q_pos, k_pos, self.causal))

@@ -1,0 +1,45 @@
+"""T5 relative bias (Raffel et al. 2020): a learned scalar per (bucket, head), shared by all layers."""
+
+import math
+
+import torch
+from torch import nn
+
+from .positions import DistanceBias, signed_distances
+
+
+def t5_bucket(n: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:
+    """Bucket of a non-negative distance n: exact below num_buckets // 2, log-spaced up to
+    max_distance, capped at num_buckets - 1."""
+    exact = num_buckets // 2
+    n = n.clamp(min=0)
+    log_part = exact + (
+        torch.log(n.clamp(min=1).to(torch.float32) / exact) / math.log(max_distance / exact) * (num_buckets - exact)
+    ).floor().long()
+    return torch.where(n < exact, n, log_part.clamp(max=num_buckets - 1))
+
+
+class T5Bias(DistanceBias):
+    """Causal: 32 buckets of max(i - j, 0) up to distance 128. Bidirectional (encoders): half the
+    buckets for each direction, as in T5's encoder."""
+
+    def __init__(self, num_heads: int, causal: bool = True, num_buckets: int = 32, max_distance: int = 128):
+        super().__init__()
+        self.causal, self.num_buckets, self.max_distance = causal, num_buckets, max_distance
+        self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)
+
+    def bucket(self, signed_dist: torch.Tensor) -> torch.Tensor:
+        if self.causal:
+            return t5_bucket(signed_dist, self.num_buckets, self.max_distance)
+        half = self.num_buckets // 2
+        return (signed_dist < 0).long() * half + t5_bucket(signed_dist.abs(), half, self.max_distance)
+
+    def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
+        """dist = i - j (signed for bidirectional use)."""
+        return self.relative_attention_bias(self.bucket(dist)).movedim(-1, 0)
+
+    def table(self, T: int, device=None) -> torch.Tensor:
+        return self.from_distance(signed_distances(T, device))  # buckets take the signed distance
+
+    def forward(self, q_pos, k_pos, q=None, k=None):
+        return self.from_distance(q_pos[:, None] - k_pos[None, :])

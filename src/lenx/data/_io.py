@@ -1,0 +1,51 @@
+"""Small file helpers: atomic writes and hashing."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Iterator
+
+TMP_MARK = ".tmp-"
+
+
+def tmp_name(path: Path) -> Path:
+    """A temp name in the same directory, so os.replace is atomic (same filesystem)."""
+    return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """Yield a temp path to write; it becomes `path` only if the block succeeds."""
+    path = Path(path)
+    tmp = tmp_name(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        # On success the temp is already gone; on failure never leave it behind.
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path: Path, obj) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+
+
+def remove_stale_tmp(folder: Path) -> None:
+    """Remove temp files left by a prepare that was killed."""
+    if folder.is_dir():
+        for p in folder.iterdir():
+            if p.name.startswith(".") and TMP_MARK in p.name and p.is_file():
+                p.unlink(missing_ok=True)
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

