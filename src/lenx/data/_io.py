@@ -6,8 +6,8 @@ import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 TMP_MARK = ".tmp-"
 

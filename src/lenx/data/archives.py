@@ -12,8 +12,9 @@ import io
 import shutil
 import subprocess
 import tarfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterator
+from typing import BinaryIO
 
 from .errors import DataError
 

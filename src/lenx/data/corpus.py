@@ -17,10 +17,10 @@ import json
 import logging
 import re
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -30,7 +30,14 @@ from ._io import atomic_path, remove_stale_tmp, write_json
 from .errors import DataError
 from .fetch import Registries
 from .sources import BUILTIN_SOURCES, Source
-from .tokenizer import EOS_TOKEN, MAX_VOCAB, encode_docs, gpt2_tokenizer, load_tokenizer, train_bpe
+from .tokenizer import (
+    EOS_TOKEN,
+    MAX_VOCAB,
+    encode_docs,
+    gpt2_tokenizer,
+    load_tokenizer,
+    train_bpe,
+)
 
 log = logging.getLogger("lenx.data")
 
@@ -99,7 +106,8 @@ class Corpus:
     def encode(self, text: str) -> list[int]:
         tok = self.tokenizer()
         if tok is None:
-            raise DataError(f"corpus {self.name!r} is token-level and has no text tokenizer; use its token ids directly")
+            raise DataError(f"corpus {self.name!r} is token-level and has no text tokenizer; "
+                            "use its token ids directly")
         return tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids) -> str:
@@ -112,7 +120,8 @@ class Corpus:
 
 
 def _corrupt(name: str, folder: Path, what: str) -> DataError:
-    return DataError(f"corpus {name!r} at {folder} is corrupt: {what}; delete that folder and run `lenx prepare {name}` again")
+    return DataError(f"corpus {name!r} at {folder} is corrupt: {what}; "
+                     f"delete that folder and run `lenx prepare {name}` again")
 
 
 def _read_manifest(folder: Path) -> dict | None:
@@ -178,18 +187,30 @@ def open_corpus(name: str, root: Path = Path("data")) -> Corpus:
 
 # --- preparing -----------------------------------------------------------------------
 
+def _decode(data: str | bytes) -> tuple[str, bool]:
+    """(text, whether it was valid UTF-8); invalid bytes become U+FFFD."""
+    if isinstance(data, str):
+        return data, True
+    try:
+        return data.decode("utf-8"), True
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="replace"), False
+
+
 def normalise(data: str | bytes) -> str:
     """UTF-8 text with Unix newlines and no byte-order mark."""
-    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    text = _decode(data)[0]
     return text.replace("\r\n", "\n").replace("\r", "\n").removeprefix("\ufeff")
 
 
 def clean_docs(docs: Iterable[tuple[str, str | bytes]]) -> tuple[list[tuple[str, str]], dict]:
     """Normalise, drop empty documents and exact duplicates (first one wins)."""
-    out, seen, stats = [], set(), {"docs_read": 0, "empty_dropped": 0, "duplicates_dropped": 0}
+    out, seen = [], set()
+    stats = {"docs_read": 0, "empty_dropped": 0, "duplicates_dropped": 0, "not_utf8_kept_with_replacements": 0}
     for doc_id, data in docs:
         stats["docs_read"] += 1
-        text = normalise(data)
+        text, valid = _decode(data)
+        text = normalise(text)
         if not text.strip():
             stats["empty_dropped"] += 1
             continue
@@ -198,6 +219,7 @@ def clean_docs(docs: Iterable[tuple[str, str | bytes]]) -> tuple[list[tuple[str,
             stats["duplicates_dropped"] += 1
             continue
         seen.add(digest)
+        stats["not_utf8_kept_with_replacements"] += not valid
         out.append((doc_id, text))
     stats["docs_kept"] = len(out)
     return out, stats
@@ -286,11 +308,13 @@ def _read_user_data(path: Path) -> tuple[list, dict]:
                 try:
                     text = json.loads(line)["text"]
                 except (ValueError, KeyError, TypeError) as e:
-                    raise DataError(f"{path} line {i + 1} is not JSON with a \"text\" field ({e}); fix or remove it") from e
+                    msg = f"{path} line {i + 1} is not JSON with a \"text\" field ({e}); fix or remove it"
+                    raise DataError(msg) from e
                 docs.append((f"{path.name}:{i + 1}", str(text)))
         record = {"name": "user", "path": str(path.resolve()), "lines": len(docs)}
     else:
-        raise DataError(f"--from path {path} is neither a folder nor a .jsonl file; give a folder of text files or a JSONL file")
+        raise DataError(f"--from path {path} is neither a folder nor a .jsonl file; "
+                        "give a folder of text files or a JSONL file")
     return docs, record
 
 
@@ -311,7 +335,7 @@ def _gather_builtin(sources: list[Source], reg: Registries, progress: bool) -> t
             tqdm(total=len(sources), desc="sources", unit="pkg", disable=not progress) as bar:
         futures = [pool.submit(run, s) for s in sources]
         results = []
-        for src, fut in zip(sources, futures):
+        for src, fut in zip(sources, futures, strict=True):
             try:
                 results.append((src, *fut.result()))
             except DataError as e:
@@ -344,17 +368,82 @@ def _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, roo
     if from_path is None and name not in CORPORA:
         raise _unknown(name, root)
     if from_path is not None and name in CORPORA:
-        raise DataError(f"{name!r} is a built-in corpus; give your data another name, e.g. `lenx prepare my{name} --from ...`")
+        raise DataError(f"{name!r} is a built-in corpus; give your data another name, "
+                        f"e.g. `lenx prepare my{name} --from PATH`")
     if tokenizer not in TOKENIZERS:
         raise DataError(f"unknown tokenizer {tokenizer!r}; use one of {', '.join(TOKENIZERS)}")
     if vocab_size > MAX_VOCAB:
         raise DataError(f"vocab_size {vocab_size} is too big: tokens are stored as uint16, so use at most {MAX_VOCAB}")
     if tokenizer == "bpe" and vocab_size < 258:
-        raise DataError(f"vocab_size {vocab_size} is too small: byte-level BPE needs at least 258 (256 bytes + EOS + 1)")
+        raise DataError(f"vocab_size {vocab_size} is too small: byte-level BPE needs at least 258 "
+                        "(256 bytes + EOS + 1)")
     if from_path is not None and not Path(from_path).expanduser().exists():
         raise DataError(f"--from path {from_path} does not exist; give a folder of text files or a .jsonl file")
     if not (0 <= val_frac < 1 and 0 <= test_frac < 1 and val_frac + test_frac < 1):
         raise DataError(f"val_frac={val_frac} and test_frac={test_frac} must be in [0, 1) and sum to less than 1")
+
+
+def _build_synthetic(folder: Path, seed: int, val_frac: float, test_frac: float) -> dict:
+    docs = synthetic.generate(seed, val_frac, test_frac)
+    (folder / "tokenizer.json").unlink(missing_ok=True)
+    splits = {}
+    for split in SPLITS:
+        splits[split] = _write_split(folder, split, iter(docs[split]), synthetic.EOS)
+        splits[split]["chars"] = None
+    return {"sources": [synthetic.describe()], "skipped": [],
+            "tokenizer": {"kind": "none", "vocab_size": synthetic.VOCAB, "eos_id": synthetic.EOS, "eos_token": None},
+            "splits": splits}
+
+
+def _build_text(folder: Path, name: str, from_path, tokenizer: str, vocab_size: int, seed: int,
+                val_frac: float, test_frac: float, reg: Registries, progress: bool) -> dict:
+    # 1. Documents: read, normalise, dedupe.
+    if from_path is not None:
+        raw, record = _read_user_data(Path(from_path))
+        records, skipped = [record], []
+    else:
+        raw, records, skipped = _gather_builtin(BUILTIN_SOURCES[name](), reg, progress)
+    docs, cleaning = clean_docs(raw)
+    del raw
+    if not docs:
+        raise DataError(f"no usable documents for {name!r} (all empty or duplicates); check the input")
+    if from_path is not None:
+        records[0].update(docs=len(docs), chars=sum(len(t) for _, t in docs))
+
+    # 2. Split by document; within a split, a seeded random order mixes the stream.
+    lengths = np.array([len(t) for _, t in docs])
+    assign = split_docs(lengths, seed, val_frac, test_frac)
+    rng = np.random.default_rng(seed + 1)
+    members = {s: rng.permutation(np.flatnonzero(assign == i)) for i, s in enumerate(SPLITS)}
+
+    # 3. Tokenizer: trained on the train split only (or GPT-2's).
+    log.info("preparing the %s tokenizer", tokenizer)
+    tok_record = {"kind": tokenizer}
+    if tokenizer == "gpt2":
+        tok, fetched = gpt2_tokenizer(reg)
+        tok_record["source"] = fetched.record()
+    else:
+        train_texts = (docs[i][1] for i in members["train"])
+        tok = train_bpe(train_texts, vocab_size, n_texts=len(members["train"]), progress=progress)
+    eos_id = tok.token_to_id(EOS_TOKEN)
+    tok_record.update(vocab_size=tok.get_vocab_size(), eos_id=eos_id, eos_token=EOS_TOKEN, file="tokenizer.json")
+    with atomic_path(folder / "tokenizer.json") as tmp:
+        tok.save(str(tmp))
+
+    # 4. Encode and pack every split.
+    splits = {}
+    with tqdm(total=int(lengths.sum()), desc="encoding", unit="char", unit_scale=True, disable=not progress) as bar:
+        for split in SPLITS:
+            texts = [docs[i][1] for i in members[split]]
+
+            def counted(ids_iter, texts=texts):
+                for text, ids in zip(texts, ids_iter, strict=True):
+                    bar.update(len(text))
+                    yield ids
+
+            splits[split] = _write_split(folder, split, counted(encode_docs(tok, texts)), eos_id)
+            splits[split]["chars"] = int(sum(len(t) for t in texts))
+    return {"sources": records, "skipped": skipped, "cleaning": cleaning, "tokenizer": tok_record, "splits": splits}
 
 
 def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | None = None,
@@ -364,15 +453,15 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
     """Build `<root>/<name>/` and return its manifest.
 
     Built-in names are in CORPORA; any other name needs `from_path` (a folder of text
-    files, or a JSONL file with a "text" field). If the corpus is already prepared with
-    the same settings it is returned as is, unless `force`.
+    files, or a JSONL file with a "text" field). Downloads are cached in `cache_dir`
+    (default `<root>/.cache`). If the corpus is already prepared with the same
+    settings it is returned as is, unless `force`.
     """
     t0 = time.time()
     root = Path(root)
     _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, root)
-    is_synthetic = name == "synthetic"
     params = _params(from_path, tokenizer, vocab_size, seed, val_frac, test_frac)
-    if is_synthetic:
+    if name == "synthetic":
         params.update(tokenizer="none", vocab_size=synthetic.VOCAB)
     folder = root / name
     old = _read_manifest(folder)
@@ -389,73 +478,17 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
     # From here until the new manifest is written, the folder counts as not prepared.
     (folder / "manifest.json").unlink(missing_ok=True)
 
-    manifest = {"format": FORMAT, "name": name, "kind": "synthetic" if is_synthetic else "text",
+    manifest = {"format": FORMAT, "name": name, "kind": "synthetic" if name == "synthetic" else "text",
                 "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "params": params}
-    if is_synthetic:
-        split_tokens = synthetic.generate(seed, val_frac, test_frac)
-        eos_id = synthetic.EOS
-        manifest["tokenizer"] = {"kind": "none", "vocab_size": synthetic.VOCAB, "eos_id": eos_id, "eos_token": None}
-        manifest["sources"], manifest["skipped"] = [synthetic.describe()], []
-        (folder / "tokenizer.json").unlink(missing_ok=True)
-        splits = {}
-        for split in SPLITS:
-            splits[split] = _write_split(folder, split, iter(split_tokens[split]), eos_id)
-            splits[split]["chars"] = None
+    if name == "synthetic":
+        manifest.update(_build_synthetic(folder, seed, val_frac, test_frac))
     else:
         reg = Registries(Path(cache_dir) if cache_dir else root / ".cache")
-        if from_path is not None:
-            raw, record = _read_user_data(Path(from_path))
-            records, skipped = [record], []
-        else:
-            raw, records, skipped = _gather_builtin(BUILTIN_SOURCES[name](), reg, progress)
-        docs, cleaning = clean_docs(raw)
-        del raw
-        if len(docs) < 1:
-            raise DataError(f"no usable documents for {name!r} (all empty or duplicates); check the input")
-        if from_path is not None:
-            records[0].update(docs=len(docs), chars=sum(len(t) for _, t in docs))
-        manifest["sources"], manifest["skipped"], manifest["cleaning"] = records, skipped, cleaning
-
-        lengths = np.array([len(t) for _, t in docs])
-        assign = split_docs(lengths, seed, val_frac, test_frac)
-        # Within a split, documents go in a seeded random order (so streams are mixed).
-        rng = np.random.default_rng(seed + 1)
-        members = {s: rng.permutation(np.flatnonzero(assign == i)) for i, s in enumerate(SPLITS)}
-
-        log.info("training tokenizer")
-        tok_record = {"kind": tokenizer}
-        if tokenizer == "gpt2":
-            tok, fetched = gpt2_tokenizer(reg)
-            tok_record["source"] = fetched.record()
-        else:
-            train_texts = (docs[i][1] for i in members["train"])
-            tok = train_bpe(train_texts, vocab_size, n_texts=len(members["train"]), progress=progress)
-        eos_id = tok.token_to_id(EOS_TOKEN)
-        tok_record.update(vocab_size=tok.get_vocab_size(), eos_id=eos_id, eos_token=EOS_TOKEN, file="tokenizer.json")
-        if tok_record["vocab_size"] > MAX_VOCAB:
-            raise DataError(f"tokenizer has {tok_record['vocab_size']} tokens, more than uint16 can hold")
-        with atomic_path(folder / "tokenizer.json") as tmp:
-            tok.save(str(tmp))
-        manifest["tokenizer"] = tok_record
-
-        splits = {}
-        total_chars = int(lengths.sum())
-        with tqdm(total=total_chars, desc="encoding", unit="char", unit_scale=True, disable=not progress) as bar:
-            for split in SPLITS:
-                texts = [docs[i][1] for i in members[split]]
-
-                def counted(it, texts=texts):
-                    for text, ids in zip(texts, it):
-                        bar.update(len(text))
-                        yield ids
-
-                splits[split] = _write_split(folder, split, counted(encode_docs(tok, texts)), eos_id)
-                splits[split]["chars"] = int(sum(len(t) for t in texts))
-
-    manifest["splits"] = splits
+        manifest.update(_build_text(folder, name, from_path, tokenizer, vocab_size, seed,
+                                    val_frac, test_frac, reg, progress))
     for n in LONG:
-        manifest[f"test_docs_ge_{n}_tokens"] = splits["test"][f"docs_ge_{n}_tokens"]
+        manifest[f"test_docs_ge_{n}_tokens"] = manifest["splits"]["test"][f"docs_ge_{n}_tokens"]
     manifest["seconds"] = round(time.time() - t0, 1)
     write_json(folder / "manifest.json", manifest)  # last: marks the corpus as complete
-    log.info("prepared %s: %s", name, {s: splits[s]["tokens"] for s in SPLITS})
+    log.info("prepared %s: %s", name, {s: manifest["splits"][s]["tokens"] for s in SPLITS})
     return manifest

@@ -11,11 +11,17 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from .archives import iter_deb, iter_deb_nested_tarball, iter_tarball, read_r_lazyload, unpack_deb
+from .archives import (
+    iter_deb,
+    iter_deb_nested_tarball,
+    iter_tarball,
+    read_r_lazyload,
+    unpack_deb,
+)
 from .errors import DataError
 from .fetch import Fetched, Registries
 

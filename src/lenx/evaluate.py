@@ -1,0 +1,152 @@
+"""Long-context evaluation with the DAPE V2 paper's protocol.
+
+For every length L, the model reads whole length-L windows cut from held-out documents and we report
+the perplexity of the last `scored` tokens (256 in the paper), so every length scores the same number
+of tokens. Windows are nested: the window of length L is the last L tokens of one fixed window of the
+longest length, so at every L the very same tokens are scored and only the context before them grows.
+The windows depend only on the corpus, the split and eval.seed, never on the method.
+
+DeltaP (seed appendix A) at L > T_train: P(M(x[-T_train:]), T_train) - P(M(x), T_train), where
+P(M(x), K) is the perplexity of the last K tokens after reading x. Positive: the extra context helps.
+"""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from .checkpoint import CheckpointError, checkpoint_dir, load_weights
+from .config import ConfigError, RunConfig, load_config
+from .model import LM
+from .train import autocast_for, open_training_corpus, resolve_device
+
+
+def default_lengths(train_len: int, max_length: int) -> list[int]:
+    lengths, L = [], train_len
+    while L <= max_length:
+        lengths.append(L)
+        L *= 2
+    return lengths
+
+
+def eval_windows(corpus, split: str, longest: int, count: int, seed: int) -> tuple[np.ndarray, str]:
+    """`count` windows of longest + 1 tokens (inputs plus next-token targets), seeded. Windows come
+    from single documents at least that long when there are enough; otherwise from the split's token
+    stream (documents joined by EOS), which the returned note says."""
+    tokens, docs = corpus.tokens(split), corpus.docs(split)
+    need = longest + 1
+    rng = np.random.default_rng(seed)
+    long_docs = docs[docs[:, 1] >= need]
+    if len(long_docs) >= min(count, 8):
+        picks = long_docs[rng.integers(0, len(long_docs), size=count)]
+        starts = picks[:, 0] + (rng.random(count) * (picks[:, 1] - need + 1)).astype(np.int64)
+        note = f"{count} windows from {len(np.unique(picks[:, 0]))} held-out documents of >= {need} tokens"
+    else:
+        if len(tokens) < need:
+            raise ConfigError(f"the {split} split has {len(tokens)} tokens, fewer than the longest evaluation "
+                              f"window ({need}); evaluate at shorter lengths (--lengths) or prepare more data")
+        starts = rng.integers(0, len(tokens) - need + 1, size=count)
+        note = (f"{count} windows from the joined {split} stream: only {len(long_docs)} documents have >= {need} "
+                "tokens, so windows may cross document boundaries")
+    return np.stack([np.asarray(tokens[s:s + need], dtype=np.int64) for s in starts]), note
+
+
+def token_nll(model: LM, x: torch.Tensor, y: torch.Tensor, last: int) -> torch.Tensor:
+    """Per-token negative log-likelihood of the last `last` targets, [B, last] fp32 (the LM head runs
+    in slices so the [B, L, vocab] logits never exist at once)."""
+    h = model.hidden(x)[:, -last:]
+    out = []
+    for s in range(0, last, 1024):
+        logits = model.lm_head(h[:, s:s + 1024]).float()
+        out.append(F.cross_entropy(logits.transpose(1, 2), y[:, -last:][:, s:s + 1024], reduction="none"))
+    return torch.cat(out, 1)
+
+
+def _forward_nll(model, windows: np.ndarray, L: int, last: int, device, precision: str, budget: int, bar=None):
+    """NLL [N, last] of the last `last` targets of every window cut to length L, batched to the token
+    budget; on CUDA out-of-memory the batch halves and the slice is retried."""
+    batch = max(1, budget // L)
+    rows, i = [], 0
+    while i < len(windows):
+        chunk = torch.from_numpy(windows[i:i + batch, -(L + 1):]).to(device)
+        try:
+            with torch.no_grad(), autocast_for(device, precision):
+                rows.append(token_nll(model, chunk[:, :-1], chunk[:, 1:], last).cpu())
+        except torch.OutOfMemoryError:
+            if batch == 1:
+                raise
+            torch.cuda.empty_cache()
+            batch //= 2
+            continue
+        i += len(chunk)
+        if bar is not None:
+            bar.update(len(chunk))
+    return torch.cat(rows)
+
+
+def load_run(run_dir: Path, device: torch.device, backend: str | None = None) -> tuple[LM, RunConfig]:
+    run_dir = Path(run_dir)
+    if not (run_dir / "config.toml").is_file():
+        raise CheckpointError(f"{run_dir} is not a lenx run directory (no config.toml); train one with `lenx train`")
+    cfg = load_config(run_dir / "config.toml")
+    ckpt = checkpoint_dir(run_dir)
+    if ckpt is None:
+        raise CheckpointError(f"{run_dir} has no checkpoint yet; train it (or resume it) first")
+    if backend:
+        cfg.model.backend = backend
+    model = LM(cfg.model)
+    load_weights(model, ckpt)
+    return model.to(device).eval(), cfg
+
+
+def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | None = None, scored: int | None = None,
+             device: str = "auto", backend: str | None = None, token_budget: int | None = None,
+             progress: bool = True, write: bool = True) -> dict:
+    run_dir = Path(run_dir)
+    dev = resolve_device(device)
+    model, cfg = load_run(run_dir, dev, backend)
+    e, T_train = cfg.eval, cfg.train.seq_len
+    lengths = sorted(set(lengths or e.lengths or default_lengths(T_train, e.max_length)))
+    windows = windows or e.windows
+    scored = scored or e.scored
+    if lengths[0] < scored:
+        raise ConfigError(f"evaluation length {lengths[0]} is shorter than the {scored} scored tokens; "
+                          f"use lengths >= {scored} or a smaller --scored")
+    budget = token_budget or e.token_budget or (65536 if dev.type == "cuda" else 8192)
+    corpus = open_training_corpus(cfg)
+    data, note = eval_windows(corpus, e.split, max(lengths), windows, e.seed)
+    delta_k = min(T_train, lengths[0])
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=windows * (len(lengths) + 1), desc=f"eval {cfg.model.method}", unit="window", dynamic_ncols=True)
+    # The reference for DeltaP: the last T_train tokens read with only T_train tokens of input.
+    short = _forward_nll(model, data, T_train, delta_k, dev, cfg.train.precision, budget, bar)
+    per_length = {}
+    for L in lengths:
+        nll = _forward_nll(model, data, L, L, dev, cfg.train.precision, budget, bar)
+        row = {
+            "ppl": math.exp(nll[:, -scored:].mean().item()),
+            "ppl_full": math.exp(nll.mean().item()),
+            "nll": nll[:, -scored:].mean().item(),
+        }
+        if L > T_train:
+            row["delta_p"] = math.exp(short.mean().item()) - math.exp(nll[:, -delta_k:].mean().item())
+        per_length[str(L)] = row
+    if bar is not None:
+        bar.close()
+    result = {
+        "run": str(run_dir), "method": cfg.model.method, "train_len": T_train, "corpus": cfg.data.corpus,
+        "split": e.split, "lengths": lengths, "windows": windows, "scored": scored, "window_note": note,
+        "delta_p_tokens": delta_k, "backends": model.backends(dev), "device": str(dev), "results": per_length,
+    }
+    if write:
+        tmp = run_dir / "eval.json.tmp"
+        tmp.write_text(json.dumps(result, indent=2))
+        tmp.replace(run_dir / "eval.json")
+    return result

@@ -1,0 +1,42 @@
+"""What a run records about where it ran: commit, versions, device, command."""
+
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+
+def git_commit(cwd: Path | None = None) -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=cwd or Path(__file__).parent)
+        commit = out.stdout.strip() if out.returncode == 0 else "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10, cwd=cwd or Path(__file__).parent).stdout.strip()
+        return commit + ("+dirty" if dirty and commit != "unknown" else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def environment(device: torch.device | None = None) -> dict:
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "command": " ".join(sys.argv),
+        "git_commit": git_commit(),
+    }
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if device is not None and device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["cuda"] = torch.version.cuda
+    else:
+        info["cpu"] = platform.processor() or platform.machine()
+    return info
