@@ -131,12 +131,12 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
     for L in lengths:
         nll = _forward_nll(model, data, L, L, dev, cfg.train.precision, budget, bar)
         row = {
-            "ppl": math.exp(nll[:, -scored:].mean().item()),
-            "ppl_full": math.exp(nll.mean().item()),
-            "nll": nll[:, -scored:].mean().item(),
+            "ppl": math.exp(nll[:, -scored:].double().mean().item()),
+            "ppl_full": math.exp(nll.double().mean().item()),
+            "nll": nll[:, -scored:].double().mean().item(),
         }
         if L > T_train:
-            row["delta_p"] = math.exp(short.mean().item()) - math.exp(nll[:, -delta_k:].mean().item())
+            row["delta_p"] = math.exp(short.double().mean().item()) - math.exp(nll[:, -delta_k:].double().mean().item())
         per_length[str(L)] = row
     if bar is not None:
         bar.close()

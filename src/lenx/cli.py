@@ -1,0 +1,213 @@
+"""The `lenx` command: a thin layer over the library functions."""
+
+from pathlib import Path
+import json
+import sys
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="lenx: train on short sequences, evaluate at long ones, compare attention variants.")
+
+ConfigOpt = typer.Option("tiny", "--config", "-c", help="a TOML file or a preset name (tiny, small, 125m, 350m)")
+SetOpt = typer.Option(None, "--set", "-s", help="dotted override, repeatable: --set model.method=kerple")
+
+
+def _user_errors():
+    from .attention.methods import UnknownMethodError
+    from .checkpoint import CheckpointError
+    from .config import ConfigError
+    from .data import DataError
+    from .train import TrainingDiverged
+
+    return (ConfigError, DataError, CheckpointError, UnknownMethodError, TrainingDiverged, FileNotFoundError)
+
+
+def _fail(e: Exception):
+    typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def _parse_lengths(text: str | None) -> list[int] | None:
+    if not text:
+        return None
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        _fail(ValueError(f"--lengths must be comma-separated integers, got {text!r}"))
+
+
+@app.command("list")
+def list_methods():
+    """Every method name with its description and the backends that can run it."""
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from .attention import Attention, AttentionConfig, all_methods
+    from .attention.backends import BACKENDS, unsupported_reason
+
+    table = Table(title="lenx methods: names read \\[processor-]\\[normaliser-]base")
+    for col in ("method", "description", "backends (CPU)", "backends (CUDA)"):
+        table.add_column(col)
+    for name in all_methods():
+        attn = Attention(AttentionConfig(method=name), 4, 64)
+        cols = []
+        for dev in ("cpu", "cuda"):
+            ok = [b for b in BACKENDS if unsupported_reason(b, attn.parts, torch.device(dev)) is None]
+            cols.append(", ".join(b for b in ok if not (dev == "cpu" and b == "triton")))
+        table.add_row(name, attn.spec.description, *cols)
+    Console().print(table)
+
+
+@app.command()
+def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a new name with --from"),
+            from_path: Path = typer.Option(None, "--from", help="a folder of text files or a JSONL file with a 'text' field"),
+            root: Path = typer.Option(Path("data"), help="where corpora live"),
+            tokenizer: str = typer.Option("bpe", help="bpe (trained on the train split) or gpt2"),
+            vocab_size: int = typer.Option(16384, help="BPE vocabulary size"),
+            seed: int = typer.Option(0)):
+    """Build a corpus: fetch, extract, dedupe, split by document, tokenize, pack."""
+    from .data import prepare_corpus
+
+    try:
+        manifest = prepare_corpus(corpus, root, from_path=from_path, tokenizer=tokenizer, vocab_size=vocab_size, seed=seed)
+    except _user_errors() as e:
+        _fail(e)
+    summary = {k: v for k, v in manifest.items() if k not in ("sources",)}
+    print(json.dumps(summary, indent=2))
+
+
+@app.command("train")
+def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
+              out: Path = typer.Option(None, "--out", "-o", help="run directory (default runs/<corpus>-<method>-T<len>)"),
+              resume: Path = typer.Option(None, "--resume", help="continue this run directory from its last checkpoint"),
+              progress: bool = typer.Option(True, help="show a progress bar")):
+    """Train a model (single process, or under torchrun for several GPUs)."""
+    from .config import load_config
+    from .train import train
+
+    try:
+        if resume is not None:
+            summary = train(None, resume, resume=True, progress=progress)
+        else:
+            cfg = load_config(config, set_ or [])
+            run_dir = out or Path("runs") / f"{cfg.data.corpus}-{cfg.model.method}-T{cfg.train.seq_len}"
+            summary = train(cfg, run_dir, progress=progress)
+    except _user_errors() as e:
+        _fail(e)
+    print(json.dumps(summary))
+
+
+@app.command("eval")
+def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
+             lengths: str = typer.Option(None, help="comma-separated, e.g. 128,256,512 (default: powers of two from the training length to eval.max_length)"),
+             windows: int = typer.Option(None, help="windows per length (default eval.windows)"),
+             scored: int = typer.Option(None, help="score the last N tokens (default eval.scored, 256)"),
+             device: str = typer.Option("auto"), backend: str = typer.Option(None, help="force an attention backend"),
+             progress: bool = typer.Option(True)):
+    """Perplexity of the last 256 tokens at every length, DeltaP, and full-sequence perplexity."""
+    from .evaluate import evaluate
+
+    try:
+        result = evaluate(run, _parse_lengths(lengths), windows, scored, device, backend, progress=progress)
+    except _user_errors() as e:
+        _fail(e)
+    print_eval_table([result])
+    print(f"wrote {Path(run) / 'eval.json'}")
+
+
+def print_eval_table(results: list[dict]):
+    from rich.console import Console
+    from rich.table import Table
+
+    lengths = sorted({int(L) for r in results for L in r["results"]})
+    table = Table(title=f"perplexity of the last {results[0]['scored']} tokens (ΔP in brackets); {results[0]['window_note']}")
+    table.add_column("method")
+    for L in lengths:
+        table.add_column(str(L), justify="right")
+    for r in results:
+        cells = []
+        for L in lengths:
+            row = r["results"].get(str(L))
+            if row is None:
+                cells.append("")
+                continue
+            cells.append(f"{row['ppl']:.2f}" + (f" ({row['delta_p']:+.2f})" if "delta_p" in row else ""))
+        table.add_row(r["method"], *cells)
+    Console().print(table)
+
+
+@app.command("sweep")
+def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method names"), config: str = ConfigOpt,
+              set_: list[str] = SetOpt, out: Path = typer.Option(None, "--out", "-o", help="sweep directory"),
+              progress: bool = typer.Option(True)):
+    """Train and evaluate several methods with the same data, seed and budget; table and plots."""
+    from .attention import parse_method
+    from .config import load_config
+    from .sweep import sweep
+
+    try:
+        names = [parse_method(m).name for m in methods.split(",") if m]
+        cfg = load_config(config, set_ or [])
+        out = out or Path("runs") / f"sweep-{cfg.data.corpus}-T{cfg.train.seq_len}"
+        result = sweep(names, cfg, out, progress=progress)
+    except _user_errors() as e:
+        _fail(e)
+    print_eval_table(result["results"])
+    print("figures: " + ", ".join(result["figures"]))
+
+
+@app.command("plot")
+def plot_cmd(source: Path = typer.Argument(..., help="a sweep directory / results.json / eval.json, or a run directory with --attention"),
+             out: Path = typer.Option(None, "--out", "-o", help="output folder (default: next to the source)"),
+             attention: bool = typer.Option(False, help="draw attention maps (scores, bias, processed) of one run"),
+             length: int = typer.Option(64, help="input length for --attention"),
+             layer: int = typer.Option(0), head: int = typer.Option(0)):
+    """Re-draw the figures from saved JSON (or attention maps from a checkpoint)."""
+    from . import plot
+
+    try:
+        if attention:
+            import torch
+
+            from .evaluate import load_run
+            from .train import open_training_corpus
+
+            _, cfg = load_run(source, torch.device("cpu"))
+            tokens = torch.from_numpy(open_training_corpus(cfg).tokens("test")[:length].astype("int64"))
+            path = plot.plot_attention_maps(source, tokens, (out or source) / f"attention_L{layer}_H{head}.png", layer, head)
+            print(path)
+            return
+        results = plot.load_results(source)
+        folder = out or (source if source.is_dir() else source.parent)
+        print(plot.plot_perplexity(results, folder / "perplexity.png"))
+        print(plot.plot_delta_p(results, folder / "delta_p.png"))
+    except _user_errors() as e:
+        _fail(e)
+
+
+@app.command()
+def demo(out: Path = typer.Option(Path("runs/demo"), "--out", "-o"),
+         steps: int = typer.Option(300, help="training steps per method")):
+    """The main job on the embedded synthetic corpus (CPU, minutes): train rope, kerple and
+    dapev2-kerple at length 64, evaluate up to 8x that, print the table and the plot paths."""
+    from .config import load_config
+    from .sweep import sweep
+
+    cfg = load_config("tiny", [f"train.steps={steps}"])
+    try:
+        result = sweep(["rope", "kerple", "dapev2-kerple"], cfg, out)
+    except _user_errors() as e:
+        _fail(e)
+    print_eval_table(result["results"])
+    print(f"table: {out / 'results.md'}")
+    print("figures: " + ", ".join(result["figures"]))
+
+
+def main():
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
