@@ -187,6 +187,34 @@ def plot_cmd(source: Path = typer.Argument(..., help="a sweep directory / result
         _fail(e)
 
 
+@app.command("che")
+def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (default: all 15)"),
+            methods: str = typer.Option(None, help="comma-separated methods (default: rope,alibi,kerple,dape-kerple,dapev2-kerple)"),
+            preset: str = typer.Option("smoke", help="smoke (CPU, minutes), gpu (a few minutes per pair), paper (200k steps)"),
+            steps: int = typer.Option(None, help="training steps per task-method-seed"),
+            seeds: str = typer.Option(None, help="comma-separated seeds"),
+            test_max_length: int = typer.Option(None, help="longest test length (default 500; smoke: 56)"),
+            test_samples: int = typer.Option(None, help="test samples per length (default 512)"),
+            out: Path = typer.Option(Path("runs/che"), "--out", "-o"),
+            progress: bool = typer.Option(True)):
+    """The Chomsky-hierarchy length-generalisation benchmark: train on lengths 1..40, test on 41..500."""
+    from .attention.methods import UnknownMethodError
+    from .che import make_config, run_che
+    from .tasks import UnknownTaskError
+
+    split = lambda text: [x for x in text.split(",") if x] if text else None  # noqa: E731
+    try:
+        cfg = make_config(preset, tasks=split(tasks), methods=split(methods), steps=steps,
+                          seeds=[int(s) for s in split(seeds)] if seeds else None,
+                          test_max_length=test_max_length, test_samples=test_samples)
+        result = run_che(cfg, out, progress=progress)
+    except (UnknownMethodError, UnknownTaskError, ValueError) as e:
+        _fail(e)
+    print((out / "che.md").read_text())
+    print(f"wrote {out / 'che.json'}, {out / 'che_per_length.png'}")
+    return result
+
+
 @app.command()
 def demo(out: Path = typer.Option(Path("runs/demo"), "--out", "-o"),
          steps: int = typer.Option(300, help="training steps per method")):

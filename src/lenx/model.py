@@ -17,6 +17,7 @@ class LMConfig(AttentionConfig):
     n_head: int = 4
     d_model: int = 128
     mlp_ratio: int = 4
+    activation: str = "gelu"  # gelu | relu (the CHE encoder uses ReLU)
     dropout: float = 0.0
 
 
@@ -25,9 +26,12 @@ class MLP(nn.Module):
         super().__init__()
         self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=False)
         self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=False)
+        if cfg.activation not in ("gelu", "relu"):
+            raise ValueError(f"model.activation must be gelu or relu, got {cfg.activation!r}")
+        self.act = F.gelu if cfg.activation == "gelu" else F.relu
 
     def forward(self, x):
-        return self.proj(F.gelu(self.fc(x)))
+        return self.proj(self.act(self.fc(x)))
 
 
 class Block(nn.Module):
