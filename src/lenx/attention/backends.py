@@ -31,6 +31,7 @@ class Parts:
     processor: object | None  # DapeV2 or CoPE
     normaliser: object  # Softmax or StickBreaking
     causal: bool = True
+    head_dim: int | None = None  # lets the planner reject shapes a fused kernel cannot take
 
 
 def block_attention(q, k, v, parts: Parts, q_start: int = 0):
@@ -96,12 +97,14 @@ def flex_attention(q, k, v, parts: Parts):
     block_mask = None
     if parts.causal:
         block_mask = create_block_mask(lambda b, h, qi, ki: ki <= qi, None, None, T, T, device=q.device)
-    fn = flex
-    if q.is_cuda:
-        if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex, dynamic=False)
-        fn = _compiled_flex
-    return fn(q, k, v, score_mod=score_mod, block_mask=block_mask), None
+    if not q.is_cuda:
+        return flex(q, k, v, score_mod=score_mod, block_mask=block_mask), None
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex, dynamic=False)
+    # Inductor's default tiles ask for more shared memory than an H200 has once the bias table needs
+    # a gradient (245760 > 232448 bytes, measured); these smaller ones fit.
+    options = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32}
+    return _compiled_flex(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=options), None
 
 
 def unsupported_reason(backend: str, parts: Parts, device: torch.device) -> str | None:

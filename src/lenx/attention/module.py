@@ -91,7 +91,7 @@ class Attention(nn.Module):
             self.normaliser = StickBreaking(n_head, self.head_dim, cfg.sb_attend_current, cfg.sb_remainder)
         else:
             self.normaliser = Softmax()
-        self.parts = Parts(self.rope, self.bias, self.processor, self.normaliser, cfg.causal)
+        self.parts = Parts(self.rope, self.bias, self.processor, self.normaliser, cfg.causal, self.head_dim)
         plan_backend(self.parts, torch.device("cpu") if cfg.backend != "triton" else torch.device("cuda"), cfg.backend)
 
     def backend_for(self, device: torch.device) -> str:

@@ -1,6 +1,8 @@
 """Attention operators with several implementations each: a dense fp32 reference, a chunked
 PyTorch path, and (on CUDA) fused Triton kernels."""
 
+import importlib.util
+
 import torch
 
 from ..attention.backends import Parts, chunked_attention, dense_attention, plan_backend, run_backend
@@ -8,12 +10,62 @@ from .stickbreaking.reference import stickbreaking_reference
 
 
 def triton_unsupported_reason(parts: Parts, device: torch.device) -> str | None:
-    """Fused kernels are not part of this build yet."""
-    return "no fused Triton kernel covers this composition"
+    """Why no fused Triton kernel computes this composition on `device`, or None if one does.
+
+    Covered (causal only): softmax + DAPE V2 with or without a per-distance bias; softmax + a
+    per-distance bias (alibi, kerple, kerple-power, t5) with no processor; stick-breaking with no
+    bias or processor (any remainder mode: the module applies it). Shapes the planner cannot see
+    (head dim, T) are checked when the kernel is called."""
+    if device.type != "cuda":
+        return "the fused Triton kernels run on CUDA devices only"
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    if not parts.causal:
+        return "the fused Triton kernels are causal only"
+    if parts.head_dim is not None and parts.head_dim not in (16, 32, 64, 128):
+        return f"the fused Triton kernels take head dims 16, 32, 64 or 128, not {parts.head_dim}"
+    name = parts.normaliser.name
+    if name == "stickbreaking":
+        if parts.bias is not None or parts.processor is not None:
+            return "the stick-breaking kernel takes no position bias and no score processor"
+        return None
+    if name != "softmax":
+        return f"no fused Triton kernel for the {name} normaliser"
+    bias, proc = parts.bias, parts.processor
+    if bias is not None and not (getattr(bias, "pointwise", False) and hasattr(bias, "table")):
+        return "the fused kernels take only a per-distance bias table (alibi, kerple, kerple-power, t5)"
+    if proc is None:
+        if bias is None:
+            return "plain causal softmax: fused SDPA covers it"
+        return None
+    from ..attention.dape import DapeV2
+
+    if not isinstance(proc, DapeV2):
+        return f"no fused Triton kernel for the {type(proc).__name__} score processor"
+    if proc.leak:
+        return "the fused DAPE V2 kernel is leak-free only (leak=True is the dense/chunked experiment)"
+    from .dape_v2.triton import shape_unsupported_reason
+
+    # Through the bare op API the head dim is unknown here; the kernel checks it again when called.
+    return shape_unsupported_reason(proc.num_heads, parts.head_dim or 16, proc.hidden, proc.kernel_size)
 
 
 def triton_attention(q, k, v, parts: Parts):
-    raise NotImplementedError("no fused Triton kernel covers this composition")
+    """Run the fused kernel for `parts` (see triton_unsupported_reason) -> (out, rem or None).
+    q and k arrive already rotated (RoPE is applied by the caller)."""
+    T = q.shape[-2]
+    if parts.normaliser.name == "stickbreaking":
+        from .stickbreaking.triton import stickbreaking_triton
+
+        return stickbreaking_triton(q, k, v, parts.normaliser.attend_current)
+    table = parts.bias.table(T, q.device) if parts.bias is not None else None
+    if parts.processor is not None:
+        from .dape_v2.triton import dape_v2_triton
+
+        return dape_v2_triton(q, k, v, parts.processor, table), None
+    from .dape_v2.biased import biased_attention
+
+    return biased_attention(q, k, v, table), None
 
 
 def stickbreaking_attention(q, k, v, attend_current: bool = False, backend: str = "auto", chunk_size: int = 256):

@@ -1,0 +1,384 @@
+"""Time and peak memory of the attention backends, per method and length (`lenx bench`).
+
+For every method, backend and length: forward time (no autograd graph), forward+backward time, and
+the peak memory of each (torch.cuda.max_memory_allocated after a reset, inputs included). Times
+are medians over repeats timed with CUDA events after a warm-up. Ratios are taken against fused
+causal SDPA measured in the same run. Out-of-memory is caught and recorded as such; a call slower
+than `max_call_s` (median) skips the longer lengths of that (method, backend).
+
+Library use: run_bench(...) -> dict (also written as JSON), print_bench_table(result).
+Device use:  PYTHONPATH=src python -m lenx.bench --commit <sha> --out results.json
+"""
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+from .attention import Attention, AttentionConfig
+from .attention.backends import run_backend, unsupported_reason
+
+METHODS = ("sdpa", "kerple", "dapev2-kerple", "stickbreaking")
+BACKENDS = ("sdpa", "flex", "triton", "chunked", "dense")
+LENGTHS = (512, 2048, 8192, 16384, 32768)
+
+
+def _parts(method: str, heads: int, head_dim: int, device, dape_hidden: int, dape_kernel: int):
+    """The attention parts of a lenx method ("sdpa" = plain causal softmax, lenx's "nope")."""
+    name = "nope" if method == "sdpa" else method
+    cfg = AttentionConfig(method=name, backend="dense", dape_hidden=dape_hidden, dape_kernel=dape_kernel,
+                          sb_remainder="drop")
+    module = Attention(cfg, heads, heads * head_dim).to(device)
+    return module.parts, [p for n, p in module.named_parameters() if not n.startswith(("qkv", "proj"))]
+
+
+def _median_ms(fn, warmup_ms: float, rep_ms: float, max_reps: int, grads_to_none=()):
+    """Median time of fn() in ms, with CUDA events. Runs fn once first (compilation, allocator)."""
+    def once():
+        for t in grads_to_none:
+            t.grad = None
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+
+    first = once()
+    spent, n = first, 0
+    while spent < warmup_ms and n < max_reps:
+        spent += once()
+        n += 1
+    times = []
+    while len(times) < 3 or (sum(times) < rep_ms and len(times) < max_reps):
+        times.append(once())
+    return statistics.median(times), len(times), first
+
+
+def _is_oom(err: Exception) -> bool:
+    text = f"{type(err).__name__}: {err}".lower()
+    return isinstance(err, torch.cuda.OutOfMemoryError) or any(
+        s in text for s in ("out of memory", "outofresources", "out of resource"))
+
+
+def _measure(method, backend, T, *, batch, heads, head_dim, dtype, device, chunk_size, dape_hidden, dape_kernel,
+             warmup_ms, rep_ms, max_reps):
+    """One row: fwd / fwd+bwd time and peak memory. Raises on anything but OOM."""
+    torch.manual_seed(0)
+    parts, params = _parts(method, heads, head_dim, device, dape_hidden, dape_kernel)
+    row = {"method": method, "backend": backend, "T": T}
+    reason = unsupported_reason(backend, parts, device)
+    if reason:
+        row["status"] = f"unsupported: {reason}"
+        return row
+    shape = (batch, heads, T, head_dim)
+    q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    g = torch.randn(shape, device=device, dtype=dtype)
+    leaves = [q, k, v] + params
+
+    def fwd():
+        # autocast as in mixed-precision training: the dense/chunked paths' convs and matmuls run
+        # in bf16 with fp32 parameters (the fused paths take the bf16 inputs as they are)
+        with torch.autocast(device.type, dtype=dtype):
+            return run_backend(backend, q, k, v, parts, chunk_size)[0]
+
+    def fwd_nograd():
+        with torch.no_grad():
+            fwd()
+
+    def fwd_bwd():
+        fwd().backward(g)
+
+    for mode, fn in (("fwd", fwd_nograd), ("fwdbwd", fwd_bwd)):
+        try:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            ms, reps, first = _median_ms(fn, warmup_ms, rep_ms, max_reps, leaves)
+            row[f"{mode}_ms"] = ms
+            row[f"{mode}_reps"] = reps
+            row[f"{mode}_first_ms"] = first
+            row[f"{mode}_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        except Exception as err:  # noqa: BLE001  (OOM is a result; anything else is re-raised)
+            if not _is_oom(err):
+                raise
+            row[f"{mode}_status"] = "out of resources" if "resource" in str(err).lower() else "oom"
+            row[f"{mode}_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+        finally:
+            for t in leaves:
+                t.grad = None
+            torch.cuda.empty_cache()
+    row["status"] = "ok"
+    return row
+
+
+def run_bench(methods=METHODS, lengths=LENGTHS, batch: int = 1, heads: int = 12, head_dim: int = 64,
+              dtype=torch.bfloat16, backends=BACKENDS, out_path=None, *, chunk_size: int = 256,
+              dape_hidden: int = 32, dape_kernel: int = 3, max_call_s: float = 3.0, warmup_ms: float = 25,
+              rep_ms: float = 200, max_reps: int = 50, only_at: dict | None = None, commit: str | None = None,
+              command: str | None = None, log=print) -> dict:
+    """Benchmark every (method, backend, length) on the current CUDA device -> result dict (see
+    module docstring); written as JSON to out_path when given (after every length, so a run cut
+    short keeps what it measured). only_at: {backend: lengths} runs that backend at those lengths
+    only (e.g. FlexAttention recompiles for every length)."""
+    only_at = only_at or {}
+    if not torch.cuda.is_available():
+        raise RuntimeError("lenx bench needs a CUDA device")
+    device = torch.device("cuda")
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    result = {
+        "device": torch.cuda.get_device_name(device),
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "git_commit": commit,
+        "command": command if command is not None else " ".join(sys.argv),
+        "args": dict(methods=list(methods), lengths=list(lengths), batch=batch, heads=heads, head_dim=head_dim,
+                     dtype=str(dtype).replace("torch.", ""), backends=list(backends), chunk_size=chunk_size,
+                     dape_hidden=dape_hidden, dape_kernel=dape_kernel, max_call_s=max_call_s,
+                     warmup_ms=warmup_ms, rep_ms=rep_ms, max_reps=max_reps,
+                     only_at={b: list(v) for b, v in only_at.items()}),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "rows": [],
+    }
+    too_slow = set()  # (method, backend, mode) whose last call exceeded max_call_s
+    for T in lengths:
+        for method in methods:
+            for backend in backends:
+                key = (method, backend)
+                if backend in only_at and T not in only_at[backend]:
+                    continue
+                if key in too_slow:
+                    row = {"method": method, "backend": backend, "T": T,
+                           "status": f"skipped: a shorter length ran out of memory or took over {max_call_s} s"}
+                else:
+                    t0 = time.time()
+                    row = _measure(method, backend, T, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype,
+                                   device=device, chunk_size=chunk_size, dape_hidden=dape_hidden,
+                                   dape_kernel=dape_kernel, warmup_ms=warmup_ms, rep_ms=rep_ms, max_reps=max_reps)
+                    row["wall_s"] = round(time.time() - t0, 2)
+                    # the median, not the first call: that one carries one-time costs (CUDA and
+                    # cuBLAS start-up, compilation) and once skipped SDPA's chunked rows too early
+                    slow = [row.get(f"{m}_ms", 0) for m in ("fwd", "fwdbwd")]
+                    failed = {row.get("fwd_status"), row.get("fwdbwd_status")} & {"oom", "out of resources"}
+                    if max(slow) > 1000 * max_call_s or failed:
+                        too_slow.add(key)
+                result["rows"].append(row)
+                if log and not row["status"].startswith("unsupported"):
+                    log(_row_line(row))
+        _add_ratios(result)
+        if out_path:
+            with open(out_path, "w") as f:
+                json.dump(result, f, indent=1)
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+def _add_ratios(result):
+    """x SDPA: each row's time and peak memory over fused causal SDPA's at the same length."""
+    base = {r["T"]: r for r in result["rows"] if r["method"] == "sdpa" and r["backend"] == "sdpa"}
+    for r in result["rows"]:
+        b = base.get(r["T"])
+        if not b:
+            continue
+        for key in ("fwd_ms", "fwdbwd_ms", "fwd_peak_mib", "fwdbwd_peak_mib"):
+            if key in r and key in b and b[key]:
+                r[key.replace("_ms", "_x_sdpa").replace("_peak_mib", "_mem_x_sdpa")] = r[key] / b[key]
+
+
+def _row_line(r):
+    def cell(mode):
+        if f"{mode}_ms" in r:
+            return f"{mode} {r[f'{mode}_ms']:9.3f} ms {r[f'{mode}_peak_mib']:9.0f} MiB"
+        return f"{mode} {r.get(f'{mode}_status', r['status'])}"
+    if r["status"] != "ok":
+        return f"{r['method']:>15} {r['backend']:>8} T={r['T']:>6}  {r['status']}"
+    return f"{r['method']:>15} {r['backend']:>8} T={r['T']:>6}  {cell('fwd')} | {cell('fwdbwd')}"
+
+
+def print_bench_table(result, console=None):
+    """A rich table of a run_bench result: time and peak memory, and their ratios to SDPA."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    a = result["args"]
+    title = (f"{result['device']} | torch {result['torch']} | triton {result['triton']} | CUDA {result['cuda']} | "
+             f"B={a['batch']} H={a['heads']} d={a['head_dim']} {a['dtype']} | commit {result.get('git_commit')}")
+    table = Table(title=title)
+    for col in ("method", "backend", "T", "fwd ms", "x SDPA", "fwd+bwd ms", "x SDPA", "peak MiB (f+b)", "x SDPA"):
+        table.add_column(col, justify="left" if col in ("method", "backend") else "right")
+
+    def num(r, key, fmt):
+        return format(r[key], fmt) if key in r else ""
+
+    for r in result["rows"]:
+        if r["status"].startswith("unsupported"):
+            continue
+        if r["status"] != "ok":
+            table.add_row(r["method"], r["backend"], str(r["T"]), r["status"].split(":")[0], *[""] * 5)
+            continue
+        fwd = num(r, "fwd_ms", ".3f") or r.get("fwd_status", "")
+        fb = num(r, "fwdbwd_ms", ".3f") or r.get("fwdbwd_status", "")
+        table.add_row(r["method"], r["backend"], str(r["T"]), fwd, num(r, "fwd_x_sdpa", ".2f"), fb,
+                      num(r, "fwdbwd_x_sdpa", ".2f"), num(r, "fwdbwd_peak_mib", ".0f"),
+                      num(r, "fwdbwd_mem_x_sdpa", ".2f"))
+    console.print(table)
+
+
+def bench_markdown(result) -> str:
+    """The same table as print_bench_table, as GitHub markdown (for results/bench/README.md)."""
+    a = result["args"]
+    lines = [f"{result['device']}, torch {result['torch']}, triton {result['triton']}, CUDA {result['cuda']}; "
+             f"B={a['batch']} H={a['heads']} d={a['head_dim']} {a['dtype']}; commit {result.get('git_commit')}", "",
+             "| method | backend | T | fwd ms | x SDPA | fwd+bwd ms | x SDPA | peak MiB fwd+bwd | x SDPA |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
+
+    def num(r, key, fmt):
+        return format(r[key], fmt) if key in r else ""
+
+    for r in result["rows"]:
+        if r["status"].startswith("unsupported"):
+            continue
+        if r["status"] != "ok":
+            lines.append(f"| {r['method']} | {r['backend']} | {r['T']} | {r['status'].split(':')[0]} |  |  |  |  |  |")
+            continue
+        fwd = num(r, "fwd_ms", ".3f") or r.get("fwd_status", "")
+        fb = num(r, "fwdbwd_ms", ".3f") or r.get("fwdbwd_status", "")
+        lines.append(f"| {r['method']} | {r['backend']} | {r['T']} | {fwd} | {num(r, 'fwd_x_sdpa', '.2f')} | {fb} | "
+                     f"{num(r, 'fwdbwd_x_sdpa', '.2f')} | {num(r, 'fwdbwd_peak_mib', '.0f')} | "
+                     f"{num(r, 'fwdbwd_mem_x_sdpa', '.2f')} |")
+    return "\n".join(lines) + "\n"
+
+
+# Candidate tile shapes of the fused kernels, tried by tile_sweep. DAPE V2: (BM, BNW, num_warps,
+# num_stages) for k <= 3; the others: (BM, BN, num_warps) for every kernel of the family. All were
+# compiled offline for sm_90 first (shared memory within 227 KB, see notes/kernels.md).
+SWEEP = {
+    "dapev2-kerple": [(16, 32, 8, 1), (16, 16, 8, 1), (16, 16, 4, 1)],
+    "stickbreaking": [(64, 32, 4), (64, 64, 4), (128, 64, 8)],
+    "kerple": [(64, 64, 4), (128, 64, 8), (64, 64, 8)],
+}
+
+
+def _set_tiles(method, fwd, bwd=None):
+    """Install tile shapes for the forward and backward kernels of a method's fused kernel. DAPE V2
+    (k = 3, hidden <= 32, bf16) has one shape for both passes: the backward's choice, the larger cost."""
+    fwd, bwd = tuple(fwd), tuple(bwd or fwd)
+    if method == "dapev2-kerple":
+        from .ops.dape_v2 import triton as mod
+
+        mod.TILES["k3"] = bwd
+    elif method == "stickbreaking":
+        from .ops.stickbreaking import triton as mod
+
+        mod.CONFIG.update(fwd=fwd, bwd=bwd)
+    else:
+        from .ops.dape_v2 import biased as mod
+
+        mod.CONFIG.update(fwd=fwd, dkdv=bwd, dq=bwd)
+
+
+def _check_against_dense(method, T, heads, head_dim, device):
+    """Largest relative error of out, dq, dk, dv (bf16 kernel vs fp32 dense reference)."""
+    torch.manual_seed(0)
+    parts, params = _parts(method, heads, head_dim, device, 32, 3)
+    q, k, v = (torch.randn(1, heads, T, head_dim, device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32, requires_grad=True)
+               for _ in range(3))
+    g = torch.randn(1, heads, T, head_dim, device=device)
+    out = run_backend("triton", q, k, v, parts)[0]
+    grads = torch.autograd.grad(out, (q, k, v), g.bfloat16())
+    refs = [x.detach().float().requires_grad_() for x in (q, k, v)]
+    tf32 = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False  # an fp32 reference, not a TF32 one
+    try:
+        ref = run_backend("dense", *refs, parts)[0]
+        ref_grads = torch.autograd.grad(ref, refs, g)
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32
+    return max(float((a.float() - b).norm() / b.norm()) for a, b in zip((out, *grads), (ref, *ref_grads)))
+
+
+def tile_sweep(T: int = 8192, check_T: int = 1024, heads: int = 12, head_dim: int = 64, candidates=None,
+               log=print, device=None) -> dict:
+    """Time each candidate tile shape of the fused kernels at length T (bf16, B = 1) after checking
+    it against the dense fp32 reference at check_T (error < 1e-2); installs the fastest correct
+    candidates per method (forward tiles by forward time, backward tiles by forward+backward minus
+    forward time) and returns every measurement."""
+    device = device or torch.device("cuda")
+    out = {}
+    for method, cands in (candidates or SWEEP).items():
+        rows = []
+        for tiles in cands:
+            _set_tiles(method, tiles)
+            row = {"tiles": list(tiles)}
+            try:
+                row["check_err"] = _check_against_dense(method, check_T, heads, head_dim, device)
+                if row["check_err"] < 1e-2:
+                    m = _measure(method, "triton", T, batch=1, heads=heads, head_dim=head_dim, dtype=torch.bfloat16,
+                                 device=device, chunk_size=256, dape_hidden=32, dape_kernel=3, warmup_ms=25,
+                                 rep_ms=200, max_reps=30)
+                    row.update({k: v for k, v in m.items() if k.startswith(("fwd", "fwdbwd"))})
+            except Exception as err:  # noqa: BLE001  (a candidate that does not fit is a result)
+                row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+            torch.cuda.empty_cache()
+            rows.append(row)
+            if log:
+                log(f"sweep {method} {tiles}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                            for k, v in row.items() if k != "tiles"))
+        ok = [r for r in rows if "fwdbwd_ms" in r and "fwd_ms" in r]
+        fwd = min(ok, key=lambda r: r["fwd_ms"])["tiles"] if ok else cands[0]
+        bwd = min(ok, key=lambda r: r["fwdbwd_ms"] - r["fwd_ms"])["tiles"] if ok else cands[0]
+        _set_tiles(method, fwd, bwd)
+        out[method] = {"T": T, "check_T": check_T, "rows": rows, "chosen": {"fwd": fwd, "bwd": bwd}}
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--backends", default=",".join(BACKENDS))
+    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--max-call-s", type=float, default=3.0)
+    p.add_argument("--only", action="append", default=[], metavar="BACKEND=T1,T2",
+                   help="run BACKEND at these lengths only (repeatable)")
+    p.add_argument("--tile-sweep", action="store_true",
+                   help="first time candidate tile shapes of the fused kernels at 8192 and keep the fastest")
+    p.add_argument("--commit", default=None)
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    only_at = {b: [int(x) for x in ts.split(",")] for b, ts in (o.split("=") for o in args.only)}
+    sweep = tile_sweep() if args.tile_sweep else None
+    if sweep and args.out:
+        with open(args.out.replace(".json", "_tile_sweep.json"), "w") as f:
+            json.dump(sweep, f, indent=1)
+    res = run_bench(methods=args.methods.split(","), lengths=[int(x) for x in args.lengths.split(",")],
+                    batch=args.batch, heads=args.heads, head_dim=args.head_dim, backends=args.backends.split(","),
+                    out_path=args.out, max_call_s=args.max_call_s, only_at=only_at, commit=args.commit,
+                    command="python -m lenx.bench " + " ".join(sys.argv[1:] if argv is None else argv))
+    if sweep:
+        res["tile_sweep"] = sweep
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(res, f, indent=1)
+    print_bench_table(res)
+    return res
+
+
+if __name__ == "__main__":
+    main()
