@@ -30,7 +30,7 @@ for backend in ("triton", "chunked"):
 rows["speedup"] = rows["chunked"]["seconds"] / rows["triton"]["seconds"]
 rows["gpu"] = torch.cuda.get_device_name()
 rows["torch"] = torch.__version__
-import triton; rows["triton"] = triton.__version__
+import triton; rows["triton_version"] = triton.__version__
 json.dump(rows, open(f"{out}/eval_speedup.json", "w"), indent=2)
 print("speedup chunked/triton: %.2fx" % rows["speedup"])
 PY

@@ -10,8 +10,8 @@ def rel_err(a: torch.Tensor, b: torch.Tensor, floor: float = 1e-6) -> float:
     return float((a - b).norm() / b.norm().clamp(min=floor))
 
 
-def assert_close(a, b, tol=1e-5, what=""):
+def assert_close(a, b, tol=1e-5, what="", floor=1e-6):
     assert a.shape == b.shape, (what, a.shape, b.shape)
     assert torch.isfinite(a).all(), f"{what}: non-finite values"
-    err = rel_err(a, b)
+    err = rel_err(a, b, floor)
     assert err < tol, f"{what}: relative error {err:.2e} >= {tol:.0e}"

@@ -27,7 +27,9 @@ def test_flex_forward_backward_matches_dense(method, T):
     assert_close(x2.grad, x.grad, 1e-4, "dx")
     for (name, p_ref), (_, p) in zip(ref.named_parameters(), fast.named_parameters()):
         if p_ref.grad is not None:
-            assert_close(p.grad, p_ref.grad, 1e-3, name)
+            # floor: at T = 1 the exact bias gradient is 0 (a one-key softmax ignores the bias) and
+            # FlexAttention returns fp32 rounding noise there (seen on an H200: T5 table, T = 1)
+            assert_close(p.grad, p_ref.grad, 1e-3, name, floor=1e-3)
 
 
 @pytest.mark.parametrize("method", ["rope", "dapev2-kerple", "stickbreaking", "cope"])

@@ -24,8 +24,12 @@ from .model import LM
 from .train import autocast_for, open_training_corpus, resolve_device
 
 
-def default_lengths(train_len: int, max_length: int) -> list[int]:
+def default_lengths(train_len: int, max_length: int, scored: int = 0) -> list[int]:
+    """Powers of two times the training length up to max_length, from the first that holds the
+    scored window (training at 128 with 256 scored tokens starts at 256)."""
     lengths, L = [], train_len
+    while L < scored:
+        L *= 2
     while L <= max_length:
         lengths.append(L)
         L *= 2
@@ -109,9 +113,11 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
     dev = resolve_device(device)
     model, cfg = load_run(run_dir, dev, backend)
     e, T_train = cfg.eval, cfg.train.seq_len
-    lengths = sorted(set(lengths or e.lengths or default_lengths(T_train, e.max_length)))
+    lengths = sorted(set(lengths or e.lengths or default_lengths(T_train, e.max_length, scored or e.scored)))
     windows = windows or e.windows
     scored = scored or e.scored
+    if not lengths:
+        raise ConfigError(f"no evaluation length: eval.max_length {e.max_length} is below the training length or the scored window")
     if lengths[0] < scored:
         raise ConfigError(f"evaluation length {lengths[0]} is shorter than the {scored} scored tokens; "
                           f"use lengths >= {scored} or a smaller --scored")

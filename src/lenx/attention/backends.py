@@ -100,6 +100,9 @@ def flex_attention(q, k, v, parts: Parts):
     if not q.is_cuda:
         return flex(q, k, v, score_mod=score_mod, block_mask=block_mask), None
     if _compiled_flex is None:
+        # One compiled kernel per sequence length: an evaluation sweeps ~8 lengths, more than
+        # dynamo's default recompile limit, past which it would silently run flex unfused.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         _compiled_flex = torch.compile(flex, dynamic=False)
     # Inductor's default tiles ask for more shared memory than an H200 has once the bias table needs
     # a gradient (245760 > 232448 bytes, measured); these smaller ones fit.
