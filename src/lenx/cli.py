@@ -18,13 +18,19 @@ def _user_errors():
     from .checkpoint import CheckpointError
     from .config import ConfigError
     from .data import DataError
+    from .sweep import SweepError
     from .train import TrainingDiverged
 
-    return (ConfigError, DataError, CheckpointError, UnknownMethodError, TrainingDiverged, FileNotFoundError)
+    return (ConfigError, DataError, CheckpointError, UnknownMethodError, TrainingDiverged, FileNotFoundError,
+            SweepError)
 
 
 def _fail(e: Exception):
-    typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+    from .distributed import launched_info
+
+    info = launched_info()
+    where = f"[rank {info.rank}/{info.world}] " if info.enabled else ""  # under torchrun: which process
+    typer.secho(f"{where}error: {e}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
 
 
@@ -83,12 +89,20 @@ def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
               out: Path = typer.Option(None, "--out", "-o", help="run directory (default runs/<corpus>-<method>-T<len>)"),
               resume: Path = typer.Option(None, "--resume", help="continue this run directory from its last checkpoint"),
               progress: bool = typer.Option(True, help="show a progress bar")):
-    """Train a model (single process, or under torchrun for several GPUs)."""
-    from .config import load_config
+    """Train a model (single process, or under torchrun for several GPUs:
+    `torchrun --nproc-per-node N -m lenx train ...`, DDP by default, `--set train.parallel=fsdp` for FSDP2)."""
+    from . import distributed
+    from .config import ConfigError, load_config
     from .train import train
 
+    # Under torchrun a failing rank reports its error and exits non-zero; torchrun then stops the
+    # other ranks, which may be waiting for it in a collective. The process group is shut down only
+    # after success: shutting NCCL down can itself wait for peers, and exiting frees it anyway.
     try:
         if resume is not None:
+            if set_:  # rather than ignoring them silently
+                raise ConfigError("--resume continues the run with its saved config.toml; --set cannot change it "
+                                  f"(edit {resume / 'config.toml'} instead, e.g. train.parallel)")
             summary = train(None, resume, resume=True, progress=progress)
         else:
             cfg = load_config(config, set_ or [])
@@ -96,7 +110,9 @@ def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
             summary = train(cfg, run_dir, progress=progress)
     except _user_errors() as e:
         _fail(e)
-    print(json.dumps(summary))
+    distributed.teardown()
+    if distributed.launched_info().is_main:
+        print(json.dumps(summary))
 
 
 @app.command("eval")
@@ -141,6 +157,9 @@ def print_eval_table(results: list[dict]):
 @app.command("sweep")
 def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method names"), config: str = ConfigOpt,
               set_: list[str] = SetOpt, out: Path = typer.Option(None, "--out", "-o", help="sweep directory"),
+              jobs: int = typer.Option(1, "--jobs", "-j", min=0, help="methods run at once, each in its own process "
+                                       "(one GPU each via CUDA_VISIBLE_DEVICES; logs in <run>/sweep.log); "
+                                       "0 = one per visible GPU"),
               progress: bool = typer.Option(True)):
     """Train and evaluate several methods with the same data, seed and budget; table and plots."""
     from .attention import parse_method
@@ -151,7 +170,7 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
         names = [parse_method(m).name for m in methods.split(",") if m]
         cfg = load_config(config, set_ or [])
         out = out or Path("runs") / f"sweep-{cfg.data.corpus}-T{cfg.train.seq_len}"
-        result = sweep(names, cfg, out, progress=progress)
+        result = sweep(names, cfg, out, progress=progress, jobs=jobs)
     except _user_errors() as e:
         _fail(e)
     print_eval_table(result["results"])

@@ -100,19 +100,12 @@ def prepare_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> RunConfig:
     return cfg
 
 
-def _full_state(model, raw_model, optimizer, info):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=info.enabled)
-    return get_optimizer_state_dict(model, optimizer, options=opts)
-
-
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,
           stop_after: int | None = None) -> dict:
     """Train `cfg` into `run_dir`. With resume=True continue from the last checkpoint (the run's
-    saved config is used). stop_after ends the loop after that many steps (checkpointing first)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
+    saved config is used). stop_after ends the loop after that many steps (checkpointing first).
+    Under torchrun every rank calls this; the batch, loss curve and checkpoints are those of one
+    process with the same global batch."""
     run_dir = Path(run_dir)
     if resume:
         cfg = load_config(run_dir / "config.toml")
@@ -121,7 +114,8 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     info = distributed.setup(device.type)
     if device.type == "cuda" and info.enabled:
         device = torch.device("cuda", info.local_rank)
-    corpus = open_training_corpus(cfg)
+    with distributed.main_first(info):  # rank 0 builds the synthetic corpus if it is missing
+        corpus = open_training_corpus(cfg)
     cfg.model.vocab_size = corpus.vocab_size
     torch.manual_seed(cfg.train.seed)
     raw_model = LM(cfg.model)
@@ -132,6 +126,8 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         if info.is_main:
             print(f"no checkpoint in {run_dir} yet: starting from step 0")
     if ckpt is not None:
+        # Full weights go into the plain model before it is wrapped or sharded, so any world size
+        # can resume any checkpoint.
         load_weights(raw_model, ckpt)
         state = load_state(ckpt)
         start_step = state["step"]
@@ -140,8 +136,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     optimizer = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.train.lr,
                                   betas=(cfg.train.beta1, cfg.train.beta2), fused=device.type == "cuda")
     if state is not None:
-        set_optimizer_state_dict(model, optimizer, state["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
+        distributed.load_optimizer_state(model, optimizer, state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
         if device.type == "cuda" and "cuda" in state["rng"]:
             torch.cuda.set_rng_state(state["rng"]["cuda"])
@@ -177,9 +172,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         loss_sum = torch.zeros((), device=device)
         for micro in range(cfg.train.grad_accum):
             x, y = batches.get(step, micro, device)
-            sync = nullcontext()
-            if info.enabled and cfg.train.parallel == "ddp" and micro < cfg.train.grad_accum - 1:
-                sync = model.no_sync()
+            sync = distributed.grad_sync(model, cfg.train.parallel, info, micro == cfg.train.grad_accum - 1)
             with sync, autocast_for(device, cfg.train.precision):
                 _, loss = step_fn(x, y)
             (loss / cfg.train.grad_accum).backward()
@@ -220,19 +213,18 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
 
 
 def _checkpoint(run_dir, model, raw_model, optimizer, step, device, info, cfg):
-    optim_state = _full_state(model, raw_model, optimizer, info)
-    if cfg.train.parallel == "fsdp" and info.enabled:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if info.is_main:
-            plain = LM(cfg.model)
-            plain.load_state_dict(full)
-            save_checkpoint(run_dir, plain, _train_state(step, optim_state, device))
-    elif info.is_main:
-        save_checkpoint(run_dir, raw_model, _train_state(step, optim_state, device))
-    if info.enabled:
-        torch.distributed.barrier()
+    """Full weights and optimizer state, written by rank 0 alone (atomically, see checkpoint.py);
+    the other ranks wait so that none runs ahead of a checkpoint that may yet fail."""
+    weights, optim_state = distributed.full_state(model, optimizer, cfg.train.parallel, info)
+    if info.is_main:
+        plain = raw_model
+        if weights is not None:  # FSDP2: raw_model holds shards; rebuild a plain copy from the gathered state
+            with torch.random.fork_rng(devices=[]):  # building a model must not move the saved RNG state
+                plain = LM(cfg.model)
+            distributed.match_shapes(weights, optim_state, {n: p.shape for n, p in plain.named_parameters()})
+            plain.load_state_dict(weights)
+        save_checkpoint(run_dir, plain, _train_state(step, optim_state, device))
+    distributed.barrier(info)
 
 
 def _train_state(step, optim_state, device) -> dict:
