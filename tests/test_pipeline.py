@@ -252,6 +252,6 @@ def test_cli_errors_are_one_line():
 
 
 def test_every_subcommand_has_help():
-    for cmd in ("list", "prepare", "train", "eval", "sweep", "plot", "demo"):
+    for cmd in ("list", "prepare", "train", "eval", "sweep", "plot", "demo", "che", "bench"):
         out = run_cli(cmd, "--help")
         assert out.returncode == 0 and "Usage" in out.stdout, cmd

@@ -234,6 +234,29 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
     return result
 
 
+@app.command("bench")
+def bench_cmd(methods: str = typer.Option("sdpa,kerple,dapev2-kerple,stickbreaking", help="comma-separated"),
+              backends: str = typer.Option("sdpa,flex,triton,chunked,dense", help="comma-separated"),
+              lengths: str = typer.Option("512,2048,8192,16384,32768", help="comma-separated sequence lengths"),
+              batch: int = typer.Option(1), heads: int = typer.Option(12), head_dim: int = typer.Option(64),
+              commit: str = typer.Option(None, help="git commit to record (default: this checkout's)"),
+              out: Path = typer.Option(Path("bench.json"), "--out", "-o", help="JSON output")):
+    """Time forward and forward+backward and peak memory per method, backend and length on the
+    current GPU, with ratios against fused causal SDPA in the same run (needs CUDA)."""
+    import torch
+
+    from .bench import print_bench_table, run_bench
+    from .runinfo import git_commit
+
+    if not torch.cuda.is_available():
+        _fail(RuntimeError("lenx bench needs a CUDA device (it times GPU kernels)"))
+    result = run_bench(methods=methods.split(","), lengths=[int(x) for x in lengths.split(",")], batch=batch,
+                       heads=heads, head_dim=head_dim, backends=backends.split(","), out_path=str(out),
+                       commit=commit or git_commit(), command=" ".join(sys.argv))
+    print_bench_table(result)
+    print(f"wrote {out}")
+
+
 @app.command()
 def demo(out: Path = typer.Option(Path("runs/demo"), "--out", "-o"),
          steps: int = typer.Option(300, help="training steps per method")):
