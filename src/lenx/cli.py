@@ -72,12 +72,14 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
             root: Path = typer.Option(Path("data"), help="where corpora live"),
             tokenizer: str = typer.Option("bpe", help="bpe (trained on the train split) or gpt2"),
             vocab_size: int = typer.Option(16384, help="BPE vocabulary size"),
-            seed: int = typer.Option(0)):
+            seed: int = typer.Option(0),
+            force: bool = typer.Option(False, help="rebuild even if the corpus is already prepared with these settings")):
     """Build a corpus: fetch, extract, dedupe, split by document, tokenize, pack."""
     from .data import prepare_corpus
 
     try:
-        manifest = prepare_corpus(corpus, root, from_path=from_path, tokenizer=tokenizer, vocab_size=vocab_size, seed=seed)
+        manifest = prepare_corpus(corpus, root, from_path=from_path, tokenizer=tokenizer, vocab_size=vocab_size,
+                                  seed=seed, force=force)
     except _user_errors() as e:
         _fail(e)
     summary = {k: v for k, v in manifest.items() if k not in ("sources",)}
