@@ -264,31 +264,37 @@ def bench_markdown(result) -> str:
 
 
 # Candidate tile shapes of the fused kernels, tried by tile_sweep. DAPE V2: (BM, BNW, num_warps,
-# num_stages) for k <= 3; the others: (BM, BN, num_warps) for every kernel of the family. All were
-# compiled offline for sm_90 first (shared memory within 227 KB, see notes/kernels.md).
+# num_stages) for k <= 3, one shape for both passes. Kerple (bias-only) and stick-breaking: each
+# candidate changes one kernel's (BM, BN, num_warps, num_stages) on top of the current defaults
+# (the empty candidate: the defaults themselves); the fastest per kernel is kept.
 SWEEP = {
+    "kerple": [{}, {"dkdv_band": ("trans",)}, {"fwd": (128, 64, 8, 3)}, {"dkdv": (32, 64, 4, 3)},
+               {"dq": (64, 64, 4, 3)}],
+    "stickbreaking": [{}, {"fwd": (64, 32, 4, 3)}, {"bwd": (128, 32, 8, 2)}, {"scan": ("mm",)}],
     "dapev2-kerple": [(16, 32, 8, 1), (16, 16, 8, 1), (16, 16, 4, 1)],
-    "stickbreaking": [(64, 32, 4), (64, 64, 4), (128, 64, 8)],
-    "kerple": [(64, 64, 4), (128, 64, 8), (64, 64, 8)],
 }
+_BWD_KEYS = {"kerple": ("dkdv", "dq"), "stickbreaking": ("bwd",)}
+_BOTH_KEYS = {"stickbreaking": ("scan",), "kerple": ("band", "dkdv_band")}  # chosen by forward+backward time
 
 
-def _set_tiles(method, fwd, bwd=None):
-    """Install tile shapes for the forward and backward kernels of a method's fused kernel. DAPE V2
-    (k = 3, hidden <= 32, bf16) has one shape for both passes: the backward's choice, the larger cost."""
-    fwd, bwd = tuple(fwd), tuple(bwd or fwd)
+def _tile_module(method):
     if method == "dapev2-kerple":
         from .ops.dape_v2 import triton as mod
-
-        mod.TILES["k3"] = bwd
     elif method == "stickbreaking":
         from .ops.stickbreaking import triton as mod
-
-        mod.CONFIG.update(fwd=fwd, bwd=bwd)
     else:
         from .ops.dape_v2 import biased as mod
+    return mod
 
-        mod.CONFIG.update(fwd=fwd, dkdv=bwd, dq=bwd)
+
+def _set_tiles(method, tiles):
+    """Install tile shapes: DAPE V2 (k = 3, hidden <= 32, bf16) takes one tuple for both passes;
+    the others a {kernel: (BM, BN, num_warps, num_stages)} dict (kernels not named keep theirs)."""
+    mod = _tile_module(method)
+    if method == "dapev2-kerple":
+        mod.TILES["k3"] = tuple(tiles)
+    else:
+        mod.CONFIG.update({k: tuple(v) for k, v in tiles.items()})
 
 
 def _check_against_dense(method, T, heads, head_dim, device):
@@ -315,15 +321,20 @@ def tile_sweep(T: int = 8192, check_T: int = 1024, heads: int = 12, head_dim: in
                log=print, device=None) -> dict:
     """Time each candidate tile shape of the fused kernels at length T (bf16, B = 1) after checking
     it against the dense fp32 reference at check_T (error < 1e-2); installs the fastest correct
-    candidates per method (forward tiles by forward time, backward tiles by forward+backward minus
-    forward time) and returns every measurement."""
+    candidates (forward kernels by forward time, backward kernels by forward+backward minus forward
+    time) and returns every measurement."""
     device = device or torch.device("cuda")
     out = {}
     for method, cands in (candidates or SWEEP).items():
+        mod = _tile_module(method)
+        base = dict(mod.CONFIG) if method != "dapev2-kerple" else None
         rows = []
         for tiles in cands:
+            if base is not None:
+                mod.CONFIG.clear()
+                mod.CONFIG.update(base)
             _set_tiles(method, tiles)
-            row = {"tiles": list(tiles)}
+            row = {"tiles": {k: list(v) for k, v in tiles.items()} if isinstance(tiles, dict) else list(tiles)}
             try:
                 row["check_err"] = _check_against_dense(method, check_T, heads, head_dim, device)
                 if row["check_err"] < 1e-2:
@@ -339,10 +350,72 @@ def tile_sweep(T: int = 8192, check_T: int = 1024, heads: int = 12, head_dim: in
                 log(f"sweep {method} {tiles}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                                             for k, v in row.items() if k != "tiles"))
         ok = [r for r in rows if "fwdbwd_ms" in r and "fwd_ms" in r]
-        fwd = min(ok, key=lambda r: r["fwd_ms"])["tiles"] if ok else cands[0]
-        bwd = min(ok, key=lambda r: r["fwdbwd_ms"] - r["fwd_ms"])["tiles"] if ok else cands[0]
-        _set_tiles(method, fwd, bwd)
-        out[method] = {"T": T, "check_T": check_T, "rows": rows, "chosen": {"fwd": fwd, "bwd": bwd}}
+        if base is None:
+            best = min(ok, key=lambda r: r["fwdbwd_ms"])["tiles"] if ok else cands[0]
+            _set_tiles(method, best)
+            chosen = best
+        else:
+            chosen = dict(base)
+            for key, cost in [("fwd", lambda r: r["fwd_ms"])] + [
+                    (k, lambda r: r["fwdbwd_ms"] - r["fwd_ms"]) for k in _BWD_KEYS[method]] + [
+                    (k, lambda r: r["fwdbwd_ms"]) for k in _BOTH_KEYS.get(method, ())]:
+                cands_k = [r for r in ok if key in r["tiles"] or not r["tiles"]]
+                if cands_k:
+                    best = min(cands_k, key=cost)
+                    chosen[key] = tuple(best["tiles"].get(key, base[key]))
+            mod.CONFIG.clear()
+            mod.CONFIG.update(chosen)
+            chosen = {k: list(v) for k, v in chosen.items()}
+        out[method] = {"T": T, "check_T": check_T, "rows": rows, "chosen": chosen}
+        if log:
+            log(f"sweep {method}: chosen {chosen}")
+    return out
+
+
+def probe_table_grad(T: int = 8192, heads: int = 12, head_dim: int = 64, log=print) -> dict:
+    """Timings at length T, bf16, straight through the kernels (no module): the bias-only kernel's
+    forward with and without a bias, and forward+backward with and without the table gradient (the
+    per-diagonal sums and their atomic adds) and with no bias; stick-breaking forward and
+    forward+backward, also with its atomic adds left out (wrong dK/dV: timing only); fused SDPA."""
+    from .ops.dape_v2.biased import biased_attention
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, heads, T, head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))
+    g = torch.randn_like(q)
+    tab = -torch.rand(heads, 2 * T - 1, device=device)
+    tab_g = tab.clone().requires_grad_()
+    out = {}
+    for name, fn, leaves in [
+            ("fwd", lambda: biased_attention(q, k, v, tab), ()),
+            ("fwd_no_bias", lambda: biased_attention(q, k, v, None), ()),
+            ("fwdbwd_table_grad", lambda: biased_attention(q, k, v, tab_g).backward(g), (q, k, v, tab_g)),
+            ("fwdbwd_no_table_grad", lambda: biased_attention(q, k, v, tab).backward(g), (q, k, v)),
+            ("fwdbwd_no_bias", lambda: biased_attention(q, k, v, None).backward(g), (q, k, v))]:
+        ctx = torch.no_grad() if name.startswith("fwd_") or name == "fwd" else torch.enable_grad()
+        with ctx:
+            out[name] = _median_ms(fn, 25, 200, 50, leaves)[0]
+    from .ops.stickbreaking import triton as sb
+
+    for name, fn, leaves in [
+            ("sb_fwd", lambda: sb.stickbreaking_triton(q, k, v)[0], ()),
+            ("sb_fwdbwd", lambda: sb.stickbreaking_triton(q, k, v)[0].backward(g), (q, k, v)),
+            ("sb_fwdbwd_no_atomics", lambda: sb.stickbreaking_triton(q, k, v)[0].backward(g), (q, k, v))]:
+        sb._PROBE_NO_ATOMICS = name.endswith("no_atomics")
+        try:
+            with torch.no_grad() if name == "sb_fwd" else torch.enable_grad():
+                out[name] = _median_ms(fn, 25, 200, 50, leaves)[0]
+        finally:
+            sb._PROBE_NO_ATOMICS = False
+    for name, fn, leaves in [
+            ("sdpa_fwd", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), ()),
+            ("sdpa_fwdbwd", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g),
+             (q, k, v))]:
+        with torch.no_grad() if name == "sdpa_fwd" else torch.enable_grad():
+            out[name] = _median_ms(fn, 25, 200, 50, leaves)[0]
+    if log:
+        log("probe " + ", ".join(f"{k}={v:.3f} ms" for k, v in out.items()))
     return out
 
 
@@ -359,11 +432,18 @@ def main(argv=None):
                    help="run BACKEND at these lengths only (repeatable)")
     p.add_argument("--tile-sweep", action="store_true",
                    help="first time candidate tile shapes of the fused kernels at 8192 and keep the fastest")
+    p.add_argument("--sweep-methods", default=",".join(SWEEP), help="methods whose tiles --tile-sweep tries")
+    p.add_argument("--probe", action="store_true",
+                   help="first time the fused kernels directly (bias-only with/without bias and table "
+                        "gradient, stick-breaking with/without its atomics, SDPA): see probe_table_grad")
     p.add_argument("--commit", default=None)
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     only_at = {b: [int(x) for x in ts.split(",")] for b, ts in (o.split("=") for o in args.only)}
-    sweep = tile_sweep() if args.tile_sweep else None
+    probe = probe_table_grad() if args.probe else None
+    sweep = tile_sweep(candidates={m: SWEEP[m] for m in args.sweep_methods.split(",")}) if args.tile_sweep else None
+    if sweep is not None and probe is not None:
+        sweep["probe"] = probe
     if sweep and args.out:
         with open(args.out.replace(".json", "_tile_sweep.json"), "w") as f:
             json.dump(sweep, f, indent=1)
@@ -371,11 +451,13 @@ def main(argv=None):
                     batch=args.batch, heads=args.heads, head_dim=args.head_dim, backends=args.backends.split(","),
                     out_path=args.out, max_call_s=args.max_call_s, only_at=only_at, commit=args.commit,
                     command="python -m lenx.bench " + " ".join(sys.argv[1:] if argv is None else argv))
+    if probe:
+        res["probe"] = probe
     if sweep:
         res["tile_sweep"] = sweep
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(res, f, indent=1)
+    if (probe or sweep) and args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
     print_bench_table(res)
     return res
 

@@ -3,10 +3,13 @@ processor switched off (Kerple, ALiBi, T5, or no bias at all).
 
     out = softmax_causal(Q K^T / sqrt(d) + table[h, i - j + T - 1]) V
 
-Flash-attention layout: one program per (query block, batch x head); online softmax; never a
-T x T tensor. Backward: a key-owner kernel for dK/dV and a query-owner kernel for dQ and the
-table gradient (no locks; the table gradient is summed per diagonal inside a tile first, so a tile
-issues BM + BN atomic adds instead of BM * BN).
+Flash-attention layout: one program per (batch x head, query block), heavy blocks first; online
+softmax in base 2 (log2(e) folded into the scale and the bias); key tiles below the diagonal block
+unmasked, the diagonal block's masked; never a T x T tensor. The bias reaches the kernels as a band
+(see _band): each tile's bias is one contiguous block load, not a per-element gather. Backward: a
+key-owner kernel for dK/dV and a query-owner kernel for dQ and the table gradient (no locks; the
+table gradient is summed per diagonal inside a tile first, by rotating each row of dS, so a tile
+issues ~BM + BN atomic adds instead of BM * BN). notes/kernels.md has the measurements.
 """
 
 import os
@@ -37,141 +40,275 @@ def _precision(dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-@triton.jit
-def _diag_sums(x, BM: tl.constexpr, BN: tl.constexpr, E: tl.constexpr):
-    """x [BM, BN] -> [E]: entry e sums x[r, c] over r - c = e - (BN - 1), i.e. per distance.
-    For row r, e maps to column c = r + BN - 1 - e; a gather along the columns lines the
-    diagonals up, then the rows are summed."""
-    r = tl.arange(0, BM)[:, None]
-    e = tl.arange(0, E)[None, :]
-    c = r + (BN - 1) - e
-    ok = (c >= 0) & (c < BN)
-    g = tl.gather(x, tl.where(ok, c, 0), 1)  # [BM, E]
-    return tl.sum(tl.where(ok, g, 0.0), 0)
+LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _bias_fwd(Q, K, V, TAB, O, LSE,
+def _band_build(TAB, BAND, OFF, T, RES16: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr, RB: tl.constexpr,
+                TRANS: tl.constexpr):
+    """Fills RB rows of one head's band from the [H, 2T - 1] table (see _band). TRANS: the band
+    transposed instead, [H, W, T + 2 PAD] (the offsets are not written again)."""
+    h = tl.program_id(0)
+    rr = tl.program_id(1) * RB + tl.arange(0, RB)  # band rows; distance of (row, c) = rr - PAD - c
+    cc = tl.arange(0, W)
+    rok = rr < T + 2 * PAD
+    tab_h = TAB + h * (2 * T - 1)
+    idx = tl.minimum(tl.maximum(rr[:, None] - PAD - cc[None, :] + T - 1, 0), 2 * T - 2)
+    x = tl.load(tab_h + idx, mask=rok[:, None], other=0.0) * 1.4426950408889634  # log2(e)
+    if TRANS:
+        ptr = BAND + h * (T + 2 * PAD) * W + cc[None, :] * (T + 2 * PAD) + rr[:, None]
+    else:
+        ptr = BAND + h * (T + 2 * PAD) * W + rr[:, None] * W + cc[None, :]
+    if RES16:
+        io = tl.minimum(tl.maximum(rr - PAD - W // 2 + T - 1, 0), 2 * T - 2)
+        off = tl.load(tab_h + io, mask=rok, other=0.0) * 1.4426950408889634
+        if not TRANS:
+            tl.store(OFF + h * (T + 2 * PAD) + rr, off, mask=rok)
+        res = tl.minimum(tl.maximum(x - off[:, None], -60000.0), 60000.0)
+        tl.store(ptr, res.to(tl.float16), mask=rok[:, None])
+    else:
+        tl.store(ptr, x, mask=rok[:, None])
+
+
+@triton.jit
+def _band_tile(band_t, off_t, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, RES16: tl.constexpr):
+    """The [BM, BN] bias tile of a (query block, key block) pair: rows of the band (see _band)
+    starting at the pair's offset m0 - n0; a plain 2D block load (no gather). RES16: the band
+    holds fp16 residuals against a per-row fp32 offset."""
+    x = tl.load(band_t + tl.arange(0, BM)[:, None] * W + tl.arange(0, BN)[None, :])
+    if RES16:
+        x = x.to(tl.float32) + tl.load(off_t + tl.arange(0, BM))[:, None]
+    return x
+
+
+@triton.jit
+def _fwd_tile(q, kp, vp, band_t, off_t, m_i, l_i, acc, rows_c, cols, T, qk_scale,
+              HAS_BIAS: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr,
+              RES16: tl.constexpr, PREC: tl.constexpr):
+    """One key tile of the online softmax, base 2 (qk_scale and the table carry log2(e))."""
+    if MASK:
+        cmask = cols < T
+        k = tl.load(kp, mask=cmask[:, None], other=0.0)
+    else:
+        k = tl.load(kp)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    if MASK:
+        # rows_c = min(row, T - 1): padding rows see every real key; keys past T are masked
+        allowed = cols[None, :] <= rows_c[:, None]
+        if HAS_BIAS:
+            s += _band_tile(band_t, off_t, BM, BN, W, RES16)
+        s = tl.where(allowed, s, float("-inf"))
+    elif HAS_BIAS:
+        s += _band_tile(band_t, off_t, BM, BN, W, RES16)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if MASK:
+        v = tl.load(vp, mask=cmask[:, None], other=0.0)
+    else:
+        v = tl.load(vp)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _bias_fwd(Q, K, V, BAND, OFF, O, LSE,
               sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-              T, scale,
+              T, qk_scale,
               H: tl.constexpr, HAS_BIAS: tl.constexpr, DH: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+              BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr, RES16: tl.constexpr,
+              PREC: tl.constexpr):
+    """One program: BM query rows of one (batch, head). Key tiles strictly below the diagonal
+    block need no mask; the BM // BN tiles of the diagonal block do. Heavy blocks launch first."""
+    bh = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
     h = bh % H
-    rows = pid_m * BM + tl.arange(0, BM)
+    m0 = pid_m * BM
+    rows = m0 + tl.arange(0, BM)
     rmask = rows < T
+    rows_c = tl.minimum(rows, T - 1)
     dd = tl.arange(0, DH)
+    nn = tl.arange(0, BN)
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=rmask[:, None], other=0.0)
+    kp = K + b * skb + h * skh + nn[:, None] * skt + dd[None, :]
+    vp = V + b * svb + h * svh + nn[:, None] * svt + dd[None, :]
+    band_h = BAND + h * (T + 2 * PAD) * W + (m0 + PAD) * W  # band row of (m0, key block 0)
+    off_h = OFF + h * (T + 2 * PAD) + m0 + PAD
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DH], tl.float32)
-    hi = tl.minimum((pid_m + 1) * BM, T)
-    # Key 0 lies in the first tile and is allowed for every row (padding rows too), so m_i is
-    # finite after the first tile and exp(m_i - m_new) never sees inf - inf.
-    for n0 in range(0, hi, BN):
-        cols = n0 + tl.arange(0, BN)
-        cmask = cols < T
-        k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dd[None, :], mask=cmask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-        valid = (cols[None, :] <= rows[:, None]) & cmask[None, :]
-        if HAS_BIAS:
-            idx = rows[:, None] - cols[None, :] + T - 1
-            s += tl.load(TAB + h * (2 * T - 1) + idx, mask=valid & rmask[:, None], other=0.0)
-        s = tl.where(valid, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V + b * svb + h * svh + cols[:, None] * svt + dd[None, :], mask=cmask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+    for n0 in range(0, m0, BN):
+        m_i, l_i, acc = _fwd_tile(q, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, m_i, l_i, acc,
+                                  rows_c, n0 + nn, T, qk_scale, HAS_BIAS, False, BM, BN, W, RES16, PREC)
+    # Key m0 (the diagonal block's first) is allowed for every row, padding rows too, so m_i is
+    # finite after the first diagonal tile and exp2(m_i - m_new) never sees inf - inf.
+    for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
+        m_i, l_i, acc = _fwd_tile(q, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, m_i, l_i, acc,
+                                  rows_c, n0 + nn, T, qk_scale, HAS_BIAS, True, BM, BN, W, RES16, PREC)
     out = acc / l_i[:, None]
     tl.store(O + b * sob + h * soh + rows[:, None] * sot + dd[None, :], out.to(O.dtype.element_ty), mask=rmask[:, None])
-    tl.store(LSE + bh * T + rows, m_i + tl.log(l_i), mask=rmask)
+    tl.store(LSE + bh * T + rows, m_i + tl.log2(l_i), mask=rmask)  # base 2
 
 
 @triton.jit
-def _bias_bwd_dkdv(Q, K, V, TAB, DO, LSE, DELTA, DK, DV,
+def _dkdv_tile(k, v, qp, dop, band_t, off_t, lse_p, delta_p, dk, dv, rows, cols, T, qk_scale,
+               HAS_BIAS: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr,
+               RES16: tl.constexpr, BAND_T: tl.constexpr, PAD: tl.constexpr, PREC: tl.constexpr):
+    """Transposed tile [keys, queries] of the key-owner backward."""
+    rmask = rows < T
+    q = tl.load(qp, mask=rmask[:, None], other=0.0)
+    do = tl.load(dop, mask=rmask[:, None], other=0.0)
+    lse = tl.load(lse_p, mask=rmask, other=float("inf"))  # padding rows: p = 0
+    delta = tl.load(delta_p, mask=rmask, other=0.0)
+    st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale  # [BN, BM]
+    if HAS_BIAS:
+        if BAND_T:  # the transposed band: the [keys, queries] tile is a plain block of it
+            x = tl.load(band_t + tl.arange(0, BN)[:, None] * (T + 2 * PAD) + tl.arange(0, BM)[None, :])
+            if RES16:
+                x = x.to(tl.float32) + tl.load(off_t + tl.arange(0, BM))[None, :]
+            st += x
+        else:
+            st += tl.trans(_band_tile(band_t, off_t, BM, BN, W, RES16))
+    if MASK:
+        allowed = cols[:, None] <= tl.minimum(rows, T - 1)[None, :]  # padding rows have p = 0 anyway
+        pt = tl.where(allowed, tl.exp2(st - lse[None, :]), 0.0)
+    else:
+        pt = tl.exp2(st - lse[None, :])
+    dv += tl.dot(pt.to(do.dtype), do, input_precision=PREC)
+    dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
+    dst = pt * (dpt - delta[None, :])
+    dk += tl.dot(dst.to(q.dtype), q, input_precision=PREC)
+    return dk, dv
+
+
+@triton.jit
+def _bias_bwd_dkdv(Q, K, V, BAND, OFF, DO, LSE, DELTA, DK, DV,
                    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-                   T, scale,
+                   T, qk_scale, sm_scale,
                    H: tl.constexpr, HAS_BIAS: tl.constexpr, DH: tl.constexpr,
-                   BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
-    """One program owns a block of keys and walks the query blocks at and below the diagonal.
-    Works on transposed tiles [keys, queries] so no register transposes are needed."""
-    pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
+                   BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr, RES16: tl.constexpr,
+                   BAND_T: tl.constexpr, PREC: tl.constexpr):
+    """One program owns BN keys and walks the query blocks from its diagonal down: the BN // BM
+    blocks that cross the diagonal with the causal mask, the rest without. Transposed tiles
+    [keys, queries], so no register transposes."""
+    bh = tl.program_id(0)
+    pid_n = tl.program_id(1)
     b = bh // H
     h = bh % H
-    cols = pid_n * BN + tl.arange(0, BN)
+    n0 = pid_n * BN
+    cols = n0 + tl.arange(0, BN)
     cmask = cols < T
     dd = tl.arange(0, DH)
+    mm = tl.arange(0, BM)
     k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dd[None, :], mask=cmask[:, None], other=0.0)
     v = tl.load(V + b * svb + h * svh + cols[:, None] * svt + dd[None, :], mask=cmask[:, None], other=0.0)
     dk = tl.zeros([BN, DH], tl.float32)
     dv = tl.zeros([BN, DH], tl.float32)
-    for m0 in range((pid_n * BN // BM) * BM, T, BM):
-        rows = m0 + tl.arange(0, BM)
-        rmask = rows < T
-        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=rmask[:, None], other=0.0)
-        do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdt + dd[None, :], mask=rmask[:, None], other=0.0)
-        lse = tl.load(LSE + bh * T + rows, mask=rmask, other=0.0)
-        delta = tl.load(DELTA + bh * T + rows, mask=rmask, other=0.0)
-        st = tl.dot(k, tl.trans(q), input_precision=PREC) * scale  # [BN, BM]
-        valid = (cols[:, None] <= rows[None, :]) & rmask[None, :] & cmask[:, None]
-        if HAS_BIAS:
-            st += tl.load(TAB + h * (2 * T - 1) + rows[None, :] - cols[:, None] + T - 1, mask=valid, other=0.0)
-        pt = tl.where(valid, tl.exp(st - lse[None, :]), 0.0)
-        dv += tl.dot(pt.to(do.dtype), do, input_precision=PREC)
-        dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
-        dst = pt * (dpt - delta[None, :])
-        dk += tl.dot(dst.to(q.dtype), q, input_precision=PREC)
-    tl.store(DK + b * skb + h * skh + cols[:, None] * skt + dd[None, :], (dk * scale).to(DK.dtype.element_ty), mask=cmask[:, None])
+    qp = Q + b * sqb + h * sqh + mm[:, None] * sqt + dd[None, :]
+    dop = DO + b * sdb + h * sdh + mm[:, None] * sdt + dd[None, :]
+    if BAND_T:  # band column of (query 0, this key block)
+        band_h = BAND + h * (T + 2 * PAD) * W + (PAD - n0)
+        band_step = 1
+    else:  # band row of (query 0, this key block)
+        band_h = BAND + h * (T + 2 * PAD) * W + (PAD - n0) * W
+        band_step = W
+    off_h = OFF + h * (T + 2 * PAD) + PAD - n0
+    hi = tl.minimum(n0 + BN, T)
+    for m0 in range(n0, hi, BM):
+        rows = m0 + mm
+        dk, dv = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0,
+                            LSE + bh * T + rows,
+                            DELTA + bh * T + rows, dk, dv, rows, cols, T, qk_scale, HAS_BIAS, True, BM, BN, W, RES16,
+                            BAND_T, PAD, PREC)
+    for m0 in range(hi, T, BM):
+        rows = m0 + mm
+        dk, dv = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0,
+                            LSE + bh * T + rows,
+                            DELTA + bh * T + rows, dk, dv, rows, cols, T, qk_scale, HAS_BIAS, False, BM, BN, W, RES16,
+                            BAND_T, PAD, PREC)
+    tl.store(DK + b * skb + h * skh + cols[:, None] * skt + dd[None, :], (dk * sm_scale).to(DK.dtype.element_ty), mask=cmask[:, None])
     tl.store(DV + b * svb + h * svh + cols[:, None] * svt + dd[None, :], dv.to(DV.dtype.element_ty), mask=cmask[:, None])
 
 
 @triton.jit
-def _bias_bwd_dq(Q, K, V, TAB, DO, LSE, DELTA, DQ, DTAB,
+def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, rows_c, cols, m0, n0, T, qk_scale,
+             HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, MASK: tl.constexpr,
+             BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, RES16: tl.constexpr,
+             PREC: tl.constexpr):
+    if MASK:
+        cmask = cols < T
+        k = tl.load(kp, mask=cmask[:, None], other=0.0)
+        v = tl.load(vp, mask=cmask[:, None], other=0.0)
+    else:
+        k = tl.load(kp)
+        v = tl.load(vp)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    if MASK:
+        allowed = cols[None, :] <= rows_c[:, None]
+        if HAS_BIAS:
+            s += _band_tile(band_t, off_t, BM, BN, W, RES16)
+        p = tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0)
+    else:
+        if HAS_BIAS:
+            s += _band_tile(band_t, off_t, BM, BN, W, RES16)
+        p = tl.exp2(s - lse[:, None])
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    ds = p * (dp - delta[:, None])
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+    if NEED_DTAB:
+        # rotate row r left by r (mod BN): column c' then holds distance j BN - c' in its rows
+        # with (c' + r) // BN == j; one gather of the tile's size, BM // BN + 1 masked sums
+        r = tl.arange(0, BM)[:, None]
+        cc = tl.arange(0, BN)
+        y = tl.gather(ds, (cc[None, :] + r) % BN, 1)
+        wrap = (cc[None, :] + r) // BN
+        for j in tl.static_range(BM // BN + 1):
+            dist = m0 - n0 + j * BN - cc
+            tl.atomic_add(DTAB_H + dist, tl.sum(tl.where(wrap == j, y, 0.0), 0),
+                          mask=(dist >= 0) & (dist < T), sem="relaxed")
+    return dq
+
+
+@triton.jit
+def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB,
                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-                 T, scale,
+                 T, qk_scale, sm_scale,
                  H: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, DH: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, E: tl.constexpr, PREC: tl.constexpr):
+                 BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr,
+                 RES16: tl.constexpr, PREC: tl.constexpr):
     """One program owns a block of queries: dQ, and the bias-table gradient (the table gradient of
-    entry (i, j) is dS_ij itself, summed over each diagonal i - j)."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+    entry (i, j) is dS_ij itself, summed over each diagonal i - j, then atomically added)."""
+    bh = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
     h = bh % H
-    rows = pid_m * BM + tl.arange(0, BM)
+    m0 = pid_m * BM
+    rows = m0 + tl.arange(0, BM)
     rmask = rows < T
+    rows_c = tl.minimum(rows, T - 1)
     dd = tl.arange(0, DH)
+    nn = tl.arange(0, BN)
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=rmask[:, None], other=0.0)
     do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdt + dd[None, :], mask=rmask[:, None], other=0.0)
-    lse = tl.load(LSE + bh * T + rows, mask=rmask, other=0.0)
+    lse = tl.load(LSE + bh * T + rows, mask=rmask, other=float("inf"))  # padding rows: p = 0
     delta = tl.load(DELTA + bh * T + rows, mask=rmask, other=0.0)
     dq = tl.zeros([BM, DH], tl.float32)
-    ee = tl.arange(0, E)
-    hi = tl.minimum((pid_m + 1) * BM, T)
-    for n0 in range(0, hi, BN):
-        cols = n0 + tl.arange(0, BN)
-        cmask = cols < T
-        k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dd[None, :], mask=cmask[:, None], other=0.0)
-        v = tl.load(V + b * svb + h * svh + cols[:, None] * svt + dd[None, :], mask=cmask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-        valid = (cols[None, :] <= rows[:, None]) & cmask[None, :] & rmask[:, None]
-        if HAS_BIAS:
-            s += tl.load(TAB + h * (2 * T - 1) + rows[:, None] - cols[None, :] + T - 1, mask=valid, other=0.0)
-        p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-        ds = p * (dp - delta[:, None])
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-        if NEED_DTAB:
-            sums = _diag_sums(ds, BM, BN, E)
-            dist = pid_m * BM - n0 + ee - (BN - 1)  # i - j of entry e
-            ok = (ee < BM + BN - 1) & (dist >= 0) & (dist < T)
-            tl.atomic_add(DTAB + h * (2 * T - 1) + dist + T - 1, sums, mask=ok)
-    tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
+    kp = K + b * skb + h * skh + nn[:, None] * skt + dd[None, :]
+    vp = V + b * svb + h * svh + nn[:, None] * svt + dd[None, :]
+    band_h = BAND + h * (T + 2 * PAD) * W + (m0 + PAD) * W
+    off_h = OFF + h * (T + 2 * PAD) + m0 + PAD
+    dtab_h = DTAB + h * (2 * T - 1) + T - 1
+    for n0 in range(0, m0, BN):
+        dq = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h, dq, rows_c,
+                      n0 + nn, m0, n0,
+                      T, qk_scale, HAS_BIAS, NEED_DTAB, False, BM, BN, W, RES16, PREC)
+    for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
+        dq = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h, dq, rows_c,
+                      n0 + nn, m0, n0,
+                      T, qk_scale, HAS_BIAS, NEED_DTAB, True, BM, BN, W, RES16, PREC)
+    tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
 
 
 def _strides(x):
@@ -184,8 +321,52 @@ def _prep(x):
     return x.contiguous()
 
 
-# (BM, BN, num_warps): the fastest of lenx.bench.tile_sweep's candidates on an H200 at T = 8192
-CONFIG = {"fwd": (64, 64, 4), "dkdv": (64, 64, 4), "dq": (64, 64, 4)}
+# Tile shapes: (BM, BN, num_warps, num_stages). fwd/dq: BM query rows, BN keys per tile (BM a
+# multiple of BN); dkdv: BM query rows per tile, BN keys owned (BN a multiple of BM). Every key
+# tile is at most BAND_W wide and every query tile at most BAND_PAD tall (the band, see _band).
+# The fastest of lenx.bench.tile_sweep's candidates on an H200 at T = 8192 (results/bench/)
+CONFIG = {"fwd": (64, 64, 4, 3), "dkdv": (64, 64, 4, 3), "dq": (64, 32, 4, 3), "band": ("fp16",),
+          "dkdv_band": ("T",)}
+# fp32 inputs (exact fp32 products, a testing path): small tiles, no pipelining
+CONFIG_FP32 = {"fwd": (64, 32, 4, 1), "dkdv": (32, 64, 4, 1), "dq": (32, 32, 4, 1), "band": ("fp32",),
+               "dkdv_band": ("T",)}
+# CONFIG["dkdv_band"]: "T" the key-owner kernel reads a transposed copy of the band (built in the
+# backward), "trans" it transposes the band tile in registers
+BAND_W = 64
+BAND_PAD = 128
+
+
+def _config(name, dtype):
+    BM, BN, nw, ns = (CONFIG_FP32 if dtype == torch.float32 else CONFIG)[name]
+    keys, rows = (BM, BN) if name == "dkdv" else (BN, BM)
+    if keys > BAND_W or rows > BAND_PAD:
+        raise ValueError(f"{name} tiles {BM} x {BN}: key tiles must be <= {BAND_W}, query tiles <= {BAND_PAD}")
+    return BM, BN, nw, ns
+
+
+def _band(table, T, dtype, trans=False):
+    """The bias as a band [H, T + 2 PAD, W] (times log2(e)): band[h, PAD + R, c] is the bias at
+    distance R - c. The [BM, BN] bias tile of query block m0 and key block n0 is then the plain
+    2D block of rows PAD + m0 - n0 .. + BM and columns 0 .. BN: one contiguous load per tile
+    instead of a per-element gather from the [H, 2T - 1] table. Distances outside [0, T) (masked
+    entries, padding rows) read the nearest table entry: finite values that are never used.
+    CONFIG["band"] "fp16": fp16 residuals against the bias at each row's middle distance (an fp32
+    offset per row). A residual is a difference of biases at most W / 2 apart, so fp16 keeps it
+    to 2^-11 of that difference (the order of rounding P to bf16 for the PV product) with half
+    the bytes: the kernels are bound by the band's traffic. "fp32" (always for fp32 inputs): the
+    bias itself. Returns (band, offsets); size H (T + 256) 64 x 2 bytes: 13 MB at H 12, T 8192.
+    trans: the band transposed, [H, W, T + 2 PAD] (and no offsets)."""
+    H = table.shape[0]
+    res16 = (CONFIG_FP32 if dtype == torch.float32 else CONFIG)["band"][0] == "fp16"
+    tab = table.detach().float().contiguous()
+    rows = T + 2 * BAND_PAD
+    shape = (H, BAND_W, rows) if trans else (H, rows, BAND_W)
+    band = torch.empty(shape, device=tab.device, dtype=torch.float16 if res16 else torch.float32)
+    off = torch.empty(H, rows, device=tab.device, dtype=torch.float32) if res16 and not trans else band
+    RB = 64
+    _band_build[(H, triton.cdiv(rows, RB))](tab, band, off, T, RES16=res16, W=BAND_W, PAD=BAND_PAD, RB=RB,
+                                            TRANS=trans, num_warps=4)
+    return band, off
 
 
 class BiasedAttention(torch.autograd.Function):
@@ -194,21 +375,24 @@ class BiasedAttention(torch.autograd.Function):
         q, k, v = _prep(q), _prep(k), _prep(v)
         B, H, T, DH = q.shape
         has_bias = table is not None
-        tab = table.detach().float().contiguous() if has_bias else q  # dummy pointer when unused
+        # the kernels work in base 2: exp2(s * log2(e)) = exp(s), so the bias is scaled once here
+        band, off = _band(table, T, q.dtype) if has_bias else (q, q)  # dummy pointers when unused
+        res16 = has_bias and band.dtype == torch.float16
         out = _new((B, H, T, DH), q)
-        lse = _new((B, H, T), q, torch.float32)
-        BM, BN, nw = CONFIG["fwd"]
-        grid = (triton.cdiv(T, BM), B * H)
-        _bias_fwd[grid](q, k, v, tab, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-                        T, DH ** -0.5, H=H, HAS_BIAS=has_bias, DH=DH, BM=BM, BN=BN,
-                        PREC=_precision(q.dtype), num_warps=nw)
-        ctx.save_for_backward(q, k, v, tab, out, lse)
+        lse = _new((B, H, T), q, torch.float32)  # base 2
+        BM, BN, nw, ns = _config("fwd", q.dtype)
+        grid = (B * H, triton.cdiv(T, BM))
+        _bias_fwd[grid](q, k, v, band, off, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+                        T, DH ** -0.5 * LOG2E, H=H, HAS_BIAS=has_bias, DH=DH, BM=BM, BN=BN, W=BAND_W,
+                        PAD=BAND_PAD, RES16=res16, PREC=_precision(q.dtype), num_warps=nw, num_stages=ns)
+        ctx.save_for_backward(q, k, v, band, off, out, lse, table if has_bias else None)
         ctx.has_bias = has_bias
+        ctx.res16 = res16
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, tab, out, lse = ctx.saved_tensors
+        q, k, v, band, off, out, lse, table = ctx.saved_tensors
         B, H, T, DH = q.shape
         dout = _prep(dout)
         delta = (dout.float() * out.float()).sum(-1).contiguous()  # rowsum(dO * O), [B, H, T]
@@ -218,15 +402,20 @@ class BiasedAttention(torch.autograd.Function):
         scale = DH ** -0.5
         need_dtab = ctx.has_bias and ctx.needs_input_grad[3]
         dtab = torch.zeros(H, 2 * T - 1, dtype=torch.float32, device=q.device) if need_dtab else q
-        BM, BN, nw = CONFIG["dkdv"]
-        _bias_bwd_dkdv[(triton.cdiv(T, BN), B * H)](
-            q, k, v, tab, dout, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-            T, scale, H=H, HAS_BIAS=ctx.has_bias, DH=DH, BM=BM, BN=BN, PREC=prec, num_warps=nw)
-        BM, BN, nw = CONFIG["dq"]
-        _bias_bwd_dq[(triton.cdiv(T, BM), B * H)](
-            q, k, v, tab, dout, lse, delta, dq, dtab, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-            T, scale, H=H, HAS_BIAS=ctx.has_bias, NEED_DTAB=need_dtab, DH=DH, BM=BM, BN=BN,
-            E=triton.next_power_of_2(BM + BN - 1), PREC=prec, num_warps=nw)
+        BM, BN, nw, ns = _config("dkdv", q.dtype)
+        band_t = (CONFIG_FP32 if q.dtype == torch.float32 else CONFIG)["dkdv_band"][0] == "T" and ctx.has_bias
+        kband = _band(table, T, q.dtype, trans=True)[0] if band_t else band  # the key-owner kernel's band
+        _bias_bwd_dkdv[(B * H, triton.cdiv(T, BN))](
+            q, k, v, kband, off, dout, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+            T, scale * LOG2E, scale, H=H, HAS_BIAS=ctx.has_bias, DH=DH, BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD,
+            RES16=ctx.res16, BAND_T=band_t, PREC=prec, num_warps=nw, num_stages=ns)
+        BM, BN, nw, ns = _config("dq", q.dtype)
+        _bias_bwd_dq[(B * H, triton.cdiv(T, BM))](
+            q, k, v, band, off, dout, lse, delta, dq, dtab, *_strides(q), *_strides(k), *_strides(v),
+            *_strides(dout),
+            T, scale * LOG2E, scale, H=H, HAS_BIAS=ctx.has_bias, NEED_DTAB=need_dtab, DH=DH, BM=BM, BN=BN,
+            W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, PREC=prec,
+            num_warps=nw, num_stages=ns)
         return dq, dk, dv, (dtab if need_dtab else None)
 
 

@@ -189,7 +189,8 @@ def _window_grad(X, y, zf, s, kin, xm, dp, lse, delta, W1, W2, GW1, GW2,
         w2 = tl.load(W2 + t * DP * HP + ee[:, None] * HP + hh[None, :])
         dz += tl.reshape(_cdot(g, tl.trans(w2), CPREC), (BM, BNW, DP))
         if WANT_W:
-            tl.atomic_add(GW2 + t * DP * HP + ee[:, None] * HP + hh[None, :], _cdot(tl.trans(zf), g, CPREC))
+            tl.atomic_add(GW2 + t * DP * HP + ee[:, None] * HP + hh[None, :], _cdot(tl.trans(zf), g, CPREC),
+                          sem="relaxed")
     dy = tl.where(y > 0, dz, 0.01 * dz)
     dy = tl.where(kin[None, :, None], dy, 0.0)
     dX = tl.zeros((BM * BNW, CP), tl.float32)
@@ -198,7 +199,8 @@ def _window_grad(X, y, zf, s, kin, xm, dp, lse, delta, W1, W2, GW1, GW2,
         w1 = tl.load(W1 + t * CP * DP + cc[:, None] * DP + ee[None, :])
         dX += _cdot(g, tl.trans(w1), CPREC)
         if WANT_W:
-            tl.atomic_add(GW1 + t * CP * DP + cc[:, None] * DP + ee[None, :], _cdot(tl.trans(X), g, CPREC))
+            tl.atomic_add(GW1 + t * CP * DP + cc[:, None] * DP + ee[None, :], _cdot(tl.trans(X), g, CPREC),
+                          sem="relaxed")
     if HAS_BIAS:
         dXs, dXb = tl.split(tl.reshape(dX, (BM, BNW, HP, 2)))
         dS = ds + tl.where(xm[:, :, None], dXs, 0.0)
@@ -258,7 +260,7 @@ def _dape_bwd_dq(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DQ, DTAB, GW1, GB
             dist = pid_m * BM - ws + ee - (BNW - 1)
             okd = (ee < BM + BNW - 1) & (dist >= 0) & (dist < T)
             tl.atomic_add(DTAB + hh[None, :] * (2 * T - 1) + (dist + T - 1)[:, None], sums,
-                          mask=okd[:, None] & (hh < H)[None, :])
+                          mask=okd[:, None] & (hh < H)[None, :], sem="relaxed")
     dd = tl.arange(0, DH)
     qptr = DQ + b * sqb + hh[:, None, None] * sqh + rows[None, :, None] * sqt + dd[None, None, :]
     tl.store(qptr, (dq * scale).to(DQ.dtype.element_ty), mask=(hh < H)[:, None, None] & (rows < T)[None, :, None])

@@ -3,9 +3,11 @@
     log A_ij = logsigmoid(z_ij) - sum_{j<l, l allowed} softplus(z_il),   z = q k^T / sqrt(d)
     out_i = sum_j A_ij v_j,   rem_i = exp(-L_i),   L_i = sum_j softplus(z_ij)  (allowed keys only)
 
-Forward: one program per (query block, batch x head) walks key blocks from the diagonal back to key
-0, carrying each row's softplus sum over the blocks already seen (in fp64, see below); inside a
-block the strict suffix sum is a reverse cumsum.
+Forward: one program per (batch x head, query block), heavy blocks first, walks key blocks from the
+diagonal back to key 0, carrying each row's softplus sum over the blocks already seen (in fp64, see
+below); only the diagonal block's tiles are masked. Inside a block the strict suffix sum is a
+tensor-core product with a 0/1 triangle (see _scan). All sums are kept in base 2 (z log2(e)), so
+each entry costs exp2, log2, exp2: three MUFU ops.
 
 Backward: one program per query block walks the key blocks the other way, from key 0 up to the
 diagonal, because the gradient needs prefix sums. With g_ij = A_ij (dO_i . v_j):
@@ -15,8 +17,9 @@ diagonal, because the gradient needs prefix sums. With g_ij = A_ij (dO_i . v_j):
 The prefix sum of g is exact and tiny for far keys, which matters: any per-row error in it is
 multiplied by sum_j beta_ij k_j over the whole row. A_ij is rebuilt from the forward's total
 L_i minus the prefix of softplus; L_i and that prefix are kept in fp64 so the difference has no
-cancellation error at long T. dK/dV belong to other programs: they are added with fp32 atomic adds
-(no locks; the summation order, and so the last bits, can vary between runs).
+cancellation error at long T. dK/dV belong to other programs: they are added with relaxed fp32
+atomic adds (no locks; the summation order, and so the last bits, can vary between runs; timed
+without them, the backward was no faster).
 """
 
 import os
@@ -35,118 +38,225 @@ def _new(shape, like, dtype=None):
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
+LOG2E = 1.4426950408889634
+
+
 @triton.jit
-def _softplus_parts(z):
-    """(softplus(z), log(1 + e^-|z|), e^-|z|): shared pieces of softplus, logsigmoid and sigmoid."""
-    e = tl.exp(-tl.abs(z))
-    l1 = tl.log(1.0 + e)
-    return tl.maximum(z, 0.0) + l1, l1, e
+def _softplus_parts(z2):
+    """Base-2 pieces, z2 = z log2(e): (softplus(z) / ln 2, log2(1 + e^-|z|), e^-|z|); shared by
+    softplus, logsigmoid and sigmoid. exp2/log2 are the hardware's own (one MUFU op each)."""
+    e = tl.exp2(-tl.abs(z2))
+    l1 = tl.log2(1.0 + e)
+    return tl.maximum(z2, 0.0) + l1, l1, e
+
+
+@triton.jit
+def _tri(BN: tl.constexpr, UPPER: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr):
+    """[BN, BN] 0/1 matrix: M[a, c] = 1 where a > c (UPPER: x @ M = strict suffix sums of x's rows)
+    or a < c (x @ M = strict prefix sums)."""
+    a = tl.arange(0, BN)[:, None]
+    c = tl.arange(0, BN)[None, :]
+    m = tl.where((a > c) if UPPER else (a < c), 1.0, 0.0)
+    if PREC != "ieee":
+        if SCAN_MM == 2:
+            m = m.to(tl.float16)
+        else:
+            m = m.to(tl.bfloat16)
+    return m
+
+
+@triton.jit
+def _scan(x, M, REVERSE: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr):
+    """Strict prefix (or, REVERSE, suffix) sums along the rows of x [BM, BN], fp32. SCAN_MM: as a
+    tensor-core product with a 0/1 triangle M. SCAN_MM = 1: x split into two bf16 parts x = hi + lo
+    (~16 mantissa bits: the sums are good to ~1e-5 of the magnitudes summed); SCAN_MM = 2: one fp16
+    product (11 bits: ~2.4e-4 of the magnitudes summed). SCAN_MM = 0: tl.cumsum."""
+    if SCAN_MM > 0:
+        if PREC == "ieee":
+            out = tl.dot(x, M, input_precision="ieee")
+        elif SCAN_MM == 2:
+            out = tl.dot(x.to(tl.float16), M)
+        else:
+            hi = x.to(tl.bfloat16)
+            lo = (x - hi.to(tl.float32)).to(tl.bfloat16)
+            out = tl.dot(hi, M)
+            out = tl.dot(lo, M, out)
+    else:
+        out = tl.cumsum(x, 1, reverse=REVERSE) - x
+    return out
+
+
+@triton.jit
+def _sb_fwd_tile(q, kp, vp, acc, carry, U, rows, cols, T, qk_scale,
+                 CURRENT: tl.constexpr, MASK: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr):
+    """One key tile, walking towards key 0. All sums in base-2 units (log2 of the weights)."""
+    if MASK:
+        cmask = cols < T
+        k = tl.load(kp, mask=cmask[:, None], other=0.0)
+    else:
+        k = tl.load(kp)
+    z = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    sp, l1, e = _softplus_parts(z)
+    if MASK:
+        if CURRENT:
+            allowed = cols[None, :] <= rows[:, None]
+        else:
+            allowed = cols[None, :] < rows[:, None]
+        allowed = allowed & cmask[None, :] & (rows < T)[:, None]
+        sp = tl.where(allowed, sp, 0.0)
+    # strict suffix inside the block, plus the keys already walked
+    suffix = _scan(sp, U, True, SCAN_MM, PREC) + carry.to(tl.float32)[:, None]
+    a = tl.exp2(tl.minimum(z, 0.0) - l1 - suffix)  # logsigmoid(z) = min(z, 0) - log(1 + e^-|z|)
+    if MASK:
+        a = tl.where(allowed, a, 0.0)
+        v = tl.load(vp, mask=cmask[:, None], other=0.0)
+    else:
+        v = tl.load(vp)
+    acc += tl.dot(a.to(v.dtype), v, input_precision=PREC)
+    carry += tl.sum(sp, 1).to(tl.float64)
+    return acc, carry
 
 
 @triton.jit
 def _sb_fwd(Q, K, V, O, REM, LTOT,
             sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-            T, scale,
+            T, qk_scale,
             H: tl.constexpr, DH: tl.constexpr, CURRENT: tl.constexpr,
-            BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+            BM: tl.constexpr, BN: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr):
+    """One program: BM rows. The BM // BN tiles of the diagonal block (masked), then the tiles
+    below it (no masks: padding rows compute garbage that is never stored). Heavy blocks first."""
+    bh = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
     h = bh % H
-    rows = pid_m * BM + tl.arange(0, BM)
+    m0 = pid_m * BM
+    rows = m0 + tl.arange(0, BM)
     rmask = rows < T
     dd = tl.arange(0, DH)
+    nn = tl.arange(0, BN)
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=rmask[:, None], other=0.0)
+    kp = K + b * skb + h * skh + nn[:, None] * skt + dd[None, :]
+    vp = V + b * svb + h * svh + nn[:, None] * svt + dd[None, :]
     acc = tl.zeros([BM, DH], tl.float32)
     carry = tl.zeros([BM], tl.float64)  # softplus sum over the keys already walked (nearer the diagonal)
-    n_blocks = tl.cdiv(tl.minimum((pid_m + 1) * BM, T), BN)
-    for it in range(0, n_blocks):
-        n0 = (n_blocks - 1 - it) * BN
-        cols = n0 + tl.arange(0, BN)
+    U = _tri(BN, True, SCAN_MM, PREC)
+    n_diag = tl.cdiv(tl.minimum(m0 + BM, T) - m0, BN)
+    for it in range(0, n_diag):
+        n0 = m0 + (n_diag - 1 - it) * BN
+        acc, carry = _sb_fwd_tile(q, kp + n0 * skt, vp + n0 * svt, acc, carry, U, rows, n0 + nn, T, qk_scale,
+                                  CURRENT, True, SCAN_MM, PREC)
+    for it in range(0, m0 // BN):
+        n0 = m0 - (it + 1) * BN
+        acc, carry = _sb_fwd_tile(q, kp + n0 * skt, vp + n0 * svt, acc, carry, U, rows, n0 + nn, T, qk_scale,
+                                  CURRENT, False, SCAN_MM, PREC)
+    tl.store(O + b * sob + h * soh + rows[:, None] * sot + dd[None, :], acc.to(O.dtype.element_ty), mask=rmask[:, None])
+    tl.store(REM + bh * T + rows, tl.exp2(-carry.to(tl.float32)), mask=rmask)
+    tl.store(LTOT + bh * T + rows, carry, mask=rmask)  # base 2
+
+
+@triton.jit
+def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, c, pre_sp, pre_g, dq, U, L, rows, cols, T, qk_scale, sm_scale,
+                 CURRENT: tl.constexpr, MASK: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
+                 ATOMICS: tl.constexpr):
+    if MASK:
         cmask = cols < T
-        k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dd[None, :], mask=cmask[:, None], other=0.0)
-        z = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+        k = tl.load(kp, mask=cmask[:, None], other=0.0)
+        v = tl.load(vp, mask=cmask[:, None], other=0.0)
+    else:
+        k = tl.load(kp)
+        v = tl.load(vp)
+    z = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    sp, l1, e = _softplus_parts(z)
+    if MASK:
         if CURRENT:
             allowed = cols[None, :] <= rows[:, None]
         else:
             allowed = cols[None, :] < rows[:, None]
-        allowed = allowed & cmask[None, :] & rmask[:, None]
-        sp, l1, e = _softplus_parts(z)
+        allowed = allowed & cmask[None, :] & (rows < T)[:, None]
         sp = tl.where(allowed, sp, 0.0)
-        # strict suffix inside the block: reverse inclusive cumsum minus the entry itself
-        suffix = tl.cumsum(sp, 1, reverse=True) - sp + carry.to(tl.float32)[:, None]
-        log_a = tl.minimum(z, 0.0) - l1 - suffix  # logsigmoid(z) = min(z, 0) - log(1 + e^-|z|)
-        a = tl.where(allowed, tl.exp(log_a), 0.0)
-        v = tl.load(V + b * svb + h * svh + cols[:, None] * svt + dd[None, :], mask=cmask[:, None], other=0.0)
-        acc += tl.dot(a.to(v.dtype), v, input_precision=PREC)
-        carry += tl.sum(sp, 1).to(tl.float64)
-    tl.store(O + b * sob + h * soh + rows[:, None] * sot + dd[None, :], acc.to(O.dtype.element_ty), mask=rmask[:, None])
-    tl.store(REM + bh * T + rows, tl.exp(-carry.to(tl.float32)), mask=rmask)
-    tl.store(LTOT + bh * T + rows, carry, mask=rmask)
+    blk = tl.sum(sp, 1)
+    # softplus sum past this block (padding rows: total = +inf, so a = 0 there)
+    after = (total - pre_sp - blk.to(tl.float64)).to(tl.float32)
+    suffix = _scan(sp, U, True, SCAN_MM, PREC) + after[:, None]
+    a = tl.exp2(tl.minimum(z, 0.0) - l1 - suffix)
+    if MASK:
+        a = tl.where(allowed, a, 0.0)
+    da = tl.dot(do, tl.trans(v), input_precision=PREC)
+    g = a * da
+    prefix = _scan(g, L, False, SCAN_MM, PREC) + pre_g[:, None]  # strict prefix sum of g
+    inv = tl.exp2(-l1)  # 1 / (1 + e^-|z|), one MUFU op instead of an IEEE division
+    beta = tl.where(z >= 0, inv, e * inv)
+    dz = g * (1.0 - beta) - beta * (prefix + c[:, None])
+    if MASK:
+        dz = tl.where(allowed, dz, 0.0)
+    dq += tl.dot(dz.to(k.dtype), k, input_precision=PREC)
+    dk_part = tl.dot(tl.trans(dz).to(q.dtype), q, input_precision=PREC) * sm_scale
+    dv_part = tl.dot(tl.trans(a).to(do.dtype), do, input_precision=PREC)
+    if not ATOMICS:  # timing probe only (lenx.bench --probe): the cost of the atomic adds
+        dq += (tl.sum(dk_part, 0) + tl.sum(dv_part, 0))[None, :] * 1e-30
+    elif MASK:
+        tl.atomic_add(DKP, dk_part, mask=cmask[:, None], sem="relaxed")
+        tl.atomic_add(DVP, dv_part, mask=cmask[:, None], sem="relaxed")
+    else:
+        tl.atomic_add(DKP, dk_part, sem="relaxed")
+        tl.atomic_add(DVP, dv_part, sem="relaxed")
+    pre_sp += blk.to(tl.float64)
+    pre_g += tl.sum(g, 1)
+    return dq, pre_sp, pre_g
 
 
 @triton.jit
 def _sb_bwd(Q, K, V, DO, DREM, REM, LTOT, DQ, DK, DV,
             sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-            T, scale,
+            T, qk_scale, sm_scale,
             H: tl.constexpr, DH: tl.constexpr, CURRENT: tl.constexpr,
-            BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+            BM: tl.constexpr, BN: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
+            ATOMICS: tl.constexpr = True):
+    """One program: BM rows, key tiles from 0 up (no masks), then the diagonal block's (masked)."""
+    bh = tl.program_id(0)
+    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
     h = bh % H
-    rows = pid_m * BM + tl.arange(0, BM)
+    m0 = pid_m * BM
+    rows = m0 + tl.arange(0, BM)
     rmask = rows < T
     dd = tl.arange(0, DH)
+    nn = tl.arange(0, BN)
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=rmask[:, None], other=0.0)
     do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdt + dd[None, :], mask=rmask[:, None], other=0.0)
-    total = tl.load(LTOT + bh * T + rows, mask=rmask, other=0.0)  # fp64
+    total = tl.load(LTOT + bh * T + rows, mask=rmask, other=float("inf"))  # fp64, base 2
     c = tl.load(DREM + bh * T + rows, mask=rmask, other=0.0) * tl.load(REM + bh * T + rows, mask=rmask, other=0.0)
     pre_sp = tl.zeros([BM], tl.float64)  # softplus sum over the keys before this block
     pre_g = tl.zeros([BM], tl.float32)  # sum of g over the keys before this block
     dq = tl.zeros([BM, DH], tl.float32)
-    n_blocks = tl.cdiv(tl.minimum((pid_m + 1) * BM, T), BN)
-    for it in range(0, n_blocks):
-        cols = it * BN + tl.arange(0, BN)
-        cmask = cols < T
-        k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dd[None, :], mask=cmask[:, None], other=0.0)
-        v = tl.load(V + b * svb + h * svh + cols[:, None] * svt + dd[None, :], mask=cmask[:, None], other=0.0)
-        z = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-        if CURRENT:
-            allowed = cols[None, :] <= rows[:, None]
-        else:
-            allowed = cols[None, :] < rows[:, None]
-        allowed = allowed & cmask[None, :] & rmask[:, None]
-        sp, l1, e = _softplus_parts(z)
-        sp = tl.where(allowed, sp, 0.0)
-        blk = tl.sum(sp, 1)
-        after = (total - pre_sp - blk.to(tl.float64)).to(tl.float32)  # softplus sum past this block
-        suffix = tl.cumsum(sp, 1, reverse=True) - sp + after[:, None]
-        a = tl.where(allowed, tl.exp(tl.minimum(z, 0.0) - l1 - suffix), 0.0)
-        da = tl.dot(do, tl.trans(v), input_precision=PREC)
-        g = a * da
-        prefix = tl.cumsum(g, 1) - g + pre_g[:, None]  # strict prefix sum of g
-        inv = 1.0 / (1.0 + e)
-        beta = tl.where(z >= 0, inv, e * inv)
-        dz = g * (1.0 - beta) - beta * (prefix + c[:, None])
-        dz = tl.where(allowed, dz, 0.0)
-        dq += tl.dot(dz.to(k.dtype), k, input_precision=PREC)
-        dk_part = tl.dot(tl.trans(dz).to(q.dtype), q, input_precision=PREC) * scale
-        dv_part = tl.dot(tl.trans(a).to(do.dtype), do, input_precision=PREC)
-        kv_off = bh * T * DH + cols[:, None] * DH + dd[None, :]  # DK, DV: contiguous fp32 buffers
-        tl.atomic_add(DK + kv_off, dk_part, mask=cmask[:, None])
-        tl.atomic_add(DV + kv_off, dv_part, mask=cmask[:, None])
-        pre_sp += blk.to(tl.float64)
-        pre_g += tl.sum(g, 1)
-    tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
+    U = _tri(BN, True, SCAN_MM, PREC)
+    L = _tri(BN, False, SCAN_MM, PREC)
+    kp = K + b * skb + h * skh + nn[:, None] * skt + dd[None, :]
+    vp = V + b * svb + h * svh + nn[:, None] * svt + dd[None, :]
+    kv = bh * T * DH + nn[:, None] * DH + dd[None, :]  # DK, DV: contiguous fp32 buffers
+    for n0 in range(0, m0, BN):
+        dq, pre_sp, pre_g = _sb_bwd_tile(q, do, kp + n0 * skt, vp + n0 * svt, DK + kv + n0 * DH, DV + kv + n0 * DH,
+                                         total, c, pre_sp, pre_g, dq, U, L, rows, n0 + nn, T, qk_scale, sm_scale,
+                                         CURRENT, False, SCAN_MM, PREC, ATOMICS)
+    for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
+        dq, pre_sp, pre_g = _sb_bwd_tile(q, do, kp + n0 * skt, vp + n0 * svt, DK + kv + n0 * DH, DV + kv + n0 * DH,
+                                         total, c, pre_sp, pre_g, dq, U, L, rows, n0 + nn, T, qk_scale, sm_scale,
+                                         CURRENT, True, SCAN_MM, PREC, ATOMICS)
+    tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
 
 
 def _strides(x):
     return x.stride(0), x.stride(1), x.stride(2)
 
 
-# (BM, BN, num_warps): the fastest of lenx.bench.tile_sweep's candidates on an H200 at T = 8192
-CONFIG = {"fwd": (64, 32, 4), "bwd": (128, 64, 8)}
+# (BM, BN, num_warps, num_stages); BM a multiple of BN
+CONFIG = {"fwd": (64, 64, 4, 3), "bwd": (128, 64, 8, 2), "scan": ("mm16",)}
+# in-block prefix/suffix sums: "mm" two bf16 tensor-core products (hi/lo split), "mm16" one fp16
+# product, "cumsum" tl.cumsum. H200, T 8192, fwd / fwd+bwd ms: cumsum 1.67 / 5.47 vs mm 1.01 / 3.69
+# in one run; mm 0.97 / 3.43 vs mm16 0.87 / 2.91 in a later one (results/bench/h200_session2_sweeps.json)
+_SCANS = {"cumsum": 0, "mm": 1, "mm16": 2}
+_PROBE_NO_ATOMICS = False  # lenx.bench --probe only: times the backward without its atomic adds (wrong dK/dV)
+CONFIG_FP32 = {"fwd": (32, 32, 4, 1), "bwd": (32, 32, 4, 1), "scan": ("mm",)}  # exact fp32 products: a testing path
 
 
 class StickBreakingAttention(torch.autograd.Function):
@@ -156,12 +266,15 @@ class StickBreakingAttention(torch.autograd.Function):
         B, H, T, DH = q.shape
         out = _new(q.shape, q)
         rem = _new((B, H, T), q, torch.float32)
-        total = _new((B, H, T), q, torch.float64)
-        BM, BN, nw = CONFIG["fwd"]
+        total = _new((B, H, T), q, torch.float64)  # base 2
+        cfg = CONFIG_FP32 if q.dtype == torch.float32 else CONFIG
+        BM, BN, nw, ns = cfg["fwd"]
         prec = "ieee" if q.dtype == torch.float32 else "tf32"
-        _sb_fwd[(triton.cdiv(T, BM), B * H)](
+        _sb_fwd[(B * H, triton.cdiv(T, BM))](
             q, k, v, out, rem, total, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
-            T, DH ** -0.5, H=H, DH=DH, CURRENT=bool(attend_current), BM=BM, BN=BN, PREC=prec, num_warps=nw)
+            T, DH ** -0.5 * LOG2E, H=H, DH=DH, CURRENT=bool(attend_current), BM=BM, BN=BN,
+            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=prec,
+            num_warps=nw, num_stages=ns)
         ctx.save_for_backward(q, k, v, rem, total)
         ctx.attend_current = bool(attend_current)
         ctx.mark_non_differentiable(total)
@@ -177,12 +290,15 @@ class StickBreakingAttention(torch.autograd.Function):
         # dK/dV are summed over query blocks by atomic adds: they must start at zero.
         dk = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dv = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        BM, BN, nw = CONFIG["bwd"]
+        cfg = CONFIG_FP32 if q.dtype == torch.float32 else CONFIG
+        BM, BN, nw, ns = cfg["bwd"]
         prec = "ieee" if q.dtype == torch.float32 else "tf32"
-        _sb_bwd[(triton.cdiv(T, BM), B * H)](
+        _sb_bwd[(B * H, triton.cdiv(T, BM))](
             q, k, v, dout, drem, rem, total, dq, dk, dv,
             *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
-            T, DH ** -0.5, H=H, DH=DH, CURRENT=ctx.attend_current, BM=BM, BN=BN, PREC=prec, num_warps=nw)
+            T, DH ** -0.5 * LOG2E, DH ** -0.5, H=H, DH=DH, CURRENT=ctx.attend_current, BM=BM, BN=BN,
+            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=prec, ATOMICS=not _PROBE_NO_ATOMICS,
+            num_warps=nw, num_stages=ns)
         return dq, dk.to(k.dtype), dv.to(v.dtype), None
 
 
