@@ -208,58 +208,52 @@ def _row_line(r):
     return f"{r['method']:>15} {r['backend']:>8} T={r['T']:>6}  {cell('fwd')} | {cell('fwdbwd')}"
 
 
+COLUMNS = ("method", "backend", "T", "fwd ms", "x SDPA", "fwd+bwd ms", "x SDPA", "peak MiB (f+b)", "x SDPA")
+
+
+def _header(result) -> str:
+    a = result["args"]
+    return (f"{result['device']} | torch {result['torch']} | triton {result['triton']} | CUDA {result['cuda']} | "
+            f"B={a['batch']} H={a['heads']} d={a['head_dim']} {a['dtype']} | commit {result.get('git_commit')}")
+
+
+def _cells(result):
+    """One list of strings per measured row (unsupported combinations left out), in COLUMNS order."""
+
+    def num(r, key, fmt):
+        return format(r[key], fmt) if key in r else ""
+
+    for r in result["rows"]:
+        if r["status"].startswith("unsupported"):
+            continue
+        head = [r["method"], r["backend"], str(r["T"])]
+        if r["status"] != "ok":
+            yield head + [r["status"].split(":")[0]] + [""] * 5
+            continue
+        fwd = num(r, "fwd_ms", ".3f") or r.get("fwd_status", "")
+        fb = num(r, "fwdbwd_ms", ".3f") or r.get("fwdbwd_status", "")
+        yield head + [fwd, num(r, "fwd_x_sdpa", ".2f"), fb, num(r, "fwdbwd_x_sdpa", ".2f"),
+                      num(r, "fwdbwd_peak_mib", ".0f"), num(r, "fwdbwd_mem_x_sdpa", ".2f")]
+
+
 def print_bench_table(result, console=None):
     """A rich table of a run_bench result: time and peak memory, and their ratios to SDPA."""
     from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
-    a = result["args"]
-    title = (f"{result['device']} | torch {result['torch']} | triton {result['triton']} | CUDA {result['cuda']} | "
-             f"B={a['batch']} H={a['heads']} d={a['head_dim']} {a['dtype']} | commit {result.get('git_commit')}")
-    table = Table(title=title)
-    for col in ("method", "backend", "T", "fwd ms", "x SDPA", "fwd+bwd ms", "x SDPA", "peak MiB (f+b)", "x SDPA"):
+    table = Table(title=_header(result))
+    for col in COLUMNS:
         table.add_column(col, justify="left" if col in ("method", "backend") else "right")
-
-    def num(r, key, fmt):
-        return format(r[key], fmt) if key in r else ""
-
-    for r in result["rows"]:
-        if r["status"].startswith("unsupported"):
-            continue
-        if r["status"] != "ok":
-            table.add_row(r["method"], r["backend"], str(r["T"]), r["status"].split(":")[0], *[""] * 5)
-            continue
-        fwd = num(r, "fwd_ms", ".3f") or r.get("fwd_status", "")
-        fb = num(r, "fwdbwd_ms", ".3f") or r.get("fwdbwd_status", "")
-        table.add_row(r["method"], r["backend"], str(r["T"]), fwd, num(r, "fwd_x_sdpa", ".2f"), fb,
-                      num(r, "fwdbwd_x_sdpa", ".2f"), num(r, "fwdbwd_peak_mib", ".0f"),
-                      num(r, "fwdbwd_mem_x_sdpa", ".2f"))
-    console.print(table)
+    for cells in _cells(result):
+        table.add_row(*cells)
+    (console or Console()).print(table)
 
 
 def bench_markdown(result) -> str:
     """The same table as print_bench_table, as GitHub markdown (for results/bench/README.md)."""
-    a = result["args"]
-    lines = [f"{result['device']}, torch {result['torch']}, triton {result['triton']}, CUDA {result['cuda']}; "
-             f"B={a['batch']} H={a['heads']} d={a['head_dim']} {a['dtype']}; commit {result.get('git_commit')}", "",
-             "| method | backend | T | fwd ms | x SDPA | fwd+bwd ms | x SDPA | peak MiB fwd+bwd | x SDPA |",
-             "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
-
-    def num(r, key, fmt):
-        return format(r[key], fmt) if key in r else ""
-
-    for r in result["rows"]:
-        if r["status"].startswith("unsupported"):
-            continue
-        if r["status"] != "ok":
-            lines.append(f"| {r['method']} | {r['backend']} | {r['T']} | {r['status'].split(':')[0]} |  |  |  |  |  |")
-            continue
-        fwd = num(r, "fwd_ms", ".3f") or r.get("fwd_status", "")
-        fb = num(r, "fwdbwd_ms", ".3f") or r.get("fwdbwd_status", "")
-        lines.append(f"| {r['method']} | {r['backend']} | {r['T']} | {fwd} | {num(r, 'fwd_x_sdpa', '.2f')} | {fb} | "
-                     f"{num(r, 'fwdbwd_x_sdpa', '.2f')} | {num(r, 'fwdbwd_peak_mib', '.0f')} | "
-                     f"{num(r, 'fwdbwd_mem_x_sdpa', '.2f')} |")
+    lines = [_header(result).replace(" | ", "; "), "", "| " + " | ".join(COLUMNS) + " |",
+             "|---|---|" + "--:|" * (len(COLUMNS) - 2)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in _cells(result)]
     return "\n".join(lines) + "\n"
 
 
