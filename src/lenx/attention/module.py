@@ -92,7 +92,9 @@ class Attention(nn.Module):
         else:
             self.normaliser = Softmax()
         self.parts = Parts(self.rope, self.bias, self.processor, self.normaliser, cfg.causal, self.head_dim)
-        plan_backend(self.parts, torch.device("cpu") if cfg.backend != "triton" else torch.device("cuda"), cfg.backend)
+        # Fail at construction, not at the first forward, when a forced backend cannot run this
+        # composition (triton is judged for CUDA, the only device it runs on).
+        plan_backend(self.parts, torch.device("cuda" if cfg.backend == "triton" else "cpu"), cfg.backend)
 
     def backend_for(self, device: torch.device) -> str:
         return plan_backend(self.parts, device, self.cfg.backend)
