@@ -205,6 +205,9 @@ def test_last_tokens_scored_and_delta_p_arithmetic(data_root, tmp_path, monkeypa
     # (abs tolerance: two forwards of the same input differ in the last float32 bits on CPU)
     assert res["128"]["delta_p"] == pytest.approx(ref_ppl - math.exp(full_nll.double().mean().item()), abs=2e-3)
     assert res["64"]["ppl"] > 0 and math.isfinite(res["64"]["ppl_full"])
+    # Without L = T_train among the lengths the reference is computed separately: same DeltaP.
+    r2 = evaluate(tmp_path / "run", lengths=[64, 128], windows=4, scored=16, progress=False, write=False)
+    assert r2["results"]["128"]["delta_p"] == pytest.approx(res["128"]["delta_p"], abs=2e-3)
 
 
 def test_lengths_shorter_than_scored_window_error(data_root, tmp_path):

@@ -130,12 +130,14 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=windows * (len(lengths) + 1), desc=f"eval {cfg.model.method}", unit="window", dynamic_ncols=True)
-    # The reference for DeltaP: the last T_train tokens read with only T_train tokens of input.
-    short = _forward_nll(model, data, T_train, delta_k, dev, cfg.train.precision, budget, bar)
+        bar = tqdm(total=windows * (len(lengths) + (T_train not in lengths)), desc=f"eval {cfg.model.method}", unit="window", dynamic_ncols=True)
+    nll_at = {L: _forward_nll(model, data, L, L, dev, cfg.train.precision, budget, bar) for L in lengths}
+    # The reference for DeltaP: the last T_train tokens read with only T_train tokens of input
+    # (with nested windows it is the L = T_train forward itself when that length is evaluated).
+    short = nll_at[T_train][:, -delta_k:] if T_train in nll_at else \
+        _forward_nll(model, data, T_train, delta_k, dev, cfg.train.precision, budget, bar)
     per_length = {}
-    for L in lengths:
-        nll = _forward_nll(model, data, L, L, dev, cfg.train.precision, budget, bar)
+    for L, nll in nll_at.items():
         row = {
             "ppl": math.exp(nll[:, -scored:].double().mean().item()),
             "ppl_full": math.exp(nll.double().mean().item()),

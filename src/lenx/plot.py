@@ -54,6 +54,7 @@ def plot_delta_p(results: list[dict], out: Path, title: str | None = None) -> Pa
 
 def attention_maps(run_dir: Path, tokens: torch.Tensor, layer: int = 0, head: int = 0) -> dict:
     """Raw scores, bias and processed scores (pre-softmax, causal part) of one head for one input."""
+    from .attention.backends import score_block
     from .evaluate import load_run
 
     model, cfg = load_run(run_dir, torch.device("cpu"))
@@ -63,24 +64,14 @@ def attention_maps(run_dir: Path, tokens: torch.Tensor, layer: int = 0, head: in
     with torch.no_grad():
         model.hidden(tokens[None])
         handle.remove()
-        x = captured["x"]
-        B, T, C = x.shape
-        q, k, _ = attn.qkv(x).view(B, T, 3, attn.n_head, attn.head_dim).permute(2, 0, 3, 1, 4)
-        pos = torch.arange(T)
-        if attn.rope is not None:
-            q, k = attn.rope(q, k, pos)
-        scores = q @ k.transpose(-1, -2) / attn.head_dim ** 0.5
-        bias = attn.bias(pos, pos, q=q, k=k) if attn.bias is not None else None
-        maps = {"scores": scores[0, head]}
+        q, k, _ = attn.project(captured["x"])
+        raw, bias, processed = score_block(q, k, attn.parts)
+        maps = {"scores": raw[0, head]}
         if bias is not None:
-            maps["bias"] = bias.expand_as(scores)[0, head]
+            maps["bias"] = bias.expand_as(raw)[0, head]
         if attn.processor is not None:
-            from .attention import DapeV2
-
-            if isinstance(attn.processor, DapeV2):
-                maps["processed"] = attn.processor(scores, bias)[0, head]
-            else:
-                maps["processed"] = attn.processor(scores if bias is None else scores + bias, q, pos, pos)[0, head]
+            maps["processed"] = processed[0, head]
+    T = len(tokens)
     mask = torch.ones(T, T, dtype=torch.bool).triu(1)
     return {name: m.masked_fill(mask, float("nan")) for name, m in maps.items()} | {"method": cfg.model.method}
 

@@ -88,16 +88,13 @@ def param_groups(model: torch.nn.Module, weight_decay: float):
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def prepare_run_dir(cfg: RunConfig, run_dir: Path, resume: bool) -> RunConfig:
+def prepare_run_dir(run_dir: Path, resume: bool) -> None:
+    """Refuse to resume what is not a run, and to overwrite a run that already has a checkpoint."""
     run_dir = Path(run_dir)
-    saved = run_dir / "config.toml"
-    if resume:
-        if not saved.is_file():
-            raise ConfigError(f"cannot resume: {run_dir} has no config.toml (is it a lenx run directory?)")
-        return cfg
-    if checkpoint_dir(run_dir) is not None:
+    if resume and not (run_dir / "config.toml").is_file():
+        raise ConfigError(f"cannot resume: {run_dir} has no config.toml (is it a lenx run directory?)")
+    if not resume and checkpoint_dir(run_dir) is not None:
         raise ConfigError(f"{run_dir} already holds a trained run; pass --resume to continue it or choose another --out")
-    return cfg
 
 
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,
@@ -107,9 +104,9 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     Under torchrun every rank calls this; the batch, loss curve and checkpoints are those of one
     process with the same global batch."""
     run_dir = Path(run_dir)
+    prepare_run_dir(run_dir, resume)
     if resume:
         cfg = load_config(run_dir / "config.toml")
-    prepare_run_dir(cfg, run_dir, resume)
     device = resolve_device(cfg.train.device)
     info = distributed.setup(device.type)
     if device.type == "cuda" and info.enabled:

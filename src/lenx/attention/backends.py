@@ -34,22 +34,28 @@ class Parts:
     head_dim: int | None = None  # lets the planner reject shapes a fused kernel cannot take
 
 
+def score_block(q, k, parts: Parts, q_start: int = 0):
+    """Pre-normaliser scores of rows q [B, H, c, d] (positions q_start..) against keys k [B, H, Tk, d]
+    (positions 0..Tk-1). Returns (raw scaled scores, bias or None, processed scores A)."""
+    q_pos = torch.arange(q_start, q_start + q.shape[-2], device=q.device)
+    k_pos = torch.arange(k.shape[-2], device=q.device)
+    raw = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    bias = parts.bias(q_pos, k_pos, q=q, k=k) if parts.bias is not None else None
+    if isinstance(parts.processor, DapeV2):
+        return raw, bias, parts.processor(raw, bias, q_offset=q_start)
+    scores = raw if bias is None else raw + bias.to(raw.dtype)
+    if isinstance(parts.processor, CoPE):
+        scores = parts.processor(scores, q, q_pos, k_pos)
+    return raw, bias, scores
+
+
 def block_attention(q, k, v, parts: Parts, q_start: int = 0):
     """Rows q [B, H, c, d] at positions q_start.., keys/values [B, H, Tk, d] at 0..Tk-1.
     Returns (out [B, H, c, d], rem [B, H, c] or None)."""
+    _, _, scores = score_block(q, k, parts, q_start)
     q_pos = torch.arange(q_start, q_start + q.shape[-2], device=q.device)
     k_pos = torch.arange(k.shape[-2], device=q.device)
-    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    bias = parts.bias(q_pos, k_pos, q=q, k=k) if parts.bias is not None else None
-    if isinstance(parts.processor, DapeV2):
-        scores = parts.processor(scores, bias, q_offset=q_start)
-    else:
-        if bias is not None:
-            scores = scores + bias.to(scores.dtype)
-        if isinstance(parts.processor, CoPE):
-            scores = parts.processor(scores, q, q_pos, k_pos)
-    allowed = parts.normaliser.allowed(q_pos, k_pos, parts.causal)
-    return parts.normaliser(scores, v, allowed)
+    return parts.normaliser(scores, v, parts.normaliser.allowed(q_pos, k_pos, parts.causal))
 
 
 def dense_attention(q, k, v, parts: Parts):

@@ -99,11 +99,17 @@ class Attention(nn.Module):
     def backend_for(self, device: torch.device) -> str:
         return plan_backend(self.parts, device, self.cfg.backend)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
+    def project(self, x: torch.Tensor):
+        """x [B, T, C] -> q, k, v [B, H, T, d], q and k already rotated when the base is RoPE."""
+        B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.rope is not None:
             q, k = self.rope(q, k, torch.arange(T, device=x.device))
+        return q, k, v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.project(x)
         out, rem = run_backend(self.backend_for(x.device), q, k, v, self.parts, self.cfg.chunk_size)
         out = self.normaliser.finish(out, rem, v)
         return self.proj(out.transpose(1, 2).reshape(B, T, C))
