@@ -7,7 +7,8 @@ import pytest
 import torch
 from rich.console import Console
 
-from lenx.bench import _add_ratios, bench_markdown, print_bench_table, run_bench
+from lenx.bench import (_add_ratios, bench_markdown, print_bench_table, print_train_step_table, run_bench,
+                        train_step_bench, train_step_markdown)
 
 
 def fake_result():
@@ -52,3 +53,53 @@ def test_run_bench_tiny(tmp_path):
     ok = {(r["method"], r["backend"]) for r in saved["rows"] if r["status"] == "ok"}
     assert {("sdpa", "sdpa"), ("kerple", "triton"), ("stickbreaking", "triton"), ("kerple", "chunked")} <= ok
     assert all("fwdbwd_x_sdpa" in r for r in saved["rows"] if r["status"] == "ok")
+
+
+# --- whole training steps (CPU) -------------------------------------------------------------------
+
+def test_train_step_bench_cpu():
+    res = train_step_bench(["rope", "dapev2-kerple"], preset="tiny", seq_len=16, batch_size=2, vocab_size=64,
+                           steps=2, warmup=1, device="cpu", log=None)
+    rows = {r["method"]: r for r in res["rows"]}
+    assert set(rows) == {"rope", "dapev2-kerple"}
+    assert rows["dapev2-kerple"]["ratio"] == 1.0  # the reference against itself
+    rope = rows["rope"]
+    assert len(rope["times_ms"]) == 2 and rope["median_ms"] > 0 and rope["peak_gib"] is None
+    assert rope["ratio"] == pytest.approx(rope["median_ms"] / rows["dapev2-kerple"]["median_ms"])
+    assert rope["tokens_per_s"] == pytest.approx(2 * 16 / (rope["median_ms"] / 1000))
+    assert rope["backends"] == ["sdpa", "sdpa"] and rope["params"] > 0  # tiny: 2 layers
+    assert res["settings"]["preset"] == "tiny" and res["torch"] == torch.__version__
+    md = train_step_markdown(res)
+    assert "| dapev2-kerple | chunked |" in md and "| 1.00 |" in md
+
+
+def test_train_step_bench_failure_is_a_row_and_no_reference():
+    # a backend that cannot run this method fails for that method only
+    res = train_step_bench(["rope", "kerple"], preset="tiny", seq_len=8, batch_size=1, vocab_size=32, steps=1,
+                           warmup=0, device="cpu", backend_overrides={"kerple": "triton"}, log=None)
+    rows = {r["method"]: r for r in res["rows"]}
+    assert "error" in rows["kerple"] and "median_ms" in rows["rope"]
+    assert rows["rope"]["ratio"] is None  # dapev2-kerple was not measured
+    buf = io.StringIO()
+    print_train_step_table(res, Console(file=buf, width=200))
+    assert "error" in buf.getvalue() and "rope" in buf.getvalue()
+
+
+def test_train_step_cli_cpu(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "ts.json"
+    proc = subprocess.run([sys.executable, "-m", "lenx", "bench", "--train-step", "--device", "cpu", "--preset", "tiny",
+                           "--methods", "rope,dapev2-kerple", "--seq-len", "16", "--batch", "2", "--steps", "2",
+                           "--warmup", "1", "--commit", "test", "-o", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads(out.read_text())
+    assert [r["method"] for r in saved["rows"]] == ["rope", "dapev2-kerple"]
+    assert saved["rows"][1]["ratio"] == 1.0 and saved["git_commit"] == "test"
+    assert saved["settings"]["batch_size"] == 2 and saved["settings"]["steps"] == 2
+    assert "ms/step" in proc.stdout and "wrote" in proc.stdout
+    # the kernel benchmark itself still refuses the CPU
+    proc = subprocess.run([sys.executable, "-m", "lenx", "bench", "--device", "cpu"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--train-step" in proc.stderr

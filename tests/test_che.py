@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from lenx.attention import DapeV2, all_methods, parse_method
-from lenx.che import che_table, make_config, run_che
+import lenx.che as che
+from lenx.che import Encoder, che_table, make_config, merge_che, redraw_che, run_che, runs_causally
 from lenx.ops import dape_v2_attention
 from lenx.tasks import TASKS, sample_recall
 
@@ -41,9 +42,25 @@ def test_every_bidirectional_method_runs(tmp_path):
     assert all(math.isfinite(r["final_train_loss"]) for r in result["runs"])
 
 
+def test_directional_methods_run_causally(tmp_path):
+    """Stick-breaking and CoPE run as causal encoders: an answer position (after the input) still
+    sees the whole input, and changing the input's last token changes it."""
+    cfg = make_config("smoke", tasks=["parity_check"], methods=["stickbreaking", "cope"], steps=2,
+                      test_max_length=41, test_samples=4, n_layer=1)
+    result = run_che(cfg, tmp_path, progress=False)
+    assert {r["method"] for r in result["runs"]} == {"stickbreaking", "cope"}
+    assert runs_causally("stickbreaking") and runs_causally("cope") and not runs_causally("dapev2-kerple")
+    torch.manual_seed(0)
+    model = Encoder("stickbreaking", 4, 2, cfg).eval()
+    x = torch.randint(0, 3, (1, 12))
+    y = x.clone()
+    y[0, 5] = (y[0, 5] + 1) % 3
+    out_x, out_y = model(x), model(y)
+    assert torch.allclose(out_x[0, :5], out_y[0, :5])  # causal: positions before the change are untouched
+    assert not torch.allclose(out_x[0, -1], out_y[0, -1])  # the last position reads the change
+
+
 def test_bad_input():
-    with pytest.raises(ValueError, match="non-causally"):
-        run_che(make_config("smoke", methods=["stickbreaking"]), "/tmp/unused", progress=False)
     with pytest.raises(ValueError, match="parity_check"):
         run_che(make_config("smoke", tasks=["parity_chek"]), "/tmp/unused", progress=False)
     with pytest.raises(ValueError, match=">= 1"):
@@ -54,6 +71,137 @@ def test_table_reports_max_mean_std():
     summary = {"parity_check": {"rope": {"mean": 0.6, "std": 0.1, "max": 0.7, "seeds": 2}}}
     cfg = make_config("smoke", tasks=["parity_check"], methods=["rope"])
     assert "70.0 (60.0 ± 10.0)" in che_table(summary, cfg)
+
+
+# --- resuming, merging, redrawing ----------------------------------------------------------------
+
+def tiny(**overrides):
+    base = dict(tasks=["parity_check"], methods=["nope"], seeds=[0], steps=3, test_max_length=45,
+                test_samples=4, n_layer=1)
+    return make_config("smoke", **{**base, **overrides})
+
+
+def count_training(monkeypatch) -> list:
+    """Record every (task, method, seed) that actually trains."""
+    trained = []
+    real = che.train_and_test
+
+    def spy(task, method, seed, cfg, progress=None):
+        trained.append((task, method, seed))
+        return real(task, method, seed, cfg, progress)
+
+    monkeypatch.setattr(che, "train_and_test", spy)
+    return trained
+
+
+def test_resume_trains_only_missing_runs(tmp_path, monkeypatch):
+    trained = count_training(monkeypatch)
+    first = run_che(tiny(), tmp_path, progress=False)
+    assert trained == [("parity_check", "nope", 0)]
+    run = first["runs"][0]
+    assert run["test_time_s"] > 0 and run["train_time_s"] > 0 and run["protocol"]["steps"] == 3
+    assert len((tmp_path / "runs.jsonl").read_text().splitlines()) == 1
+
+    second = run_che(tiny(seeds=[0, 1]), tmp_path, progress=False)
+    assert trained == [("parity_check", "nope", 0), ("parity_check", "nope", 1)]  # seed 0 was not retrained
+    assert [r["seed"] for r in second["runs"]] == [0, 1]
+    assert second["runs"][0]["accuracy"] == run["accuracy"]
+    assert list(second["runs"][0]["per_length"]) == [41]  # read back from JSON with integer lengths again
+    assert second["summary"]["parity_check"]["nope"]["seeds"] == 2
+    assert len((tmp_path / "runs.jsonl").read_text().splitlines()) == 2
+    assert json.loads((tmp_path / "che.json").read_text())["config"]["seeds"] == [0, 1]
+
+
+def test_partial_last_line_is_ignored_and_repaired(tmp_path, monkeypatch):
+    trained = count_training(monkeypatch)
+    run_che(tiny(seeds=[0, 1]), tmp_path, progress=False)
+    log = tmp_path / "runs.jsonl"
+    lines = log.read_text().splitlines(keepends=True)
+    log.write_text(lines[0] + lines[1][:40])  # killed while writing seed 1's line
+    assert [r["seed"] for r in che.read_runs(log)] == [0]
+
+    trained.clear()
+    result = run_che(tiny(seeds=[0, 1]), tmp_path, progress=False)
+    assert trained == [("parity_check", "nope", 1)]
+    assert [r["seed"] for r in result["runs"]] == [0, 1]
+    assert [json.loads(line)["seed"] for line in log.read_text().splitlines()] == [0, 1]  # the stub was cut off
+
+
+def test_protocol_mismatch_refuses_to_resume(tmp_path, monkeypatch):
+    trained = count_training(monkeypatch)
+    run_che(tiny(), tmp_path, progress=False)
+    with pytest.raises(ValueError, match="fresh --out") as err:
+        run_che(tiny(steps=4, seeds=[1]), tmp_path, progress=False)
+    assert "steps" in str(err.value)
+    assert len(trained) == 1  # refused before training anything
+
+
+def test_merge_gives_the_union(tmp_path):
+    a = run_che(tiny(methods=["nope"]), tmp_path / "a", progress=False)
+    b = run_che(tiny(methods=["alibi"], seeds=[0, 1]), tmp_path / "b", progress=False)
+    (tmp_path / "b" / "che.json").unlink()  # b is unfinished: only its runs.jsonl is there
+    merged = merge_che([tmp_path / "a", tmp_path / "b", tmp_path / "a"], tmp_path / "m")  # a twice: deduped
+    assert [(r["method"], r["seed"]) for r in merged["runs"]] == [("nope", 0), ("alibi", 0), ("alibi", 1)]
+    assert merged["config"]["methods"] == ["nope", "alibi"] and merged["config"]["seeds"] == [0, 1]
+    assert merged["config"]["steps"] == 3 and merged["config"]["test_max_length"] == 45
+    s = merged["summary"]["parity_check"]
+    assert s["nope"]["seeds"] == 1 and s["alibi"]["seeds"] == 2
+    assert s["nope"]["mean"] == a["summary"]["parity_check"]["nope"]["mean"]
+    assert s["alibi"]["mean"] == pytest.approx(b["summary"]["parity_check"]["alibi"]["mean"])
+    saved = json.loads((tmp_path / "m" / "che.json").read_text())
+    assert saved["summary"] == json.loads(json.dumps(merged["summary"]))
+    assert "| nope | alibi |" in (tmp_path / "m" / "che.md").read_text()
+    assert (tmp_path / "m" / "che_per_length.png").stat().st_size > 10_000
+
+    run_che(tiny(steps=4), tmp_path / "c", progress=False)
+    with pytest.raises(ValueError, match="different protocol"):
+        merge_che([tmp_path / "a", tmp_path / "c"], tmp_path / "m2")
+    with pytest.raises(ValueError, match="of its own"):  # would overwrite a training folder's results
+        merge_che([tmp_path / "a"], tmp_path / "c")
+
+
+def test_table_marks_missing_cells():
+    summary = {"parity_check": {"rope": {"mean": 0.6, "std": 0.1, "max": 0.7, "seeds": 2}}}
+    cfg = make_config("smoke", tasks=["parity_check", "even_pairs"], methods=["rope", "alibi"])
+    table = che_table(summary, cfg)
+    assert "| parity_check | 50.0 | 70.0 (60.0 ± 10.0) | – |" in table
+    assert "| even_pairs | 50.0 | – | – |" in table
+
+
+def test_redraw_from_che_json_alone(tmp_path):
+    run_che(tiny(), tmp_path / "run", progress=False)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "che.json").write_text((tmp_path / "run" / "che.json").read_text())
+    paths = redraw_che(copy / "che.json")
+    assert paths == [copy / "che.md", copy / "che_per_length.png"]
+    assert (copy / "che.md").read_text() == (tmp_path / "run" / "che.md").read_text()
+    assert (copy / "che_per_length.png").stat().st_size > 10_000
+    redraw_che(copy / "che.json", tmp_path / "elsewhere")
+    assert (tmp_path / "elsewhere" / "che.md").exists()
+
+
+def test_cli_merge_and_test_length_step(tmp_path):
+    from typer.testing import CliRunner
+
+    from lenx.cli import app
+
+    runner = CliRunner()
+    common = ["che", "--tasks", "parity_check", "--steps", "2", "--test-max-length", "47", "--test-samples", "4",
+              "--no-progress"]
+    for method in ("nope", "alibi"):
+        out = runner.invoke(app, [*common, "--methods", method, "--test-length-step", "3",
+                                  "--out", str(tmp_path / method)])
+        assert out.exit_code == 0, out.output
+    assert sorted(json.loads((tmp_path / "nope" / "che.json").read_text())["runs"][0]["per_length"]) == \
+        ["41", "44", "47"]
+    out = runner.invoke(app, ["che", "--merge", f"{tmp_path / 'nope'},{tmp_path / 'alibi'}",
+                              "--out", str(tmp_path / "all")])
+    assert out.exit_code == 0, out.output
+    assert "| nope | alibi |" in out.output and "wrote" in out.output
+    assert len(json.loads((tmp_path / "all" / "che.json").read_text())["runs"]) == 2
+    out = runner.invoke(app, ["che", "--merge", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")])
+    assert out.exit_code == 2 and "no CHE results" in out.output
 
 
 # --- Proposition 1: associative recall with no position encoding ----------------------------------

@@ -7,10 +7,14 @@ causal SDPA measured in the same run. Out-of-memory is caught and recorded as su
 than `max_call_s` (median) skips the longer lengths of that (method, backend).
 
 Library use: run_bench(...) -> dict (also written as JSON), print_bench_table(result).
+Whole training steps per method (the DAPE V2 paper's table 7): train_step_bench(...),
+print_train_step_table(result), train_step_markdown(result); `lenx bench --train-step`.
 Device use:  PYTHONPATH=src python -m lenx.bench --commit <sha> --out results.json
 """
 
 import argparse
+from dataclasses import replace
+import gc
 import json
 import platform
 import statistics
@@ -411,6 +415,172 @@ def probe_table_grad(T: int = 8192, heads: int = 12, head_dim: int = 64, log=pri
     if log:
         log("probe " + ", ".join(f"{k}={v:.3f} ms" for k, v in out.items()))
     return out
+
+# --- whole training steps (the DAPE V2 paper's table 7) ------------------------------------------
+
+TRAIN_STEP_METHODS = ("rope", "alibi", "kerple", "fire", "dape-kerple", "dapev2-kerple")
+
+
+def _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, steps, warmup, device) -> dict:
+    """Build one model and time `steps` full optimizer steps after `warmup` untimed ones."""
+    from .model import LM
+    from .train import autocast_for, param_groups
+
+    torch.manual_seed(0)
+    model = LM(model_cfg).to(device)
+    row = {"method": method, "backends": model.backends(device), "params": model.num_params()}
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.train.lr,
+                                  betas=(cfg.train.beta1, cfg.train.beta2), fused=device.type == "cuda")
+    # one fixed batch: the step's cost does not depend on the token values, and no data loading is timed
+    tokens = torch.randint(0, vocab_size, (batch_size, seq_len + 1), device=device)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    cuda = device.type == "cuda"
+
+    def step():
+        with autocast_for(device, "auto"):  # bf16 autocast on CUDA, fp32 on CPU, as in training
+            _, loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    model.train()
+    for _ in range(warmup):  # compilation, autotuning, allocator growth, optimizer state creation
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(steps):
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        loss = step()
+        if cuda:
+            torch.cuda.synchronize(device)
+        times.append(1000 * (time.perf_counter() - t0))
+    row["times_ms"] = times
+    row["median_ms"] = statistics.median(times)
+    row["mean_ms"] = statistics.fmean(times)
+    row["tokens_per_s"] = batch_size * seq_len / (row["median_ms"] / 1000)
+    row["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
+    row["final_loss"] = float(loss.detach())  # a sanity check that the steps computed something finite
+    return row
+
+
+def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 512, batch_size: int = 32,
+                     vocab_size: int = 16384, steps: int = 20, warmup: int = 5, device: str = "cuda",
+                     reference: str = "dapev2-kerple", backend_overrides: dict[str, str] | None = None,
+                     overrides: list[str] | None = None, *, commit: str | None = None, command: str | None = None,
+                     out_path=None, log=print) -> dict:
+    """Time per training step and peak memory of the whole model, per method (the DAPE V2 paper's
+    table 7): the `preset` model with each method, random tokens, AdamW, bf16 autocast on CUDA.
+    Each row has the median and mean ms/step, tokens/s, peak GiB (None on CPU), the backend of each
+    layer, and `ratio`: its median over the `reference` method's (None without a reference row).
+    A method that fails (out of memory included) gets a row with "error" and the others still run.
+    backend_overrides: {method: backend} forces an attention backend for that method."""
+    from .attention.methods import parse_method
+    from .config import load_config
+    from .runinfo import environment
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train_step_bench: device cuda but no CUDA device is visible (use device='cpu')")
+    cfg = load_config(preset, overrides or [])
+    backend_overrides = backend_overrides or {}
+    for method in methods:  # a typo is an error now, not a row after minutes of benchmarking
+        parse_method("nope" if method == "sdpa" else method)
+    env = environment(dev)
+    result = {
+        "benchmark": "train_step",
+        "device": env.get("gpu") or f"cpu ({env.get('cpu')})",
+        "torch": env["torch"],
+        "triton": env["triton"],
+        "cuda": torch.version.cuda,
+        "python": env["python"],
+        "git_commit": commit or env["git_commit"],
+        "command": command if command is not None else env["command"],
+        "settings": dict(methods=list(methods), preset=preset, seq_len=seq_len, batch_size=batch_size,
+                         vocab_size=vocab_size, steps=steps, warmup=warmup, device=device, reference=reference,
+                         backend_overrides=dict(backend_overrides), overrides=list(overrides or []),
+                         model={k: v for k, v in vars(cfg.model).items() if k != "method"}),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "rows": [],
+    }
+    for method in methods:
+        model_cfg = replace(cfg.model, method="nope" if method == "sdpa" else method, vocab_size=vocab_size,
+                            backend=backend_overrides.get(method, cfg.model.backend))
+        try:
+            row = _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, steps, warmup, dev)
+        except Exception as err:  # noqa: BLE001  (a method that fails is a result; the others still run)
+            kind = "oom" if _is_oom(err) else "error"
+            row = {"method": method, "status": kind, "error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+        # the failed step's tensors are referenced by the traceback until here; free them before the next method
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        result["rows"].append(row)
+        if log:
+            log(_train_step_line(row))
+    ref = next((r for r in result["rows"] if r["method"] == reference and "median_ms" in r), None)
+    for r in result["rows"]:
+        r["ratio"] = r["median_ms"] / ref["median_ms"] if ref and "median_ms" in r else None
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+def _train_step_line(r) -> str:
+    if "error" in r:
+        return f"{r['method']:>15}  {r['error']}"
+    peak = f"{r['peak_gib']:.2f} GiB" if r["peak_gib"] is not None else "peak n/a"
+    return f"{r['method']:>15}  {r['median_ms']:9.2f} ms/step  {r['tokens_per_s']:10.0f} tok/s  {peak}"
+
+
+TRAIN_STEP_COLUMNS = ("method", "backend(s)", "ms/step", "x ref", "tokens/s", "peak GiB")
+
+
+def _train_step_header(result) -> str:
+    s = result["settings"]
+    return (f"{result['device']} | torch {result['torch']} | triton {result['triton']} | CUDA {result['cuda']} | "
+            f"preset {s['preset']} B={s['batch_size']} T={s['seq_len']} V={s['vocab_size']} "
+            f"{s['steps']} steps | ref {s['reference']} | commit {result.get('git_commit')}")
+
+
+def _train_step_cells(result):
+    """One list of strings per row, in TRAIN_STEP_COLUMNS order (median ms/step)."""
+    for r in result["rows"]:
+        if "error" in r:
+            yield [r["method"], "", r.get("status", "error"), "", "", ""]
+            continue
+        backends = ",".join(dict.fromkeys(r["backends"]))  # one name when every layer uses the same backend
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else ""
+        peak = f"{r['peak_gib']:.2f}" if r["peak_gib"] is not None else ""
+        yield [r["method"], backends, f"{r['median_ms']:.2f}", ratio, f"{r['tokens_per_s']:.0f}", peak]
+
+
+def print_train_step_table(result, console=None):
+    """A rich table of a train_step_bench result."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=_train_step_header(result))
+    for col in TRAIN_STEP_COLUMNS:
+        table.add_column(col, justify="left" if col in ("method", "backend(s)") else "right")
+    for cells in _train_step_cells(result):
+        table.add_row(*cells)
+    (console or Console()).print(table)
+
+
+def train_step_markdown(result) -> str:
+    """The same table as print_train_step_table, as GitHub markdown."""
+    lines = [_train_step_header(result).replace(" | ", "; "), "", "| " + " | ".join(TRAIN_STEP_COLUMNS) + " |",
+             "|---|---|" + "--:|" * (len(TRAIN_STEP_COLUMNS) - 2)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in _train_step_cells(result)]
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None):

@@ -9,12 +9,14 @@ accuracy (up to the terminator for the padded tasks) averaged over the test leng
 How each method is made bidirectional: ALiBi, Kerple and FIRE use |i - j| (FIRE normalises by
 max(i, j)); T5 gives each direction its own 16 buckets; Transformer-XL uses signed distances; RoPE
 and NoPE need no change; DAPE / DAPE V2 see the whole score map (no tril). CoPE and stick-breaking
-are directional by construction and are rejected.
+are directional by construction: they run causally (see `runs_causally`); the answer positions come
+after the whole input, so a causal model still reads all of it.
 """
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 import json
 import math
+import os
 from pathlib import Path
 import time
 
@@ -23,6 +25,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .attention.methods import parse_method
 from .model import Block, LMConfig
 from .tasks import TASKS, get_task
 
@@ -59,12 +62,20 @@ PRESETS = {
 }
 
 
+def runs_causally(method: str) -> bool:
+    """Stick-breaking and CoPE have no bidirectional form (both walk the keys from the query
+    backwards), so in CHE they are causal; every other method sees the whole sequence."""
+    spec = parse_method(method)
+    return spec.normaliser == "stickbreaking" or spec.base == "cope"
+
+
 class Encoder(nn.Module):
-    """Token + blank embedding, non-causal lenx blocks, a classification head per position."""
+    """Token + blank embedding, lenx blocks (non-causal unless the method is directional), a
+    classification head per position."""
 
     def __init__(self, method: str, vocab: int, classes: int, cfg: CHEConfig):
         super().__init__()
-        block_cfg = LMConfig(method=method, causal=False, n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model,
+        block_cfg = LMConfig(method=method, causal=runs_causally(method), n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model,
                              activation="relu", dropout=cfg.dropout)
         shared: dict = {}
         self.embed = nn.Embedding(vocab, cfg.d_model)
@@ -108,8 +119,11 @@ def train_and_test(task_name: str, method: str, seed: int, cfg: CHEConfig, progr
         opt.step()
         if progress is not None:
             progress(1)
+    if device.type == "cuda":  # the GPU runs ahead of the host: wait for it before reading the clock
+        torch.cuda.synchronize(device)
     train_time = time.perf_counter() - t0
 
+    t0 = time.perf_counter()
     model.eval()
     test_rng = np.random.default_rng(10_000 + seed)  # the same test set for every method
     per_length = {}
@@ -125,42 +139,167 @@ def train_and_test(task_name: str, method: str, seed: int, cfg: CHEConfig, progr
             correct += int(((pred == y) & scored).sum())
             total += int(scored.sum())
         per_length[length] = correct / total
+    test_time = time.perf_counter() - t0  # .sum() above already synchronises with the GPU
     return {"task": task_name, "method": method, "seed": seed, "final_train_loss": float(loss.detach()),
             "accuracy": float(np.mean(list(per_length.values()))), "per_length": per_length,
-            "train_time_s": train_time}
+            "train_time_s": train_time, "test_time_s": test_time}
+
+
+# The config fields that change what a run measures; runs are only comparable (resumable, mergeable)
+# when these agree. Device, task/method/seed lists are not part of it.
+PROTOCOL_FIELDS = ("steps", "batch_size", "lr", "grad_clip", "train_max_length", "test_min_length",
+                   "test_max_length", "test_length_step", "test_samples", "n_layer", "d_model", "n_head", "dropout")
+
+
+def protocol(cfg: CHEConfig) -> dict:
+    # Through JSON so it compares equal with what a runs.jsonl line gives back.
+    return json.loads(json.dumps({k: getattr(cfg, k) for k in PROTOCOL_FIELDS}))
+
+
+def _run_key(run: dict) -> tuple:
+    return run["task"], run["method"], int(run["seed"])
+
+
+def _from_json(run: dict) -> dict:
+    # JSON turns the integer test lengths into strings; turn them back.
+    return {**run, "per_length": {int(k): v for k, v in run["per_length"].items()}}
+
+
+def read_runs(path: Path, repair: bool = False) -> list[dict]:
+    """The runs in a runs.jsonl. A process killed mid-write leaves a partial last line: it is ignored,
+    and with repair=True cut off the file so the next append starts on a fresh line."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    complete = data[:data.rfind(b"\n") + 1]  # everything up to the last newline
+    if repair and len(complete) < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(len(complete))
+    runs = []
+    for n, line in enumerate(complete.decode().splitlines(), 1):
+        if line.strip():
+            try:
+                runs.append(_from_json(json.loads(line)))
+            except (json.JSONDecodeError, KeyError) as e:  # a whole line that is broken is not a kill: say so
+                raise ValueError(f"{path}:{n} is not a CHE run record ({e})") from e
+    return runs
+
+
+def _check_protocol(runs: list[dict], expected: dict, where: Path, hint: str):
+    for run in runs:
+        if run.get("protocol") != expected:
+            diff = {k: (run.get("protocol", {}).get(k), expected.get(k)) for k in PROTOCOL_FIELDS
+                    if run.get("protocol", {}).get(k) != expected.get(k)}
+            raise ValueError(f"{where} holds a run ({run['task']}, {run['method']}, seed {run['seed']}) with a "
+                             f"different protocol (field: (stored, wanted)) {diff}; {hint}")
 
 
 def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True) -> dict:
-    """Every task x method x seed; writes che.json, che.md (table 6 layout) and che_per_length.png."""
+    """Every task x method x seed; writes che.json, che.md (table 6 layout) and che_per_length.png.
+
+    Each finished run is appended to out_dir/runs.jsonl at once, so a killed run_che started again with
+    the same out_dir skips what is done (if it was run under the same protocol)."""
     from .attention import Attention, AttentionConfig
 
-    for method in cfg.methods:  # reject unknown or directional methods before any training
-        Attention(AttentionConfig(method=method, causal=False), cfg.n_head, cfg.d_model)
+    for method in cfg.methods:  # reject unknown methods before any training
+        Attention(AttentionConfig(method=method, causal=runs_causally(method)), cfg.n_head, cfg.d_model)
     for task in cfg.tasks:
         get_task(task)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    log = out_dir / "runs.jsonl"
+    proto = protocol(cfg)
+    done = read_runs(log, repair=True)
+    _check_protocol(done, proto, log, "use a fresh --out directory for a different protocol")
+    by_key = {_run_key(r): r for r in done}
+    todo = [(t, m, s) for t in cfg.tasks for m in cfg.methods for s in cfg.seeds if (t, m, s) not in by_key]
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(cfg.tasks) * len(cfg.methods) * len(cfg.seeds) * cfg.steps, desc="che", unit="step",
-                   dynamic_ncols=True)
-    runs = []
-    for task in cfg.tasks:
-        for method in cfg.methods:
-            for seed in cfg.seeds:
-                if bar is not None:
-                    bar.set_postfix(task=task, method=method, seed=seed)
-                runs.append(train_and_test(task, method, seed, cfg, bar.update if bar else None))
+        bar = tqdm(total=len(todo) * cfg.steps, desc="che", unit="step", dynamic_ncols=True)
+    for task, method, seed in todo:
+        if bar is not None:
+            bar.set_postfix(task=task, method=method, seed=seed)
+        run = {**train_and_test(task, method, seed, cfg, bar.update if bar else None), "protocol": proto}
+        with open(log, "a") as f:  # one whole line per run, on disk before the next run starts
+            f.write(json.dumps(run) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        by_key[(task, method, seed)] = run
     if bar is not None:
         bar.close()
-    summary = summarise(runs)
-    result = {"config": asdict(cfg), "runs": runs, "summary": summary}
+    runs = [by_key[(t, m, s)] for t in cfg.tasks for m in cfg.methods for s in cfg.seeds]
+    return _write_outputs({"config": asdict(cfg), "runs": runs, "summary": summarise(runs)}, cfg, out_dir)
+
+
+def _write_outputs(result: dict, cfg: CHEConfig, out_dir: Path) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "che.json").write_text(json.dumps(result, indent=2))
-    (out_dir / "che.md").write_text(che_table(summary, cfg))
-    plot_per_length(runs, out_dir / "che_per_length.png")
+    (out_dir / "che.md").write_text(che_table(result["summary"], cfg))
+    plot_per_length(result["runs"], out_dir / "che_per_length.png")
     return result
+
+
+def _config_from_dict(config: dict) -> CHEConfig:
+    known = {f.name for f in fields(CHEConfig)}  # tolerate keys a newer or older lenx wrote
+    return CHEConfig(**{k: v for k, v in config.items() if k in known})
+
+
+def _load_folder(folder: Path) -> list[dict]:
+    """Runs of one CHE output folder: che.json and runs.jsonl together (the log may be ahead of che.json
+    when a resumed run was killed), each run with its protocol."""
+    folder = Path(folder)
+    runs = []
+    if (folder / "che.json").exists():
+        saved = json.loads((folder / "che.json").read_text())
+        proto = protocol(_config_from_dict(saved["config"]))  # che.json from before runs carried a protocol
+        runs += [{"protocol": proto, **_from_json(r)} for r in saved["runs"]]
+    runs += read_runs(folder / "runs.jsonl")
+    if not runs:
+        raise FileNotFoundError(f"{folder} holds no CHE results (no che.json or runs.jsonl)")
+    return runs
+
+
+def merge_che(sources: list[Path], out_dir: Path) -> dict:
+    """Merge CHE output folders (say one per GPU process) into out_dir: che.json, che.md and
+    che_per_length.png over the union of their runs. All runs must share one protocol."""
+    out_dir = Path(out_dir)
+    sources = [Path(s) for s in sources]
+    if not sources:
+        raise ValueError("merge_che needs at least one CHE output folder")
+    if (out_dir / "runs.jsonl").exists() and out_dir.resolve() not in {s.resolve() for s in sources}:
+        raise ValueError(f"{out_dir} holds a CHE run of its own; merge into another --out directory")
+    by_key: dict = {}
+    proto = None
+    for source in sources:
+        runs = _load_folder(source)
+        proto = proto or runs[0]["protocol"]
+        _check_protocol(runs, proto, source, "runs with different protocols cannot be merged")
+        for run in runs:
+            by_key.setdefault(_run_key(run), run)  # the same run in two places: keep the first
+    runs = list(by_key.values())
+    first_seen = lambda values: list(dict.fromkeys(values))  # noqa: E731
+    cfg = CHEConfig(tasks=first_seen(r["task"] for r in runs), methods=first_seen(r["method"] for r in runs),
+                    seeds=first_seen(int(r["seed"]) for r in runs), **proto)
+    runs = [by_key[(t, m, s)] for t in cfg.tasks for m in cfg.methods for s in cfg.seeds if (t, m, s) in by_key]
+    result = {"config": asdict(cfg), "merged_from": [str(s) for s in sources], "runs": runs,
+              "summary": summarise(runs)}
+    return _write_outputs(result, cfg, out_dir)
+
+
+def redraw_che(che_json: Path, out_dir: Path | None = None) -> list[Path]:
+    """Re-draw che.md and che_per_length.png from a saved che.json (no training); next to it by default."""
+    che_json = Path(che_json)
+    out_dir = Path(out_dir) if out_dir is not None else che_json.parent
+    saved = json.loads(che_json.read_text())
+    cfg = _config_from_dict(saved["config"])
+    runs = [_from_json(r) for r in saved["runs"]]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "che.md").write_text(che_table(summarise(runs), cfg))
+    plot_per_length(runs, out_dir / "che_per_length.png")
+    return [out_dir / "che.md", out_dir / "che_per_length.png"]
 
 
 def summarise(runs: list[dict]) -> dict:
@@ -182,7 +321,10 @@ def che_table(summary: dict, cfg: CHEConfig) -> str:
         t = get_task(task)
         cells = []
         for m in cfg.methods:
-            s = summary[task][m]
+            s = summary.get(task, {}).get(m)
+            if s is None:  # merged folders need not cover every task x method
+                cells.append("–")
+                continue
             cells.append(f"{100 * s['max']:.1f} ({100 * s['mean']:.1f} ± {100 * s['std']:.1f})")
         lines.append(f"| {t.level} | {task} | {100 * t.chance:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -228,8 +370,9 @@ def make_config(preset: str = "smoke", **overrides) -> CHEConfig:
         raise ValueError(f"unknown CHE preset {preset!r}; choose one of {', '.join(PRESETS)}")
     cfg = replace(CHEConfig(), **PRESETS[preset])
     cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
-    if min(cfg.train_max_length, cfg.test_min_length, cfg.steps, cfg.test_samples, cfg.batch_size) < 1:
-        raise ValueError("CHE lengths, steps, batch size and test samples must all be >= 1")
+    if min(cfg.train_max_length, cfg.test_min_length, cfg.steps, cfg.test_samples, cfg.batch_size,
+           cfg.test_length_step) < 1:
+        raise ValueError("CHE lengths, test length step, steps, batch size and test samples must all be >= 1")
     if cfg.test_max_length < cfg.test_min_length:
         raise ValueError(f"test_max_length {cfg.test_max_length} < test_min_length {cfg.test_min_length}")
     return cfg

@@ -180,9 +180,12 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
 
 
 @app.command("plot")
-def plot_cmd(source: Path = typer.Argument(..., help="a sweep directory / results.json / eval.json, or a run directory with --attention"),
-             out: Path = typer.Option(None, "--out", "-o", help="output folder (default: next to the source)"),
-             attention: bool = typer.Option(False, help="draw attention maps (scores, bias, processed) of one run"),
+def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure under it is re-drawn from its JSON), a "
+                                           "results.json / eval.json / che.json / attention JSON file, or a run "
+                                           "directory with --attention"),
+             out: Path = typer.Option(None, "--out", "-o", help="output folder (default: next to each JSON file)"),
+             attention: bool = typer.Option(False, help="draw attention maps (scores, bias, processed) of one run, "
+                                                        "and save them as JSON next to the figure"),
              length: int = typer.Option(64, help="input length for --attention"),
              layer: int = typer.Option(0), head: int = typer.Option(0)):
     """Re-draw the figures from saved JSON (or attention maps from a checkpoint)."""
@@ -197,14 +200,15 @@ def plot_cmd(source: Path = typer.Argument(..., help="a sweep directory / result
 
             _, cfg = load_run(source, torch.device("cpu"))
             tokens = torch.from_numpy(open_training_corpus(cfg).tokens("test")[:length].astype("int64"))
-            path = plot.plot_attention_maps(source, tokens, (out or source) / f"attention_L{layer}_H{head}.png", layer, head)
-            print(path)
+            maps = plot.attention_maps(source, tokens, layer, head)
+            png = (out or source) / f"attention_L{layer}_H{head}.png"
+            # the JSON lets `lenx plot FOLDER` re-draw the figure later without the checkpoint
+            print(plot.save_attention_maps(maps, png.with_suffix(".json")))
+            print(plot.draw_attention_maps(maps, png))
             return
-        results = plot.load_results(source)
-        folder = out or (source if source.is_dir() else source.parent)
-        print(plot.plot_perplexity(results, folder / "perplexity.png"))
-        print(plot.plot_delta_p(results, folder / "delta_p.png"))
-    except _user_errors() as e:
+        for path in plot.redraw(source, out):
+            print(path)
+    except (*_user_errors(), plot.PlotError) as e:
         _fail(e)
 
 
@@ -215,21 +219,29 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
             steps: int = typer.Option(None, help="training steps per task-method-seed"),
             seeds: str = typer.Option(None, help="comma-separated seeds"),
             test_max_length: int = typer.Option(None, help="longest test length (default 500; smoke: 56)"),
+            test_length_step: int = typer.Option(None, help="test every Nth length from 41 (default 1; smoke: 5)"),
             test_samples: int = typer.Option(None, help="test samples per length (default 512)"),
-            out: Path = typer.Option(Path("runs/che"), "--out", "-o"),
+            merge: str = typer.Option(None, help="comma-separated CHE output folders: merge their runs into --out "
+                                                 "instead of training (other options are ignored)"),
+            out: Path = typer.Option(Path("runs/che"), "--out", "-o",
+                                     help="output folder; running again with the same one resumes, skipping done runs"),
             progress: bool = typer.Option(True)):
     """The Chomsky-hierarchy length-generalisation benchmark: train on lengths 1..40, test on 41..500."""
     from .attention.methods import UnknownMethodError
-    from .che import make_config, run_che
+    from .che import make_config, merge_che, run_che
     from .tasks import UnknownTaskError
 
     split = lambda text: [x for x in text.split(",") if x] if text else None  # noqa: E731
     try:
-        cfg = make_config(preset, tasks=split(tasks), methods=split(methods), steps=steps,
-                          seeds=[int(s) for s in split(seeds)] if seeds else None,
-                          test_max_length=test_max_length, test_samples=test_samples)
-        result = run_che(cfg, out, progress=progress)
-    except (UnknownMethodError, UnknownTaskError, ValueError) as e:
+        if merge:
+            result = merge_che([Path(p) for p in split(merge)], out)
+        else:
+            cfg = make_config(preset, tasks=split(tasks), methods=split(methods), steps=steps,
+                              seeds=[int(s) for s in split(seeds)] if seeds else None,
+                              test_max_length=test_max_length, test_length_step=test_length_step,
+                              test_samples=test_samples)
+            result = run_che(cfg, out, progress=progress)
+    except (UnknownMethodError, UnknownTaskError, ValueError, FileNotFoundError) as e:
         _fail(e)
     print((out / "che.md").read_text())
     print(f"wrote {out / 'che.json'}, {out / 'che_per_length.png'}")
@@ -237,22 +249,50 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
 
 
 @app.command("bench")
-def bench_cmd(methods: str = typer.Option("sdpa,kerple,dapev2-kerple,stickbreaking", help="comma-separated"),
+def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: sdpa,kerple,dapev2-kerple,stickbreaking; "
+                                          "with --train-step: rope,alibi,kerple,fire,dape-kerple,dapev2-kerple)"),
               backends: str = typer.Option("sdpa,flex,triton,chunked,dense", help="comma-separated"),
               lengths: str = typer.Option("512,2048,8192,16384,32768", help="comma-separated sequence lengths"),
-              batch: int = typer.Option(1), heads: int = typer.Option(12), head_dim: int = typer.Option(64),
+              batch: int = typer.Option(None, help="batch size (default 1; with --train-step 32)"),
+              heads: int = typer.Option(12), head_dim: int = typer.Option(64),
               commit: str = typer.Option(None, help="git commit to record (default: this checkout's)"),
-              out: Path = typer.Option(Path("bench.json"), "--out", "-o", help="JSON output")):
+              out: Path = typer.Option(None, "--out", "-o",
+                                       help="JSON output (default bench.json; with --train-step bench_train_step.json)"),
+              train_step: bool = typer.Option(False, "--train-step",
+                                              help="time whole training steps of the --preset model per method "
+                                                   "(the DAPE V2 paper's table 7) instead of the attention kernels"),
+              preset: str = typer.Option("125m", help="--train-step: the model preset"),
+              seq_len: int = typer.Option(512, help="--train-step: training sequence length"),
+              steps: int = typer.Option(20, help="--train-step: timed steps per method"),
+              warmup: int = typer.Option(5, help="--train-step: untimed steps before them"),
+              device: str = typer.Option("cuda", help="cuda, or cpu with --train-step only")):
     """Time forward and forward+backward and peak memory per method, backend and length on the
-    current GPU, with ratios against fused causal SDPA in the same run (needs CUDA)."""
+    current GPU, with ratios against fused causal SDPA in the same run (needs CUDA). With
+    --train-step: time per training step and peak memory of a whole model per method, with ratios
+    against dapev2-kerple."""
     import torch
 
-    from .bench import print_bench_table, run_bench
+    from .bench import TRAIN_STEP_METHODS, print_bench_table, print_train_step_table, run_bench, train_step_bench
     from .runinfo import git_commit
 
-    if not torch.cuda.is_available():
-        _fail(RuntimeError("lenx bench needs a CUDA device (it times GPU kernels)"))
-    result = run_bench(methods=methods.split(","), lengths=[int(x) for x in lengths.split(",")], batch=batch,
+    if device not in ("cuda", "cpu") or (device == "cpu" and not train_step):
+        _fail(ValueError("--device must be cuda (or cpu with --train-step: the kernel benchmark times GPU kernels)"))
+    if device == "cuda" and not torch.cuda.is_available():
+        _fail(RuntimeError("lenx bench needs a CUDA device (it times GPU kernels; --train-step also runs with --device cpu)"))
+    if train_step:
+        out = out or Path("bench_train_step.json")
+        try:
+            result = train_step_bench((methods or ",".join(TRAIN_STEP_METHODS)).split(","), preset=preset,
+                                      seq_len=seq_len, batch_size=batch or 32, steps=steps, warmup=warmup, device=device,
+                                      commit=commit, command=" ".join(sys.argv), out_path=str(out))
+        except _user_errors() as e:
+            _fail(e)
+        print_train_step_table(result)
+        print(f"wrote {out}")
+        return
+    out = out or Path("bench.json")
+    result = run_bench(methods=(methods or "sdpa,kerple,dapev2-kerple,stickbreaking").split(","),
+                       lengths=[int(x) for x in lengths.split(",")], batch=batch or 1,
                        heads=heads, head_dim=head_dim, backends=backends.split(","), out_path=str(out),
                        commit=commit or git_commit(), command=" ".join(sys.argv))
     print_bench_table(result)

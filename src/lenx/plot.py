@@ -1,7 +1,13 @@
 """Figures drawn only from files on disk (results.json / eval.json / run checkpoints), so any
-result can be re-plotted without re-running."""
+result can be re-plotted without re-running.
+
+Results may hold the same method several times (one eval result per seed): the perplexity and ΔP
+figures draw one line per method (the mean over seeds) with a min-max band. `redraw(path)` re-draws
+every figure of a folder tree from its JSON files (`lenx plot FOLDER`).
+"""
 
 import json
+import math
 from pathlib import Path
 
 import matplotlib
@@ -11,10 +17,54 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
 
-def _series(results: list[dict], key: str):
+class PlotError(ValueError):
+    pass
+
+
+def _label(r: dict) -> str:
+    """What a line is called: an explicit "label" (e.g. two variants of one method), else the method."""
+    return r.get("label", r["method"])
+
+
+def aggregate_by_method(results: list[dict], key: str, geometric: bool = False) -> dict[str, dict]:
+    """{label: {"lengths", "mean", "min", "max", "n"}} of results[i]["results"][L][key], over the
+    results that share a label (seeds). n: how many results (seeds) the label has. Lengths are those
+    where any seed has the key; each mean is over the seeds that have it there. geometric=True takes
+    the geometric mean (perplexities: the exp of the mean NLL)."""
+    by_label: dict[str, list[dict]] = {}
     for r in results:
-        xs = [int(L) for L in r["results"] if key in r["results"][L]]
-        yield r, xs, [r["results"][str(L)][key] for L in xs]
+        by_label.setdefault(_label(r), []).append(r)
+    out = {}
+    for label, runs in by_label.items():
+        lengths = sorted({int(L) for r in runs for L, row in r["results"].items() if key in row})
+        series = {"lengths": lengths, "mean": [], "min": [], "max": [], "n": len(runs)}
+        for L in lengths:
+            values = [r["results"][str(L)][key] for r in runs if key in r["results"].get(str(L), {})]
+            if len(values) == 1:
+                mean = values[0]  # exactly the value, as the single-seed figure always drew it
+            elif geometric:
+                mean = math.exp(sum(math.log(v) for v in values) / len(values))
+            else:
+                mean = sum(values) / len(values)
+            series["mean"].append(mean)
+            series["min"].append(min(values))
+            series["max"].append(max(values))
+        out[label] = series
+    return out
+
+
+def _draw_aggregated(ax, results: list[dict], key: str, geometric: bool) -> dict[str, dict]:
+    """One line per label; with several seeds a shaded min-max band and "(n seeds)" in the legend.
+    A single seed is drawn exactly as before: the plain line, labelled with the method."""
+    series = aggregate_by_method(results, key, geometric)
+    for label, s in series.items():
+        if not s["lengths"]:
+            continue
+        name = label if s["n"] == 1 else f"{label} ({s['n']} seeds)"
+        (line,) = ax.plot(s["lengths"], s["mean"], marker="o", label=name)
+        if s["n"] >= 2:
+            ax.fill_between(s["lengths"], s["min"], s["max"], color=line.get_color(), alpha=0.2, lw=0)
+    return series
 
 
 def _mark_train_len(ax, results):
@@ -25,8 +75,7 @@ def _mark_train_len(ax, results):
 
 def plot_perplexity(results: list[dict], out: Path, title: str | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r, xs, ys in _series(results, "ppl"):
-        ax.plot(xs, ys, marker="o", label=r["method"])
+    _draw_aggregated(ax, results, "ppl", geometric=True)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("evaluation length (tokens)")
@@ -40,8 +89,7 @@ def plot_perplexity(results: list[dict], out: Path, title: str | None = None) ->
 
 def plot_delta_p(results: list[dict], out: Path, title: str | None = None) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r, xs, ys in _series(results, "delta_p"):
-        ax.plot(xs, ys, marker="o", label=r["method"])
+    _draw_aggregated(ax, results, "delta_p", geometric=False)  # ΔP can be negative: arithmetic mean
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("evaluation length (tokens)")
@@ -52,8 +100,24 @@ def plot_delta_p(results: list[dict], out: Path, title: str | None = None) -> Pa
     return _save(fig, out)
 
 
+def plot_loss_curves(curves: dict[str, list], out: Path, title: str | None = None, log_y: bool = False) -> Path:
+    """Training loss against step, one line per label: curves = {label: [[step, loss], ...]}."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, points in curves.items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], label=label)
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("training loss")
+    ax.set_title(title or "Training loss")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, out)
+
+
 def attention_maps(run_dir: Path, tokens: torch.Tensor, layer: int = 0, head: int = 0) -> dict:
-    """Raw scores, bias and processed scores (pre-softmax, causal part) of one head for one input."""
+    """Raw scores, bias and processed scores (pre-softmax, causal part; NaN above the diagonal) of
+    one head for one input, with "method", "layer", "head" and "length"."""
     from .attention.backends import score_block
     from .evaluate import load_run
 
@@ -73,22 +137,56 @@ def attention_maps(run_dir: Path, tokens: torch.Tensor, layer: int = 0, head: in
             maps["processed"] = processed[0, head]
     T = len(tokens)
     mask = torch.ones(T, T, dtype=torch.bool).triu(1)
-    return {name: m.masked_fill(mask, float("nan")) for name, m in maps.items()} | {"method": cfg.model.method}
+    return {name: m.masked_fill(mask, float("nan")) for name, m in maps.items()} | {
+        "method": cfg.model.method, "layer": layer, "head": head, "length": T}
 
 
-def plot_attention_maps(run_dir: Path, tokens: torch.Tensor, out: Path, layer: int = 0, head: int = 0) -> Path:
-    maps = attention_maps(run_dir, tokens, layer, head)
-    method = maps.pop("method")
-    titles = {"scores": "raw scores QKᵀ/√d", "bias": "position bias", "processed": "after the score processor"}
-    fig, axes = plt.subplots(1, len(maps), figsize=(4.2 * len(maps), 4), squeeze=False)
-    for ax, (name, m) in zip(axes[0], maps.items()):
+MAP_TITLES = {"scores": "raw scores QKᵀ/√d", "bias": "position bias", "processed": "after the score processor"}
+
+
+def save_attention_maps(maps: dict, path: Path) -> Path:
+    """attention_maps() as JSON: each map a nested list with NaN (the masked upper triangle) as null."""
+    data = {}
+    for name, value in maps.items():
+        if isinstance(value, torch.Tensor):
+            # 9 significant digits give back the same float32 and keep the file about half the size
+            data[name] = [[None if math.isnan(v) else float(f"{v:.9g}") for v in row] for row in value.tolist()]
+        else:
+            data[name] = value
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def load_attention_maps(path: Path) -> dict:
+    """The dict save_attention_maps wrote, maps back as float32 tensors with NaN where null."""
+    data = json.loads(Path(path).read_text())
+    for name in MAP_TITLES:
+        if name in data:
+            data[name] = torch.tensor([[math.nan if v is None else v for v in row] for row in data[name]],
+                                      dtype=torch.float32)
+    return data
+
+
+def draw_attention_maps(maps: dict, out: Path, title: str | None = None) -> Path:
+    """One panel per map present (scores, bias, processed) of an attention_maps()/load_attention_maps() dict."""
+    panels = {name: maps[name] for name in MAP_TITLES if name in maps}
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), squeeze=False)
+    for ax, (name, m) in zip(axes[0], panels.items()):
         im = ax.imshow(m.numpy(), cmap="viridis", interpolation="nearest")
-        ax.set_title(titles[name])
+        ax.set_title(MAP_TITLES[name])
         ax.set_xlabel("key position j")
         ax.set_ylabel("query position i")
         fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.suptitle(f"{method}: layer {layer}, head {head}, one input of {len(tokens)} tokens")
+    length = maps.get("length", len(next(iter(panels.values()))))
+    fig.suptitle(title or f"{maps.get('method', '?')}: layer {maps.get('layer', '?')}, head {maps.get('head', '?')}, "
+                          f"one input of {length} tokens")
     return _save(fig, out)
+
+
+def plot_attention_maps(run_dir: Path, tokens: torch.Tensor, out: Path, layer: int = 0, head: int = 0) -> Path:
+    return draw_attention_maps(attention_maps(run_dir, tokens, layer, head), out)
 
 
 def _save(fig, out: Path) -> Path:
@@ -109,3 +207,84 @@ def load_results(path: Path) -> list[dict]:
         raise FileNotFoundError(f"{path} not found: pass a sweep directory, its results.json, or a run's eval.json")
     data = json.loads(path.read_text())
     return data["runs"] if isinstance(data, dict) and "runs" in data else [data] if isinstance(data, dict) else data
+
+
+# --- re-drawing every figure from JSON ------------------------------------------------------------
+
+def _kind(data) -> str | None:
+    """Which figure a JSON file feeds, by its content (None: not a figure's data)."""
+    if not isinstance(data, dict):
+        return "results" if isinstance(data, list) and data and all(
+            isinstance(r, dict) and "results" in r for r in data) else None
+    runs = data.get("runs")
+    if isinstance(runs, list) and runs and all(isinstance(r, dict) for r in runs):
+        if all("results" in r and "method" in r for r in runs):
+            return "results"
+        if all("per_length" in r and "task" in r for r in runs) and isinstance(data.get("config"), dict):
+            return "che"
+    if "method" in data and "scores" in data:
+        return "attention"
+    if "results" in data and "method" in data and "train_len" in data:
+        return "eval"
+    return None
+
+
+def _figure_name(json_path: Path, folder: Path, figure: str) -> Path:
+    """results.json -> perplexity.png as before; another name X.json -> X_perplexity.png (no clashes)."""
+    stem = json_path.stem
+    return folder / (f"{figure}.png" if stem in ("results", "eval") else f"{stem}_{figure}.png")
+
+
+def redraw_file(path: Path, folder: Path | None = None) -> list[Path]:
+    """Re-draw the figures of one JSON file into folder (default: next to it); [] for unknown JSON."""
+    path = Path(path)
+    folder = Path(folder) if folder is not None else path.parent
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return []
+    kind = _kind(data)
+    if kind in ("results", "eval"):
+        results = load_results(path)
+        written = [plot_perplexity(results, _figure_name(path, folder, "perplexity"))]
+        if any("delta_p" in row for r in results for row in r["results"].values()):
+            written.append(plot_delta_p(results, _figure_name(path, folder, "delta_p")))
+        if isinstance(data, dict) and data.get("curves"):
+            written.append(plot_loss_curves(data["curves"], _figure_name(path, folder, "loss")))
+        return written
+    if kind == "attention":
+        return [draw_attention_maps(load_attention_maps(path), folder / f"{path.stem}.png")]
+    if kind == "che":
+        from .che import redraw_che
+
+        return redraw_che(path, folder)  # che.md and che_per_length.png
+    return []
+
+
+def redraw(source: Path, out: Path | None = None) -> list[Path]:
+    """Re-draw every figure under source from its JSON files, each next to its JSON (or at the same
+    relative place under out): results.json -> perplexity.png, delta_p.png (+ loss.png when it has
+    "curves"); attention*.json -> attention*.png; che.json -> che.md, che_per_length.png. A run's eval.json
+    is drawn only when it is the source itself or the source folder's own (a sweep's results.json
+    already holds it). Returns the written files; PlotError when there is nothing to draw."""
+    source = Path(source)
+    if not source.exists():
+        raise FileNotFoundError(f"{source} not found: pass a folder, a results.json, eval.json, che.json or "
+                                "attention JSON file")
+    if source.is_file():
+        written = redraw_file(source, out)
+        if not written:
+            raise PlotError(f"{source}: not a results.json, eval.json, che.json or attention maps file")
+        return written
+    written = []
+    for path in sorted(source.rglob("*.json")):
+        folder = (Path(out) / path.parent.relative_to(source)) if out is not None else path.parent
+        if path.name == "eval.json":
+            # the old `lenx plot RUN_DIR`: the folder's own eval.json when it has no results.json
+            if path.parent != source or (source / "results.json").exists():
+                continue
+        written += redraw_file(path, folder)
+    if not written:
+        raise PlotError(f"nothing to draw under {source}: no results.json, eval.json, che.json or attention*.json "
+                        "with figure data")
+    return written

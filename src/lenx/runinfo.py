@@ -1,5 +1,6 @@
 """What a run records about where it ran: commit, versions, device, command."""
 
+import os
 import platform
 import subprocess
 import sys
@@ -9,6 +10,9 @@ import torch
 
 
 def git_commit(cwd: Path | None = None) -> str:
+    """HEAD of this checkout (+dirty), or $LENX_GIT_COMMIT where the tree has no .git (the device copy)."""
+    if os.environ.get("LENX_GIT_COMMIT"):
+        return os.environ["LENX_GIT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
                              cwd=cwd or Path(__file__).parent)

@@ -1,0 +1,87 @@
+"""Run a plan of shell jobs (plan.py) on the GPUs of one machine until every job has run.
+
+Slots per GPU: one "lm" job (a training run) and `--small-slots` "small" jobs (CHE processes, which
+leave most of a GPU idle) at a time; an "exclusive" job (timing) gets the last GPU to itself before
+anything else starts there. Jobs start in plan order. Each job runs in its own process group with
+one GPU (CUDA_VISIBLE_DEVICES), logs to <run>/job.log, and its exact command goes to
+<run>/command.txt. status.json (rewritten after every change) says what ran, where and for how long.
+Jobs listed in --skip (ids, one per line) are not run: they finished on an earlier machine.
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+import subprocess
+import time
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("plan")
+    p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--small-slots", type=int, default=3)
+    p.add_argument("--status", default="runs/repro/status.json")
+    p.add_argument("--skip", default=None)
+    args = p.parse_args()
+
+    jobs = json.loads(Path(args.plan).read_text())
+    skip = set(Path(args.skip).read_text().split()) if args.skip and Path(args.skip).exists() else set()
+    status = {j["id"]: {"state": "skipped" if j["id"] in skip else "pending", **j} for j in jobs}
+    pending = [j for j in jobs if j["id"] not in skip]
+    threads = str(max(1, (os.cpu_count() or 8) // (args.gpus * (1 + args.small_slots))))
+    running: dict[str, tuple[subprocess.Popen, int, str]] = {}  # id -> (process, gpu, kind)
+    exclusive_gpu = args.gpus - 1 if any(j["kind"] == "exclusive" for j in pending) else None
+
+    def save():
+        tmp = Path(args.status + ".tmp")
+        tmp.write_text(json.dumps({"updated": time.time(), "jobs": list(status.values())}, indent=1))
+        tmp.replace(args.status)
+
+    def free(gpu: int, kind: str) -> bool:
+        here = [k for (_, g, k) in running.values() if g == gpu]
+        if "exclusive" in here:
+            return False
+        if kind == "exclusive":
+            return not here
+        if gpu == exclusive_gpu:  # held back until the exclusive job has run
+            return False
+        return here.count(kind) < (1 if kind == "lm" else args.small_slots)
+
+    Path(args.status).parent.mkdir(parents=True, exist_ok=True)
+    save()
+    while pending or running:
+        for job in list(pending):
+            gpus = [exclusive_gpu] if job["kind"] == "exclusive" else range(args.gpus)
+            gpu = next((g for g in gpus if free(g, job["kind"])), None)
+            if gpu is None:
+                continue
+            pending.remove(job)
+            run = Path(job["run"])
+            run.mkdir(parents=True, exist_ok=True)
+            (run / "command.txt").write_text(job["cmd"] + "\n")
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu), OMP_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
+            log = open(run / "job.log", "a")
+            proc = subprocess.Popen(["bash", "-c", job["cmd"]], stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)
+            running[job["id"]] = (proc, gpu, job["kind"])
+            status[job["id"]].update(state="running", gpu=gpu, start=time.time())
+            print(f"[jobs] start {job['id']} on GPU {gpu}", flush=True)
+            save()
+        time.sleep(1)
+        for jid, (proc, gpu, kind) in list(running.items()):
+            if proc.poll() is None:
+                continue
+            del running[jid]
+            if kind == "exclusive":
+                exclusive_gpu = None
+            s = status[jid]
+            s.update(state="done" if proc.returncode == 0 else "failed", returncode=proc.returncode,
+                     seconds=round(time.time() - s["start"], 1))
+            print(f"[jobs] {s['state']} {jid} ({s['seconds']} s)", flush=True)
+            save()
+    print("[jobs] all done", flush=True)
+
+
+if __name__ == "__main__":
+    main()
