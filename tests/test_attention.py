@@ -214,3 +214,15 @@ def test_non_causal_errors_for_directional_methods():
     for method in ("stickbreaking", "cope"):
         with pytest.raises(ValueError, match="non-causally"):
             Attention(AttentionConfig(method=method, causal=False), 4, 32)
+
+
+def test_planner_keeps_small_heads_off_compiled_flex():
+    """CUDA FlexAttention cannot compile head dims < 16 (found on the H200 with the CHE encoder,
+    d 64 / 8 heads): the planner must route those to chunked, not fail inside inductor."""
+    cuda = torch.device("cuda")
+    small = Attention(AttentionConfig(method="kerple", causal=False), 8, 64)
+    assert small.parts.head_dim == 8
+    assert "at least 16" in unsupported_reason("flex", small.parts, cuda)
+    assert small.backend_for(cuda) == "chunked"
+    wide = Attention(AttentionConfig(method="kerple", causal=False), 4, 64)
+    assert unsupported_reason("flex", wide.parts, cuda) is None

@@ -16,6 +16,12 @@ import tomllib
 
 KEEP = ("config.toml", "meta.json", "metrics.jsonl", "eval.json", "command.txt", "job.log")
 LM_EXPERIMENTS = ("tech-T128", "tech-T512", "books-T128", "kernel-size", "leak")
+# The paper's figures as subsets of the tech-T128 runs (figure 2 is the whole experiment).
+FIGURES = {
+    "fig1-nope-rope": ["nope", "dapev2-nope", "rope", "dapev2-rope"],
+    "fig5-bias-bases": ["alibi", "dapev2-alibi", "kerple", "dape-kerple", "dapev2-kerple", "fire", "dapev2-fire"],
+    "headline": ["rope", "kerple", "dape-kerple", "dapev2-kerple", "stickbreaking"],
+}
 
 
 def label(cfg: dict) -> str:
@@ -101,6 +107,13 @@ def main():
         runs = collect_lm(src, out, exp, extra)
         if not runs:
             continue
+        if exp == "tech-T128":
+            for fig, labels in FIGURES.items():
+                chosen = [r for r in runs if r["label"] in labels and r["results"]]
+                chosen.sort(key=lambda r: labels.index(r["label"]))
+                (out / "figures" / fig).mkdir(parents=True, exist_ok=True)
+                (out / "figures" / fig / "results.json").write_text(json.dumps(
+                    {"experiment": f"tech-T128 ({fig})", "runs": chosen}, indent=1))
         tables += [f"## {exp}: perplexity of the last 256 tokens (mean ± std over seeds)", "", ppl_table(runs), "",
                    f"## {exp}: ΔP", "", ppl_table(runs, "delta_p"), "",
                    f"## {exp}: final training loss, training tokens/s (median over logging intervals)", "",
@@ -109,7 +122,7 @@ def main():
                    for r in runs]
         tables.append("")
 
-    che_dirs = sorted(d for d in (src / "che").glob("*") if d.is_dir()) if (src / "che").exists() else []
+    che_dirs = sorted(d for d in (src / "che").glob("*") if (d / "runs.jsonl").exists() or (d / "che.json").exists())
     if che_dirs:
         from lenx.che import merge_che
 
@@ -142,6 +155,10 @@ def main():
             shutil.copy(src / name, out / name)
     (out / "tables.md").write_text("\n".join(tables) + "\n")
     print(f"wrote {out / 'tables.md'}")
+    from lenx.plot import redraw
+
+    for path in redraw(out):
+        print(path)
 
 
 if __name__ == "__main__":

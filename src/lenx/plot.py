@@ -57,14 +57,24 @@ def _draw_aggregated(ax, results: list[dict], key: str, geometric: bool) -> dict
     """One line per label; with several seeds a shaded min-max band and "(n seeds)" in the legend.
     A single seed is drawn exactly as before: the plain line, labelled with the method."""
     series = aggregate_by_method(results, key, geometric)
-    for label, s in series.items():
+    many = len(series) > 10  # the default cycle has 10 colours: beyond it lines would share one
+    for i, (label, s) in enumerate(series.items()):
         if not s["lengths"]:
             continue
         name = label if s["n"] == 1 else f"{label} ({s['n']} seeds)"
-        (line,) = ax.plot(s["lengths"], s["mean"], marker="o", label=name)
+        style = dict(color=plt.cm.tab20(i % 20), marker="osD^v<>"[i % 7]) if many else dict(marker="o")
+        (line,) = ax.plot(s["lengths"], s["mean"], label=name, **style)
         if s["n"] >= 2:
             ax.fill_between(s["lengths"], s["min"], s["max"], color=line.get_color(), alpha=0.2, lw=0)
     return series
+
+
+def _legend(ax, results):
+    """Inside the axes for a few lines, to the right of them for many."""
+    if len({_label(r) for r in results}) > 6:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize=8)
 
 
 def _mark_train_len(ax, results):
@@ -73,8 +83,13 @@ def _mark_train_len(ax, results):
         ax.text(T, ax.get_ylim()[1], f" train {T}", va="top", ha="left", fontsize=8, color="grey")
 
 
+def _figure(results):
+    wide = len({_label(r) for r in results}) > 6  # room for the legend on the right
+    return plt.subplots(figsize=(9.5 if wide else 7, 4.5))
+
+
 def plot_perplexity(results: list[dict], out: Path, title: str | None = None) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _figure(results)
     _draw_aggregated(ax, results, "ppl", geometric=True)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -83,12 +98,12 @@ def plot_perplexity(results: list[dict], out: Path, title: str | None = None) ->
     ax.set_title(title or f"Length extrapolation ({results[0]['corpus']})")
     _mark_train_len(ax, results)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax, results)
     return _save(fig, out)
 
 
 def plot_delta_p(results: list[dict], out: Path, title: str | None = None) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _figure(results)
     _draw_aggregated(ax, results, "delta_p", geometric=False)  # ΔP can be negative: arithmetic mean
     ax.axhline(0, color="black", lw=0.8)
     ax.set_xscale("log", base=2)
@@ -96,7 +111,7 @@ def plot_delta_p(results: list[dict], out: Path, title: str | None = None) -> Pa
     ax.set_ylabel(f"ΔP (ppl of last {results[0]['delta_p_tokens']} tokens: short − full context)")
     ax.set_title(title or "ΔP > 0: the model gains from context beyond its training length")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax, results)
     return _save(fig, out)
 
 

@@ -130,6 +130,9 @@ def unsupported_reason(backend: str, parts: Parts, device: torch.device) -> str 
             return "FlexAttention here takes softmax with a per-distance bias (alibi, kerple, kerple-power, t5) and no processor"
         if not _has_flex():
             return "this torch has no FlexAttention"
+        if device.type == "cuda" and parts.head_dim is not None and parts.head_dim < 16:
+            # the compiled kernel refuses smaller heads (the CHE encoder has d 64 / 8 heads = 8)
+            return f"compiled FlexAttention needs a head dim of at least 16 (got {parts.head_dim})"
         return None
     if backend == "triton":
         from ..ops import triton_unsupported_reason
