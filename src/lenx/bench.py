@@ -240,25 +240,33 @@ def _cells(result):
                       num(r, "fwdbwd_peak_mib", ".0f"), num(r, "fwdbwd_mem_x_sdpa", ".2f")]
 
 
-def print_bench_table(result, console=None):
-    """A rich table of a run_bench result: time and peak memory, and their ratios to SDPA."""
+def _print_table(title: str, columns: tuple[str, ...], rows, console=None):
+    """A rich table whose first two columns (names) are left-aligned and the rest (numbers) right."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=_header(result))
-    for col in COLUMNS:
-        table.add_column(col, justify="left" if col in ("method", "backend") else "right")
-    for cells in _cells(result):
+    table = Table(title=title)
+    for i, col in enumerate(columns):
+        table.add_column(col, justify="left" if i < 2 else "right")
+    for cells in rows:
         table.add_row(*cells)
     (console or Console()).print(table)
 
 
+def _markdown_table(title: str, columns: tuple[str, ...], rows) -> str:
+    lines = [title.replace(" | ", "; "), "", "| " + " | ".join(columns) + " |", "|---|---|" + "--:|" * (len(columns) - 2)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return "\n".join(lines) + "\n"
+
+
+def print_bench_table(result, console=None):
+    """A rich table of a run_bench result: time and peak memory, and their ratios to SDPA."""
+    _print_table(_header(result), COLUMNS, _cells(result), console)
+
+
 def bench_markdown(result) -> str:
     """The same table as print_bench_table, as GitHub markdown (for results/bench/README.md)."""
-    lines = [_header(result).replace(" | ", "; "), "", "| " + " | ".join(COLUMNS) + " |",
-             "|---|---|" + "--:|" * (len(COLUMNS) - 2)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in _cells(result)]
-    return "\n".join(lines) + "\n"
+    return _markdown_table(_header(result), COLUMNS, _cells(result))
 
 
 # Candidate tile shapes of the fused kernels, tried by tile_sweep. DAPE V2: (BM, BNW, num_warps,
@@ -564,23 +572,12 @@ def _train_step_cells(result):
 
 def print_train_step_table(result, console=None):
     """A rich table of a train_step_bench result."""
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=_train_step_header(result))
-    for col in TRAIN_STEP_COLUMNS:
-        table.add_column(col, justify="left" if col in ("method", "backend(s)") else "right")
-    for cells in _train_step_cells(result):
-        table.add_row(*cells)
-    (console or Console()).print(table)
+    _print_table(_train_step_header(result), TRAIN_STEP_COLUMNS, _train_step_cells(result), console)
 
 
 def train_step_markdown(result) -> str:
     """The same table as print_train_step_table, as GitHub markdown."""
-    lines = [_train_step_header(result).replace(" | ", "; "), "", "| " + " | ".join(TRAIN_STEP_COLUMNS) + " |",
-             "|---|---|" + "--:|" * (len(TRAIN_STEP_COLUMNS) - 2)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in _train_step_cells(result)]
-    return "\n".join(lines) + "\n"
+    return _markdown_table(_train_step_header(result), TRAIN_STEP_COLUMNS, _train_step_cells(result))
 
 
 def main(argv=None):

@@ -1,0 +1,15 @@
+#!/bin/bash
+# Pack the tokenized tech and books corpora (lenx prepare tech / books) for the device: ~31 MB xz,
+# under the 64 MiB a call may carry (tech's train split alone is 62 MB raw). Also records the commit.
+set -eu
+mkdir -p carry
+files=()
+for corpus in tech books; do
+  for f in manifest.json tokenizer.json train.bin train.idx.npy val.bin val.idx.npy test.bin test.idx.npy; do
+    files+=("$corpus/$f")
+  done
+done
+tar -C data -cf - "${files[@]}" | xz -T0 -6 > carry/data.tar.xz
+git rev-parse HEAD > carry/commit.txt
+: > carry/done.txt
+ls -la carry
