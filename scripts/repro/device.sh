@@ -4,7 +4,8 @@
 # the plan and start run_jobs.py detached (setsid), so the jobs outlive this call. Every call then
 # waits SECONDS, reporting progress, and packs every finished file except checkpoints into
 # $OUT/repro.tar.gz. The next call (same machine) picks up where this one left; on a fresh machine
-# the jobs listed in carry/done.txt are skipped.
+# the jobs listed in carry/done.txt (pack_data.sh writes it from results/repro/status.json) are
+# skipped, and CHE jobs resume from the logs committed under results/repro/che/runs/.
 set -u
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 export LENX_GIT_COMMIT=$(cat carry/commit.txt)
@@ -15,6 +16,12 @@ if ! { [ -f $pid_file ] && kill -0 "$(cat $pid_file)" 2>/dev/null; }; then
   if [ ! -f data/books/manifest.json ]; then
     python3 -c "import tarfile; tarfile.open('carry/data.tar.xz').extractall('data')" || exit 1
   fi
+  # CHE logs of an earlier session: the jobs that were cut off resume from them (run_che skips done runs)
+  for log in results/repro/che/runs/*/runs.jsonl; do
+    [ -f "$log" ] || continue
+    dest=runs/repro/che/$(basename "$(dirname "$log")")
+    [ -f "$dest/runs.jsonl" ] || { mkdir -p "$dest" && cp "$log" "$dest/"; }
+  done
   python3 scripts/repro/plan.py > runs/repro/plan.json || exit 1
   { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; } \
     > runs/repro/machine.txt 2>&1
