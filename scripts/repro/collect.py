@@ -48,7 +48,6 @@ def load_run(run: Path) -> dict | None:
                final_train_loss=metrics[-1]["loss"] if metrics else None,
                tokens_per_s=statistics.median(r["tokens_per_s"] for r in metrics[1:]) if len(metrics) > 1 else None,
                curve=[[r["step"], r["loss"]] for r in metrics])
-    out["method"] = out["label"]  # plots and tables group by this
     return out
 
 
