@@ -25,7 +25,8 @@ if ! { [ -f $pid_file ] && kill -0 "$(cat $pid_file)" 2>/dev/null; }; then
   python3 scripts/repro/plan.py > runs/repro/plan.json || exit 1
   { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; } \
     > runs/repro/machine.txt 2>&1
-  setsid nohup python3 scripts/repro/run_jobs.py runs/repro/plan.json --gpus "$(nvidia-smi -L | wc -l)" \
+  # REPRO_GPUS: use only the first N GPUs (the others stay free for other work of the same call)
+  setsid nohup python3 scripts/repro/run_jobs.py runs/repro/plan.json --gpus "${REPRO_GPUS:-$(nvidia-smi -L | wc -l)}" \
     --skip carry/done.txt > runs/repro/scheduler.log 2>&1 < /dev/null &
   echo $! > $pid_file
   echo "started the scheduler (pid $(cat $pid_file))"

@@ -2,7 +2,8 @@
 
 For every method, backend and length: forward time (no autograd graph), forward+backward time, and
 the peak memory of each (torch.cuda.max_memory_allocated after a reset, inputs included). Times
-are medians over repeats timed with CUDA events after a warm-up. Ratios are taken against fused
+are per call, calls run back to back between two CUDA events after a warm-up (median of 5
+batches); each row also records the median of calls timed one at a time (`*_synced_ms`). Ratios are taken against fused
 causal SDPA measured in the same run. Out-of-memory is caught and recorded as such; a call slower
 than `max_call_s` (median) skips the longer lengths of that (method, backend).
 
@@ -41,26 +42,39 @@ def _parts(method: str, heads: int, head_dim: int, device, dape_hidden: int, dap
 
 
 def _median_ms(fn, warmup_ms: float, rep_ms: float, max_reps: int, grads_to_none=()):
-    """Median time of fn() in ms, with CUDA events. Runs fn once first (compilation, allocator)."""
-    def once():
+    """Time of one fn() in ms -> (back-to-back ms, reps, first-call ms, synchronized-call ms).
+
+    Back to back (the figure the ratios use, as triton.testing.do_bench and the flash-attention
+    benchmarks time): n calls between two CUDA events, no synchronisation in between, so the CPU
+    queues the next call while the GPU runs this one, as in training or evaluation; the median of
+    5 such batches, over n. Synchronized: the median of calls each timed alone and waited for,
+    which also counts the launch latency of every small op (a bias table built per call, say)."""
+    def run():
         for t in grads_to_none:
             t.grad = None
+        fn()
+
+    def timed(n):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(n):
+            run()
         end.record()
         torch.cuda.synchronize()
-        return start.elapsed_time(end)
+        return start.elapsed_time(end) / n
 
-    first = once()
+    first = timed(1)
     spent, n = first, 0
     while spent < warmup_ms and n < max_reps:
-        spent += once()
+        spent += timed(1)
         n += 1
-    times = []
-    while len(times) < 3 or (sum(times) < rep_ms and len(times) < max_reps):
-        times.append(once())
-    return statistics.median(times), len(times), first
+    synced = []
+    while len(synced) < 3 or (sum(synced) < rep_ms / 2 and len(synced) < max_reps):
+        synced.append(timed(1))
+    per_call = statistics.median(synced)
+    n = max(1, min(max_reps, int(rep_ms / 2 / 5 / max(per_call, 1e-3))))
+    batches = [timed(n) for _ in range(5)]
+    return statistics.median(batches), 5 * n, first, per_call
 
 
 def _is_oom(err: Exception) -> bool:
@@ -101,8 +115,9 @@ def _measure(method, backend, T, *, batch, heads, head_dim, dtype, device, chunk
         try:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-            ms, reps, first = _median_ms(fn, warmup_ms, rep_ms, max_reps, leaves)
+            ms, reps, first, synced = _median_ms(fn, warmup_ms, rep_ms, max_reps, leaves)
             row[f"{mode}_ms"] = ms
+            row[f"{mode}_synced_ms"] = synced
             row[f"{mode}_reps"] = reps
             row[f"{mode}_first_ms"] = first
             row[f"{mode}_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
@@ -274,13 +289,17 @@ def bench_markdown(result) -> str:
 # candidate changes one kernel's (BM, BN, num_warps, num_stages) on top of the current defaults
 # (the empty candidate: the defaults themselves); the fastest per kernel is kept.
 SWEEP = {
-    "kerple": [{}, {"dkdv_band": ("trans",)}, {"fwd": (128, 64, 8, 3)}, {"dkdv": (32, 64, 4, 3)},
-               {"dq": (64, 64, 4, 3)}],
+    "kerple": [{}, {"dq": (64, 64, 4, 3)}, {"bwd": ("fused",), "fused": (64, 64, 4, 3)},
+               {"bwd": ("fused",), "fused": (32, 64, 4, 3)}, {"bwd": ("fused",), "fused": (64, 64, 8, 2)},
+               {"bwd": ("fused",), "fused": (32, 64, 4, 2)}],
     "stickbreaking": [{}, {"fwd": (64, 32, 4, 3)}, {"bwd": (128, 32, 8, 2)}, {"scan": ("mm",)}],
-    "dapev2-kerple": [(16, 32, 8, 1), (16, 16, 8, 1), (16, 16, 4, 1)],
+    "dapev2-kerple": [(16, 32, 8, 1), ("channels_first", 16, 32, 8, 1), ("channels_first", 16, 16, 8, 1),
+                      ("channels_first", 32, 16, 8, 1), ("channels_first", 16, 32, 4, 1)],
 }
-_BWD_KEYS = {"kerple": ("dkdv", "dq"), "stickbreaking": ("bwd",)}
-_BOTH_KEYS = {"stickbreaking": ("scan",), "kerple": ("band", "dkdv_band")}  # chosen by forward+backward time
+_DAPE_K3_DEFAULT = (16, 32, 8, 1)
+_BWD_KEYS = {"kerple": ("dkdv", "dq", "fused"), "stickbreaking": ("bwd",)}
+_BOTH_KEYS = {"stickbreaking": ("scan",), "kerple": ("band", "dkdv_band", "bwd")}  # chosen by forward+backward time
+_NAMED_ONLY = {"fused"}  # judged only by the candidates that name them (the defaults' time is another mode's)
 
 
 def _tile_module(method):
@@ -294,11 +313,18 @@ def _tile_module(method):
 
 
 def _set_tiles(method, tiles):
-    """Install tile shapes: DAPE V2 (k = 3, hidden <= 32, bf16) takes one tuple for both passes;
-    the others a {kernel: (BM, BN, num_warps, num_stages)} dict (kernels not named keep theirs)."""
+    """Install tile shapes: DAPE V2 (k = 3, hidden <= 32, bf16) takes one tuple, the windowed
+    kernels' tiles for both passes, or ("channels_first", BM, BNW, warps, stages): that forward
+    kernel (the backward keeps the default tiles); the others a {kernel: (BM, BN, num_warps,
+    num_stages)} dict (kernels not named keep theirs)."""
     mod = _tile_module(method)
     if method == "dapev2-kerple":
-        mod.TILES["k3"] = tuple(tiles)
+        if tiles[0] == "channels_first":
+            mod.FORWARD = tuple(tiles)
+            mod.TILES["k3"] = _DAPE_K3_DEFAULT
+        else:
+            mod.FORWARD = ("windowed",)
+            mod.TILES["k3"] = tuple(tiles)
     else:
         mod.CONFIG.update({k: tuple(v) for k, v in tiles.items()})
 
@@ -365,7 +391,7 @@ def tile_sweep(T: int = 8192, check_T: int = 1024, heads: int = 12, head_dim: in
             for key, cost in [("fwd", lambda r: r["fwd_ms"])] + [
                     (k, lambda r: r["fwdbwd_ms"] - r["fwd_ms"]) for k in _BWD_KEYS[method]] + [
                     (k, lambda r: r["fwdbwd_ms"]) for k in _BOTH_KEYS.get(method, ())]:
-                cands_k = [r for r in ok if key in r["tiles"] or not r["tiles"]]
+                cands_k = [r for r in ok if key in r["tiles"] or (not r["tiles"] and key not in _NAMED_ONLY)]
                 if cands_k:
                     best = min(cands_k, key=cost)
                     chosen[key] = tuple(best["tiles"].get(key, base[key]))
@@ -402,6 +428,17 @@ def probe_table_grad(T: int = 8192, heads: int = 12, head_dim: int = 64, log=pri
         ctx = torch.no_grad() if name.startswith("fwd_") or name == "fwd" else torch.enable_grad()
         with ctx:
             out[name] = _median_ms(fn, 25, 200, 50, leaves)[0]
+    from .ops.dape_v2 import biased
+
+    saved = biased.CONFIG["bwd"]
+    biased.CONFIG["bwd"] = ("fused",)
+    try:
+        out["fwdbwd_table_grad_fused_bwd"] = _median_ms(
+            lambda: biased_attention(q, k, v, tab_g).backward(g), 25, 200, 50, (q, k, v, tab_g))[0]
+        out["fwdbwd_no_bias_fused_bwd"] = _median_ms(
+            lambda: biased_attention(q, k, v, None).backward(g), 25, 200, 50, (q, k, v))[0]
+    finally:
+        biased.CONFIG["bwd"] = saved
     from .ops.stickbreaking import triton as sb
 
     for name, fn, leaves in [
