@@ -162,12 +162,13 @@ def main():
                    for r in runs]
         tables.append("")
 
-    che_dirs = {}  # name -> folder with runs.jsonl; a later source's (resumed) log replaces an earlier one
+    che_all = {}  # name -> its folders with runs.jsonl, in source order (a resumed run has several)
     for src in sources:
         for pattern in ("che/*", "che/runs/*"):
             for d in sorted(src.glob(pattern)):
                 if (d / "runs.jsonl").exists():
-                    che_dirs[d.name] = d
+                    che_all.setdefault(d.name, []).append(d)
+    che_dirs = {name: dirs[-1] for name, dirs in che_all.items()}  # the latest runs.jsonl holds every task
     if che_dirs:
         from lenx.che import merge_che
 
@@ -175,12 +176,21 @@ def main():
         merged = json.loads((out / "che" / "che.json").read_text())
         merged["merged_from"] = [f"runs/{name}" for name in che_dirs]  # their copies below, not device paths
         (out / "che" / "che.json").write_text(json.dumps(merged, indent=2))
-        for name, d in che_dirs.items():
+        for name, dirs in che_all.items():
             dest = out / "che" / "runs" / name
             dest.mkdir(parents=True, exist_ok=True)
-            for f in ("command.txt", "job.log", "runs.jsonl"):
-                if (d / f).exists():
-                    shutil.copy(d / f, dest / f)
+            for f in ("command.txt", "runs.jsonl"):
+                found = [d / f for d in dirs if (d / f).exists()]
+                if found:
+                    shutil.copy(found[-1], dest / f)
+            # a run resumed in a later session: its logs one after the other
+            logs = []
+            for d in dirs:
+                text = (d / "job.log").read_text(errors="replace") if (d / "job.log").exists() else None
+                if text and text not in logs:
+                    logs.append(text)
+            if logs:
+                (dest / "job.log").write_text("\n--- resumed in a later session ---\n".join(logs))
         tables += ["## CHE", "", (out / "che" / "che.md").read_text(), ""]
 
     timing = [src / "timing" for src in sources if (src / "timing" / "train_step.json").exists()]
