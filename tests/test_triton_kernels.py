@@ -209,14 +209,13 @@ def test_biased_small_fp16_band(monkeypatch, kind):
     run_biased(1, 2, 130, 16, kind, torch.float32, tol=2e-3)
 
 
-@pytest.mark.parametrize("T,kind,tiles", [(1, "kerple", (32, 64, 4, 1)), (40, "kerple", (32, 64, 4, 1)),
-                                           (130, "t5", (16, 64, 4, 1)), (70, None, (32, 32, 4, 1))])
-def test_biased_small_fused_backward(monkeypatch, T, kind, tiles):
-    """The one-pass backward (dQ and the table gradient added atomically by the key owners), with
-    2 and 4 query blocks per owned key block, and 1."""
-    monkeypatch.setitem(biased_mod.CONFIG_FP32, "bwd", ("fused",))
-    monkeypatch.setitem(biased_mod.CONFIG_FP32, "fused", tiles)
-    run_biased(2, 2, T, 16, kind, torch.float32)
+@pytest.mark.parametrize("dtab,tiles,T", [("per_wrap", (32, 32, 4, 1), 40), ("carry", (64, 32, 4, 1), 130),
+                                          ("per_wrap", (64, 32, 4, 1), 130), ("carry", (32, 32, 4, 1), 1)])
+def test_biased_small_table_gradient_modes(monkeypatch, dtab, tiles, T):
+    """Both reductions of the table gradient, with 1 and 2 query tiles' worth of wraps."""
+    monkeypatch.setitem(biased_mod.CONFIG_FP32, "dtab", (dtab,))
+    monkeypatch.setitem(biased_mod.CONFIG_FP32, "dq", tiles)
+    run_biased(2, 2, T, 16, "kerple", torch.float32)
 
 
 @pytest.mark.parametrize("T", [1, 17, 40])
@@ -234,14 +233,6 @@ def test_stickbreaking_small_cumsum_scan(monkeypatch):
 @pytest.mark.parametrize("T,ks,kind", [(1, 3, "kerple"), (17, 1, None), (40, 3, "kerple"), (29, 5, "alibi"),
                                        (33, 7, None)])
 def test_dape_small(T, ks, kind):
-    run_dape(2, 2, T, 16, ks, 4, kind, torch.float32)
-
-
-@pytest.mark.parametrize("T,ks,kind,bnw", [(1, 3, "kerple", 16), (40, 3, "kerple", 16), (29, 5, "alibi", 32),
-                                           (33, 7, None, 16), (17, 1, "t5", 16)])
-def test_dape_small_channels_first_forward(monkeypatch, T, ks, kind, bnw):
-    """The channels-first forward (conv1's taps on its inputs, recomputed per tap)."""
-    monkeypatch.setattr(dape_mod, "FORWARD", ("channels_first", 16, bnw, 4, 1))
     run_dape(2, 2, T, 16, ks, 4, kind, torch.float32)
 
 
@@ -268,11 +259,8 @@ def causal_gap(fn, T, t, d=16):
     return max(float((x[:, :, : t + 1] - y[:, :, : t + 1]).abs().max()) for x, y in zip(a, b))
 
 
-@pytest.mark.parametrize("kernel", ["biased", "stickbreaking", "dapev2", "dapev2-channels-first"])
-def test_causal(kernel, monkeypatch):
-    if kernel == "dapev2-channels-first":
-        monkeypatch.setattr(dape_mod, "FORWARD", ("channels_first", 16, 16, 4, 1))
-        kernel = "dapev2"
+@pytest.mark.parametrize("kernel", ["biased", "stickbreaking", "dapev2"])
+def test_causal(kernel):
     T, t = (40, 17) if not CUDA else (300, 150)
     tab = bias_table("kerple", 2, T)
     proc = DapeV2(2, 4, 3, with_bias=True).to(DEVICE)
@@ -330,11 +318,10 @@ def test_gpu_biased_other(T, H, d, kind):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T,H,d,kind", [(1, 12, 64, "kerple"), (1000, 12, 64, "kerple"), (4096, 12, 64, "kerple"),
-                                        (1000, 4, 128, "alibi"), (1000, 3, 32, "t5"), (128, 2, 16, None)])
-def test_gpu_biased_fused_backward(monkeypatch, T, H, d, kind):
-    monkeypatch.setitem(biased_mod.CONFIG, "bwd", ("fused",))
-    run_biased(batch_for(T), H, T, d, kind, torch.bfloat16)
+@pytest.mark.parametrize("T", [1000, 4096])
+def test_gpu_biased_kerple_per_wrap_table_gradient(monkeypatch, T):
+    monkeypatch.setitem(biased_mod.CONFIG, "dtab", ("per_wrap",))
+    run_biased(batch_for(T), 12, T, 64, "kerple", torch.bfloat16)
 
 
 @pytest.mark.gpu
@@ -376,19 +363,6 @@ def test_gpu_dape_kerple(T):
 ])
 def test_gpu_dape_shapes(T, H, d, ks, D, kind):
     run_dape(2, H, T, d, ks, D, kind, torch.bfloat16)
-
-
-CF_TILES = [(16, 32, 8, 1), (16, 16, 8, 1), (32, 16, 8, 1)]  # the channels-first forward's sweep candidates
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("tiles", CF_TILES)
-@pytest.mark.parametrize("T,H,d,ks,D,kind", [(17, 12, 64, 3, 32, "kerple"), (1000, 12, 64, 3, 32, "kerple"),
-                                             (4096, 12, 64, 3, 32, "kerple"), (1000, 4, 32, 5, 16, None),
-                                             (128, 2, 64, 7, 8, "alibi")])
-def test_gpu_dape_channels_first_forward(monkeypatch, tiles, T, H, d, ks, D, kind):
-    monkeypatch.setattr(dape_mod, "FORWARD", ("channels_first", *tiles))
-    run_dape(batch_for(T), H, T, d, ks, D, kind, torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -3,8 +3,8 @@
 For every method, backend and length: forward time (no autograd graph), forward+backward time, and
 the peak memory of each (torch.cuda.max_memory_allocated after a reset, inputs included). Times
 are per call, calls run back to back between two CUDA events after a warm-up (median of 5
-batches); each row also records the median of calls timed one at a time (`*_synced_ms`). Ratios are taken against fused
-causal SDPA measured in the same run. Out-of-memory is caught and recorded as such; a call slower
+batches); each row also records the median of calls timed one at a time (`*_synced_ms`). Ratios
+are taken against fused causal SDPA measured in the same run. Out-of-memory is caught and recorded as such; a call slower
 than `max_call_s` (median) skips the longer lengths of that (method, backend).
 
 Library use: run_bench(...) -> dict (also written as JSON), print_bench_table(result).
@@ -289,17 +289,12 @@ def bench_markdown(result) -> str:
 # candidate changes one kernel's (BM, BN, num_warps, num_stages) on top of the current defaults
 # (the empty candidate: the defaults themselves); the fastest per kernel is kept.
 SWEEP = {
-    "kerple": [{}, {"dq": (64, 64, 4, 3)}, {"bwd": ("fused",), "fused": (64, 64, 4, 3)},
-               {"bwd": ("fused",), "fused": (32, 64, 4, 3)}, {"bwd": ("fused",), "fused": (64, 64, 8, 2)},
-               {"bwd": ("fused",), "fused": (32, 64, 4, 2)}],
+    "kerple": [{}, {"dq": (64, 64, 4, 3)}, {"dtab": ("per_wrap",)}],
     "stickbreaking": [{}, {"fwd": (64, 32, 4, 3)}, {"bwd": (128, 32, 8, 2)}, {"scan": ("mm",)}],
-    "dapev2-kerple": [(16, 32, 8, 1), ("channels_first", 16, 32, 8, 1), ("channels_first", 16, 16, 8, 1),
-                      ("channels_first", 32, 16, 8, 1), ("channels_first", 16, 32, 4, 1)],
+    "dapev2-kerple": [(16, 32, 8, 1)],
 }
-_DAPE_K3_DEFAULT = (16, 32, 8, 1)
-_BWD_KEYS = {"kerple": ("dkdv", "dq", "fused"), "stickbreaking": ("bwd",)}
-_BOTH_KEYS = {"stickbreaking": ("scan",), "kerple": ("band", "dkdv_band", "bwd")}  # chosen by forward+backward time
-_NAMED_ONLY = {"fused"}  # judged only by the candidates that name them (the defaults' time is another mode's)
+_BWD_KEYS = {"kerple": ("dkdv", "dq", "dtab"), "stickbreaking": ("bwd",)}
+_BOTH_KEYS = {"stickbreaking": ("scan",), "kerple": ("band", "dkdv_band")}  # chosen by forward+backward time
 
 
 def _tile_module(method):
@@ -313,18 +308,11 @@ def _tile_module(method):
 
 
 def _set_tiles(method, tiles):
-    """Install tile shapes: DAPE V2 (k = 3, hidden <= 32, bf16) takes one tuple, the windowed
-    kernels' tiles for both passes, or ("channels_first", BM, BNW, warps, stages): that forward
-    kernel (the backward keeps the default tiles); the others a {kernel: (BM, BN, num_warps,
-    num_stages)} dict (kernels not named keep theirs)."""
+    """Install tile shapes: DAPE V2 (k = 3, hidden <= 32, bf16) takes one tuple for both passes;
+    the others a {kernel: (BM, BN, num_warps, num_stages)} dict (kernels not named keep theirs)."""
     mod = _tile_module(method)
     if method == "dapev2-kerple":
-        if tiles[0] == "channels_first":
-            mod.FORWARD = tuple(tiles)
-            mod.TILES["k3"] = _DAPE_K3_DEFAULT
-        else:
-            mod.FORWARD = ("windowed",)
-            mod.TILES["k3"] = tuple(tiles)
+        mod.TILES["k3"] = tuple(tiles)
     else:
         mod.CONFIG.update({k: tuple(v) for k, v in tiles.items()})
 
@@ -391,7 +379,7 @@ def tile_sweep(T: int = 8192, check_T: int = 1024, heads: int = 12, head_dim: in
             for key, cost in [("fwd", lambda r: r["fwd_ms"])] + [
                     (k, lambda r: r["fwdbwd_ms"] - r["fwd_ms"]) for k in _BWD_KEYS[method]] + [
                     (k, lambda r: r["fwdbwd_ms"]) for k in _BOTH_KEYS.get(method, ())]:
-                cands_k = [r for r in ok if key in r["tiles"] or (not r["tiles"] and key not in _NAMED_ONLY)]
+                cands_k = [r for r in ok if key in r["tiles"] or not r["tiles"]]
                 if cands_k:
                     best = min(cands_k, key=cost)
                     chosen[key] = tuple(best["tiles"].get(key, base[key]))
@@ -428,17 +416,6 @@ def probe_table_grad(T: int = 8192, heads: int = 12, head_dim: int = 64, log=pri
         ctx = torch.no_grad() if name.startswith("fwd_") or name == "fwd" else torch.enable_grad()
         with ctx:
             out[name] = _median_ms(fn, 25, 200, 50, leaves)[0]
-    from .ops.dape_v2 import biased
-
-    saved = biased.CONFIG["bwd"]
-    biased.CONFIG["bwd"] = ("fused",)
-    try:
-        out["fwdbwd_table_grad_fused_bwd"] = _median_ms(
-            lambda: biased_attention(q, k, v, tab_g).backward(g), 25, 200, 50, (q, k, v, tab_g))[0]
-        out["fwdbwd_no_bias_fused_bwd"] = _median_ms(
-            lambda: biased_attention(q, k, v, None).backward(g), 25, 200, 50, (q, k, v))[0]
-    finally:
-        biased.CONFIG["bwd"] = saved
     from .ops.stickbreaking import triton as sb
 
     for name, fn, leaves in [

@@ -154,12 +154,9 @@ def _bias_fwd(Q, K, V, BAND, OFF, O, LSE,
 
 @triton.jit
 def _dkdv_tile(k, v, qp, dop, band_t, off_t, lse_p, delta_p, dk, dv, rows, cols, T, qk_scale,
-               dqp, DTAB_H, m0, n0, sm_scale,
                HAS_BIAS: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr,
-               RES16: tl.constexpr, BAND_T: tl.constexpr, PAD: tl.constexpr, PREC: tl.constexpr,
-               FUSED: tl.constexpr, NEED_DTAB: tl.constexpr):
-    """Transposed tile [keys, queries] of the key-owner backward. FUSED: also this tile's share of
-    dQ (fp32 atomic adds into dqp) and of the table gradient, so no query-owner pass is needed."""
+               RES16: tl.constexpr, BAND_T: tl.constexpr, PAD: tl.constexpr, PREC: tl.constexpr):
+    """Transposed tile [keys, queries] of the key-owner backward."""
     rmask = rows < T
     q = tl.load(qp, mask=rmask[:, None], other=0.0)
     do = tl.load(dop, mask=rmask[:, None], other=0.0)
@@ -183,34 +180,19 @@ def _dkdv_tile(k, v, qp, dop, band_t, off_t, lse_p, delta_p, dk, dv, rows, cols,
     dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
     dst = pt * (dpt - delta[None, :])
     dk += tl.dot(dst.to(q.dtype), q, input_precision=PREC)
-    if FUSED:
-        dq = tl.dot(tl.trans(dst).to(k.dtype), k, input_precision=PREC) * sm_scale  # [BM, DH]
-        tl.atomic_add(dqp, dq, mask=rmask[:, None], sem="relaxed")
-        if NEED_DTAB:
-            # entry (c, r) has distance m0 + r - n0 - c; rotating key row c left by c (mod BM) puts
-            # distance m0 - n0 + r' - j BM in column r' of the rows with (r' + c) // BM == j
-            c = tl.arange(0, BN)[:, None]
-            rr = tl.arange(0, BM)
-            y = tl.gather(dst, (rr[None, :] + c) % BM, 1)
-            wrap = (rr[None, :] + c) // BM
-            for j in tl.static_range((BM + BN - 2) // BM + 1):
-                dist = m0 - n0 + rr - j * BM
-                tl.atomic_add(DTAB_H + dist, tl.sum(tl.where(wrap == j, y, 0.0), 0),
-                              mask=(dist >= 0) & (dist < T), sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _bias_bwd_dkdv(Q, K, V, BAND, OFF, DO, LSE, DELTA, DK, DV, DQACC, DTAB,
+def _bias_bwd_dkdv(Q, K, V, BAND, OFF, DO, LSE, DELTA, DK, DV,
                    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
                    T, qk_scale, sm_scale,
                    H: tl.constexpr, HAS_BIAS: tl.constexpr, DH: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr, RES16: tl.constexpr,
-                   BAND_T: tl.constexpr, PREC: tl.constexpr, FUSED: tl.constexpr, NEED_DTAB: tl.constexpr):
+                   BAND_T: tl.constexpr, PREC: tl.constexpr):
     """One program owns BN keys and walks the query blocks from its diagonal down: the BN // BM
     blocks that cross the diagonal with the causal mask, the rest without. Transposed tiles
-    [keys, queries], so no register transposes. FUSED: dQ (into the fp32 [B, H, T, DH] DQACC)
-    and the table gradient too."""
+    [keys, queries], so no register transposes."""
     bh = tl.program_id(0)
     pid_n = tl.program_id(1)
     b = bh // H
@@ -233,30 +215,28 @@ def _bias_bwd_dkdv(Q, K, V, BAND, OFF, DO, LSE, DELTA, DK, DV, DQACC, DTAB,
         band_h = BAND + h * (T + 2 * PAD) * W + (PAD - n0) * W
         band_step = W
     off_h = OFF + h * (T + 2 * PAD) + PAD - n0
-    dqp = DQACC + bh * T * DH + mm[:, None] * DH + dd[None, :]
-    dtab_h = DTAB + h * (2 * T - 1) + T - 1
     hi = tl.minimum(n0 + BN, T)
     for m0 in range(n0, hi, BM):
         rows = m0 + mm
         dk, dv = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0,
                             LSE + bh * T + rows,
-                            DELTA + bh * T + rows, dk, dv, rows, cols, T, qk_scale, dqp + m0 * DH, dtab_h, m0, n0,
-                            sm_scale, HAS_BIAS, True, BM, BN, W, RES16, BAND_T, PAD, PREC, FUSED, NEED_DTAB)
+                            DELTA + bh * T + rows, dk, dv, rows, cols, T, qk_scale, HAS_BIAS, True, BM, BN, W, RES16,
+                            BAND_T, PAD, PREC)
     for m0 in range(hi, T, BM):
         rows = m0 + mm
         dk, dv = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0,
                             LSE + bh * T + rows,
-                            DELTA + bh * T + rows, dk, dv, rows, cols, T, qk_scale, dqp + m0 * DH, dtab_h, m0, n0,
-                            sm_scale, HAS_BIAS, False, BM, BN, W, RES16, BAND_T, PAD, PREC, FUSED, NEED_DTAB)
+                            DELTA + bh * T + rows, dk, dv, rows, cols, T, qk_scale, HAS_BIAS, False, BM, BN, W, RES16,
+                            BAND_T, PAD, PREC)
     tl.store(DK + b * skb + h * skh + cols[:, None] * skt + dd[None, :], (dk * sm_scale).to(DK.dtype.element_ty), mask=cmask[:, None])
     tl.store(DV + b * svb + h * svh + cols[:, None] * svt + dd[None, :], dv.to(DV.dtype.element_ty), mask=cmask[:, None])
 
 
 @triton.jit
-def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, rows_c, cols, m0, n0, T, qk_scale,
+def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, c1, c2, rows_c, cols, m0, n0, T, qk_scale,
              HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, MASK: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, RES16: tl.constexpr,
-             PREC: tl.constexpr):
+             PREC: tl.constexpr, CARRY: tl.constexpr):
     if MASK:
         cmask = cols < T
         k = tl.load(kp, mask=cmask[:, None], other=0.0)
@@ -278,17 +258,33 @@ def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, rows_c, cols,
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
     if NEED_DTAB:
-        # rotate row r left by r (mod BN): column c' then holds distance j BN - c' in its rows
-        # with (c' + r) // BN == j; one gather of the tile's size, BM // BN + 1 masked sums
+        # rotate row r left by r (mod BN): column c' then holds distance m0 - n0 + j BN - c' in
+        # its rows with (c' + r) // BN == j (the row's "wrap" j, 0 .. J = BM // BN)
         r = tl.arange(0, BM)[:, None]
         cc = tl.arange(0, BN)
         y = tl.gather(ds, (cc[None, :] + r) % BN, 1)
         wrap = (cc[None, :] + r) // BN
-        for j in tl.static_range(BM // BN + 1):
-            dist = m0 - n0 + j * BN - cc
-            tl.atomic_add(DTAB_H + dist, tl.sum(tl.where(wrap == j, y, 0.0), 0),
-                          mask=(dist >= 0) & (dist < T), sem="relaxed")
-    return dq
+        J: tl.constexpr = BM // BN
+        if CARRY:
+            # Wrap j of this key block holds the distances of wrap j + 1 of the next (n0 + BN), and
+            # the sum runs over rows only, so the entries of a distance set can be added
+            # elementwise across key blocks: c1, c2 carry the sets that wraps 1, 2 of the next
+            # block complete. One column sum and one atomic add per tile (not J + 1).
+            if J == 1:
+                done = c1 + tl.where(wrap == 1, y, 0.0)
+                c1 = tl.where(wrap == 0, y, 0.0)
+            else:
+                done = c2 + tl.where(wrap == 2, y, 0.0)
+                c2 = c1 + tl.where(wrap == 1, y, 0.0)
+                c1 = tl.where(wrap == 0, y, 0.0)
+            dist = m0 - n0 + J * BN - cc
+            tl.atomic_add(DTAB_H + dist, tl.sum(done, 0), mask=(dist >= 0) & (dist < T), sem="relaxed")
+        else:
+            for j in tl.static_range(J + 1):
+                dist = m0 - n0 + j * BN - cc
+                tl.atomic_add(DTAB_H + dist, tl.sum(tl.where(wrap == j, y, 0.0), 0),
+                              mask=(dist >= 0) & (dist < T), sem="relaxed")
+    return dq, c1, c2
 
 
 @triton.jit
@@ -297,9 +293,10 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB,
                  T, qk_scale, sm_scale,
                  H: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, DH: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr,
-                 RES16: tl.constexpr, PREC: tl.constexpr):
+                 RES16: tl.constexpr, PREC: tl.constexpr, CARRY: tl.constexpr):
     """One program owns a block of queries: dQ, and the bias-table gradient (the table gradient of
-    entry (i, j) is dS_ij itself, summed over each diagonal i - j, then atomically added)."""
+    entry (i, j) is dS_ij itself, summed over each diagonal i - j, then atomically added). CARRY:
+    the per-diagonal sums carried across key blocks (see _dq_tile; BM <= 2 BN)."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
@@ -315,19 +312,31 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB,
     lse = tl.load(LSE + bh * T + rows, mask=rmask, other=float("inf"))  # padding rows: p = 0
     delta = tl.load(DELTA + bh * T + rows, mask=rmask, other=0.0)
     dq = tl.zeros([BM, DH], tl.float32)
+    c1 = tl.zeros([BM, BN], tl.float32)
+    c2 = tl.zeros([BM, BN], tl.float32)
     kp = K + b * skb + h * skh + nn[:, None] * skt + dd[None, :]
     vp = V + b * svb + h * svh + nn[:, None] * svt + dd[None, :]
     band_h = BAND + h * (T + 2 * PAD) * W + (m0 + PAD) * W
     off_h = OFF + h * (T + 2 * PAD) + m0 + PAD
     dtab_h = DTAB + h * (2 * T - 1) + T - 1
     for n0 in range(0, m0, BN):
-        dq = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h, dq, rows_c,
-                      n0 + nn, m0, n0,
-                      T, qk_scale, HAS_BIAS, NEED_DTAB, False, BM, BN, W, RES16, PREC)
-    for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
-        dq = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h, dq, rows_c,
-                      n0 + nn, m0, n0,
-                      T, qk_scale, HAS_BIAS, NEED_DTAB, True, BM, BN, W, RES16, PREC)
+        dq, c1, c2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h,
+                              dq, c1, c2, rows_c, n0 + nn, m0, n0,
+                              T, qk_scale, HAS_BIAS, NEED_DTAB, False, BM, BN, W, RES16, PREC, CARRY)
+    hi = tl.minimum(m0 + BM, T)
+    for n0 in range(m0, hi, BN):
+        dq, c1, c2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h,
+                              dq, c1, c2, rows_c, n0 + nn, m0, n0,
+                              T, qk_scale, HAS_BIAS, NEED_DTAB, True, BM, BN, W, RES16, PREC, CARRY)
+    if NEED_DTAB and CARRY:
+        # the sets still open: wraps 1 and 2 of the key block after the last one
+        cc = tl.arange(0, BN)
+        n_next = m0 + tl.cdiv(hi - m0, BN) * BN
+        dist = m0 - n_next + BN - cc
+        tl.atomic_add(dtab_h + dist, tl.sum(c1, 0), mask=(dist >= 0) & (dist < T), sem="relaxed")
+        if BM // BN == 2:
+            dist = m0 - n_next + 2 * BN - cc
+            tl.atomic_add(dtab_h + dist, tl.sum(c2, 0), mask=(dist >= 0) & (dist < T), sem="relaxed")
     tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
 
 
@@ -346,27 +355,23 @@ def _prep(x):
 # tile is at most BAND_W wide and every query tile at most BAND_PAD tall (the band, see _band).
 # The fastest of lenx.bench.tile_sweep's candidates on an H200 at T = 8192 (results/bench/)
 CONFIG = {"fwd": (64, 64, 4, 3), "dkdv": (64, 64, 4, 3), "dq": (64, 32, 4, 3), "band": ("fp16",),
-          "dkdv_band": ("T",), "bwd": ("split",), "fused": (64, 64, 4, 3)}
+          "dkdv_band": ("T",), "dtab": ("carry",)}
 # fp32 inputs (exact fp32 products, a testing path): small tiles, no pipelining
 CONFIG_FP32 = {"fwd": (64, 32, 4, 1), "dkdv": (32, 64, 4, 1), "dq": (32, 32, 4, 1), "band": ("fp32",),
-               "dkdv_band": ("T",), "bwd": ("split",), "fused": (32, 64, 4, 1)}
+               "dkdv_band": ("T",), "dtab": ("carry",)}
+# CONFIG["dtab"]: the table gradient's per-tile reduction, "carry" (one column sum per tile, the
+# partial sums carried to the next key block; dq tiles with BM <= 2 BN) or "per_wrap" (BM / BN + 1).
 # CONFIG["dkdv_band"]: "T" the key-owner kernel reads a transposed copy of the band (built in the
-# backward), "trans" it transposes the band tile in registers. CONFIG["bwd"]: "split" a key-owner
-# pass (dK, dV; tiles "dkdv") and a query-owner pass (dQ, table gradient; tiles "dq"), or "fused"
-# one key-owner pass that also adds dQ and the table gradient atomically (tiles "fused"): one
-# recompute of every score tile instead of two.
+# backward), "trans" it transposes the band tile in registers
 BAND_W = 64
 BAND_PAD = 128
 
 
 def _config(name, dtype):
     BM, BN, nw, ns = (CONFIG_FP32 if dtype == torch.float32 else CONFIG)[name]
-    keys, rows = (BM, BN) if name in ("dkdv", "fused") else (BN, BM)
+    keys, rows = (BM, BN) if name == "dkdv" else (BN, BM)
     if keys > BAND_W or rows > BAND_PAD:
         raise ValueError(f"{name} tiles {BM} x {BN}: key tiles must be <= {BAND_W}, query tiles <= {BAND_PAD}")
-    # the owner's block (keys for dkdv/fused, queries for fwd/dq) is a whole number of walked blocks
-    if (BN % BM if name in ("dkdv", "fused") else BM % BN) != 0:
-        raise ValueError(f"{name} tiles {BM} x {BN}: the owned block must be a multiple of the walked one")
     return BM, BN, nw, ns
 
 
@@ -428,26 +433,22 @@ class BiasedAttention(torch.autograd.Function):
         scale = DH ** -0.5
         need_dtab = ctx.has_bias and ctx.needs_input_grad[3]
         dtab = torch.zeros(H, 2 * T - 1, dtype=torch.float32, device=q.device) if need_dtab else q
-        config = CONFIG_FP32 if q.dtype == torch.float32 else CONFIG
-        fused = config["bwd"][0] == "fused"
-        BM, BN, nw, ns = _config("fused" if fused else "dkdv", q.dtype)
-        band_t = config["dkdv_band"][0] == "T" and ctx.has_bias
+        BM, BN, nw, ns = _config("dkdv", q.dtype)
+        band_t = (CONFIG_FP32 if q.dtype == torch.float32 else CONFIG)["dkdv_band"][0] == "T" and ctx.has_bias
         kband = _band(table, T, q.dtype, trans=True)[0] if band_t else band  # the key-owner kernel's band
-        dq_acc = torch.zeros(B, H, T, DH, device=q.device, dtype=torch.float32) if fused else q
         _bias_bwd_dkdv[(B * H, triton.cdiv(T, BN))](
-            q, k, v, kband, off, dout, lse, delta, dk, dv, dq_acc, dtab,
-            *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+            q, k, v, kband, off, dout, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
             T, scale * LOG2E, scale, H=H, HAS_BIAS=ctx.has_bias, DH=DH, BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD,
-            RES16=ctx.res16, BAND_T=band_t, PREC=prec, FUSED=fused, NEED_DTAB=need_dtab,
-            num_warps=nw, num_stages=ns)
-        if fused:
-            return dq_acc.to(q.dtype), dk, dv, (dtab if need_dtab else None)
+            RES16=ctx.res16, BAND_T=band_t, PREC=prec, num_warps=nw, num_stages=ns)
         BM, BN, nw, ns = _config("dq", q.dtype)
+        carry = (CONFIG_FP32 if q.dtype == torch.float32 else CONFIG)["dtab"][0] == "carry"
+        if carry and BM > 2 * BN:
+            raise ValueError(f"the carried table gradient takes dq tiles with BM <= 2 BN, got {BM} x {BN}")
         _bias_bwd_dq[(B * H, triton.cdiv(T, BM))](
             q, k, v, band, off, dout, lse, delta, dq, dtab, *_strides(q), *_strides(k), *_strides(v),
             *_strides(dout),
             T, scale * LOG2E, scale, H=H, HAS_BIAS=ctx.has_bias, NEED_DTAB=need_dtab, DH=DH, BM=BM, BN=BN,
-            W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, PREC=prec,
+            W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, PREC=prec, CARRY=carry,
             num_warps=nw, num_stages=ns)
         return dq, dk, dv, (dtab if need_dtab else None)
 

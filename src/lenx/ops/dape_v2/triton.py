@@ -160,90 +160,6 @@ def _dape_fwd(Q, K, V, TAB, W1, B1, W2, B2, O, LSE,
 
 
 @triton.jit
-def _dape_fwd_cf(Q, K, V, TAB, W1S, W1B, B1, W2T, B2, O, LSE,
-                 sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-                 T, scale,
-                 H: tl.constexpr, HP: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
-                 KS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BNW: tl.constexpr,
-                 PREC: tl.constexpr, CPREC: tl.constexpr):
-    """The forward in channels-first layout: a window's tensors are [channels, BM * BNW] (pairs
-    flattened row-major), so the per-head score tiles [HP, BM, BNW] of the batched QK product
-    feed the conv matmuls (W_t [out, in] @ X [in, pairs]) without a permute, and the softmax and
-    PV product read the conv output back per head the same way. conv1's taps act on its inputs:
-    tap t reads the scores and bias at keys shifted by t - h, recomputed from K loaded at that
-    offset (a QK product, cheap on tensor cores) instead of shifting the product. So conv1's
-    output is exact over the whole window, only conv2's taps shift (a gather along the pairs; the
-    window-edge pairs it clamps are never outputs) and a window yields BNW - 2h outputs."""
-    HALF: tl.constexpr = KS // 2
-    STEP: tl.constexpr = BNW - 2 * HALF
-    M: tl.constexpr = BM * BNW
-    pid_m = tl.program_id(0)
-    b = tl.program_id(1)
-    rows = pid_m * BM + tl.arange(0, BM)
-    q3 = _load_heads(Q, b, sqb, sqh, sqt, rows, T, H, HP, DH)
-    hh = tl.arange(0, HP)
-    ee = tl.arange(0, DP)
-    ww = tl.arange(0, BNW)
-    mm = tl.arange(0, M)
-    m_i = tl.full([HP, BM], -1e30, tl.float32)  # finite: padding rows see no key at all
-    l_i = tl.zeros([HP, BM], tl.float32)
-    acc = tl.zeros([HP, BM, DH], tl.float32)
-    inner = (ww >= HALF) & (ww < BNW - HALF)
-    last = tl.minimum(pid_m * BM + BM, T) - 1
-    for ws in range(-HALF, last - HALF + 1, STEP):
-        keys = ws + ww
-        y = tl.zeros([DP, M], tl.float32)
-        base = tl.zeros([HP, BM, BNW], tl.float32)
-        for t in tl.static_range(KS):
-            kt = keys + (t - HALF)
-            k3 = _load_heads(K, b, skb, skh, skt, kt, T, H, HP, DH)
-            xm = (kt[None, :] >= 0) & (kt[None, :] <= rows[:, None]) & (rows < T)[:, None]  # tril & padding
-            S = tl.dot(q3, tl.permute(k3, (0, 2, 1)), input_precision=PREC) * scale  # [HP, BM, BNW]
-            S = tl.where(xm[None, :, :], S, 0.0)
-            w1 = tl.load(W1S + t * DP * HP + ee[:, None] * HP + hh[None, :])
-            y += _cdot(w1, tl.reshape(S, (HP, M)), CPREC)
-            if HAS_BIAS:
-                dist = rows[:, None] - kt[None, :] + T - 1
-                bias = tl.load(TAB + hh[:, None, None] * (2 * T - 1) + dist[None, :, :],
-                               mask=xm[None, :, :] & (hh < H)[:, None, None], other=0.0)
-                w1b = tl.load(W1B + t * DP * HP + ee[:, None] * HP + hh[None, :])
-                y += _cdot(w1b, tl.reshape(bias, (HP, M)), CPREC)
-                if t == HALF:
-                    base = S + bias
-            elif t == HALF:
-                base = S
-        y += tl.load(B1 + ee)[:, None]
-        z = tl.where(y > 0, y, 0.01 * y)
-        kin = tl.reshape(tl.broadcast_to(((keys >= 0) & (keys < T))[None, :], (BM, BNW)), (M,))
-        z = tl.where(kin[None, :], z, 0.0)  # conv2's zero padding outside [0, T)
-        f = tl.zeros([HP, M], tl.float32)
-        for t in tl.static_range(KS):
-            w2 = tl.load(W2T + t * HP * DP + hh[:, None] * DP + ee[None, :])
-            prod = _cdot(w2, z, CPREC)  # [HP, M]
-            if t == HALF:
-                f += prod
-            else:
-                idx = tl.minimum(tl.maximum(mm + (t - HALF), 0), M - 1)
-                f += tl.gather(prod, tl.broadcast_to(idx[None, :], (HP, M)), 1)
-        s = base + tl.reshape(f, (HP, BM, BNW)) + tl.load(B2 + hh)[:, None, None]
-        valid = (keys[None, :] >= 0) & (keys[None, :] <= rows[:, None]) & (rows < T)[:, None] & inner[None, :]
-        s = tl.where(valid[None, :, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 2))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, :, None])
-        l_i = l_i * alpha + tl.sum(p, 2)
-        v3 = _load_heads(V, b, svb, svh, svt, keys, T, H, HP, DH)
-        acc = acc * alpha[:, :, None] + tl.dot(p.to(v3.dtype), v3, input_precision=PREC)
-        m_i = m_new
-    out = acc / tl.maximum(l_i, 1e-30)[:, :, None]
-    dd = tl.arange(0, DH)
-    optr = O + b * sob + hh[:, None, None] * soh + rows[None, :, None] * sot + dd[None, None, :]
-    tl.store(optr, out.to(O.dtype.element_ty), mask=(hh < H)[:, None, None] & (rows < T)[None, :, None])
-    tl.store(LSE + (b * H + hh[:, None]) * T + rows[None, :], m_i + tl.log(tl.maximum(l_i, 1e-30)),
-             mask=(hh < H)[:, None] & (rows < T)[None, :])
-
-
-@triton.jit
 def _dp(do3, v3, PREC: tl.constexpr):
     """dP = dO V^T per head, [BM, BNW, HP]."""
     return tl.permute(tl.dot(do3, tl.permute(v3, (0, 2, 1)), input_precision=PREC), (1, 2, 0))
@@ -424,9 +340,6 @@ def _pow2(n: int, least: int = 16) -> int:
 # shared memory; one pipeline stage for the same reason. Measured: lenx.bench.tile_sweep and the
 # offline sm_90 compiles in notes/kernels.md.
 DKDV_ONE_PASS_MAX = 16 * 16 * 64  # HP * BNW * DH up to which dK and dV share one pass
-# The forward kernel: ("windowed",) _dape_fwd with the TILES below, or ("channels_first", BM, BNW,
-# num_warps, num_stages) _dape_fwd_cf.
-FORWARD = ("windowed",)
 TILES = {
     "k3": (16, 32, 8, 1),  # k <= 3, hidden <= 32, bf16 conv operands (the common case)
     "k3_big": (16, 16, 8, 1),  # k <= 3 with hidden 64, tf32 or fp32 conv operands
@@ -461,14 +374,6 @@ def _pack_weights(w1, b1, w2, b2, H, D, ks, has_bias, HP, CP, DP):
     return W1.contiguous(), B1, W2.contiguous(), B2
 
 
-def _pack_weights_cf(W1, W2, HP, has_bias):
-    """The channels-first forward's layouts, from _pack_weights' ones: conv1 split into its score
-    and bias halves W1S, W1B [KS, DP, HP] (out x in), conv2 as W2T [KS, HP, DP]."""
-    W1S = W1[:, 0::2, :] if has_bias else W1
-    W1B = W1[:, 1::2, :] if has_bias else W1
-    return (W1S.transpose(1, 2).contiguous(), W1B.transpose(1, 2).contiguous(), W2.transpose(1, 2).contiguous())
-
-
 def _channel_map(H, has_bias, device):
     h = torch.arange(H, device=device)
     return torch.cat([2 * h, 2 * h + 1]) if has_bias else h
@@ -488,19 +393,10 @@ class DapeV2Attention(torch.autograd.Function):
         cprec = "ieee" if q.dtype == torch.float32 else conv_precision
         out = _new_like(q)
         lse = _new((B, H, T), q, torch.float32)
-        if FORWARD[0] == "channels_first":
-            BM, BNW, nw, ns = FORWARD[1:]
-            W1S, W1B, W2T = _pack_weights_cf(W1, W2, sh["HP"], has_bias)
-            _dape_fwd_cf[(triton.cdiv(T, BM), B)](
-                q, k, v, tab, W1S, W1B, B1, W2T, B2, out, lse, *_st(q), *_st(k), *_st(v), *_st(out), T, DH ** -0.5,
-                H=H, HP=sh["HP"], DH=DH, DP=sh["DP"], KS=ks, HAS_BIAS=has_bias, BM=BM, BNW=BNW, PREC=prec,
-                CPREC=cprec, num_warps=nw, num_stages=ns)
-        else:
-            BM, BNW, nw, ns = _config(ks, sh["DP"], cprec)
-            _dape_fwd[(triton.cdiv(T, BM), B)](
-                q, k, v, tab, W1, B1, W2, B2, out, lse, *_st(q), *_st(k), *_st(v), *_st(out), T, DH ** -0.5,
-                DH=DH, HAS_BIAS=has_bias, BM=BM, BNW=BNW, PREC=prec, CPREC=cprec, num_warps=nw, num_stages=ns,
-                **sh)
+        BM, BNW, nw, ns = _config(ks, sh["DP"], cprec)
+        _dape_fwd[(triton.cdiv(T, BM), B)](
+            q, k, v, tab, W1, B1, W2, B2, out, lse, *_st(q), *_st(k), *_st(v), *_st(out), T, DH ** -0.5,
+            DH=DH, HAS_BIAS=has_bias, BM=BM, BNW=BNW, PREC=prec, CPREC=cprec, num_warps=nw, num_stages=ns, **sh)
         ctx.save_for_backward(q, k, v, tab, W1, B1, W2, B2, out, lse)
         ctx.meta = (has_bias, D, ks, cprec, w1.dtype, b1.dtype, w2.dtype, b2.dtype)
         return out
