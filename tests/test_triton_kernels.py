@@ -209,15 +209,6 @@ def test_biased_small_fp16_band(monkeypatch, kind):
     run_biased(1, 2, 130, 16, kind, torch.float32, tol=2e-3)
 
 
-@pytest.mark.parametrize("dtab,tiles,T", [("per_wrap", (32, 32, 4, 1), 40), ("carry", (64, 32, 4, 1), 130),
-                                          ("per_wrap", (64, 32, 4, 1), 130), ("carry", (32, 32, 4, 1), 1)])
-def test_biased_small_table_gradient_modes(monkeypatch, dtab, tiles, T):
-    """Both reductions of the table gradient, with 1 and 2 query tiles' worth of wraps."""
-    monkeypatch.setitem(biased_mod.CONFIG_FP32, "dtab", (dtab,))
-    monkeypatch.setitem(biased_mod.CONFIG_FP32, "dq", tiles)
-    run_biased(2, 2, T, 16, "kerple", torch.float32)
-
-
 @pytest.mark.parametrize("T", [1, 17, 40])
 @pytest.mark.parametrize("attend_current", [False, True])
 def test_stickbreaking_small(T, attend_current):
@@ -315,13 +306,6 @@ def test_gpu_biased_kerple(T):
 @pytest.mark.parametrize("T,H,d,kind", [(1000, 4, 128, "alibi"), (1000, 3, 32, "t5"), (128, 2, 16, None)])
 def test_gpu_biased_other(T, H, d, kind):
     run_biased(2, H, T, d, kind, torch.bfloat16)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("T", [1000, 4096])
-def test_gpu_biased_kerple_per_wrap_table_gradient(monkeypatch, T):
-    monkeypatch.setitem(biased_mod.CONFIG, "dtab", ("per_wrap",))
-    run_biased(batch_for(T), 12, T, 64, "kerple", torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -289,11 +289,11 @@ def bench_markdown(result) -> str:
 # candidate changes one kernel's (BM, BN, num_warps, num_stages) on top of the current defaults
 # (the empty candidate: the defaults themselves); the fastest per kernel is kept.
 SWEEP = {
-    "kerple": [{}, {"dq": (64, 64, 4, 3)}, {"dtab": ("per_wrap",)}],
+    "kerple": [{}, {"dq": (64, 64, 4, 3)}],
     "stickbreaking": [{}, {"fwd": (64, 32, 4, 3)}, {"bwd": (128, 32, 8, 2)}, {"scan": ("mm",)}],
     "dapev2-kerple": [(16, 32, 8, 1)],
 }
-_BWD_KEYS = {"kerple": ("dkdv", "dq", "dtab"), "stickbreaking": ("bwd",)}
+_BWD_KEYS = {"kerple": ("dkdv", "dq"), "stickbreaking": ("bwd",)}
 _BOTH_KEYS = {"stickbreaking": ("scan",), "kerple": ("band", "dkdv_band")}  # chosen by forward+backward time
 
 

@@ -233,10 +233,10 @@ def _bias_bwd_dkdv(Q, K, V, BAND, OFF, DO, LSE, DELTA, DK, DV,
 
 
 @triton.jit
-def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, c1, c2, rows_c, cols, m0, n0, T, qk_scale,
+def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, rows_c, cols, m0, n0, T, qk_scale,
              HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, MASK: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, RES16: tl.constexpr,
-             PREC: tl.constexpr, CARRY: tl.constexpr):
+             PREC: tl.constexpr):
     if MASK:
         cmask = cols < T
         k = tl.load(kp, mask=cmask[:, None], other=0.0)
@@ -258,33 +258,17 @@ def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, c1, c2, rows_
     ds = p * (dp - delta[:, None])
     dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
     if NEED_DTAB:
-        # rotate row r left by r (mod BN): column c' then holds distance m0 - n0 + j BN - c' in
-        # its rows with (c' + r) // BN == j (the row's "wrap" j, 0 .. J = BM // BN)
+        # rotate row r left by r (mod BN): column c' then holds distance j BN - c' in its rows
+        # with (c' + r) // BN == j; one gather of the tile's size, BM // BN + 1 masked sums
         r = tl.arange(0, BM)[:, None]
         cc = tl.arange(0, BN)
         y = tl.gather(ds, (cc[None, :] + r) % BN, 1)
         wrap = (cc[None, :] + r) // BN
-        J: tl.constexpr = BM // BN
-        if CARRY:
-            # Wrap j of this key block holds the distances of wrap j + 1 of the next (n0 + BN), and
-            # the sum runs over rows only, so the entries of a distance set can be added
-            # elementwise across key blocks: c1, c2 carry the sets that wraps 1, 2 of the next
-            # block complete. One column sum and one atomic add per tile (not J + 1).
-            if J == 1:
-                done = c1 + tl.where(wrap == 1, y, 0.0)
-                c1 = tl.where(wrap == 0, y, 0.0)
-            else:
-                done = c2 + tl.where(wrap == 2, y, 0.0)
-                c2 = c1 + tl.where(wrap == 1, y, 0.0)
-                c1 = tl.where(wrap == 0, y, 0.0)
-            dist = m0 - n0 + J * BN - cc
-            tl.atomic_add(DTAB_H + dist, tl.sum(done, 0), mask=(dist >= 0) & (dist < T), sem="relaxed")
-        else:
-            for j in tl.static_range(J + 1):
-                dist = m0 - n0 + j * BN - cc
-                tl.atomic_add(DTAB_H + dist, tl.sum(tl.where(wrap == j, y, 0.0), 0),
-                              mask=(dist >= 0) & (dist < T), sem="relaxed")
-    return dq, c1, c2
+        for j in tl.static_range(BM // BN + 1):
+            dist = m0 - n0 + j * BN - cc
+            tl.atomic_add(DTAB_H + dist, tl.sum(tl.where(wrap == j, y, 0.0), 0),
+                          mask=(dist >= 0) & (dist < T), sem="relaxed")
+    return dq
 
 
 @triton.jit
@@ -293,10 +277,9 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB,
                  T, qk_scale, sm_scale,
                  H: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, DH: tl.constexpr,
                  BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr,
-                 RES16: tl.constexpr, PREC: tl.constexpr, CARRY: tl.constexpr):
+                 RES16: tl.constexpr, PREC: tl.constexpr):
     """One program owns a block of queries: dQ, and the bias-table gradient (the table gradient of
-    entry (i, j) is dS_ij itself, summed over each diagonal i - j, then atomically added). CARRY:
-    the per-diagonal sums carried across key blocks (see _dq_tile; BM <= 2 BN)."""
+    entry (i, j) is dS_ij itself, summed over each diagonal i - j, then atomically added)."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
@@ -312,31 +295,19 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB,
     lse = tl.load(LSE + bh * T + rows, mask=rmask, other=float("inf"))  # padding rows: p = 0
     delta = tl.load(DELTA + bh * T + rows, mask=rmask, other=0.0)
     dq = tl.zeros([BM, DH], tl.float32)
-    c1 = tl.zeros([BM, BN], tl.float32)
-    c2 = tl.zeros([BM, BN], tl.float32)
     kp = K + b * skb + h * skh + nn[:, None] * skt + dd[None, :]
     vp = V + b * svb + h * svh + nn[:, None] * svt + dd[None, :]
     band_h = BAND + h * (T + 2 * PAD) * W + (m0 + PAD) * W
     off_h = OFF + h * (T + 2 * PAD) + m0 + PAD
     dtab_h = DTAB + h * (2 * T - 1) + T - 1
     for n0 in range(0, m0, BN):
-        dq, c1, c2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h,
-                              dq, c1, c2, rows_c, n0 + nn, m0, n0,
-                              T, qk_scale, HAS_BIAS, NEED_DTAB, False, BM, BN, W, RES16, PREC, CARRY)
-    hi = tl.minimum(m0 + BM, T)
-    for n0 in range(m0, hi, BN):
-        dq, c1, c2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h,
-                              dq, c1, c2, rows_c, n0 + nn, m0, n0,
-                              T, qk_scale, HAS_BIAS, NEED_DTAB, True, BM, BN, W, RES16, PREC, CARRY)
-    if NEED_DTAB and CARRY:
-        # the sets still open: wraps 1 and 2 of the key block after the last one
-        cc = tl.arange(0, BN)
-        n_next = m0 + tl.cdiv(hi - m0, BN) * BN
-        dist = m0 - n_next + BN - cc
-        tl.atomic_add(dtab_h + dist, tl.sum(c1, 0), mask=(dist >= 0) & (dist < T), sem="relaxed")
-        if BM // BN == 2:
-            dist = m0 - n_next + 2 * BN - cc
-            tl.atomic_add(dtab_h + dist, tl.sum(c2, 0), mask=(dist >= 0) & (dist < T), sem="relaxed")
+        dq = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h, dq, rows_c,
+                      n0 + nn, m0, n0,
+                      T, qk_scale, HAS_BIAS, NEED_DTAB, False, BM, BN, W, RES16, PREC)
+    for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
+        dq = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h, dq, rows_c,
+                      n0 + nn, m0, n0,
+                      T, qk_scale, HAS_BIAS, NEED_DTAB, True, BM, BN, W, RES16, PREC)
     tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
 
 
@@ -355,12 +326,10 @@ def _prep(x):
 # tile is at most BAND_W wide and every query tile at most BAND_PAD tall (the band, see _band).
 # The fastest of lenx.bench.tile_sweep's candidates on an H200 at T = 8192 (results/bench/)
 CONFIG = {"fwd": (64, 64, 4, 3), "dkdv": (64, 64, 4, 3), "dq": (64, 32, 4, 3), "band": ("fp16",),
-          "dkdv_band": ("T",), "dtab": ("carry",)}
+          "dkdv_band": ("T",)}
 # fp32 inputs (exact fp32 products, a testing path): small tiles, no pipelining
 CONFIG_FP32 = {"fwd": (64, 32, 4, 1), "dkdv": (32, 64, 4, 1), "dq": (32, 32, 4, 1), "band": ("fp32",),
-               "dkdv_band": ("T",), "dtab": ("carry",)}
-# CONFIG["dtab"]: the table gradient's per-tile reduction, "carry" (one column sum per tile, the
-# partial sums carried to the next key block; dq tiles with BM <= 2 BN) or "per_wrap" (BM / BN + 1).
+               "dkdv_band": ("T",)}
 # CONFIG["dkdv_band"]: "T" the key-owner kernel reads a transposed copy of the band (built in the
 # backward), "trans" it transposes the band tile in registers
 BAND_W = 64
@@ -441,14 +410,11 @@ class BiasedAttention(torch.autograd.Function):
             T, scale * LOG2E, scale, H=H, HAS_BIAS=ctx.has_bias, DH=DH, BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD,
             RES16=ctx.res16, BAND_T=band_t, PREC=prec, num_warps=nw, num_stages=ns)
         BM, BN, nw, ns = _config("dq", q.dtype)
-        carry = (CONFIG_FP32 if q.dtype == torch.float32 else CONFIG)["dtab"][0] == "carry"
-        if carry and BM > 2 * BN:
-            raise ValueError(f"the carried table gradient takes dq tiles with BM <= 2 BN, got {BM} x {BN}")
         _bias_bwd_dq[(B * H, triton.cdiv(T, BM))](
             q, k, v, band, off, dout, lse, delta, dq, dtab, *_strides(q), *_strides(k), *_strides(v),
             *_strides(dout),
             T, scale * LOG2E, scale, H=H, HAS_BIAS=ctx.has_bias, NEED_DTAB=need_dtab, DH=DH, BM=BM, BN=BN,
-            W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, PREC=prec, CARRY=carry,
+            W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, PREC=prec,
             num_warps=nw, num_stages=ns)
         return dq, dk, dv, (dtab if need_dtab else None)
 

@@ -129,7 +129,7 @@ def _dape_fwd(Q, K, V, TAB, W1, B1, W2, B2, O, LSE,
               PREC: tl.constexpr, CPREC: tl.constexpr):
     HALF: tl.constexpr = KS // 2
     STEP: tl.constexpr = BNW - 4 * HALF
-    pid_m = tl.program_id(0)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) query blocks first: no long tail
     b = tl.program_id(1)
     rows = pid_m * BM + tl.arange(0, BM)
     q3 = _load_heads(Q, b, sqb, sqh, sqt, rows, T, H, HP, DH)
@@ -222,7 +222,7 @@ def _dape_bwd_dq(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DQ, DTAB, GW1, GB
                  BM: tl.constexpr, BNW: tl.constexpr, E: tl.constexpr, PREC: tl.constexpr, CPREC: tl.constexpr):
     HALF: tl.constexpr = KS // 2
     STEP: tl.constexpr = BNW - 4 * HALF
-    pid_m = tl.program_id(0)
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) query blocks first: no long tail
     b = tl.program_id(1)
     rows = pid_m * BM + tl.arange(0, BM)
     q3 = _load_heads(Q, b, sqb, sqh, sqt, rows, T, H, HP, DH)
