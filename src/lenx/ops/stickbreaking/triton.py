@@ -42,11 +42,23 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _softplus_parts(z2):
+def _log2(x, HW: tl.constexpr):
+    """log2 of x in [1, 2]. HW: the hardware approximation (one MUFU op, absolute error ~2^-22 here);
+    tl.log2 compiles to a ~25-instruction software routine, which was half of the forward's
+    instructions per score. The interpreter (CPU tests) cannot run PTX, so it takes tl.log2."""
+    if HW:
+        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def _softplus_parts(z2, HW: tl.constexpr):
     """Base-2 pieces, z2 = z log2(e): (softplus(z) / ln 2, log2(1 + e^-|z|), e^-|z|); shared by
-    softplus, logsigmoid and sigmoid. exp2/log2 are the hardware's own (one MUFU op each)."""
+    softplus, logsigmoid and sigmoid: two MUFU ops (exp2, log2)."""
     e = tl.exp2(-tl.abs(z2))
-    l1 = tl.log2(1.0 + e)
+    l1 = _log2(1.0 + e, HW)
     return tl.maximum(z2, 0.0) + l1, l1, e
 
 
@@ -88,7 +100,8 @@ def _scan(x, M, REVERSE: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr
 
 @triton.jit
 def _sb_fwd_tile(q, kp, vp, acc, carry, U, rows, cols, T, qk_scale,
-                 CURRENT: tl.constexpr, MASK: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr):
+                 CURRENT: tl.constexpr, MASK: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
+                 HW: tl.constexpr):
     """One key tile, walking towards key 0. All sums in base-2 units (log2 of the weights)."""
     if MASK:
         cmask = cols < T
@@ -96,7 +109,7 @@ def _sb_fwd_tile(q, kp, vp, acc, carry, U, rows, cols, T, qk_scale,
     else:
         k = tl.load(kp)
     z = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    sp, l1, e = _softplus_parts(z)
+    sp, l1, e = _softplus_parts(z, HW)
     if MASK:
         if CURRENT:
             allowed = cols[None, :] <= rows[:, None]
@@ -122,7 +135,8 @@ def _sb_fwd(Q, K, V, O, REM, LTOT,
             sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
             T, qk_scale,
             H: tl.constexpr, DH: tl.constexpr, CURRENT: tl.constexpr,
-            BM: tl.constexpr, BN: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr):
+            BM: tl.constexpr, BN: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
+            HW: tl.constexpr):
     """One program: BM rows. The BM // BN tiles of the diagonal block (masked), then the tiles
     below it (no masks: padding rows compute garbage that is never stored). Heavy blocks first."""
     bh = tl.program_id(0)
@@ -144,20 +158,20 @@ def _sb_fwd(Q, K, V, O, REM, LTOT,
     for it in range(0, n_diag):
         n0 = m0 + (n_diag - 1 - it) * BN
         acc, carry = _sb_fwd_tile(q, kp + n0 * skt, vp + n0 * svt, acc, carry, U, rows, n0 + nn, T, qk_scale,
-                                  CURRENT, True, SCAN_MM, PREC)
+                                  CURRENT, True, SCAN_MM, PREC, HW)
     for it in range(0, m0 // BN):
         n0 = m0 - (it + 1) * BN
         acc, carry = _sb_fwd_tile(q, kp + n0 * skt, vp + n0 * svt, acc, carry, U, rows, n0 + nn, T, qk_scale,
-                                  CURRENT, False, SCAN_MM, PREC)
+                                  CURRENT, False, SCAN_MM, PREC, HW)
     tl.store(O + b * sob + h * soh + rows[:, None] * sot + dd[None, :], acc.to(O.dtype.element_ty), mask=rmask[:, None])
     tl.store(REM + bh * T + rows, tl.exp2(-carry.to(tl.float32)), mask=rmask)
     tl.store(LTOT + bh * T + rows, carry, mask=rmask)  # base 2
 
 
 @triton.jit
-def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, c, pre_sp, pre_g, dq, U, L, rows, cols, T, qk_scale, sm_scale,
+def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, pre_sp, pre_g, dq, U, L, rows, cols, T, qk_scale, sm_scale,
                  CURRENT: tl.constexpr, MASK: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
-                 ATOMICS: tl.constexpr):
+                 ATOMICS: tl.constexpr, HW: tl.constexpr):
     if MASK:
         cmask = cols < T
         k = tl.load(kp, mask=cmask[:, None], other=0.0)
@@ -166,7 +180,7 @@ def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, c, pre_sp, pre_g, dq, U, L, row
         k = tl.load(kp)
         v = tl.load(vp)
     z = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    sp, l1, e = _softplus_parts(z)
+    sp, l1, e = _softplus_parts(z, HW)
     if MASK:
         if CURRENT:
             allowed = cols[None, :] <= rows[:, None]
@@ -178,15 +192,15 @@ def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, c, pre_sp, pre_g, dq, U, L, row
     # softplus sum past this block (padding rows: total = +inf, so a = 0 there)
     after = (total - pre_sp - blk.to(tl.float64)).to(tl.float32)
     suffix = _scan(sp, U, True, SCAN_MM, PREC) + after[:, None]
-    a = tl.exp2(tl.minimum(z, 0.0) - l1 - suffix)
+    logsig = tl.minimum(z, 0.0) - l1  # log2 beta
+    a = tl.exp2(logsig - suffix)
     if MASK:
         a = tl.where(allowed, a, 0.0)
     da = tl.dot(do, tl.trans(v), input_precision=PREC)
     g = a * da
-    prefix = _scan(g, L, False, SCAN_MM, PREC) + pre_g[:, None]  # strict prefix sum of g
-    inv = tl.exp2(-l1)  # 1 / (1 + e^-|z|), one MUFU op instead of an IEEE division
-    beta = tl.where(z >= 0, inv, e * inv)
-    dz = g * (1.0 - beta) - beta * (prefix + c[:, None])
+    # strict prefix sum of g plus drem rem (pre_g starts at it)
+    prefix = _scan(g, L, False, SCAN_MM, PREC) + pre_g[:, None]
+    dz = g - tl.exp2(logsig) * (g + prefix)  # g (1 - beta) - beta (prefix + drem rem)
     if MASK:
         dz = tl.where(allowed, dz, 0.0)
     dq += tl.dot(dz.to(k.dtype), k, input_precision=PREC)
@@ -211,7 +225,7 @@ def _sb_bwd(Q, K, V, DO, DREM, REM, LTOT, DQ, DK, DV,
             T, qk_scale, sm_scale,
             H: tl.constexpr, DH: tl.constexpr, CURRENT: tl.constexpr,
             BM: tl.constexpr, BN: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
-            ATOMICS: tl.constexpr = True):
+            HW: tl.constexpr, ATOMICS: tl.constexpr = True):
     """One program: BM rows, key tiles from 0 up (no masks), then the diagonal block's (masked)."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -225,9 +239,9 @@ def _sb_bwd(Q, K, V, DO, DREM, REM, LTOT, DQ, DK, DV,
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=rmask[:, None], other=0.0)
     do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdt + dd[None, :], mask=rmask[:, None], other=0.0)
     total = tl.load(LTOT + bh * T + rows, mask=rmask, other=float("inf"))  # fp64, base 2
-    c = tl.load(DREM + bh * T + rows, mask=rmask, other=0.0) * tl.load(REM + bh * T + rows, mask=rmask, other=0.0)
     pre_sp = tl.zeros([BM], tl.float64)  # softplus sum over the keys before this block
-    pre_g = tl.zeros([BM], tl.float32)  # sum of g over the keys before this block
+    # drem rem plus the sum of g over the keys before this block
+    pre_g = tl.load(DREM + bh * T + rows, mask=rmask, other=0.0) * tl.load(REM + bh * T + rows, mask=rmask, other=0.0)
     dq = tl.zeros([BM, DH], tl.float32)
     U = _tri(BN, True, SCAN_MM, PREC)
     L = _tri(BN, False, SCAN_MM, PREC)
@@ -236,12 +250,12 @@ def _sb_bwd(Q, K, V, DO, DREM, REM, LTOT, DQ, DK, DV,
     kv = bh * T * DH + nn[:, None] * DH + dd[None, :]  # DK, DV: contiguous fp32 buffers
     for n0 in range(0, m0, BN):
         dq, pre_sp, pre_g = _sb_bwd_tile(q, do, kp + n0 * skt, vp + n0 * svt, DK + kv + n0 * DH, DV + kv + n0 * DH,
-                                         total, c, pre_sp, pre_g, dq, U, L, rows, n0 + nn, T, qk_scale, sm_scale,
-                                         CURRENT, False, SCAN_MM, PREC, ATOMICS)
+                                         total, pre_sp, pre_g, dq, U, L, rows, n0 + nn, T, qk_scale, sm_scale,
+                                         CURRENT, False, SCAN_MM, PREC, ATOMICS, HW)
     for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
         dq, pre_sp, pre_g = _sb_bwd_tile(q, do, kp + n0 * skt, vp + n0 * svt, DK + kv + n0 * DH, DV + kv + n0 * DH,
-                                         total, c, pre_sp, pre_g, dq, U, L, rows, n0 + nn, T, qk_scale, sm_scale,
-                                         CURRENT, True, SCAN_MM, PREC, ATOMICS)
+                                         total, pre_sp, pre_g, dq, U, L, rows, n0 + nn, T, qk_scale, sm_scale,
+                                         CURRENT, True, SCAN_MM, PREC, ATOMICS, HW)
     tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
 
 
@@ -273,7 +287,7 @@ class StickBreakingAttention(torch.autograd.Function):
         _sb_fwd[(B * H, triton.cdiv(T, BM))](
             q, k, v, out, rem, total, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
             T, DH ** -0.5 * LOG2E, H=H, DH=DH, CURRENT=bool(attend_current), BM=BM, BN=BN,
-            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=prec,
+            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=prec, HW=q.is_cuda,
             num_warps=nw, num_stages=ns)
         ctx.save_for_backward(q, k, v, rem, total)
         ctx.attend_current = bool(attend_current)
@@ -297,7 +311,7 @@ class StickBreakingAttention(torch.autograd.Function):
             q, k, v, dout, drem, rem, total, dq, dk, dv,
             *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
             T, DH ** -0.5 * LOG2E, DH ** -0.5, H=H, DH=DH, CURRENT=ctx.attend_current, BM=BM, BN=BN,
-            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=prec, ATOMICS=not _PROBE_NO_ATOMICS,
+            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=prec, HW=q.is_cuda, ATOMICS=not _PROBE_NO_ATOMICS,
             num_warps=nw, num_stages=ns)
         return dq, dk.to(k.dtype), dv.to(v.dtype), None
 
