@@ -225,10 +225,14 @@ def _sb_bwd(Q, K, V, DO, DREM, REM, LTOT, DQ, DK, DV,
             T, qk_scale, sm_scale,
             H: tl.constexpr, DH: tl.constexpr, CURRENT: tl.constexpr,
             BM: tl.constexpr, BN: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
-            HW: tl.constexpr, ATOMICS: tl.constexpr = True):
+            HW: tl.constexpr, HEADS_OUTER: tl.constexpr, ATOMICS: tl.constexpr = True):
     """One program: BM rows, key tiles from 0 up (no masks), then the diagonal block's (masked)."""
-    bh = tl.program_id(0)
-    pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
+    if HEADS_OUTER:  # grid (blocks, B H): the dK/dV atomics of few heads at a time stay in L2
+        bh = tl.program_id(1)
+        pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        bh = tl.program_id(0)
+        pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
     h = bh % H
     m0 = pid_m * BM
@@ -264,7 +268,7 @@ def _strides(x):
 
 
 # (BM, BN, num_warps, num_stages); BM a multiple of BN
-CONFIG = {"fwd": (64, 64, 4, 3), "bwd": (128, 64, 8, 2), "scan": ("mm16",)}
+CONFIG = {"fwd": (64, 32, 4, 3), "bwd": (128, 64, 8, 3), "scan": ("mm16",), "order": ("blocks",)}
 # in-block prefix/suffix sums: "mm" two bf16 tensor-core products (hi/lo split), "mm16" one fp16
 # product, "cumsum" tl.cumsum. H200, T 8192, fwd / fwd+bwd ms: cumsum 1.67 / 5.47 vs mm 1.01 / 3.69
 # in one run; mm 0.97 / 3.43 vs mm16 0.87 / 2.91 in a later one (results/bench/h200_session2_sweeps.json)
@@ -307,11 +311,14 @@ class StickBreakingAttention(torch.autograd.Function):
         cfg = CONFIG_FP32 if q.dtype == torch.float32 else CONFIG
         BM, BN, nw, ns = cfg["bwd"]
         prec = "ieee" if q.dtype == torch.float32 else "tf32"
-        _sb_bwd[(B * H, triton.cdiv(T, BM))](
+        heads_outer = cfg.get("order", ("blocks",))[0] == "heads"
+        grid = (triton.cdiv(T, BM), B * H) if heads_outer else (B * H, triton.cdiv(T, BM))
+        _sb_bwd[grid](
             q, k, v, dout, drem, rem, total, dq, dk, dv,
             *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
             T, DH ** -0.5 * LOG2E, DH ** -0.5, H=H, DH=DH, CURRENT=ctx.attend_current, BM=BM, BN=BN,
-            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=prec, HW=q.is_cuda, ATOMICS=not _PROBE_NO_ATOMICS,
+            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=prec, HW=q.is_cuda, HEADS_OUTER=heads_outer,
+            ATOMICS=not _PROBE_NO_ATOMICS,
             num_warps=nw, num_stages=ns)
         return dq, dk.to(k.dtype), dv.to(v.dtype), None
 
