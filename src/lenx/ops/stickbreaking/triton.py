@@ -54,12 +54,12 @@ def _log2(x, HW: tl.constexpr):
 
 
 @triton.jit
-def _softplus_parts(z2, HW: tl.constexpr):
-    """Base-2 pieces, z2 = z log2(e): (softplus(z) / ln 2, log2(1 + e^-|z|), e^-|z|); shared by
-    softplus, logsigmoid and sigmoid: two MUFU ops (exp2, log2)."""
-    e = tl.exp2(-tl.abs(z2))
-    l1 = _log2(1.0 + e, HW)
-    return tl.maximum(z2, 0.0) + l1, l1, e
+def _softplus_parts(qk, scale, HW: tl.constexpr):
+    """(softplus(z), logsigmoid(z)) in base 2 (divided by ln 2) for z = qk scale / log2(e), i.e.
+    scale = log2(e) / sqrt(d): two MUFU ops (exp2, log2); the scale is applied inside the other
+    operations (no separate multiply per score)."""
+    l1 = _log2(1.0 + tl.exp2(tl.abs(qk) * -scale), HW)  # log2(1 + e^-|z|)
+    return tl.maximum(qk, 0.0) * scale + l1, tl.minimum(qk, 0.0) * scale - l1
 
 
 @triton.jit
@@ -108,8 +108,7 @@ def _sb_fwd_tile(q, kp, vp, acc, carry, U, rows, cols, T, qk_scale,
         k = tl.load(kp, mask=cmask[:, None], other=0.0)
     else:
         k = tl.load(kp)
-    z = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    sp, l1, e = _softplus_parts(z, HW)
+    sp, logsig = _softplus_parts(tl.dot(q, tl.trans(k), input_precision=PREC), qk_scale, HW)
     if MASK:
         if CURRENT:
             allowed = cols[None, :] <= rows[:, None]
@@ -119,7 +118,7 @@ def _sb_fwd_tile(q, kp, vp, acc, carry, U, rows, cols, T, qk_scale,
         sp = tl.where(allowed, sp, 0.0)
     # strict suffix inside the block, plus the keys already walked
     suffix = _scan(sp, U, True, SCAN_MM, PREC) + carry.to(tl.float32)[:, None]
-    a = tl.exp2(tl.minimum(z, 0.0) - l1 - suffix)  # logsigmoid(z) = min(z, 0) - log(1 + e^-|z|)
+    a = tl.exp2(logsig - suffix)
     if MASK:
         a = tl.where(allowed, a, 0.0)
         v = tl.load(vp, mask=cmask[:, None], other=0.0)
@@ -179,8 +178,8 @@ def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, pre_sp, pre_g, dq, U, L, rows, 
     else:
         k = tl.load(kp)
         v = tl.load(vp)
-    z = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    sp, l1, e = _softplus_parts(z, HW)
+    da = tl.dot(do, tl.trans(v), input_precision=PREC)  # first: independent of the chain below
+    sp, logsig = _softplus_parts(tl.dot(q, tl.trans(k), input_precision=PREC), qk_scale, HW)
     if MASK:
         if CURRENT:
             allowed = cols[None, :] <= rows[:, None]
@@ -192,11 +191,9 @@ def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, pre_sp, pre_g, dq, U, L, rows, 
     # softplus sum past this block (padding rows: total = +inf, so a = 0 there)
     after = (total - pre_sp - blk.to(tl.float64)).to(tl.float32)
     suffix = _scan(sp, U, True, SCAN_MM, PREC) + after[:, None]
-    logsig = tl.minimum(z, 0.0) - l1  # log2 beta
     a = tl.exp2(logsig - suffix)
     if MASK:
         a = tl.where(allowed, a, 0.0)
-    da = tl.dot(do, tl.trans(v), input_precision=PREC)
     g = a * da
     # strict prefix sum of g plus drem rem (pre_g starts at it)
     prefix = _scan(g, L, False, SCAN_MM, PREC) + pre_g[:, None]
