@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 4, call 2 (one H200): stick-breaking GPU tests, the probe (atomics on/off), the
+# Session 4, calls 2-3 (one H200): stick-breaking GPU tests, the probe (atomics on/off), the
 # stick-breaking sweep (grid order: heads outer; stages; tiles) and the benchmark.
 # Usage (repository root on the device): bash results/bench/device_session4b.sh COMMIT
 export PYTHONPATH=src PYTHONUNBUFFERED=1
