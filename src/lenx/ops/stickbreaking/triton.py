@@ -63,12 +63,16 @@ def _softplus_parts(qk, scale, HW: tl.constexpr):
 
 
 @triton.jit
-def _tri(BN: tl.constexpr, UPPER: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr):
-    """[BN, BN] 0/1 matrix: M[a, c] = 1 where a > c (UPPER: x @ M = strict suffix sums of x's rows)
-    or a < c (x @ M = strict prefix sums)."""
+def _tri(BN: tl.constexpr, UPPER: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
+         INCL: tl.constexpr = False):
+    """[BN, BN] 0/1 matrix: M[a, c] = 1 where a > c (UPPER: x @ M = strict suffix sums of x's rows;
+    INCL: a >= c, inclusive suffix sums) or a < c (x @ M = strict prefix sums)."""
     a = tl.arange(0, BN)[:, None]
     c = tl.arange(0, BN)[None, :]
-    m = tl.where((a > c) if UPPER else (a < c), 1.0, 0.0)
+    if INCL:
+        m = tl.where(a >= c, 1.0, 0.0)
+    else:
+        m = tl.where((a > c) if UPPER else (a < c), 1.0, 0.0)
     if PREC != "ieee":
         if SCAN_MM == 2:
             m = m.to(tl.float16)
@@ -101,14 +105,15 @@ def _scan(x, M, REVERSE: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr
 @triton.jit
 def _sb_fwd_tile(q, kp, vp, acc, carry, U, rows, cols, T, qk_scale,
                  CURRENT: tl.constexpr, MASK: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
-                 HW: tl.constexpr):
+                 HW: tl.constexpr, INCL: tl.constexpr):
     """One key tile, walking towards key 0. All sums in base-2 units (log2 of the weights)."""
     if MASK:
         cmask = cols < T
         k = tl.load(kp, mask=cmask[:, None], other=0.0)
     else:
         k = tl.load(kp)
-    sp, logsig = _softplus_parts(tl.dot(q, tl.trans(k), input_precision=PREC), qk_scale, HW)
+    qk = tl.dot(q, tl.trans(k), input_precision=PREC)
+    sp, logsig = _softplus_parts(qk, qk_scale, HW)
     if MASK:
         if CURRENT:
             allowed = cols[None, :] <= rows[:, None]
@@ -116,9 +121,12 @@ def _sb_fwd_tile(q, kp, vp, acc, carry, U, rows, cols, T, qk_scale,
             allowed = cols[None, :] < rows[:, None]
         allowed = allowed & cmask[None, :] & (rows < T)[:, None]
         sp = tl.where(allowed, sp, 0.0)
-    # strict suffix inside the block, plus the keys already walked
+    # suffix inside the block (U: strict, or INCL: inclusive), plus the keys already walked
     suffix = _scan(sp, U, True, SCAN_MM, PREC) + carry.to(tl.float32)[:, None]
-    a = tl.exp2(logsig - suffix)
+    if INCL:  # logsigmoid(z) = z - softplus(z): log2 A = z - inclusive suffix
+        a = tl.exp2(qk * qk_scale - suffix)
+    else:
+        a = tl.exp2(logsig - suffix)
     if MASK:
         a = tl.where(allowed, a, 0.0)
         v = tl.load(vp, mask=cmask[:, None], other=0.0)
@@ -135,7 +143,7 @@ def _sb_fwd(Q, K, V, O, REM, LTOT,
             T, qk_scale,
             H: tl.constexpr, DH: tl.constexpr, CURRENT: tl.constexpr,
             BM: tl.constexpr, BN: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
-            HW: tl.constexpr):
+            HW: tl.constexpr, INCL: tl.constexpr):
     """One program: BM rows. The BM // BN tiles of the diagonal block (masked), then the tiles
     below it (no masks: padding rows compute garbage that is never stored). Heavy blocks first."""
     bh = tl.program_id(0)
@@ -152,16 +160,16 @@ def _sb_fwd(Q, K, V, O, REM, LTOT,
     vp = V + b * svb + h * svh + nn[:, None] * svt + dd[None, :]
     acc = tl.zeros([BM, DH], tl.float32)
     carry = tl.zeros([BM], tl.float64)  # softplus sum over the keys already walked (nearer the diagonal)
-    U = _tri(BN, True, SCAN_MM, PREC)
+    U = _tri(BN, True, SCAN_MM, PREC, INCL)
     n_diag = tl.cdiv(tl.minimum(m0 + BM, T) - m0, BN)
     for it in range(0, n_diag):
         n0 = m0 + (n_diag - 1 - it) * BN
         acc, carry = _sb_fwd_tile(q, kp + n0 * skt, vp + n0 * svt, acc, carry, U, rows, n0 + nn, T, qk_scale,
-                                  CURRENT, True, SCAN_MM, PREC, HW)
+                                  CURRENT, True, SCAN_MM, PREC, HW, INCL)
     for it in range(0, m0 // BN):
         n0 = m0 - (it + 1) * BN
         acc, carry = _sb_fwd_tile(q, kp + n0 * skt, vp + n0 * svt, acc, carry, U, rows, n0 + nn, T, qk_scale,
-                                  CURRENT, False, SCAN_MM, PREC, HW)
+                                  CURRENT, False, SCAN_MM, PREC, HW, INCL)
     tl.store(O + b * sob + h * soh + rows[:, None] * sot + dd[None, :], acc.to(O.dtype.element_ty), mask=rmask[:, None])
     tl.store(REM + bh * T + rows, tl.exp2(-carry.to(tl.float32)), mask=rmask)
     tl.store(LTOT + bh * T + rows, carry, mask=rmask)  # base 2
@@ -265,7 +273,8 @@ def _strides(x):
 
 
 # (BM, BN, num_warps, num_stages); BM a multiple of BN
-CONFIG = {"fwd": (64, 32, 4, 3), "bwd": (128, 64, 8, 3), "scan": ("mm16",), "order": ("blocks",)}
+CONFIG = {"fwd": (64, 64, 4, 3), "bwd": (128, 64, 8, 3), "scan": ("mm16",), "order": ("blocks",),
+          "suffix": ("strict",)}
 # in-block prefix/suffix sums: "mm" two bf16 tensor-core products (hi/lo split), "mm16" one fp16
 # product, "cumsum" tl.cumsum. H200, T 8192, fwd / fwd+bwd ms: cumsum 1.67 / 5.47 vs mm 1.01 / 3.69
 # in one run; mm 0.97 / 3.43 vs mm16 0.87 / 2.91 in a later one (results/bench/h200_session2_sweeps.json)
@@ -289,7 +298,7 @@ class StickBreakingAttention(torch.autograd.Function):
             q, k, v, out, rem, total, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
             T, DH ** -0.5 * LOG2E, H=H, DH=DH, CURRENT=bool(attend_current), BM=BM, BN=BN,
             SCAN_MM=_SCANS[cfg["scan"][0]], PREC=prec, HW=q.is_cuda,
-            num_warps=nw, num_stages=ns)
+            INCL=cfg.get("suffix", ("strict",))[0] == "inclusive", num_warps=nw, num_stages=ns)
         ctx.save_for_backward(q, k, v, rem, total)
         ctx.attend_current = bool(attend_current)
         ctx.mark_non_differentiable(total)
