@@ -290,11 +290,11 @@ def bench_markdown(result) -> str:
 # (the empty candidate: the defaults themselves); the fastest per kernel is kept.
 SWEEP = {
     "kerple": [{}, {"dq": (64, 64, 4, 3)}],
-    "stickbreaking": [{}, {"suffix": ("inclusive",)}, {"suffix": ("inclusive",), "fwd": (64, 32, 4, 4)}],
+    "stickbreaking": [{}, {"fwd": (64, 64, 4, 3)}, {"bwd": (128, 64, 8, 2)}, {"scan": ("mm",)}],
     "dapev2-kerple": [(16, 32, 8, 1)],
 }
 _BWD_KEYS = {"kerple": ("dkdv", "dq"), "stickbreaking": ("bwd",)}
-_BOTH_KEYS = {"stickbreaking": ("scan", "order", "suffix"), "kerple": ("band", "dkdv_band")}  # chosen by forward+backward time
+_BOTH_KEYS = {"stickbreaking": ("scan",), "kerple": ("band", "dkdv_band")}  # chosen by forward+backward time
 
 
 def _tile_module(method):
