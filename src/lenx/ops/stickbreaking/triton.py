@@ -183,7 +183,7 @@ def _sb_fwd(Q, K, V, O, REM, LTOT,
 @triton.jit
 def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, pre_sp, pre_g, dq, U, L, rows, cols, T, qk_scale, sm_scale,
                  CURRENT: tl.constexpr, MASK: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
-                 ATOMICS: tl.constexpr, HW: tl.constexpr, DKV_T: tl.constexpr):
+                 ATOMICS: tl.constexpr, HW: tl.constexpr):
     if MASK:
         cmask = cols < T
         k = tl.load(kp, mask=cmask[:, None], other=0.0)
@@ -214,18 +214,13 @@ def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, pre_sp, pre_g, dq, U, L, rows, 
     if MASK:
         dz = tl.where(allowed, dz, 0.0)
     dq += tl.dot(dz.to(k.dtype), k, input_precision=PREC)
-    if DKV_T:  # [DH, BN] products: dz and a are B operands as they are (no transposes)
-        dk_part = tl.dot(tl.trans(q), dz.to(q.dtype), input_precision=PREC) * sm_scale
-        dv_part = tl.dot(tl.trans(do), a.to(do.dtype), input_precision=PREC)
-    else:
-        dk_part = tl.dot(tl.trans(dz).to(q.dtype), q, input_precision=PREC) * sm_scale
-        dv_part = tl.dot(tl.trans(a).to(do.dtype), do, input_precision=PREC)
+    dk_part = tl.dot(tl.trans(dz).to(q.dtype), q, input_precision=PREC) * sm_scale
+    dv_part = tl.dot(tl.trans(a).to(do.dtype), do, input_precision=PREC)
     if not ATOMICS:  # timing probe only (lenx.bench --probe): the cost of the atomic adds
-        dq += (tl.sum(dk_part, 1 if DKV_T else 0) + tl.sum(dv_part, 1 if DKV_T else 0))[None, :] * 1e-30
+        dq += (tl.sum(dk_part, 0) + tl.sum(dv_part, 0))[None, :] * 1e-30
     elif MASK:
-        km = cmask[None, :] if DKV_T else cmask[:, None]
-        tl.atomic_add(DKP, dk_part, mask=km, sem="relaxed")
-        tl.atomic_add(DVP, dv_part, mask=km, sem="relaxed")
+        tl.atomic_add(DKP, dk_part, mask=cmask[:, None], sem="relaxed")
+        tl.atomic_add(DVP, dv_part, mask=cmask[:, None], sem="relaxed")
     else:
         tl.atomic_add(DKP, dk_part, sem="relaxed")
         tl.atomic_add(DVP, dv_part, sem="relaxed")
@@ -240,7 +235,7 @@ def _sb_bwd(Q, K, V, DO, DREM, REM, LTOT, DQ, DK, DV,
             T, qk_scale, sm_scale,
             H: tl.constexpr, DH: tl.constexpr, CURRENT: tl.constexpr,
             BM: tl.constexpr, BN: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
-            HW: tl.constexpr, DKV_T: tl.constexpr, ATOMICS: tl.constexpr = True):
+            HW: tl.constexpr, ATOMICS: tl.constexpr = True):
     """One program: BM rows, key tiles from 0 up (no masks), then the diagonal block's (masked)."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -262,18 +257,15 @@ def _sb_bwd(Q, K, V, DO, DREM, REM, LTOT, DQ, DK, DV,
     L = _tri(BN, "prefix", SCAN_MM, PREC)
     kp = K + b * skb + h * skh + nn[:, None] * skt + dd[None, :]
     vp = V + b * svb + h * svh + nn[:, None] * svt + dd[None, :]
-    if DKV_T:  # DK, DV: contiguous fp32 buffers
-        kv = bh * T * DH + nn[None, :] * DH + dd[:, None]
-    else:
-        kv = bh * T * DH + nn[:, None] * DH + dd[None, :]
+    kv = bh * T * DH + nn[:, None] * DH + dd[None, :]  # DK, DV: contiguous fp32 buffers
     for n0 in range(0, m0, BN):
         dq, pre_sp, pre_g = _sb_bwd_tile(q, do, kp + n0 * skt, vp + n0 * svt, DK + kv + n0 * DH, DV + kv + n0 * DH,
                                          total, pre_sp, pre_g, dq, U, L, rows, n0 + nn, T, qk_scale, sm_scale,
-                                         CURRENT, False, SCAN_MM, PREC, ATOMICS, HW, DKV_T)
+                                         CURRENT, False, SCAN_MM, PREC, ATOMICS, HW)
     for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
         dq, pre_sp, pre_g = _sb_bwd_tile(q, do, kp + n0 * skt, vp + n0 * svt, DK + kv + n0 * DH, DV + kv + n0 * DH,
                                          total, pre_sp, pre_g, dq, U, L, rows, n0 + nn, T, qk_scale, sm_scale,
-                                         CURRENT, True, SCAN_MM, PREC, ATOMICS, HW, DKV_T)
+                                         CURRENT, True, SCAN_MM, PREC, ATOMICS, HW)
     tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
 
 
@@ -328,8 +320,7 @@ class StickBreakingAttention(torch.autograd.Function):
             q, k, v, dout, drem, rem, total, dq, dk, dv,
             *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
             T, DH ** -0.5 * LOG2E, DH ** -0.5, H=H, DH=DH, CURRENT=ctx.attend_current, BM=BM, BN=BN,
-            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=prec, HW=q.is_cuda,
-            DKV_T=cfg.get("dkv", ("keys_rows",))[0] == "dh_rows", ATOMICS=not _PROBE_NO_ATOMICS,
+            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=prec, HW=q.is_cuda, ATOMICS=not _PROBE_NO_ATOMICS,
             num_warps=nw, num_stages=ns)
         return dq, dk.to(k.dtype), dv.to(v.dtype), None
 
