@@ -78,7 +78,7 @@ def _conv_weights(W1, W2, CP: tl.constexpr, DP: tl.constexpr, HP: tl.constexpr, 
 def _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
             H: tl.constexpr, HP: tl.constexpr, CP: tl.constexpr, DP: tl.constexpr, KS: tl.constexpr,
             HAS_BIAS: tl.constexpr, BM: tl.constexpr, BNW: tl.constexpr, PREC: tl.constexpr,
-            CPREC: tl.constexpr, w1s=(), w2s=(), PRELOAD: tl.constexpr = False):
+            CPREC: tl.constexpr, w1s, w2s, PRELOAD: tl.constexpr):
     """Processed scores of rows x window keys ws .. ws + BNW - 1 for all heads.
 
     q3 [HP, BM, DH], k3 [HP, BNW, DH]. Returns X [M, CP] (conv1 input), y [BM, BNW, DP] (conv1
@@ -274,7 +274,7 @@ def _dape_bwd_dq(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DQ, DTAB, GW1, GB
         k3 = _load_heads(K, b, skb, skh, skt, keys, T, H, HP, DH)
         v3 = _load_heads(V, b, svb, svh, svt, keys, T, H, HP, DH)
         X, y, zf, s, kin, xm, valid = _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
-                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC)
+                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC, (), (), False)
         p, dS, dB, b1g, b2g = _window_grad(X, y, zf, s, kin, xm, _dp(do3, v3, PREC), lse, delta, W1, W2,
                                            GW1, GW2, HP, CP, DP, KS, HAS_BIAS, BM, BNW, CPREC, True)
         gb1 += b1g
@@ -339,7 +339,7 @@ def _dape_bwd_dkdv(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DK, DV,
                 v3 = _load_heads(V, b, svb, svh, svt, keys, T, H, HP, DH)
             dp = _dp(do3, v3, PREC)  # before the conv, so V's tile is dead during it
         X, y, zf, s, kin, xm, valid = _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
-                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC)
+                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC, (), (), False)
         if WANT_DK:
             p, dS, dB, b1g, b2g = _window_grad(X, y, zf, s, kin, xm, dp, lse, delta, W1, W2, W1, W2,
                                                HP, CP, DP, KS, HAS_BIAS, BM, BNW, CPREC, False)
