@@ -54,31 +54,10 @@ def _cdot(a, b, CPREC: tl.constexpr):
 
 
 @triton.jit
-def _conv_weights(W1, W2, CP: tl.constexpr, DP: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
-                  CPREC: tl.constexpr):
-    """The conv taps as tuples of matmul operands (W1_t [CP, DP], W2_t [DP, HP]), loaded once per
-    program (bf16 when the conv matmuls take bf16 operands)."""
-    cc = tl.arange(0, CP)
-    ee = tl.arange(0, DP)
-    hh = tl.arange(0, HP)
-    w1s = ()
-    w2s = ()
-    for t in tl.static_range(KS):
-        w1 = tl.load(W1 + t * CP * DP + cc[:, None] * DP + ee[None, :])
-        w2 = tl.load(W2 + t * DP * HP + ee[:, None] * HP + hh[None, :])
-        if CPREC == "bf16":
-            w1 = w1.to(tl.bfloat16)
-            w2 = w2.to(tl.bfloat16)
-        w1s = w1s + (w1,)
-        w2s = w2s + (w2,)
-    return w1s, w2s
-
-
-@triton.jit
 def _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
             H: tl.constexpr, HP: tl.constexpr, CP: tl.constexpr, DP: tl.constexpr, KS: tl.constexpr,
             HAS_BIAS: tl.constexpr, BM: tl.constexpr, BNW: tl.constexpr, PREC: tl.constexpr,
-            CPREC: tl.constexpr, w1s, w2s, PRELOAD: tl.constexpr):
+            CPREC: tl.constexpr):
     """Processed scores of rows x window keys ws .. ws + BNW - 1 for all heads.
 
     q3 [HP, BM, DH], k3 [HP, BNW, DH]. Returns X [M, CP] (conv1 input), y [BM, BNW, DP] (conv1
@@ -106,25 +85,17 @@ def _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
         base = S
     # conv1, tap t: y[w] += (X @ W1_t)[w + t - HALF]
     y = tl.zeros((BM, BNW, DP), tl.float32)
-    if PRELOAD:  # taps unrolled, weights from the program's registers / shared memory
-        for t in tl.static_range(KS):
-            y += _shift(tl.reshape(_cdot(X, w1s[t], CPREC), (BM, BNW, DP)), t - HALF, BM, BNW, DP, CPREC)
-    else:
-        for t in range(KS):
-            w1 = tl.load(W1 + t * CP * DP + cc[:, None] * DP + ee[None, :])
-            y += _shift(tl.reshape(_cdot(X, w1, CPREC), (BM, BNW, DP)), t - HALF, BM, BNW, DP, CPREC)
+    for t in range(KS):
+        w1 = tl.load(W1 + t * CP * DP + cc[:, None] * DP + ee[None, :])
+        y += _shift(tl.reshape(_cdot(X, w1, CPREC), (BM, BNW, DP)), t - HALF, BM, BNW, DP, CPREC)
     y += tl.load(B1 + ee)[None, None, :]
     z = tl.where(y > 0, y, 0.01 * y)
     z = tl.where(kin[None, :, None], z, 0.0)  # conv2's zero padding outside [0, T)
     zf = tl.reshape(z, (BM * BNW, DP))
     f = tl.zeros((BM, BNW, HP), tl.float32)
-    if PRELOAD:
-        for t in tl.static_range(KS):
-            f += _shift(tl.reshape(_cdot(zf, w2s[t], CPREC), (BM, BNW, HP)), t - HALF, BM, BNW, HP, CPREC)
-    else:
-        for t in range(KS):
-            w2 = tl.load(W2 + t * DP * HP + ee[:, None] * HP + hh[None, :])
-            f += _shift(tl.reshape(_cdot(zf, w2, CPREC), (BM, BNW, HP)), t - HALF, BM, BNW, HP, CPREC)
+    for t in range(KS):
+        w2 = tl.load(W2 + t * DP * HP + ee[:, None] * HP + hh[None, :])
+        f += _shift(tl.reshape(_cdot(zf, w2, CPREC), (BM, BNW, HP)), t - HALF, BM, BNW, HP, CPREC)
     s = base + f + tl.load(B2 + hh)[None, None, :]
     inner = (ww >= 2 * HALF) & (ww < BNW - 2 * HALF)
     valid = xm & inner[None, :]
@@ -155,14 +126,13 @@ def _dape_fwd(Q, K, V, TAB, W1, B1, W2, B2, O, LSE,
               T, scale,
               H: tl.constexpr, HP: tl.constexpr, DH: tl.constexpr, CP: tl.constexpr, DP: tl.constexpr,
               KS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BNW: tl.constexpr,
-              PREC: tl.constexpr, CPREC: tl.constexpr, PRELOAD: tl.constexpr = False):
+              PREC: tl.constexpr, CPREC: tl.constexpr):
     HALF: tl.constexpr = KS // 2
     STEP: tl.constexpr = BNW - 4 * HALF
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) query blocks first: no long tail
     b = tl.program_id(1)
     rows = pid_m * BM + tl.arange(0, BM)
     q3 = _load_heads(Q, b, sqb, sqh, sqt, rows, T, H, HP, DH)
-    w1s, w2s = _conv_weights(W1, W2, CP, DP, HP, KS, CPREC)
     m_i = tl.full([BM, HP], -1e30, tl.float32)  # finite: padding rows see no key at all
     l_i = tl.zeros([BM, HP], tl.float32)
     acc = tl.zeros([HP, BM, DH], tl.float32)
@@ -171,8 +141,7 @@ def _dape_fwd(Q, K, V, TAB, W1, B1, W2, B2, O, LSE,
         keys = ws + tl.arange(0, BNW)
         k3 = _load_heads(K, b, skb, skh, skt, keys, T, H, HP, DH)
         X, y, zf, s, kin, xm, valid = _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
-                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC,
-                                              w1s, w2s, PRELOAD)
+                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None, :])
@@ -274,7 +243,7 @@ def _dape_bwd_dq(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DQ, DTAB, GW1, GB
         k3 = _load_heads(K, b, skb, skh, skt, keys, T, H, HP, DH)
         v3 = _load_heads(V, b, svb, svh, svt, keys, T, H, HP, DH)
         X, y, zf, s, kin, xm, valid = _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
-                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC, (), (), False)
+                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC)
         p, dS, dB, b1g, b2g = _window_grad(X, y, zf, s, kin, xm, _dp(do3, v3, PREC), lse, delta, W1, W2,
                                            GW1, GW2, HP, CP, DP, KS, HAS_BIAS, BM, BNW, CPREC, True)
         gb1 += b1g
@@ -339,7 +308,7 @@ def _dape_bwd_dkdv(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DK, DV,
                 v3 = _load_heads(V, b, svb, svh, svt, keys, T, H, HP, DH)
             dp = _dp(do3, v3, PREC)  # before the conv, so V's tile is dead during it
         X, y, zf, s, kin, xm, valid = _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
-                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC, (), (), False)
+                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC)
         if WANT_DK:
             p, dS, dB, b1g, b2g = _window_grad(X, y, zf, s, kin, xm, dp, lse, delta, W1, W2, W1, W2,
                                                HP, CP, DP, KS, HAS_BIAS, BM, BNW, CPREC, False)
@@ -371,7 +340,6 @@ def _pow2(n: int, least: int = 16) -> int:
 # shared memory; one pipeline stage for the same reason. Measured: lenx.bench.tile_sweep and the
 # offline sm_90 compiles in notes/kernels.md.
 DKDV_ONE_PASS_MAX = 16 * 16 * 64  # HP * BNW * DH up to which dK and dV share one pass
-PRELOAD_WEIGHTS = False  # forward: conv taps unrolled with the weights loaded once per program
 TILES = {
     "k3": (16, 32, 8, 1),  # k <= 3, hidden <= 32, bf16 conv operands (the common case)
     "k3_big": (16, 16, 8, 1),  # k <= 3 with hidden 64, tf32 or fp32 conv operands
@@ -428,8 +396,7 @@ class DapeV2Attention(torch.autograd.Function):
         BM, BNW, nw, ns = _config(ks, sh["DP"], cprec)
         _dape_fwd[(triton.cdiv(T, BM), B)](
             q, k, v, tab, W1, B1, W2, B2, out, lse, *_st(q), *_st(k), *_st(v), *_st(out), T, DH ** -0.5,
-            DH=DH, HAS_BIAS=has_bias, BM=BM, BNW=BNW, PREC=prec, CPREC=cprec, PRELOAD=PRELOAD_WEIGHTS,
-            num_warps=nw, num_stages=ns, **sh)
+            DH=DH, HAS_BIAS=has_bias, BM=BM, BNW=BNW, PREC=prec, CPREC=cprec, num_warps=nw, num_stages=ns, **sh)
         ctx.save_for_backward(q, k, v, tab, W1, B1, W2, B2, out, lse)
         ctx.meta = (has_bias, D, ks, cprec, w1.dtype, b1.dtype, w2.dtype, b2.dtype)
         return out
