@@ -129,9 +129,11 @@ def run_biased(B, H, T, d, kind, dtype, tol=None):
             tol or tolerance(dtype), floors)
 
 
-def run_sb(B, H, T, d, attend_current, dtype):
+def run_sb(B, H, T, d, attend_current, dtype, q_scale=1.0):
     torch.manual_seed(0)
     q, k, v = (leaf(B, H, T, d, dtype=dtype) for _ in range(3))
+    if q_scale != 1.0:  # larger logits: the fp16 in-block scan rounds large softplus values
+        q = (q.detach().float() * q_scale).to(dtype).requires_grad_()
     do = torch.randn(B, H, T, d, device=DEVICE)
     drem = torch.randn(B, H, T, device=DEVICE)
     out, rem = sb_mod.stickbreaking_triton(q, k, v, attend_current)
@@ -140,7 +142,8 @@ def run_sb(B, H, T, d, attend_current, dtype):
     refs = [fp32_copy(x) for x in (q, k, v)]
     ref, ref_rem = stickbreaking_reference(*refs, attend_current)
     ref_grads = torch.autograd.grad((ref, ref_rem), refs, (do, drem))
-    compare(f"stickbreaking B{B} H{H} T{T} d{d} current={attend_current} {dtype}", [out, rem, *grads],
+    scaled = f" q x{q_scale:g}" if q_scale != 1.0 else ""
+    compare(f"stickbreaking B{B} H{H} T{T} d{d} current={attend_current}{scaled} {dtype}", [out, rem, *grads],
             [ref, ref_rem, *ref_grads], ["out", "rem", "dq", "dk", "dv"], tolerance(dtype))
 
 
@@ -324,6 +327,12 @@ def test_gpu_stickbreaking(T, attend_current):
 @pytest.mark.parametrize("d", [32, 128])
 def test_gpu_stickbreaking_head_dims(d):
     run_sb(2, 4, 1000, d, False, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("q_scale", [4.0, 8.0])
+def test_gpu_stickbreaking_large_logits(q_scale):
+    run_sb(1, 12, 2048, 64, False, torch.bfloat16, q_scale)
 
 
 @pytest.mark.gpu
