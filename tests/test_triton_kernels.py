@@ -129,6 +129,28 @@ def run_biased(B, H, T, d, kind, dtype, tol=None):
             tol or tolerance(dtype), floors)
 
 
+def run_biased_kerple_params(B, H, T, d, dtype):
+    """The Kerple mode: r1 and r2 get their gradients from the kernel directly (no table
+    gradient); one head's r1 sits below the clamp, so its gradient must be exactly zero."""
+    torch.manual_seed(0)
+    q, k, v = (leaf(B, H, T, d, dtype=dtype) for _ in range(3))
+    bias = KerpleLog(H).to(DEVICE)
+    with torch.no_grad():
+        bias.r1[0] = 1e-3
+    do = torch.randn(B, H, T, d, device=DEVICE)
+    params = [bias.r1, bias.r2]
+    out = biased_mod.biased_attention(q, k, v, bias.table(T, DEVICE), bias.clamped())
+    grads = torch.autograd.grad(out, [q, k, v] + params, do.to(dtype))
+    refs = [fp32_copy(x) for x in (q, k, v)]
+    ref, _ = dense_attention(*refs, Parts(None, bias, None, Softmax()))
+    ref_grads = torch.autograd.grad(ref, refs + params, do)
+    assert grads[3][0] == 0 and ref_grads[3][0] == 0
+    names = ["out", "dq", "dk", "dv", "dr1", "dr2"]
+    floors = one_key_floors(names, ref_grads[2]) if T == 1 else {}
+    compare(f"biased kerple params B{B} H{H} T{T} d{d} {dtype}", [out, *grads], [ref, *ref_grads], names,
+            tolerance(dtype), floors)
+
+
 def run_sb(B, H, T, d, attend_current, dtype, q_scale=1.0):
     torch.manual_seed(0)
     q, k, v = (leaf(B, H, T, d, dtype=dtype) for _ in range(3))
@@ -194,6 +216,11 @@ def run_dape(B, H, T, d, ks, D, kind, dtype, conv_precision="bf16"):
 @pytest.mark.parametrize("kind", ["kerple", None])
 def test_biased_small(T, kind):
     run_biased(2, 2, T, 16, kind, torch.float32)
+
+
+@pytest.mark.parametrize("T", [1, 17, 40])
+def test_biased_small_kerple_params(T):
+    run_biased_kerple_params(2, 3, T, 16, torch.float32)
 
 
 def test_biased_small_t5_alibi():
@@ -268,7 +295,8 @@ def test_causal(kernel):
 
 @pytest.mark.parametrize("case", ["kerple", "dapev2-kerple", "stickbreaking"])
 def test_triton_attention_routes_and_trains_bias_params(case):
-    """lenx.ops.triton_attention with module parts: the bias table's gradient reaches Kerple's r1, r2."""
+    """lenx.ops.triton_attention with module parts: Kerple's r1, r2 get their gradients (from the kernel
+    directly: the Kerple mode), and so do the DAPE V2 convs."""
     torch.manual_seed(0)
     B, H, T, d = 1, 2, 23, 16
     q, k, v = (torch.randn(B, H, T, d, device=DEVICE, requires_grad=True) for _ in range(3))
@@ -303,6 +331,12 @@ def batch_for(T):
 @pytest.mark.parametrize("T", GPU_T)
 def test_gpu_biased_kerple(T):
     run_biased(batch_for(T), 12, T, 64, "kerple", torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", GPU_T)
+def test_gpu_biased_kerple_params(T):
+    run_biased_kerple_params(batch_for(T), 12, T, 64, torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -395,7 +395,8 @@ def tile_sweep(T: int = 8192, check_T: int = 1024, heads: int = 12, head_dim: in
 def probe_table_grad(T: int = 8192, heads: int = 12, head_dim: int = 64, log=print) -> dict:
     """Timings at length T, bf16, straight through the kernels (no module): the bias-only kernel's
     forward with and without a bias, and forward+backward with and without the table gradient (the
-    per-diagonal sums and their atomic adds) and with no bias; stick-breaking forward and
+    per-diagonal sums and their atomic adds) and with no bias; a Kerple log module's r1, r2
+    gradients through the table gradient or straight from the kernel; stick-breaking forward and
     forward+backward, also with its atomic adds left out (wrong dK/dV: timing only); fused SDPA."""
     from .ops.dape_v2.biased import biased_attention
 
@@ -416,6 +417,15 @@ def probe_table_grad(T: int = 8192, heads: int = 12, head_dim: int = 64, log=pri
         ctx = torch.no_grad() if name.startswith("fwd_") or name == "fwd" else torch.enable_grad()
         with ctx:
             out[name] = _median_ms(fn, 25, 200, 50, leaves)[0]
+    from .attention.kerple import KerpleLog
+
+    # a Kerple log module: its r1, r2 gradients through the table gradient or straight from the kernel
+    kb = KerpleLog(heads).to(device)
+    kl = (q, k, v, kb.r1, kb.r2)
+    for name, kerple in [("fwdbwd_kerple_via_table", False), ("fwdbwd_kerple_params", True)]:
+        fn = (lambda kerple=kerple: biased_attention(q, k, v, kb.table(T, device), kb.clamped() if kerple else None)
+              .backward(g))
+        out[name] = _median_ms(fn, 25, 200, 50, kl)[0]
     from .ops.stickbreaking import triton as sb
 
     for name, fn, leaves in [

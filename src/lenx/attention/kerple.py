@@ -15,10 +15,13 @@ class KerpleLog(DistanceBias):
         self.r1 = nn.Parameter(torch.rand(num_heads) * 2)
         self.r2 = nn.Parameter(torch.rand(num_heads))
 
+    def clamped(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(r1, r2) as used, [H] each: the fused kernel takes them to give their gradients directly."""
+        return self.r1.clamp(min=self.eps), self.r2.clamp(min=self.eps)
+
     def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
         shape = (-1,) + (1,) * dist.dim()
-        r1 = self.r1.clamp(min=self.eps).view(shape)
-        r2 = self.r2.clamp(min=self.eps).view(shape)
+        r1, r2 = (x.view(shape) for x in self.clamped())
         return -r1 * torch.log1p(r2 * dist.to(r1.dtype))
 
 

@@ -63,9 +63,12 @@ def triton_attention(q, k, v, parts: Parts):
         from .dape_v2.triton import dape_v2_triton
 
         return dape_v2_triton(q, k, v, parts.processor, table), None
+    from ..attention.kerple import KerpleLog
     from .dape_v2.biased import biased_attention
 
-    return biased_attention(q, k, v, table), None
+    # Kerple log: the kernel gives r1, r2 their gradients directly (no per-distance table gradient)
+    kerple = parts.bias.clamped() if isinstance(parts.bias, KerpleLog) and parts.bias.causal else None
+    return biased_attention(q, k, v, table, kerple), None
 
 
 def stickbreaking_attention(q, k, v, attend_current: bool = False, backend: str = "auto", chunk_size: int = 256):

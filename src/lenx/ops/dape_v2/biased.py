@@ -12,11 +12,14 @@ table gradient is summed per diagonal inside a tile first, by rotating each row 
 issues ~BM + BN atomic adds instead of BM * BN). notes/kernels.md has the measurements.
 """
 
+import math
 import os
 
 import torch
 import triton
 import triton.language as tl
+
+from .. import fastmath
 
 # Debug switch for the tests: outputs that would be torch.empty start as NaN instead, so an element
 # the kernel forgets to write fails the comparison.
@@ -233,10 +236,10 @@ def _bias_bwd_dkdv(Q, K, V, BAND, OFF, DO, LSE, DELTA, DK, DV,
 
 
 @triton.jit
-def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, rows_c, cols, m0, n0, T, qk_scale,
-             HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, MASK: tl.constexpr,
+def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, g1, g2, r2, rows_c, cols, m0, n0, T, qk_scale,
+             HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, KERPLE: tl.constexpr, MASK: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, RES16: tl.constexpr,
-             PREC: tl.constexpr):
+             PREC: tl.constexpr, HW: tl.constexpr):
     if MASK:
         cmask = cols < T
         k = tl.load(kp, mask=cmask[:, None], other=0.0)
@@ -245,14 +248,13 @@ def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, rows_c, cols,
         k = tl.load(kp)
         v = tl.load(vp)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    if HAS_BIAS:
+        bias = _band_tile(band_t, off_t, BM, BN, W, RES16)
+        s += bias
     if MASK:
         allowed = cols[None, :] <= rows_c[:, None]
-        if HAS_BIAS:
-            s += _band_tile(band_t, off_t, BM, BN, W, RES16)
         p = tl.where(allowed, tl.exp2(s - lse[:, None]), 0.0)
     else:
-        if HAS_BIAS:
-            s += _band_tile(band_t, off_t, BM, BN, W, RES16)
         p = tl.exp2(s - lse[:, None])
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     ds = p * (dp - delta[:, None])
@@ -268,18 +270,26 @@ def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, rows_c, cols,
             dist = m0 - n0 + j * BN - cc
             tl.atomic_add(DTAB_H + dist, tl.sum(tl.where(wrap == j, y, 0.0), 0),
                           mask=(dist >= 0) & (dist < T), sem="relaxed")
-    return dq
+    if KERPLE:
+        # Kerple log, bias = -r1 ln(1 + r2 n): d bias / d r1 = bias / r1 and d bias / d r2 =
+        # -r1 n / (1 + r2 n). Accumulate dS * bias (the band tile, base 2) and dS n / (1 + r2 n)
+        # elementwise; the factors (ln 2 / r1, -r1) and the sums come once per program.
+        n = tl.maximum((m0 - n0) + (tl.arange(0, BM)[:, None] - tl.arange(0, BN)[None, :]), 0).to(tl.float32)
+        g1 += ds * bias
+        g2 += ds * (n * fastmath.rcp(1.0 + r2 * n, HW))
+    return dq, g1, g2
 
 
 @triton.jit
-def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB,
+def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
                  T, qk_scale, sm_scale,
-                 H: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, DH: tl.constexpr,
-                 BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr,
-                 RES16: tl.constexpr, PREC: tl.constexpr):
-    """One program owns a block of queries: dQ, and the bias-table gradient (the table gradient of
-    entry (i, j) is dS_ij itself, summed over each diagonal i - j, then atomically added)."""
+                 H: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, KERPLE: tl.constexpr,
+                 DH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr,
+                 RES16: tl.constexpr, PREC: tl.constexpr, HW: tl.constexpr):
+    """One program owns a block of queries: dQ, and either the bias-table gradient (the table
+    gradient of entry (i, j) is dS_ij itself, summed over each diagonal i - j, then atomically
+    added) or, KERPLE, the two sums that give Kerple's r1 and r2 gradients (KG [B H, 2])."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
@@ -300,14 +310,20 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB,
     band_h = BAND + h * (T + 2 * PAD) * W + (m0 + PAD) * W
     off_h = OFF + h * (T + 2 * PAD) + m0 + PAD
     dtab_h = DTAB + h * (2 * T - 1) + T - 1
+    g1 = tl.zeros([BM, BN], tl.float32)
+    g2 = tl.zeros([BM, BN], tl.float32)
+    r2 = tl.load(R2 + h) if KERPLE else 0.0
     for n0 in range(0, m0, BN):
-        dq = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h, dq, rows_c,
-                      n0 + nn, m0, n0,
-                      T, qk_scale, HAS_BIAS, NEED_DTAB, False, BM, BN, W, RES16, PREC)
+        dq, g1, g2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h,
+                              dq, g1, g2, r2, rows_c, n0 + nn, m0, n0, T, qk_scale,
+                              HAS_BIAS, NEED_DTAB, KERPLE, False, BM, BN, W, RES16, PREC, HW)
     for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
-        dq = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h, dq, rows_c,
-                      n0 + nn, m0, n0,
-                      T, qk_scale, HAS_BIAS, NEED_DTAB, True, BM, BN, W, RES16, PREC)
+        dq, g1, g2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h,
+                              dq, g1, g2, r2, rows_c, n0 + nn, m0, n0, T, qk_scale,
+                              HAS_BIAS, NEED_DTAB, KERPLE, True, BM, BN, W, RES16, PREC, HW)
+    if KERPLE:
+        tl.atomic_add(KG + bh * 2, tl.sum(tl.sum(g1, 1), 0), sem="relaxed")
+        tl.atomic_add(KG + bh * 2 + 1, tl.sum(tl.sum(g2, 1), 0), sem="relaxed")
     tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
 
 
@@ -371,7 +387,7 @@ def _band(table, T, dtype, trans=False):
 
 class BiasedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, table):
+    def forward(ctx, q, k, v, table, kerple_r1, kerple_r2):
         q, k, v = _prep(q), _prep(k), _prep(v)
         B, H, T, DH = q.shape
         has_bias = table is not None
@@ -385,14 +401,14 @@ class BiasedAttention(torch.autograd.Function):
         _bias_fwd[grid](q, k, v, band, off, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
                         T, DH ** -0.5 * LOG2E, H=H, HAS_BIAS=has_bias, DH=DH, BM=BM, BN=BN, W=BAND_W,
                         PAD=BAND_PAD, RES16=res16, PREC=_precision(q.dtype), num_warps=nw, num_stages=ns)
-        ctx.save_for_backward(q, k, v, band, off, out, lse, table if has_bias else None)
+        ctx.save_for_backward(q, k, v, band, off, out, lse, table if has_bias else None, kerple_r1, kerple_r2)
         ctx.has_bias = has_bias
         ctx.res16 = res16
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, band, off, out, lse, table = ctx.saved_tensors
+        q, k, v, band, off, out, lse, table, r1, r2 = ctx.saved_tensors
         B, H, T, DH = q.shape
         dout = _prep(dout)
         delta = (dout.float() * out.float()).sum(-1).contiguous()  # rowsum(dO * O), [B, H, T]
@@ -400,8 +416,13 @@ class BiasedAttention(torch.autograd.Function):
         dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
         prec = _precision(q.dtype)
         scale = DH ** -0.5
-        need_dtab = ctx.has_bias and ctx.needs_input_grad[3]
+        # Kerple log: the kernel sums r1's and r2's gradients itself (two sums per program instead of
+        # per-diagonal sums of the table gradient, which the table then would carry to r1 and r2)
+        kerple = r1 is not None and (ctx.needs_input_grad[4] or ctx.needs_input_grad[5])
+        need_dtab = ctx.has_bias and ctx.needs_input_grad[3] and r1 is None
         dtab = torch.zeros(H, 2 * T - 1, dtype=torch.float32, device=q.device) if need_dtab else q
+        kg = torch.zeros(B * H, 2, dtype=torch.float32, device=q.device) if kerple else q
+        r2_f = r2.detach().float().contiguous() if kerple else q
         BM, BN, nw, ns = _config("dkdv", q.dtype)
         band_t = (CONFIG_FP32 if q.dtype == torch.float32 else CONFIG)["dkdv_band"][0] == "T" and ctx.has_bias
         kband = _band(table, T, q.dtype, trans=True)[0] if band_t else band  # the key-owner kernel's band
@@ -411,22 +432,38 @@ class BiasedAttention(torch.autograd.Function):
             RES16=ctx.res16, BAND_T=band_t, PREC=prec, num_warps=nw, num_stages=ns)
         BM, BN, nw, ns = _config("dq", q.dtype)
         _bias_bwd_dq[(B * H, triton.cdiv(T, BM))](
-            q, k, v, band, off, dout, lse, delta, dq, dtab, *_strides(q), *_strides(k), *_strides(v),
+            q, k, v, band, off, dout, lse, delta, dq, dtab, r2_f, kg, *_strides(q), *_strides(k), *_strides(v),
             *_strides(dout),
-            T, scale * LOG2E, scale, H=H, HAS_BIAS=ctx.has_bias, NEED_DTAB=need_dtab, DH=DH, BM=BM, BN=BN,
-            W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, PREC=prec,
+            T, scale * LOG2E, scale, H=H, HAS_BIAS=ctx.has_bias, NEED_DTAB=need_dtab, KERPLE=kerple, DH=DH,
+            BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, PREC=prec, HW=q.is_cuda,
             num_warps=nw, num_stages=ns)
-        return dq, dk, dv, (dtab if need_dtab else None)
+        dr1 = dr2 = None
+        if kerple:  # see _dq_tile: the sums of dS bias log2(e) and of dS n / (1 + r2 n)
+            sums = kg.view(B, H, 2).sum(0)
+            r1f = r1.detach().float()
+            dr1 = (math.log(2.0) / r1f * sums[:, 0]).to(r1.dtype)
+            dr2 = (-r1f * sums[:, 1]).to(r2.dtype)
+        return dq, dk, dv, (dtab if need_dtab else None), dr1, dr2
 
 
-def biased_attention(q, k, v, table=None):
+def biased_attention(q, k, v, table=None, kerple=None):
     """Causal softmax attention of q, k, v [B, H, T, d] with an optional per-distance bias table
     [H, 2T - 1] (entry (i - j) + T - 1, as DistanceBias.table(T) gives). Differentiable in all
-    four; the table gradient flows on to the bias module's parameters."""
+    four; the table gradient flows on to the bias module's parameters.
+
+    kerple: None, or the (clamped) per-head parameters (r1, r2) of the Kerple log bias the table
+    holds, -r1 ln(1 + r2 |i - j|). Then the backward gives r1 and r2 their gradients directly
+    (cheaper than the table gradient) and the table gets none."""
     _check(q, k, v)
-    if table is not None and tuple(table.shape) != (q.shape[1], 2 * q.shape[2] - 1):
-        raise ValueError(f"bias table must be [H, 2T - 1] = [{q.shape[1]}, {2 * q.shape[2] - 1}], got {tuple(table.shape)}")
-    return BiasedAttention.apply(q, k, v, table)
+    H = q.shape[1]
+    if table is not None and tuple(table.shape) != (H, 2 * q.shape[2] - 1):
+        raise ValueError(f"bias table must be [H, 2T - 1] = [{H}, {2 * q.shape[2] - 1}], got {tuple(table.shape)}")
+    r1 = r2 = None
+    if kerple is not None:
+        r1, r2 = kerple
+        if table is None or tuple(r1.shape) != (H,) or tuple(r2.shape) != (H,):
+            raise ValueError(f"kerple=(r1, r2) needs the Kerple table and r1, r2 of shape [{H}]")
+    return BiasedAttention.apply(q, k, v, table, r1, r2)
 
 
 def _check(q, k, v):

@@ -9,7 +9,7 @@ below); only the diagonal block's tiles are masked. Inside a block the suffix su
 tensor-core product with a 0/1 triangle (see _scan); it includes the key itself, since
 logsigmoid(z) - strict suffix = z - inclusive suffix. All sums are kept in base 2 (z log2(e)), so
 each entry costs exp2, log2 and exp2: three MUFU ops. log2 is the hardware's lg2.approx
-(tl.log2 compiles to a ~25-instruction routine; see _log2).
+(tl.log2 compiles to a ~25-instruction routine; see lenx.ops.fastmath).
 
 Backward: one program per query block walks the key blocks the other way, from key 0 up to the
 diagonal, because the gradient needs prefix sums. With g_ij = A_ij (dO_i . v_j):
@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import fastmath
+
 POISON = bool(os.environ.get("LENX_TRITON_POISON"))
 
 
@@ -45,23 +47,11 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _log2(x, HW: tl.constexpr):
-    """log2 of x in [1, 2]. HW: the hardware approximation (one MUFU op, absolute error ~2^-22 here);
-    tl.log2 compiles to a ~25-instruction software routine, which was half of the forward's
-    instructions per score. The interpreter (CPU tests) cannot run PTX, so it takes tl.log2."""
-    if HW:
-        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32,
-                                         is_pure=True, pack=1)
-    else:
-        return tl.log2(x)
-
-
-@triton.jit
 def _softplus_parts(qk, scale, HW: tl.constexpr):
     """(softplus(z), logsigmoid(z)) in base 2 (divided by ln 2) for z = qk scale / log2(e), i.e.
     scale = log2(e) / sqrt(d): two MUFU ops (exp2, log2); the scale is applied inside the other
     operations (no separate multiply per score)."""
-    l1 = _log2(1.0 + tl.exp2(tl.abs(qk) * -scale), HW)  # log2(1 + e^-|z|)
+    l1 = fastmath.log2(1.0 + tl.exp2(tl.abs(qk) * -scale), HW)  # log2(1 + e^-|z|)
     return tl.maximum(qk, 0.0) * scale + l1, tl.minimum(qk, 0.0) * scale - l1
 
 
