@@ -290,7 +290,7 @@ def bench_markdown(result) -> str:
 # (the empty candidate: the defaults themselves); the fastest per kernel is kept.
 SWEEP = {
     "kerple": [{}, {"dq": (64, 64, 4, 3)}],
-    "stickbreaking": [{}, {"bwd": (64, 16, 4, 3)}, {"bwd": (64, 16, 4, 4)}, {"bwd": (64, 32, 4, 3)}],
+    "stickbreaking": [{}, {"fwd": (64, 64, 4, 3)}, {"bwd": (128, 64, 8, 2)}, {"scan": ("mm",)}],
     "dapev2-kerple": [(16, 32, 8, 1)],
 }
 _BWD_KEYS = {"kerple": ("dkdv", "dq"), "stickbreaking": ("bwd",)}
