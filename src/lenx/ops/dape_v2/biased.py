@@ -9,7 +9,9 @@ unmasked, the diagonal block's masked; never a T x T tensor. The bias reaches th
 (see _band): each tile's bias is one contiguous block load, not a per-element gather. Backward: a
 key-owner kernel for dK/dV and a query-owner kernel for dQ and the table gradient (no locks; the
 table gradient is summed per diagonal inside a tile first, by rotating each row of dS, so a tile
-issues ~BM + BN atomic adds instead of BM * BN). notes/kernels.md has the measurements.
+issues ~BM + BN atomic adds instead of BM * BN). For the Kerple log bias the dq kernel can give
+r1 and r2 their gradients directly instead (biased_attention's `kerple`), which is cheaper than
+the per-diagonal sums. notes/kernels.md has the measurements.
 """
 
 import math
