@@ -350,12 +350,17 @@ CONFIG_FP32 = {"fwd": (64, 32, 4, 1), "dkdv": (32, 64, 4, 1), "dq": (32, 32, 4, 
                "dkdv_band": ("T",)}
 # CONFIG["dkdv_band"]: "T" the key-owner kernel reads a transposed copy of the band (built in the
 # backward), "trans" it transposes the band tile in registers
+# Head dims above 64 (bf16/fp16): tiles that replace CONFIG's (d = 128 doubles every [*, d] tile)
+CONFIG_WIDE = {}
 BAND_W = 64
 BAND_PAD = 128
 
 
-def _config(name, dtype):
-    BM, BN, nw, ns = (CONFIG_FP32 if dtype == torch.float32 else CONFIG)[name]
+def _config(name, dtype, head_dim=64):
+    if dtype == torch.float32:
+        BM, BN, nw, ns = CONFIG_FP32[name]
+    else:
+        BM, BN, nw, ns = CONFIG_WIDE.get(name, CONFIG[name]) if head_dim > 64 else CONFIG[name]
     keys, rows = (BM, BN) if name == "dkdv" else (BN, BM)
     if keys > BAND_W or rows > BAND_PAD:
         raise ValueError(f"{name} tiles {BM} x {BN}: key tiles must be <= {BAND_W}, query tiles <= {BAND_PAD}")
@@ -398,7 +403,7 @@ class BiasedAttention(torch.autograd.Function):
         res16 = has_bias and band.dtype == torch.float16
         out = _new((B, H, T, DH), q)
         lse = _new((B, H, T), q, torch.float32)  # base 2
-        BM, BN, nw, ns = _config("fwd", q.dtype)
+        BM, BN, nw, ns = _config("fwd", q.dtype, DH)
         grid = (B * H, triton.cdiv(T, BM))
         _bias_fwd[grid](q, k, v, band, off, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
                         T, DH ** -0.5 * LOG2E, H=H, HAS_BIAS=has_bias, DH=DH, BM=BM, BN=BN, W=BAND_W,
@@ -425,14 +430,14 @@ class BiasedAttention(torch.autograd.Function):
         dtab = torch.zeros(H, 2 * T - 1, dtype=torch.float32, device=q.device) if need_dtab else q
         kg = torch.zeros(B * H, 2, dtype=torch.float32, device=q.device) if kerple else q
         r2_f = r2.detach().float().contiguous() if kerple else q
-        BM, BN, nw, ns = _config("dkdv", q.dtype)
+        BM, BN, nw, ns = _config("dkdv", q.dtype, DH)
         band_t = (CONFIG_FP32 if q.dtype == torch.float32 else CONFIG)["dkdv_band"][0] == "T" and ctx.has_bias
         kband = _band(table, T, q.dtype, trans=True)[0] if band_t else band  # the key-owner kernel's band
         _bias_bwd_dkdv[(B * H, triton.cdiv(T, BN))](
             q, k, v, kband, off, dout, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
             T, scale * LOG2E, scale, H=H, HAS_BIAS=ctx.has_bias, DH=DH, BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD,
             RES16=ctx.res16, BAND_T=band_t, PREC=prec, num_warps=nw, num_stages=ns)
-        BM, BN, nw, ns = _config("dq", q.dtype)
+        BM, BN, nw, ns = _config("dq", q.dtype, DH)
         _bias_bwd_dq[(B * H, triton.cdiv(T, BM))](
             q, k, v, band, off, dout, lse, delta, dq, dtab, r2_f, kg, *_strides(q), *_strides(k), *_strides(v),
             *_strides(dout),
