@@ -350,8 +350,10 @@ CONFIG_FP32 = {"fwd": (64, 32, 4, 1), "dkdv": (32, 64, 4, 1), "dq": (32, 32, 4, 
                "dkdv_band": ("T",)}
 # CONFIG["dkdv_band"]: "T" the key-owner kernel reads a transposed copy of the band (built in the
 # backward), "trans" it transposes the band tile in registers
-# Head dims above 64 (bf16/fp16): tiles that replace CONFIG's (d = 128 doubles every [*, d] tile)
-CONFIG_WIDE = {}
+# Head dims above 64 (bf16/fp16): tiles that replace CONFIG's (d = 128 doubles every [*, d] tile).
+# H200, d 128, T 8192 (results/bench/README.md, session 4): forward 0.547 vs 0.698 ms with CONFIG's
+# 64 x 64 x 4; key-owner 32 x 64 x 4: fwd+bwd 2.97 vs 3.60 ms (64 x 64 x 4 spills there)
+CONFIG_WIDE = {"fwd": (128, 64, 8, 3), "dkdv": (32, 64, 4, 3)}
 BAND_W = 64
 BAND_PAD = 128
 
