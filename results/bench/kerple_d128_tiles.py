@@ -9,9 +9,11 @@ import torch
 from lenx import bench
 from lenx.ops.dape_v2 import biased
 
-CANDIDATES = [{}, {"dkdv": (64, 64, 8, 3)}, {"dkdv": (64, 64, 8, 2)}, {"dkdv": (32, 64, 4, 3)},
-              {"dkdv": (32, 32, 4, 3)}, {"dq": (64, 32, 8, 3)}, {"dq": (128, 32, 8, 3)}, {"fwd": (64, 32, 4, 3)},
-              {"fwd": (128, 64, 8, 3)}]
+# each candidate changes CONFIG_WIDE as committed (the session-4 choice); {} is that choice itself.
+# The first run (commit 80a30db, CONFIG_WIDE empty then) tried dkdv 64x64x8x3/2, 32x64x4x3, 32x32x4x3,
+# dq 64x32x8x3, 128x32x8x3, fwd 64x32x4x3, 128x64x8x3 (h200_session4_kerple_d128_tiles.json).
+CANDIDATES = [{}, {"dq": (32, 32, 4, 3)}, {"dq": (64, 16, 4, 3)}, {"dkdv": (32, 64, 4, 4)}, {"dkdv": (16, 64, 4, 3)},
+              {"dkdv": (32, 64, 8, 3)}]
 dev = torch.device("cuda")
 kw = dict(batch=1, heads=12, head_dim=128, dtype=torch.bfloat16, device=dev, chunk_size=256, dape_hidden=32,
           dape_kernel=3, warmup_ms=25, rep_ms=200, max_reps=40)
@@ -20,8 +22,10 @@ for T in (8192, 16384):
     r = bench._measure("sdpa", "sdpa", T, **kw)
     rows.append({"variant": "sdpa", "T": T, "fwd_ms": r["fwd_ms"], "fwdbwd_ms": r["fwdbwd_ms"]})
     print(rows[-1], flush=True)
+base = dict(biased.CONFIG_WIDE)
 for cand in CANDIDATES:
     biased.CONFIG_WIDE.clear()
+    biased.CONFIG_WIDE.update(base)
     biased.CONFIG_WIDE.update(cand)
     row = {"variant": {k: list(v) for k, v in cand.items()}}
     try:
@@ -34,4 +38,5 @@ for cand in CANDIDATES:
     rows.append(row)
     print(row, flush=True)
 biased.CONFIG_WIDE.clear()
+biased.CONFIG_WIDE.update(base)
 json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, open(sys.argv[1], "w"), indent=1)
