@@ -21,7 +21,7 @@ if not CUDA:
 pytest.importorskip("triton")
 
 from helpers import rel_err  # noqa: E402
-from lenx.attention import ALiBi, DapeV2, KerpleLog, Softmax, StickBreaking, T5Bias  # noqa: E402
+from lenx.attention import ALiBi, DapeV2, KerpleLog, KerplePower, Softmax, StickBreaking, T5Bias  # noqa: E402
 from lenx.attention.backends import Parts, dense_attention  # noqa: E402
 from lenx.ops import triton_attention  # noqa: E402
 from lenx.ops.dape_v2 import biased as biased_mod  # noqa: E402
@@ -129,25 +129,26 @@ def run_biased(B, H, T, d, kind, dtype, tol=None):
             tol or tolerance(dtype), floors)
 
 
-def run_biased_kerple_params(B, H, T, d, dtype):
-    """The Kerple mode: r1 and r2 get their gradients from the kernel directly (no table
-    gradient); one head's r1 sits below the clamp, so its gradient must be exactly zero."""
+def run_biased_kerple_params(B, H, T, d, dtype, kind="log"):
+    """The Kerple mode: the bias's two parameters get their gradients from the kernel directly (no
+    table gradient); one head's first parameter sits below its clamp, so its gradient must be
+    exactly zero."""
     torch.manual_seed(0)
     q, k, v = (leaf(B, H, T, d, dtype=dtype) for _ in range(3))
-    bias = KerpleLog(H).to(DEVICE)
+    bias = (KerpleLog if kind == "log" else KerplePower)(H).to(DEVICE)
+    params = [bias.r1, bias.r2] if kind == "log" else [bias.a, bias.p]
     with torch.no_grad():
-        bias.r1[0] = 1e-3
+        params[0][0] = 1e-3
     do = torch.randn(B, H, T, d, device=DEVICE)
-    params = [bias.r1, bias.r2]
-    out = biased_mod.biased_attention(q, k, v, bias.table(T, DEVICE), bias.clamped())
+    out = biased_mod.biased_attention(q, k, v, bias.table(T, DEVICE), (kind, *bias.clamped()))
     grads = torch.autograd.grad(out, [q, k, v] + params, do.to(dtype))
     refs = [fp32_copy(x) for x in (q, k, v)]
     ref, _ = dense_attention(*refs, Parts(None, bias, None, Softmax()))
     ref_grads = torch.autograd.grad(ref, refs + params, do)
     assert grads[3][0] == 0 and ref_grads[3][0] == 0
-    names = ["out", "dq", "dk", "dv", "dr1", "dr2"]
+    names = ["out", "dq", "dk", "dv", "dx", "dy"]
     floors = one_key_floors(names, ref_grads[2]) if T == 1 else {}
-    compare(f"biased kerple params B{B} H{H} T{T} d{d} {dtype}", [out, *grads], [ref, *ref_grads], names,
+    compare(f"biased kerple-{kind} params B{B} H{H} T{T} d{d} {dtype}", [out, *grads], [ref, *ref_grads], names,
             tolerance(dtype), floors)
 
 
@@ -219,8 +220,9 @@ def test_biased_small(T, kind):
 
 
 @pytest.mark.parametrize("T", [1, 17, 40])
-def test_biased_small_kerple_params(T):
-    run_biased_kerple_params(2, 3, T, 16, torch.float32)
+@pytest.mark.parametrize("kind", ["log", "power"])
+def test_biased_small_kerple_params(T, kind):
+    run_biased_kerple_params(2, 3, T, 16, torch.float32, kind)
 
 
 def test_biased_small_t5_alibi():
@@ -337,6 +339,12 @@ def test_gpu_biased_kerple(T):
 @pytest.mark.parametrize("T", GPU_T)
 def test_gpu_biased_kerple_params(T):
     run_biased_kerple_params(batch_for(T), 12, T, 64, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [128, 4096])
+def test_gpu_biased_kerple_power_params(T):
+    run_biased_kerple_params(batch_for(T), 12, T, 64, torch.bfloat16, "power")
 
 
 @pytest.mark.gpu

@@ -34,10 +34,13 @@ class KerplePower(DistanceBias):
         self.a = nn.Parameter(torch.rand(num_heads))
         self.p = nn.Parameter(torch.rand(num_heads) * 2)
 
+    def clamped(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a, p) as used, [H] each: the fused kernel takes them to give their gradients directly."""
+        return self.a.clamp(min=self.eps), self.p.clamp(self.eps, 2.0)
+
     def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
         shape = (-1,) + (1,) * dist.dim()
-        a = self.a.clamp(min=self.eps).view(shape)
-        p = self.p.clamp(self.eps, 2.0).view(shape)
+        a, p = (x.view(shape) for x in self.clamped())
         d = dist.to(a.dtype)
         # d**p at d = 0 has a NaN gradient in p (0 * log 0); evaluate at 1 and zero it instead.
         powered = torch.where(d > 0, d.clamp(min=1.0) ** p, torch.zeros_like(d))

@@ -63,11 +63,13 @@ def triton_attention(q, k, v, parts: Parts):
         from .dape_v2.triton import dape_v2_triton
 
         return dape_v2_triton(q, k, v, parts.processor, table), None
-    from ..attention.kerple import KerpleLog
+    from ..attention.kerple import KerpleLog, KerplePower
     from .dape_v2.biased import biased_attention
 
-    # Kerple log: the kernel gives r1, r2 their gradients directly (no per-distance table gradient)
-    kerple = parts.bias.clamped() if isinstance(parts.bias, KerpleLog) and parts.bias.causal else None
+    # Kerple: the kernel gives its two parameters their gradients directly (no per-distance table gradient)
+    kerple = None
+    if isinstance(parts.bias, (KerpleLog, KerplePower)) and parts.bias.causal:
+        kerple = ("log" if isinstance(parts.bias, KerpleLog) else "power", *parts.bias.clamped())
     return biased_attention(q, k, v, table, kerple), None
 
 

@@ -10,8 +10,8 @@ unmasked, the diagonal block's masked; never a T x T tensor. The bias reaches th
 key-owner kernel for dK/dV and a query-owner kernel for dQ and the table gradient (no locks; the
 table gradient is summed per diagonal inside a tile first, by rotating each row of dS, so a tile
 issues ~BM + BN atomic adds instead of BM * BN). For the Kerple log bias the dq kernel can give
-r1 and r2 their gradients directly instead (biased_attention's `kerple`), which is cheaper than
-the per-diagonal sums. notes/kernels.md has the measurements.
+its two per-head parameters their gradients directly instead (biased_attention's `kerple`),
+which is cheaper than the per-diagonal sums; so for Kerple power. notes/kernels.md has the measurements.
 """
 
 import math
@@ -272,13 +272,18 @@ def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, g1, g2, r2, r
             dist = m0 - n0 + j * BN - cc
             tl.atomic_add(DTAB_H + dist, tl.sum(tl.where(wrap == j, y, 0.0), 0),
                           mask=(dist >= 0) & (dist < T), sem="relaxed")
-    if KERPLE:
-        # Kerple log, bias = -r1 ln(1 + r2 n): d bias / d r1 = bias / r1 and d bias / d r2 =
-        # -r1 n / (1 + r2 n). Accumulate dS * bias (the band tile, base 2) and dS n / (1 + r2 n)
-        # elementwise; the factors (ln 2 / r1, -r1) and the sums come once per program.
+    if KERPLE > 0:
+        # The bias's two per-head parameters (x, y), its first derivative d bias / d x = bias / x
+        # for both forms: accumulate dS * bias (the band tile, base 2) and dS * (the y-derivative
+        # without its per-head factor) elementwise; the factors and the sums come once per program.
+        # KERPLE 1, log: bias = -r1 ln(1 + r2 n), d bias / d r2 = -r1 n / (1 + r2 n)
+        # KERPLE 2, power: bias = -a n^p, d bias / d p = bias ln n (bias = 0 at n = 0)
         n = tl.maximum((m0 - n0) + (tl.arange(0, BM)[:, None] - tl.arange(0, BN)[None, :]), 0).to(tl.float32)
         g1 += ds * bias
-        g2 += ds * (n * fastmath.rcp(1.0 + r2 * n, HW))
+        if KERPLE == 1:
+            g2 += ds * (n * fastmath.rcp(1.0 + r2 * n, HW))
+        else:
+            g2 += ds * (bias * fastmath.log2(tl.maximum(n, 1.0), HW))
     return dq, g1, g2
 
 
@@ -291,7 +296,8 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
                  RES16: tl.constexpr, PREC: tl.constexpr, HW: tl.constexpr):
     """One program owns a block of queries: dQ, and either the bias-table gradient (the table
     gradient of entry (i, j) is dS_ij itself, summed over each diagonal i - j, then atomically
-    added) or, KERPLE, the two sums that give Kerple's r1 and r2 gradients (KG [B H, 2])."""
+    added) or, KERPLE (1 log, 2 power), the two sums that give the Kerple bias's two per-head
+    parameters their gradients (KG [B H, 2])."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
@@ -314,7 +320,7 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
     dtab_h = DTAB + h * (2 * T - 1) + T - 1
     g1 = tl.zeros([BM, BN], tl.float32)
     g2 = tl.zeros([BM, BN], tl.float32)
-    r2 = tl.load(R2 + h) if KERPLE else 0.0
+    r2 = tl.load(R2 + h) if KERPLE == 1 else 0.0
     for n0 in range(0, m0, BN):
         dq, g1, g2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h,
                               dq, g1, g2, r2, rows_c, n0 + nn, m0, n0, T, qk_scale,
@@ -323,7 +329,7 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
         dq, g1, g2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h,
                               dq, g1, g2, r2, rows_c, n0 + nn, m0, n0, T, qk_scale,
                               HAS_BIAS, NEED_DTAB, KERPLE, True, BM, BN, W, RES16, PREC, HW)
-    if KERPLE:
+    if KERPLE > 0:
         tl.atomic_add(KG + bh * 2, tl.sum(tl.sum(g1, 1), 0), sem="relaxed")
         tl.atomic_add(KG + bh * 2 + 1, tl.sum(tl.sum(g2, 1), 0), sem="relaxed")
     tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
@@ -396,7 +402,7 @@ def _band(table, T, dtype, trans=False):
 
 class BiasedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, table, kerple_r1, kerple_r2):
+    def forward(ctx, q, k, v, table, kerple_kind, kerple_x, kerple_y):
         q, k, v = _prep(q), _prep(k), _prep(v)
         B, H, T, DH = q.shape
         has_bias = table is not None
@@ -410,14 +416,15 @@ class BiasedAttention(torch.autograd.Function):
         _bias_fwd[grid](q, k, v, band, off, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
                         T, DH ** -0.5 * LOG2E, H=H, HAS_BIAS=has_bias, DH=DH, BM=BM, BN=BN, W=BAND_W,
                         PAD=BAND_PAD, RES16=res16, PREC=_precision(q.dtype), num_warps=nw, num_stages=ns)
-        ctx.save_for_backward(q, k, v, band, off, out, lse, table if has_bias else None, kerple_r1, kerple_r2)
+        ctx.save_for_backward(q, k, v, band, off, out, lse, table if has_bias else None, kerple_x, kerple_y)
+        ctx.kerple_kind = kerple_kind
         ctx.has_bias = has_bias
         ctx.res16 = res16
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, band, off, out, lse, table, r1, r2 = ctx.saved_tensors
+        q, k, v, band, off, out, lse, table, px, py = ctx.saved_tensors
         B, H, T, DH = q.shape
         dout = _prep(dout)
         delta = (dout.float() * out.float()).sum(-1).contiguous()  # rowsum(dO * O), [B, H, T]
@@ -425,13 +432,14 @@ class BiasedAttention(torch.autograd.Function):
         dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
         prec = _precision(q.dtype)
         scale = DH ** -0.5
-        # Kerple log: the kernel sums r1's and r2's gradients itself (two sums per program instead of
-        # per-diagonal sums of the table gradient, which the table then would carry to r1 and r2)
-        kerple = r1 is not None and (ctx.needs_input_grad[4] or ctx.needs_input_grad[5])
-        need_dtab = ctx.has_bias and ctx.needs_input_grad[3] and r1 is None
+        # Kerple: the kernel sums the two parameters' gradients itself (two sums per program instead of
+        # per-diagonal sums of the table gradient, which the table then would carry to them)
+        kind = {"log": 1, "power": 2}[ctx.kerple_kind] if px is not None else 0
+        kerple = kind if kind and (ctx.needs_input_grad[5] or ctx.needs_input_grad[6]) else 0
+        need_dtab = ctx.has_bias and ctx.needs_input_grad[3] and px is None
         dtab = torch.zeros(H, 2 * T - 1, dtype=torch.float32, device=q.device) if need_dtab else q
         kg = torch.zeros(B * H, 2, dtype=torch.float32, device=q.device) if kerple else q
-        r2_f = r2.detach().float().contiguous() if kerple else q
+        r2_f = py.detach().float().contiguous() if kerple == 1 else q
         BM, BN, nw, ns = _config("dkdv", q.dtype, DH)
         band_t = (CONFIG_FP32 if q.dtype == torch.float32 else CONFIG)["dkdv_band"][0] == "T" and ctx.has_bias
         kband = _band(table, T, q.dtype, trans=True)[0] if band_t else band  # the key-owner kernel's band
@@ -446,13 +454,13 @@ class BiasedAttention(torch.autograd.Function):
             T, scale * LOG2E, scale, H=H, HAS_BIAS=ctx.has_bias, NEED_DTAB=need_dtab, KERPLE=kerple, DH=DH,
             BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, PREC=prec, HW=q.is_cuda,
             num_warps=nw, num_stages=ns)
-        dr1 = dr2 = None
-        if kerple:  # see _dq_tile: the sums of dS bias log2(e) and of dS n / (1 + r2 n)
+        dx = dy = None
+        if kerple:  # see _dq_tile: sums of dS bias log2(e), and of dS n / (1 + r2 n) or dS bias log2(e) log2 n
             sums = kg.view(B, H, 2).sum(0)
-            r1f = r1.detach().float()
-            dr1 = (math.log(2.0) / r1f * sums[:, 0]).to(r1.dtype)
-            dr2 = (-r1f * sums[:, 1]).to(r2.dtype)
-        return dq, dk, dv, (dtab if need_dtab else None), dr1, dr2
+            xf = px.detach().float()
+            dx = (math.log(2.0) / xf * sums[:, 0]).to(px.dtype)
+            dy = (-xf * sums[:, 1] if kerple == 1 else math.log(2.0) ** 2 * sums[:, 1]).to(py.dtype)
+        return dq, dk, dv, (dtab if need_dtab else None), None, dx, dy
 
 
 def biased_attention(q, k, v, table=None, kerple=None):
@@ -460,19 +468,21 @@ def biased_attention(q, k, v, table=None, kerple=None):
     [H, 2T - 1] (entry (i - j) + T - 1, as DistanceBias.table(T) gives). Differentiable in all
     four; the table gradient flows on to the bias module's parameters.
 
-    kerple: None, or the (clamped) per-head parameters (r1, r2) of the Kerple log bias the table
-    holds, -r1 ln(1 + r2 |i - j|). Then the backward gives r1 and r2 their gradients directly
-    (cheaper than the table gradient) and the table gets none."""
+    kerple: None, or ("log", r1, r2) / ("power", a, p): the Kerple bias the table holds,
+    -r1 ln(1 + r2 |i - j|) or -a |i - j|^p, with its clamped per-head parameters ([H] each). Then
+    the backward gives those two their gradients directly (cheaper than the table gradient) and the
+    table gets none."""
     _check(q, k, v)
     H = q.shape[1]
     if table is not None and tuple(table.shape) != (H, 2 * q.shape[2] - 1):
         raise ValueError(f"bias table must be [H, 2T - 1] = [{H}, {2 * q.shape[2] - 1}], got {tuple(table.shape)}")
-    r1 = r2 = None
+    kind = x = y = None
     if kerple is not None:
-        r1, r2 = kerple
-        if table is None or tuple(r1.shape) != (H,) or tuple(r2.shape) != (H,):
-            raise ValueError(f"kerple=(r1, r2) needs the Kerple table and r1, r2 of shape [{H}]")
-    return BiasedAttention.apply(q, k, v, table, r1, r2)
+        kind, x, y = kerple
+        if kind not in ("log", "power") or table is None or tuple(x.shape) != (H,) or tuple(y.shape) != (H,):
+            raise ValueError(f"kerple must be ('log' or 'power', x, y) with the Kerple table and x, y of shape [{H}], "
+                             f"got kind {kind!r}")
+    return BiasedAttention.apply(q, k, v, table, kind, x, y)
 
 
 def _check(q, k, v):
