@@ -30,7 +30,7 @@ from lenx.ops.stickbreaking import triton as sb_mod  # noqa: E402
 from lenx.ops.stickbreaking.reference import stickbreaking_reference  # noqa: E402
 
 DEVICE = torch.device("cuda" if CUDA else "cpu")
-BIASES = {"kerple": KerpleLog, "alibi": ALiBi, "t5": T5Bias}
+BIASES = {"kerple": KerpleLog, "kerple-power": KerplePower, "alibi": ALiBi, "t5": T5Bias}
 ERR_LOG = os.environ.get("LENX_KERNEL_ERRORS")  # a path: append every measured error as JSON lines
 
 
@@ -230,7 +230,7 @@ def test_biased_small_t5_alibi():
     run_biased(1, 2, 20, 16, "alibi", torch.float32)
 
 
-@pytest.mark.parametrize("kind", ["kerple", "alibi", "t5"])
+@pytest.mark.parametrize("kind", ["kerple", "kerple-power", "alibi", "t5"])
 def test_biased_small_fp16_band(monkeypatch, kind):
     """The bias band as fp16 residuals against per-row fp32 offsets (the bf16/fp16 default) on
     the exact fp32 path, with larger tiles (several key tiles per query tile, padding rows): the
