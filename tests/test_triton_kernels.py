@@ -152,6 +152,27 @@ def run_biased_kerple_params(B, H, T, d, dtype, kind="log"):
             tolerance(dtype), floors)
 
 
+def run_biased_t5_tail(B, H, T, d, dtype):
+    """T5 with the constant-tail table gradient (key tiles beyond the last bucket's first distance
+    add only their total): the embedding's gradient against the dense reference."""
+    torch.manual_seed(0)
+    q, k, v = (leaf(B, H, T, d, dtype=dtype) for _ in range(3))
+    bias = T5Bias(H).to(DEVICE)
+    with torch.no_grad():
+        bias.relative_attention_bias.weight.normal_()
+    do = torch.randn(B, H, T, d, device=DEVICE)
+    params = [bias.relative_attention_bias.weight]
+    out = biased_mod.biased_attention(q, k, v, bias.table(T, DEVICE), tail=bias.tail_start())
+    grads = torch.autograd.grad(out, [q, k, v] + params, do.to(dtype))
+    refs = [fp32_copy(x) for x in (q, k, v)]
+    ref, _ = dense_attention(*refs, Parts(None, bias, None, Softmax()))
+    ref_grads = torch.autograd.grad(ref, refs + params, do)
+    names = ["out", "dq", "dk", "dv", "dweight"]
+    floors = one_key_floors(names, ref_grads[2]) if T == 1 else {}
+    compare(f"biased t5 tail B{B} H{H} T{T} d{d} {dtype}", [out, *grads], [ref, *ref_grads], names,
+            tolerance(dtype), floors)
+
+
 def run_sb(B, H, T, d, attend_current, dtype, q_scale=1.0):
     torch.manual_seed(0)
     q, k, v = (leaf(B, H, T, d, dtype=dtype) for _ in range(3))
@@ -223,6 +244,11 @@ def test_biased_small(T, kind):
 @pytest.mark.parametrize("kind", ["log", "power"])
 def test_biased_small_kerple_params(T, kind):
     run_biased_kerple_params(2, 3, T, 16, torch.float32, kind)
+
+
+@pytest.mark.parametrize("T", [17, 200])
+def test_biased_small_t5_tail(T):
+    run_biased_t5_tail(1, 2, T, 16, torch.float32)
 
 
 def test_biased_small_t5_alibi():
@@ -339,6 +365,12 @@ def test_gpu_biased_kerple(T):
 @pytest.mark.parametrize("T", GPU_T)
 def test_gpu_biased_kerple_params(T):
     run_biased_kerple_params(batch_for(T), 12, T, 64, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [128, 1000, 4096])
+def test_gpu_biased_t5_tail(T):
+    run_biased_t5_tail(batch_for(T), 12, T, 64, torch.bfloat16)
 
 
 @pytest.mark.gpu

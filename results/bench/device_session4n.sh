@@ -1,6 +1,6 @@
 #!/bin/bash
-# Session 4: the bias-only GPU tests with the Kerple-power parameter mode and the row-max band
-# offsets, then Kerple (log and power), ALiBi and T5
+# Session 4: the bias-only GPU tests (Kerple-power parameter mode, row-max band offsets, T5 tail),
+# then Kerple (log and power), ALiBi and T5
 # against SDPA at 8192 and 16384.
 # Usage (repository root on the device): bash results/bench/device_session4n.sh COMMIT
 export PYTHONPATH=src PYTHONUNBUFFERED=1

@@ -34,6 +34,14 @@ class T5Bias(DistanceBias):
         half = self.num_buckets // 2
         return (signed_dist < 0).long() * half + t5_bucket(signed_dist.abs(), half, self.max_distance)
 
+    def tail_start(self) -> int | None:
+        """The smallest causal distance from which every distance falls in the last bucket (the
+        table is constant from there on), or None for the bidirectional form."""
+        if not self.causal:
+            return None
+        n = torch.arange(4 * self.max_distance)
+        return int((t5_bucket(n, self.num_buckets, self.max_distance) < self.num_buckets - 1).sum())
+
     def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
         """dist = i - j (signed for bidirectional use)."""
         return self.relative_attention_bias(self.bucket(dist)).movedim(-1, 0)

@@ -64,13 +64,17 @@ def triton_attention(q, k, v, parts: Parts):
 
         return dape_v2_triton(q, k, v, parts.processor, table), None
     from ..attention.kerple import KerpleLog, KerplePower
+    from ..attention.t5 import T5Bias
     from .dape_v2.biased import biased_attention
 
-    # Kerple: the kernel gives its two parameters their gradients directly (no per-distance table gradient)
-    kerple = None
+    # Kerple: the kernel gives its two parameters their gradients directly (no per-distance table
+    # gradient); T5: its last bucket's distances need only their gradient's sum
+    kerple = tail = None
     if isinstance(parts.bias, (KerpleLog, KerplePower)) and parts.bias.causal:
         kerple = ("log" if isinstance(parts.bias, KerpleLog) else "power", *parts.bias.clamped())
-    return biased_attention(q, k, v, table, kerple), None
+    elif isinstance(parts.bias, T5Bias):
+        tail = parts.bias.tail_start()
+    return biased_attention(q, k, v, table, kerple, tail), None
 
 
 def stickbreaking_attention(q, k, v, attend_current: bool = False, backend: str = "auto", chunk_size: int = 256):

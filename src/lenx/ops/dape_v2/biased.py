@@ -241,7 +241,8 @@ def _bias_bwd_dkdv(Q, K, V, BAND, OFF, DO, LSE, DELTA, DK, DV,
 
 @triton.jit
 def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, g1, g2, r2, rows_c, cols, m0, n0, T, qk_scale,
-             HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, KERPLE: tl.constexpr, MASK: tl.constexpr,
+             HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, KERPLE: tl.constexpr, TAIL_SUM: tl.constexpr,
+             MASK: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, RES16: tl.constexpr,
              PREC: tl.constexpr, HW: tl.constexpr):
     if MASK:
@@ -274,6 +275,8 @@ def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, g1, g2, r2, r
             dist = m0 - n0 + j * BN - cc
             tl.atomic_add(DTAB_H + dist, tl.sum(tl.where(wrap == j, y, 0.0), 0),
                           mask=(dist >= 0) & (dist < T), sem="relaxed")
+    if TAIL_SUM:  # a tile entirely in the table's constant tail: only its total is needed
+        g1 += ds
     if KERPLE > 0:
         # The bias's two per-head parameters (x, y), its first derivative d bias / d x = bias / x
         # for both forms: accumulate dS * bias (the band tile, base 2) and dS * (the y-derivative
@@ -292,14 +295,17 @@ def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, g1, g2, r2, r
 @triton.jit
 def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-                 T, qk_scale, sm_scale,
+                 T, qk_scale, sm_scale, n_tail,
                  H: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, KERPLE: tl.constexpr,
+                 TAIL: tl.constexpr,
                  DH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr,
                  RES16: tl.constexpr, PREC: tl.constexpr, HW: tl.constexpr):
     """One program owns a block of queries: dQ, and either the bias-table gradient (the table
     gradient of entry (i, j) is dS_ij itself, summed over each diagonal i - j, then atomically
     added) or, KERPLE (1 log, 2 power), the two sums that give the Kerple bias's two per-head
-    parameters their gradients (KG [B H, 2])."""
+    parameters their gradients (KG [B H, 2]). TAIL (with the table gradient): the table is
+    constant from distance n_tail on, so key tiles entirely beyond it add only their total, at
+    n_tail (see biased_attention)."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
@@ -323,14 +329,25 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
     g1 = tl.zeros([BM, BN], tl.float32)
     g2 = tl.zeros([BM, BN], tl.float32)
     r2 = tl.load(R2 + h) if KERPLE == 1 else 0.0
-    for n0 in range(0, m0, BN):
+    near0 = 0
+    if TAIL:
+        # key tiles [0, near0) lie at distances >= n_tail from every row of this block
+        x = m0 - n_tail - BN + 1
+        near0 = tl.where(x >= 0, tl.minimum((x // BN + 1) * BN, m0), 0)
+        for n0 in range(0, near0, BN):
+            dq, g1, g2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0,
+                                  dtab_h, dq, g1, g2, r2, rows_c, n0 + nn, m0, n0, T, qk_scale,
+                                  HAS_BIAS, False, 0, True, False, BM, BN, W, RES16, PREC, HW)
+    for n0 in range(near0, m0, BN):
         dq, g1, g2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h,
                               dq, g1, g2, r2, rows_c, n0 + nn, m0, n0, T, qk_scale,
-                              HAS_BIAS, NEED_DTAB, KERPLE, False, BM, BN, W, RES16, PREC, HW)
+                              HAS_BIAS, NEED_DTAB, KERPLE, False, False, BM, BN, W, RES16, PREC, HW)
     for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
         dq, g1, g2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h,
                               dq, g1, g2, r2, rows_c, n0 + nn, m0, n0, T, qk_scale,
-                              HAS_BIAS, NEED_DTAB, KERPLE, True, BM, BN, W, RES16, PREC, HW)
+                              HAS_BIAS, NEED_DTAB, KERPLE, False, True, BM, BN, W, RES16, PREC, HW)
+    if TAIL:
+        tl.atomic_add(dtab_h + n_tail, tl.sum(tl.sum(g1, 1), 0), sem="relaxed")
     if KERPLE > 0:
         tl.atomic_add(KG + bh * 2, tl.sum(tl.sum(g1, 1), 0), sem="relaxed")
         tl.atomic_add(KG + bh * 2 + 1, tl.sum(tl.sum(g2, 1), 0), sem="relaxed")
@@ -405,7 +422,7 @@ def _band(table, T, dtype, trans=False):
 
 class BiasedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, table, kerple_kind, kerple_x, kerple_y):
+    def forward(ctx, q, k, v, table, kerple_kind, kerple_x, kerple_y, tail):
         q, k, v = _prep(q), _prep(k), _prep(v)
         B, H, T, DH = q.shape
         has_bias = table is not None
@@ -421,6 +438,7 @@ class BiasedAttention(torch.autograd.Function):
                         PAD=BAND_PAD, RES16=res16, PREC=_precision(q.dtype), num_warps=nw, num_stages=ns)
         ctx.save_for_backward(q, k, v, band, off, out, lse, table if has_bias else None, kerple_x, kerple_y)
         ctx.kerple_kind = kerple_kind
+        ctx.tail = tail
         ctx.has_bias = has_bias
         ctx.res16 = res16
         return out
@@ -454,7 +472,8 @@ class BiasedAttention(torch.autograd.Function):
         _bias_bwd_dq[(B * H, triton.cdiv(T, BM))](
             q, k, v, band, off, dout, lse, delta, dq, dtab, r2_f, kg, *_strides(q), *_strides(k), *_strides(v),
             *_strides(dout),
-            T, scale * LOG2E, scale, H=H, HAS_BIAS=ctx.has_bias, NEED_DTAB=need_dtab, KERPLE=kerple, DH=DH,
+            T, scale * LOG2E, scale, ctx.tail or 0, H=H, HAS_BIAS=ctx.has_bias, NEED_DTAB=need_dtab, KERPLE=kerple,
+            TAIL=need_dtab and ctx.tail is not None and ctx.tail < T, DH=DH,
             BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, PREC=prec, HW=q.is_cuda,
             num_warps=nw, num_stages=ns)
         dx = dy = None
@@ -463,10 +482,10 @@ class BiasedAttention(torch.autograd.Function):
             xf = px.detach().float()
             dx = (math.log(2.0) / xf * sums[:, 0]).to(px.dtype)
             dy = (-xf * sums[:, 1] if kerple == 1 else math.log(2.0) ** 2 * sums[:, 1]).to(py.dtype)
-        return dq, dk, dv, (dtab if need_dtab else None), None, dx, dy
+        return dq, dk, dv, (dtab if need_dtab else None), None, dx, dy, None
 
 
-def biased_attention(q, k, v, table=None, kerple=None):
+def biased_attention(q, k, v, table=None, kerple=None, tail=None):
     """Causal softmax attention of q, k, v [B, H, T, d] with an optional per-distance bias table
     [H, 2T - 1] (entry (i - j) + T - 1, as DistanceBias.table(T) gives). Differentiable in all
     four; the table gradient flows on to the bias module's parameters.
@@ -474,7 +493,12 @@ def biased_attention(q, k, v, table=None, kerple=None):
     kerple: None, or ("log", r1, r2) / ("power", a, p): the Kerple bias the table holds,
     -r1 ln(1 + r2 |i - j|) or -a |i - j|^p, with its clamped per-head parameters ([H] each). Then
     the backward gives those two their gradients directly (cheaper than the table gradient) and the
-    table gets none."""
+    table gets none.
+
+    tail: None, or a distance from which the table is constant (T5's last bucket, say) and only
+    the sum of its gradient over those distances matters (it comes from one parameter per head).
+    The table gradient then carries that sum at entry `tail` and zero beyond it: cheaper, and
+    exact for whatever sums the table's entries from `tail` on, not entry by entry."""
     _check(q, k, v)
     H = q.shape[1]
     if table is not None and tuple(table.shape) != (H, 2 * q.shape[2] - 1):
@@ -485,7 +509,9 @@ def biased_attention(q, k, v, table=None, kerple=None):
         if kind not in ("log", "power") or table is None or tuple(x.shape) != (H,) or tuple(y.shape) != (H,):
             raise ValueError(f"kerple must be ('log' or 'power', x, y) with the Kerple table and x, y of shape [{H}], "
                              f"got kind {kind!r}")
-    return BiasedAttention.apply(q, k, v, table, kind, x, y)
+    if tail is not None and (table is None or kerple is not None or int(tail) < 1):
+        raise ValueError(f"tail must be a distance >= 1 with a table and without kerple, got {tail!r}")
+    return BiasedAttention.apply(q, k, v, table, kind, x, y, None if tail is None else int(tail))
 
 
 def _check(q, k, v):
