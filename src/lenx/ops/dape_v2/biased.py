@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .. import fastmath
+from ..tiles import key_tile
 
 # Debug switch for the tests: outputs that would be torch.empty start as NaN instead, so an element
 # the kernel forgets to write fails the comparison.
@@ -93,11 +94,7 @@ def _fwd_tile(q, kp, vp, band_t, off_t, m_i, l_i, acc, rows_c, cols, T, qk_scale
               HAS_BIAS: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr,
               RES16: tl.constexpr, PREC: tl.constexpr):
     """One key tile of the online softmax, base 2 (qk_scale and the table carry log2(e))."""
-    if MASK:
-        cmask = cols < T
-        k = tl.load(kp, mask=cmask[:, None], other=0.0)
-    else:
-        k = tl.load(kp)
+    k = key_tile(kp, cols, T, MASK)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     if MASK:
         # rows_c = min(row, T - 1): padding rows see every real key; keys past T are masked
@@ -111,10 +108,7 @@ def _fwd_tile(q, kp, vp, band_t, off_t, m_i, l_i, acc, rows_c, cols, T, qk_scale
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    if MASK:
-        v = tl.load(vp, mask=cmask[:, None], other=0.0)
-    else:
-        v = tl.load(vp)
+    v = key_tile(vp, cols, T, MASK)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
     return m_new, l_i, acc
 
@@ -245,13 +239,8 @@ def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, g1, g2, r2, r
              MASK: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, RES16: tl.constexpr,
              PREC: tl.constexpr, HW: tl.constexpr):
-    if MASK:
-        cmask = cols < T
-        k = tl.load(kp, mask=cmask[:, None], other=0.0)
-        v = tl.load(vp, mask=cmask[:, None], other=0.0)
-    else:
-        k = tl.load(kp)
-        v = tl.load(vp)
+    k = key_tile(kp, cols, T, MASK)
+    v = key_tile(vp, cols, T, MASK)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     if HAS_BIAS:
         bias = _band_tile(band_t, off_t, BM, BN, W, RES16)

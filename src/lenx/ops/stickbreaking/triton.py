@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from .. import fastmath
+from ..tiles import key_tile
 
 POISON = bool(os.environ.get("LENX_TRITON_POISON"))
 
@@ -53,6 +54,17 @@ def _softplus_parts(qk, scale, HW: tl.constexpr):
     operations (no separate multiply per score)."""
     l1 = fastmath.log2(1.0 + tl.exp2(tl.abs(qk) * -scale), HW)  # log2(1 + e^-|z|)
     return tl.maximum(qk, 0.0) * scale + l1, tl.minimum(qk, 0.0) * scale - l1
+
+
+@triton.jit
+def _allowed(rows, cols, T, CURRENT: tl.constexpr):
+    """[rows, keys] entries of a diagonal-block tile that take part: keys before the row (or at it,
+    CURRENT), inside [0, T), in rows inside [0, T)."""
+    if CURRENT:
+        allowed = cols[None, :] <= rows[:, None]
+    else:
+        allowed = cols[None, :] < rows[:, None]
+    return allowed & (cols < T)[None, :] & (rows < T)[:, None]
 
 
 @triton.jit
@@ -103,19 +115,10 @@ def _sb_fwd_tile(q, kp, vp, acc, carry, U, rows, cols, T, qk_scale,
                  CURRENT: tl.constexpr, MASK: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
                  HW: tl.constexpr):
     """One key tile, walking towards key 0. All sums in base-2 units (log2 of the weights)."""
-    if MASK:
-        cmask = cols < T
-        k = tl.load(kp, mask=cmask[:, None], other=0.0)
-    else:
-        k = tl.load(kp)
-    qk = tl.dot(q, tl.trans(k), input_precision=PREC)
+    qk = tl.dot(q, tl.trans(key_tile(kp, cols, T, MASK)), input_precision=PREC)
     sp, _ = _softplus_parts(qk, qk_scale, HW)
     if MASK:
-        if CURRENT:
-            allowed = cols[None, :] <= rows[:, None]
-        else:
-            allowed = cols[None, :] < rows[:, None]
-        allowed = allowed & cmask[None, :] & (rows < T)[:, None]
+        allowed = _allowed(rows, cols, T, CURRENT)
         sp = tl.where(allowed, sp, 0.0)
     # log2 A = logsigmoid(z) - strict suffix = z - inclusive suffix (logsigmoid = z - softplus): two
     # fewer operations per score; the fp16 scan now also rounds the key's own softplus (measured:
@@ -124,9 +127,7 @@ def _sb_fwd_tile(q, kp, vp, acc, carry, U, rows, cols, T, qk_scale,
     a = tl.exp2(qk * qk_scale - suffix)
     if MASK:
         a = tl.where(allowed, a, 0.0)
-        v = tl.load(vp, mask=cmask[:, None], other=0.0)
-    else:
-        v = tl.load(vp)
+    v = key_tile(vp, cols, T, MASK)
     acc += tl.dot(a.to(v.dtype), v, input_precision=PREC)
     carry += tl.sum(sp, 1).to(tl.float64)
     return acc, carry
@@ -174,21 +175,12 @@ def _sb_fwd(Q, K, V, O, REM, LTOT,
 def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, pre_sp, pre_g, dq, U, L, rows, cols, T, qk_scale, sm_scale,
                  CURRENT: tl.constexpr, MASK: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
                  ATOMICS: tl.constexpr, HW: tl.constexpr):
-    if MASK:
-        cmask = cols < T
-        k = tl.load(kp, mask=cmask[:, None], other=0.0)
-        v = tl.load(vp, mask=cmask[:, None], other=0.0)
-    else:
-        k = tl.load(kp)
-        v = tl.load(vp)
+    k = key_tile(kp, cols, T, MASK)
+    v = key_tile(vp, cols, T, MASK)
     da = tl.dot(do, tl.trans(v), input_precision=PREC)  # first: independent of the chain below
     sp, logsig = _softplus_parts(tl.dot(q, tl.trans(k), input_precision=PREC), qk_scale, HW)
     if MASK:
-        if CURRENT:
-            allowed = cols[None, :] <= rows[:, None]
-        else:
-            allowed = cols[None, :] < rows[:, None]
-        allowed = allowed & cmask[None, :] & (rows < T)[:, None]
+        allowed = _allowed(rows, cols, T, CURRENT)
         sp = tl.where(allowed, sp, 0.0)
     blk = tl.sum(sp, 1)
     # softplus sum past this block (padding rows: total = +inf, so a = 0 there)
@@ -209,8 +201,8 @@ def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, pre_sp, pre_g, dq, U, L, rows, 
     if not ATOMICS:  # timing probe only (lenx.bench --probe): the cost of the atomic adds
         dq += (tl.sum(dk_part, 0) + tl.sum(dv_part, 0))[None, :] * 1e-30
     elif MASK:
-        tl.atomic_add(DKP, dk_part, mask=cmask[:, None], sem="relaxed")
-        tl.atomic_add(DVP, dv_part, mask=cmask[:, None], sem="relaxed")
+        tl.atomic_add(DKP, dk_part, mask=(cols < T)[:, None], sem="relaxed")
+        tl.atomic_add(DVP, dv_part, mask=(cols < T)[:, None], sem="relaxed")
     else:
         tl.atomic_add(DKP, dk_part, sem="relaxed")
         tl.atomic_add(DVP, dv_part, sem="relaxed")
