@@ -140,7 +140,7 @@ def run_biased_kerple_params(B, H, T, d, dtype, kind="log"):
     with torch.no_grad():
         params[0][0] = 1e-3
     do = torch.randn(B, H, T, d, device=DEVICE)
-    out = biased_mod.biased_attention(q, k, v, bias.table(T, DEVICE), (kind, *bias.clamped()))
+    out = biased_mod.biased_attention(q, k, v, bias.table(T, DEVICE), **bias.fused_grad_args())
     grads = torch.autograd.grad(out, [q, k, v] + params, do.to(dtype))
     refs = [fp32_copy(x) for x in (q, k, v)]
     ref, _ = dense_attention(*refs, Parts(None, bias, None, Softmax()))
@@ -162,7 +162,7 @@ def run_biased_t5_tail(B, H, T, d, dtype):
         bias.relative_attention_bias.weight.normal_()
     do = torch.randn(B, H, T, d, device=DEVICE)
     params = [bias.relative_attention_bias.weight]
-    out = biased_mod.biased_attention(q, k, v, bias.table(T, DEVICE), tail=bias.tail_start())
+    out = biased_mod.biased_attention(q, k, v, bias.table(T, DEVICE), **bias.fused_grad_args())
     grads = torch.autograd.grad(out, [q, k, v] + params, do.to(dtype))
     refs = [fp32_copy(x) for x in (q, k, v)]
     ref, _ = dense_attention(*refs, Parts(None, bias, None, Softmax()))
@@ -249,6 +249,20 @@ def test_biased_small_kerple_params(T, kind):
 @pytest.mark.parametrize("T", [17, 200])
 def test_biased_small_t5_tail(T):
     run_biased_t5_tail(1, 2, T, 16, torch.float32)
+
+
+def test_biased_rejects_bad_kerple_and_tail():
+    q = torch.randn(1, 2, 8, 16, device=DEVICE)
+    tab = KerpleLog(2).to(DEVICE).table(8, DEVICE)
+    r = torch.ones(2, device=DEVICE)
+    with pytest.raises(ValueError, match="kerple must be"):
+        biased_mod.biased_attention(q, q, q, tab, ("cubic", r, r))
+    with pytest.raises(ValueError, match="kerple must be"):
+        biased_mod.biased_attention(q, q, q, None, ("log", r, r))
+    with pytest.raises(ValueError, match="tail must be"):
+        biased_mod.biased_attention(q, q, q, None, tail=113)
+    with pytest.raises(ValueError, match="tail must be"):
+        biased_mod.biased_attention(q, q, q, tab, ("log", r, r), tail=113)
 
 
 def test_biased_small_t5_alibi():

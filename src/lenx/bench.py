@@ -424,7 +424,7 @@ def probe_table_grad(T: int = 8192, heads: int = 12, head_dim: int = 64, log=pri
     kl = (q, k, v, kb.r1, kb.r2)
     for name, kerple in [("fwdbwd_kerple_via_table", False), ("fwdbwd_kerple_params", True)]:
         fn = (lambda kerple=kerple: biased_attention(q, k, v, kb.table(T, device),
-                                                     ("log", *kb.clamped()) if kerple else None).backward(g))
+                                                     **(kb.fused_grad_args() if kerple else {})).backward(g))
         out[name] = _median_ms(fn, 25, 200, 50, kl)[0]
     from .ops.stickbreaking import triton as sb
 

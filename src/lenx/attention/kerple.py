@@ -16,8 +16,11 @@ class KerpleLog(DistanceBias):
         self.r2 = nn.Parameter(torch.rand(num_heads))
 
     def clamped(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(r1, r2) as used, [H] each: the fused kernel takes them to give their gradients directly."""
+        """(r1, r2) as used, [H] each."""
         return self.r1.clamp(min=self.eps), self.r2.clamp(min=self.eps)
+
+    def fused_grad_args(self) -> dict:
+        return {"kerple": ("log", *self.clamped())} if self.causal else {}
 
     def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
         shape = (-1,) + (1,) * dist.dim()
@@ -35,8 +38,11 @@ class KerplePower(DistanceBias):
         self.p = nn.Parameter(torch.rand(num_heads) * 2)
 
     def clamped(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(a, p) as used, [H] each: the fused kernel takes them to give their gradients directly."""
+        """(a, p) as used, [H] each."""
         return self.a.clamp(min=self.eps), self.p.clamp(self.eps, 2.0)
+
+    def fused_grad_args(self) -> dict:
+        return {"kerple": ("power", *self.clamped())} if self.causal else {}
 
     def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
         shape = (-1,) + (1,) * dist.dim()

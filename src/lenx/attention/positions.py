@@ -39,5 +39,11 @@ class DistanceBias(nn.Module):
         """[H, 2T - 1] bias for every signed distance i - j (see signed_distances)."""
         return self.from_distance(fold_distance(signed_distances(T, device), self.causal))
 
+    def fused_grad_args(self) -> dict:
+        """Keyword arguments of lenx.ops.dape_v2.biased.biased_attention that let the fused kernel
+        give this bias's parameters their gradients more cheaply than the whole table gradient
+        (`kerple`, `tail`); none by default."""
+        return {}
+
     def forward(self, q_pos, k_pos, q=None, k=None):
         return self.from_distance(relative_distance(q_pos, k_pos, self.causal))

@@ -27,6 +27,9 @@ class T5Bias(DistanceBias):
         super().__init__()
         self.causal, self.num_buckets, self.max_distance = causal, num_buckets, max_distance
         self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)
+        # causal: the smallest distance in the last bucket (the table is constant from there on)
+        n = torch.arange(4 * max_distance)
+        self.tail_start = int((t5_bucket(n, num_buckets, max_distance) < num_buckets - 1).sum()) if causal else None
 
     def bucket(self, signed_dist: torch.Tensor) -> torch.Tensor:
         if self.causal:
@@ -34,13 +37,9 @@ class T5Bias(DistanceBias):
         half = self.num_buckets // 2
         return (signed_dist < 0).long() * half + t5_bucket(signed_dist.abs(), half, self.max_distance)
 
-    def tail_start(self) -> int | None:
-        """The smallest causal distance from which every distance falls in the last bucket (the
-        table is constant from there on), or None for the bidirectional form."""
-        if not self.causal:
-            return None
-        n = torch.arange(4 * self.max_distance)
-        return int((t5_bucket(n, self.num_buckets, self.max_distance) < self.num_buckets - 1).sum())
+    def fused_grad_args(self) -> dict:
+        # the last bucket's distances reach one parameter per head: only their gradient's sum matters
+        return {"tail": self.tail_start} if self.causal else {}
 
     def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
         """dist = i - j (signed for bidirectional use)."""

@@ -63,18 +63,11 @@ def triton_attention(q, k, v, parts: Parts):
         from .dape_v2.triton import dape_v2_triton
 
         return dape_v2_triton(q, k, v, parts.processor, table), None
-    from ..attention.kerple import KerpleLog, KerplePower
-    from ..attention.t5 import T5Bias
     from .dape_v2.biased import biased_attention
 
-    # Kerple: the kernel gives its two parameters their gradients directly (no per-distance table
-    # gradient); T5: its last bucket's distances need only their gradient's sum
-    kerple = tail = None
-    if isinstance(parts.bias, (KerpleLog, KerplePower)) and parts.bias.causal:
-        kerple = ("log" if isinstance(parts.bias, KerpleLog) else "power", *parts.bias.clamped())
-    elif isinstance(parts.bias, T5Bias):
-        tail = parts.bias.tail_start()
-    return biased_attention(q, k, v, table, kerple, tail), None
+    # a bias may let the kernel give its parameters their gradients more cheaply (Kerple, T5)
+    extra = getattr(parts.bias, "fused_grad_args", dict)()
+    return biased_attention(q, k, v, table, **extra), None
 
 
 def stickbreaking_attention(q, k, v, attend_current: bool = False, backend: str = "auto", chunk_size: int = 256):
