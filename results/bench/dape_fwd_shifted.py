@@ -38,7 +38,7 @@ H, d = 12, 64
 proc = DapeV2(H, 32, 3, with_bias=True).cuda()
 for T in (8192, 16384):
     q, k, v = (torch.randn(1, H, T, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    tab = KerpleLog(H).cuda().table(T).detach()
+    tab = KerpleLog(H).cuda().table(T, "cuda").detach()
     with torch.no_grad():
         ref = dm.dape_v2_triton(q, k, v, proc, tab)
         sdpa = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
