@@ -2,6 +2,9 @@
 
 import json
 import math
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -202,6 +205,23 @@ def test_cli_merge_and_test_length_step(tmp_path):
     assert len(json.loads((tmp_path / "all" / "che.json").read_text())["runs"]) == 2
     out = runner.invoke(app, ["che", "--merge", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")])
     assert out.exit_code == 2 and "no CHE results" in out.output
+
+
+def test_lenx_list_names_every_task_with_its_level():
+    out = subprocess.run([sys.executable, "-m", "lenx", "list"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    rows = {}
+    for line in out.stdout.splitlines():
+        cells = [c.strip() for c in re.split("[│|]", line)]
+        if len(cells) > 3 and cells[1] in TASKS:
+            rows[cells[1]] = cells[2:]
+    assert set(rows) == set(TASKS)
+    for name, task in TASKS.items():
+        level, chance = rows[name][:2]
+        assert level == task.level and float(chance) == pytest.approx(task.chance, abs=1e-3), (name, rows[name])
+    assert "rope" in out.stdout  # the methods table is still there
+    out = subprocess.run([sys.executable, "-m", "lenx", "che", "--help"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "lenx list" in " ".join(out.stdout.split())  # wherever the help wraps
 
 
 # --- Proposition 1: associative recall with no position encoding ----------------------------------

@@ -17,7 +17,8 @@ from lenx.checkpoint import CheckpointError, checkpoint_dir
 from lenx.config import ConfigError, load_config, to_toml
 from lenx.evaluate import eval_windows, evaluate
 from lenx.model import LM
-from lenx.train import TrainingDiverged, lr_at, open_training_corpus, train
+from lenx.runtime import load_run, open_training_corpus
+from lenx.train import TrainingDiverged, lr_at, train
 
 TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=32", "train.batch_size=4",
         "eval.max_length=128", "eval.windows=4", "eval.scored=16", "train.log_every=1"]
@@ -199,7 +200,7 @@ def test_last_tokens_scored_and_delta_p_arithmetic(data_root, tmp_path, monkeypa
     assert set(res) == {"32", "64", "128"} and "delta_p" not in res["32"]
     # With nested windows, the short-context reference equals the L = T_train run's last-T_train ppl.
     ref_ppl = res["32"]["ppl_full"]
-    full_nll = ev._forward_nll(ev.load_run(tmp_path / "run", torch.device("cpu"))[0],
+    full_nll = ev._forward_nll(load_run(tmp_path / "run", torch.device("cpu"))[0],
                                eval_windows(open_training_corpus(tiny(data_root)), "test", 128, 4, 1234)[0],
                                128, 32, torch.device("cpu"), "fp32", 8192)
     # (abs tolerance: two forwards of the same input differ in the last float32 bits on CPU)

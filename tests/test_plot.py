@@ -1,15 +1,17 @@
-"""Figures from JSON: seeds aggregated per method, loss curves, attention maps as JSON, and
-`lenx plot FOLDER` re-drawing a whole tree."""
+"""Figures from JSON: seeds aggregated per method, loss curves, attention maps as JSON (computed by
+evaluation, drawn by plot), and `lenx plot FOLDER` re-drawing a whole tree."""
 
 import json
 import math
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from lenx import plot
+from lenx.evaluate import attention_maps, save_attention_maps
 from lenx.plot import aggregate_by_method
 
 
@@ -91,16 +93,15 @@ def synthetic_maps(T=5):
 
 
 def check_round_trip(maps, path):
-    plot.save_attention_maps(maps, path)
+    save_attention_maps(maps, path)
     raw = json.loads(path.read_text())  # strict JSON: NaN is written as null
     assert raw["scores"][0][1] is None and raw["scores"][1][0] is not None
     back = plot.load_attention_maps(path)
     for name in ("scores", "bias", "processed"):
         assert (name in back) == (name in maps)
         if name in maps:
-            assert back[name].dtype == torch.float32
-            assert torch.equal(back[name].isnan(), maps[name].isnan())
-            assert torch.equal(back[name].nan_to_num(), maps[name].float().nan_to_num())  # float32 exact
+            assert back[name].dtype == np.float32
+            np.testing.assert_array_equal(back[name], maps[name].float().numpy())  # float32 exact, NaN where NaN
     assert {k: back[k] for k in ("method", "layer", "head", "length")} == \
         {k: maps[k] for k in ("method", "layer", "head", "length")}
     return back
@@ -119,10 +120,13 @@ def test_attention_maps_of_a_tiny_run(tmp_path):
                                "train.batch_size=2", "train.steps=1", "model.method=dapev2-kerple",
                                f"data.root={str(tmp_path / 'data')!r}"])
     train(cfg, tmp_path / "run", progress=False)
-    maps = plot.attention_maps(tmp_path / "run", torch.arange(12) % 7, layer=0, head=1)
+    maps = attention_maps(tmp_path / "run", torch.arange(12) % 7, layer=0, head=1)
     assert set(maps) == {"scores", "bias", "processed", "method", "layer", "head", "length"}
     assert maps["length"] == 12 and maps["method"] == "dapev2-kerple"
     check_round_trip(maps, tmp_path / "run" / "attention_L0_H1.json")
+    # without tokens: the first `length` tokens of the run's test split
+    first = attention_maps(tmp_path / "run", layer=0, head=1, length=9)
+    assert first["length"] == 9 and first["scores"].shape == (9, 9)
 
 
 def make_tree(root):
@@ -143,7 +147,7 @@ def make_tree(root):
                       test_samples=4, n_layer=1)
     run_che(cfg, root / "che", progress=False)
     (root / "che" / "che_per_length.png").unlink()
-    plot.save_attention_maps(synthetic_maps(), root / "maps" / "attention_L1_H0.json")
+    save_attention_maps(synthetic_maps(), root / "maps" / "attention_L1_H0.json")
 
 
 EXPECTED = {"sweep/perplexity.png", "sweep/delta_p.png", "sweep/loss.png", "che/che.md", "che/che_per_length.png",

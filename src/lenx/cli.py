@@ -13,16 +13,15 @@ ConfigOpt = typer.Option("tiny", "--config", "-c", help="a TOML file or a preset
 SetOpt = typer.Option(None, "--set", "-s", help="dotted override, repeatable: --set model.method=kerple")
 
 
-def _user_errors():
+def _user_errors(*extra: type[Exception]) -> tuple[type[Exception], ...]:
+    """The errors a command reports in one line; `extra`: those of the training commands, which
+    alone import lenx.train and lenx.sweep."""
     from .attention.methods import UnknownMethodError
     from .checkpoint import CheckpointError
     from .config import ConfigError
     from .data import DataError
-    from .sweep import SweepError
-    from .train import TrainingDiverged
 
-    return (ConfigError, DataError, CheckpointError, UnknownMethodError, TrainingDiverged, FileNotFoundError,
-            SweepError)
+    return (ConfigError, DataError, CheckpointError, UnknownMethodError, FileNotFoundError, *extra)
 
 
 def _fail(e: Exception):
@@ -45,13 +44,15 @@ def _parse_lengths(text: str | None) -> list[int] | None:
 
 @app.command("list")
 def list_methods():
-    """Every method name with its description and the backends that can run it."""
+    """Every method name with its description and the backends that can run it, then every CHE
+    task (`lenx che --tasks`) with its Chomsky level and chance accuracy."""
     import torch
     from rich.console import Console
     from rich.table import Table
 
     from .attention import Attention, AttentionConfig, all_methods
     from .attention.backends import BACKENDS, unsupported_reason
+    from .tasks import TASKS
 
     table = Table(title="lenx methods: names read \\[processor-]\\[normaliser-]base")
     for col in ("method", "description", "backends (CPU)", "backends (CUDA)"):
@@ -63,7 +64,18 @@ def list_methods():
             ok = [b for b in BACKENDS if unsupported_reason(b, attn.parts, torch.device(dev)) is None]
             cols.append(", ".join(b for b in ok if not (dev == "cpu" and b == "triton")))
         table.add_row(name, attn.spec.description, *cols)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+
+    tasks = Table(title="CHE tasks for `lenx che --tasks`",
+                  caption="level (Chomsky hierarchy): R regular, DCF deterministic context-free, CS "
+                          "context-sensitive; chance: the accuracy of uniform guessing")
+    tasks.add_column("task", no_wrap=True)  # a name cut short could not be typed back
+    tasks.add_column("level")
+    tasks.add_column("chance", justify="right")
+    for name, task in TASKS.items():
+        tasks.add_row(name, task.level, f"{task.chance:.3g}")
+    console.print(tasks)
 
 
 @app.command()
@@ -95,7 +107,7 @@ def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
     `torchrun --nproc-per-node N -m lenx train ...`, DDP by default, `--set train.parallel=fsdp` for FSDP2)."""
     from . import distributed
     from .config import ConfigError, load_config
-    from .train import train
+    from .train import TrainingDiverged, train
 
     # Under torchrun a failing rank reports its error and exits non-zero; torchrun then stops the
     # other ranks, which may be waiting for it in a collective. The process group is shut down only
@@ -110,7 +122,7 @@ def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
             cfg = load_config(config, set_ or [])
             run_dir = out or Path("runs") / f"{cfg.data.corpus}-{cfg.model.method}-T{cfg.train.seq_len}"
             summary = train(cfg, run_dir, progress=progress)
-    except _user_errors() as e:
+    except _user_errors(TrainingDiverged) as e:
         _fail(e)
     distributed.teardown()
     if distributed.launched_info().is_main:
@@ -166,14 +178,15 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
     """Train and evaluate several methods with the same data, seed and budget; table and plots."""
     from .attention import parse_method
     from .config import load_config
-    from .sweep import sweep
+    from .sweep import SweepError, sweep
+    from .train import TrainingDiverged
 
     try:
         names = [parse_method(m).name for m in methods.split(",") if m]
         cfg = load_config(config, set_ or [])
         out = out or Path("runs") / f"sweep-{cfg.data.corpus}-T{cfg.train.seq_len}"
         result = sweep(names, cfg, out, progress=progress, jobs=jobs)
-    except _user_errors() as e:
+    except _user_errors(TrainingDiverged, SweepError) as e:
         _fail(e)
     print_eval_table(result["results"])
     print("figures: " + ", ".join(result["figures"]))
@@ -193,18 +206,15 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
 
     try:
         if attention:
-            import torch
+            from .evaluate import attention_maps, save_attention_maps
 
-            from .evaluate import load_run
-            from .train import open_training_corpus
-
-            _, cfg = load_run(source, torch.device("cpu"))
-            tokens = torch.from_numpy(open_training_corpus(cfg).tokens("test")[:length].astype("int64"))
-            maps = plot.attention_maps(source, tokens, layer, head)
+            # the checkpoint is read once, into JSON; the figure is drawn from that file, as
+            # `lenx plot FOLDER` re-draws it later without the checkpoint
+            maps = attention_maps(source, layer=layer, head=head, length=length)
             png = (out or source) / f"attention_L{layer}_H{head}.png"
-            # the JSON lets `lenx plot FOLDER` re-draw the figure later without the checkpoint
-            print(plot.save_attention_maps(maps, png.with_suffix(".json")))
-            print(plot.draw_attention_maps(maps, png))
+            saved = save_attention_maps(maps, png.with_suffix(".json"))
+            print(saved)
+            print(plot.draw_attention_maps(plot.load_attention_maps(saved), png))
             return
         for path in plot.redraw(source, out):
             print(path)
@@ -226,7 +236,8 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
             out: Path = typer.Option(Path("runs/che"), "--out", "-o",
                                      help="output folder; running again with the same one resumes, skipping done runs"),
             progress: bool = typer.Option(True)):
-    """The Chomsky-hierarchy length-generalisation benchmark: train on lengths 1..40, test on 41..500."""
+    """The Chomsky-hierarchy length-generalisation benchmark: train on lengths 1..40, test on 41..500.
+    `lenx list` names the tasks with their Chomsky level and chance accuracy."""
     from .attention.methods import UnknownMethodError
     from .che import make_config, merge_che, run_che
     from .tasks import UnknownTaskError
@@ -305,12 +316,13 @@ def demo(out: Path = typer.Option(Path("runs/demo"), "--out", "-o"),
     """The main job on the embedded synthetic corpus (CPU, minutes): train rope, kerple and
     dapev2-kerple at length 64, evaluate up to 8x that, print the table and the plot paths."""
     from .config import load_config
-    from .sweep import sweep
+    from .sweep import SweepError, sweep
+    from .train import TrainingDiverged
 
     cfg = load_config("tiny", [f"train.steps={steps}"])
     try:
         result = sweep(["rope", "kerple", "dapev2-kerple"], cfg, out)
-    except _user_errors() as e:
+    except _user_errors(TrainingDiverged, SweepError) as e:
         _fail(e)
     print_eval_table(result["results"])
     print(f"table: {out / 'results.md'}")

@@ -66,9 +66,6 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
 
 def presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.toml"))

@@ -8,6 +8,8 @@ The windows depend only on the corpus, the split and eval.seed, never on the met
 
 DeltaP (seed appendix A) at L > T_train: P(M(x[-T_train:]), T_train) - P(M(x), T_train), where
 P(M(x), K) is the perplexity of the last K tokens after reading x. Positive: the extra context helps.
+
+Also here: the attention maps of one input (`attention_maps`), saved as JSON that `lenx plot` draws.
 """
 
 import json
@@ -18,10 +20,11 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from .checkpoint import CheckpointError, checkpoint_dir, load_weights
-from .config import ConfigError, RunConfig, load_config
+from .attention.backends import score_block
+
+from .config import ConfigError
 from .model import LM
-from .train import autocast_for, open_training_corpus, resolve_device
+from .runtime import autocast_for, load_run, open_training_corpus, resolve_device
 
 
 def default_lengths(train_len: int, max_length: int, scored: int = 0) -> list[int]:
@@ -91,21 +94,6 @@ def _forward_nll(model, windows: np.ndarray, L: int, last: int, device, precisio
     return torch.cat(rows)
 
 
-def load_run(run_dir: Path, device: torch.device, backend: str | None = None) -> tuple[LM, RunConfig]:
-    run_dir = Path(run_dir)
-    if not (run_dir / "config.toml").is_file():
-        raise CheckpointError(f"{run_dir} is not a lenx run directory (no config.toml); train one with `lenx train`")
-    cfg = load_config(run_dir / "config.toml")
-    ckpt = checkpoint_dir(run_dir)
-    if ckpt is None:
-        raise CheckpointError(f"{run_dir} has no checkpoint yet; train it (or resume it) first")
-    if backend:
-        cfg.model.backend = backend
-    model = LM(cfg.model)
-    load_weights(model, ckpt)
-    return model.to(device).eval(), cfg
-
-
 def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | None = None, scored: int | None = None,
              device: str = "auto", backend: str | None = None, token_budget: int | None = None,
              progress: bool = True, write: bool = True) -> dict:
@@ -158,3 +146,45 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
         tmp.write_text(json.dumps(result, indent=2))
         tmp.replace(run_dir / "eval.json")
     return result
+
+
+def attention_maps(run_dir: Path, tokens: torch.Tensor | None = None, layer: int = 0, head: int = 0,
+                   length: int = 64) -> dict:
+    """Raw scores, bias and processed scores (pre-softmax, causal part; NaN above the diagonal) of
+    one head of a trained run for one input, with "method", "layer", "head" and "length". The input
+    is `tokens`, by default the first `length` tokens of the run's test split. Runs on the CPU."""
+    model, cfg = load_run(run_dir, torch.device("cpu"))
+    if tokens is None:
+        tokens = torch.from_numpy(open_training_corpus(cfg).tokens("test")[:length].astype("int64"))
+    attn = model.blocks[layer].attn
+    captured = {}
+    handle = attn.register_forward_pre_hook(lambda mod, args: captured.setdefault("x", args[0]))
+    with torch.no_grad():
+        model.hidden(tokens[None])
+        handle.remove()
+        q, k, _ = attn.project(captured["x"])
+        raw, bias, processed = score_block(q, k, attn.parts)
+        maps = {"scores": raw[0, head]}
+        if bias is not None:
+            maps["bias"] = bias.expand_as(raw)[0, head]
+        if attn.processor is not None:
+            maps["processed"] = processed[0, head]
+    T = len(tokens)
+    mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+    return {name: m.masked_fill(mask, float("nan")) for name, m in maps.items()} | {
+        "method": cfg.model.method, "layer": layer, "head": head, "length": T}
+
+
+def save_attention_maps(maps: dict, path: Path) -> Path:
+    """attention_maps() as JSON: each map a nested list with NaN (the masked upper triangle) as null."""
+    data = {}
+    for name, value in maps.items():
+        if isinstance(value, torch.Tensor):
+            # 9 significant digits give back the same float32 and keep the file about half the size
+            data[name] = [[None if math.isnan(v) else float(f"{v:.9g}") for v in row] for row in value.tolist()]
+        else:
+            data[name] = value
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path

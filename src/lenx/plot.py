@@ -1,5 +1,5 @@
-"""Figures drawn only from files on disk (results.json / eval.json / run checkpoints), so any
-result can be re-plotted without re-running.
+"""Figures drawn only from files on disk (results.json / eval.json / che.json / attention maps
+JSON), so any result can be re-plotted without re-running; nothing here loads a model.
 
 Results may hold the same method several times (one eval result per seed): the perplexity and ΔP
 figures draw one line per method (the mean over seeds) with a min-max band. `redraw(path)` re-draws
@@ -14,7 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import numpy as np  # noqa: E402
 
 
 class PlotError(ValueError):
@@ -130,66 +130,26 @@ def plot_loss_curves(curves: dict[str, list], out: Path, title: str | None = Non
     return _save(fig, out)
 
 
-def attention_maps(run_dir: Path, tokens: torch.Tensor, layer: int = 0, head: int = 0) -> dict:
-    """Raw scores, bias and processed scores (pre-softmax, causal part; NaN above the diagonal) of
-    one head for one input, with "method", "layer", "head" and "length"."""
-    from .attention.backends import score_block
-    from .evaluate import load_run
-
-    model, cfg = load_run(run_dir, torch.device("cpu"))
-    attn = model.blocks[layer].attn
-    captured = {}
-    handle = attn.register_forward_pre_hook(lambda mod, args: captured.setdefault("x", args[0]))
-    with torch.no_grad():
-        model.hidden(tokens[None])
-        handle.remove()
-        q, k, _ = attn.project(captured["x"])
-        raw, bias, processed = score_block(q, k, attn.parts)
-        maps = {"scores": raw[0, head]}
-        if bias is not None:
-            maps["bias"] = bias.expand_as(raw)[0, head]
-        if attn.processor is not None:
-            maps["processed"] = processed[0, head]
-    T = len(tokens)
-    mask = torch.ones(T, T, dtype=torch.bool).triu(1)
-    return {name: m.masked_fill(mask, float("nan")) for name, m in maps.items()} | {
-        "method": cfg.model.method, "layer": layer, "head": head, "length": T}
-
-
 MAP_TITLES = {"scores": "raw scores QKᵀ/√d", "bias": "position bias", "processed": "after the score processor"}
 
 
-def save_attention_maps(maps: dict, path: Path) -> Path:
-    """attention_maps() as JSON: each map a nested list with NaN (the masked upper triangle) as null."""
-    data = {}
-    for name, value in maps.items():
-        if isinstance(value, torch.Tensor):
-            # 9 significant digits give back the same float32 and keep the file about half the size
-            data[name] = [[None if math.isnan(v) else float(f"{v:.9g}") for v in row] for row in value.tolist()]
-        else:
-            data[name] = value
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data))
-    return path
-
-
 def load_attention_maps(path: Path) -> dict:
-    """The dict save_attention_maps wrote, maps back as float32 tensors with NaN where null."""
+    """The dict lenx.evaluate.save_attention_maps wrote, maps back as float32 arrays with NaN where null."""
     data = json.loads(Path(path).read_text())
     for name in MAP_TITLES:
         if name in data:
-            data[name] = torch.tensor([[math.nan if v is None else v for v in row] for row in data[name]],
-                                      dtype=torch.float32)
+            data[name] = np.array([[math.nan if v is None else v for v in row] for row in data[name]],
+                                  dtype=np.float32)
     return data
 
 
 def draw_attention_maps(maps: dict, out: Path, title: str | None = None) -> Path:
-    """One panel per map present (scores, bias, processed) of an attention_maps()/load_attention_maps() dict."""
+    """One panel per map present (scores, bias, processed) of a load_attention_maps() dict (or of
+    lenx.evaluate.attention_maps(): any array-like map on the CPU)."""
     panels = {name: maps[name] for name in MAP_TITLES if name in maps}
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), squeeze=False)
     for ax, (name, m) in zip(axes[0], panels.items()):
-        im = ax.imshow(m.numpy(), cmap="viridis", interpolation="nearest")
+        im = ax.imshow(np.asarray(m), cmap="viridis", interpolation="nearest")
         ax.set_title(MAP_TITLES[name])
         ax.set_xlabel("key position j")
         ax.set_ylabel("query position i")
@@ -198,10 +158,6 @@ def draw_attention_maps(maps: dict, out: Path, title: str | None = None) -> Path
     fig.suptitle(title or f"{maps.get('method', '?')}: layer {maps.get('layer', '?')}, head {maps.get('head', '?')}, "
                           f"one input of {length} tokens")
     return _save(fig, out)
-
-
-def plot_attention_maps(run_dir: Path, tokens: torch.Tensor, out: Path, layer: int = 0, head: int = 0) -> Path:
-    return draw_attention_maps(attention_maps(run_dir, tokens, layer, head), out)
 
 
 def _save(fig, out: Path) -> Path:

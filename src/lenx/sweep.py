@@ -16,7 +16,8 @@ from dataclasses import replace
 from .checkpoint import checkpoint_dir
 from .config import RunConfig, load_config, to_toml
 from .evaluate import evaluate
-from .train import open_training_corpus, train
+from .runtime import open_training_corpus
+from .train import train
 
 
 class SweepError(RuntimeError):

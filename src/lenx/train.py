@@ -1,10 +1,11 @@
 """Training: a short-sequence LM run with checkpoints that resume exactly."""
 
-from contextlib import nullcontext
+from dataclasses import dataclass
 import json
 import math
 from pathlib import Path
 import time
+from typing import Callable
 
 import numpy as np
 import torch
@@ -14,33 +15,11 @@ from .checkpoint import checkpoint_dir, load_state, load_weights, save_checkpoin
 from .config import ConfigError, RunConfig, load_config, to_toml
 from .model import LM
 from .runinfo import environment
+from .runtime import autocast_for, open_training_corpus, param_groups, resolve_device
 
 
 class TrainingDiverged(RuntimeError):
     pass
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device=cuda but no CUDA device is visible; use train.device=cpu")
-    return torch.device(name)
-
-
-def autocast_for(device: torch.device, precision: str):
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
-
-
-def open_training_corpus(cfg: RunConfig):
-    from .data import open_corpus, prepare_corpus
-
-    root = Path(cfg.data.root)
-    if cfg.data.corpus == "synthetic" and not (root / "synthetic" / "manifest.json").exists():
-        prepare_corpus("synthetic", root, progress=False)  # embedded and generated in seconds
-    return open_corpus(cfg.data.corpus, root)
 
 
 def lr_at(step: int, cfg) -> float:
@@ -79,15 +58,6 @@ class Batches:
         return window[:, :-1], window[:, 1:]
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float):
-    """Decay matrices and embeddings; leave biases, norms and the position parts' scalars alone."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def prepare_run_dir(run_dir: Path, resume: bool) -> None:
     """Refuse to resume what is not a run, and to overwrite a run that already has a checkpoint."""
     run_dir = Path(run_dir)
@@ -103,6 +73,38 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     saved config is used). stop_after ends the loop after that many steps (checkpointing first).
     Under torchrun every rank calls this; the batch, loss curve and checkpoints are those of one
     process with the same global batch."""
+    run = setup_run(cfg, run_dir, resume)
+    total = run.cfg.train.steps
+    end = total if stop_after is None else min(total, run.start_step + stop_after)
+    metrics = MetricsLogger(run, end, progress)
+    loss = float("nan")
+    run.model.train()
+    for step in range(run.start_step, end):
+        loss, grad_norm = train_step(run, step)
+        metrics.log(step + 1, loss, lr_at(step, run.cfg), grad_norm)
+        checkpoint_if_due(run, step + 1, end)
+    metrics.close()
+    return {"run_dir": str(run.run_dir), "step": end, "final_loss": loss, "finished": end == total}
+
+
+@dataclass
+class TrainingRun:
+    """What the training loop works with, the same on every rank."""
+    cfg: RunConfig
+    run_dir: Path
+    device: torch.device
+    info: distributed.DistInfo
+    raw_model: LM  # the single-device model (under FSDP2 it holds this rank's shards)
+    model: torch.nn.Module  # raw_model wrapped by DDP / FSDP2, or raw_model itself
+    step_fn: Callable  # model, compiled when train.compile is set
+    optimizer: torch.optim.Optimizer
+    batches: Batches
+    start_step: int
+
+
+def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun:
+    """Device and process group, corpus, model, optimizer and (on resume) the checkpoint's weights,
+    optimizer and RNG state; rank 0 writes config.toml and meta.json."""
     run_dir = Path(run_dir)
     prepare_run_dir(run_dir, resume)
     if resume:
@@ -116,18 +118,9 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     cfg.model.vocab_size = corpus.vocab_size
     torch.manual_seed(cfg.train.seed)
     raw_model = LM(cfg.model)
-
-    start_step, state = 0, None
-    ckpt = checkpoint_dir(run_dir) if resume else None
-    if resume and ckpt is None:
-        if info.is_main:
-            print(f"no checkpoint in {run_dir} yet: starting from step 0")
-    if ckpt is not None:
-        # Full weights go into the plain model before it is wrapped or sharded, so any world size
-        # can resume any checkpoint.
-        load_weights(raw_model, ckpt)
-        state = load_state(ckpt)
-        start_step = state["step"]
+    # Full weights go into the plain model before it is wrapped or sharded, so any world size can
+    # resume any checkpoint.
+    state = _load_checkpoint(run_dir, raw_model, info) if resume else None
     raw_model.to(device)
     model = distributed.parallelize(raw_model, cfg.train.parallel, info)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.train.lr,
@@ -138,90 +131,128 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         if device.type == "cuda" and "cuda" in state["rng"]:
             torch.cuda.set_rng_state(state["rng"]["cuda"])
     step_fn = torch.compile(model) if cfg.train.compile else model
-
     if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.toml").write_text(to_toml(cfg))
-        meta = {"environment": environment(device), "world_size": info.world, "parallel": cfg.train.parallel,
-                "backends": raw_model.backends(device), "params": raw_model.num_params(),
-                "corpus": corpus.name, "vocab_size": corpus.vocab_size}
-        (run_dir / "meta.json").write_text(json.dumps(meta, indent=2))
-
+        _write_run_files(run_dir, cfg, device, info, raw_model, corpus)
     batches = Batches(corpus.tokens("train"), cfg.train.seq_len, cfg.train.batch_size, cfg.train.grad_accum,
                       cfg.train.seed, info)
-    metrics_path = run_dir / "metrics.jsonl"
-    if info.is_main:
-        _truncate_metrics(metrics_path, start_step)
-    writer = _tensorboard(run_dir) if info.is_main else None
-    total = cfg.train.steps
-    end = total if stop_after is None else min(total, start_step + stop_after)
-    bar = None
-    if progress and info.is_main:
-        from tqdm import tqdm
+    return TrainingRun(cfg, run_dir, device, info, raw_model, model, step_fn, optimizer, batches,
+                       state["step"] if state is not None else 0)
 
-        bar = tqdm(total=total, initial=start_step, desc=cfg.model.method, unit="step", dynamic_ncols=True)
-    tokens_per_step = cfg.train.batch_size * cfg.train.seq_len
-    t_last, last_loss = time.perf_counter(), float("nan")
-    model.train()
-    for step in range(start_step, end):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg)
-        loss_sum = torch.zeros((), device=device)
-        for micro in range(cfg.train.grad_accum):
-            x, y = batches.get(step, micro, device)
-            sync = distributed.grad_sync(model, cfg.train.parallel, info, micro == cfg.train.grad_accum - 1)
-            with sync, autocast_for(device, cfg.train.precision):
-                _, loss = step_fn(x, y)
-            (loss / cfg.train.grad_accum).backward()
-            loss_sum += loss.detach() / cfg.train.grad_accum
-        loss_val = float(distributed.mean_across_ranks(loss_sum, info))
-        if not math.isfinite(loss_val):
-            last = checkpoint_dir(run_dir)
-            raise TrainingDiverged(
-                f"loss became {loss_val} at step {step + 1}; stopped without saving. Last good checkpoint: "
-                f"{last if last else 'none'} (lower train.lr or check the data)")
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        done = step + 1
-        last_loss = loss_val
-        if info.is_main and (done % cfg.train.log_every == 0 or done == end):
+
+def _load_checkpoint(run_dir: Path, raw_model: LM, info: distributed.DistInfo) -> dict | None:
+    """Load the last checkpoint's weights into raw_model and return its training state (None when
+    there is no checkpoint yet)."""
+    ckpt = checkpoint_dir(run_dir)
+    if ckpt is None:
+        if info.is_main:
+            print(f"no checkpoint in {run_dir} yet: starting from step 0")
+        return None
+    load_weights(raw_model, ckpt)
+    return load_state(ckpt)
+
+
+def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM, corpus) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.toml").write_text(to_toml(cfg))
+    meta = {"environment": environment(device), "world_size": info.world, "parallel": cfg.train.parallel,
+            "backends": raw_model.backends(device), "params": raw_model.num_params(),
+            "corpus": corpus.name, "vocab_size": corpus.vocab_size}
+    (run_dir / "meta.json").write_text(json.dumps(meta, indent=2))
+
+
+def train_step(run: TrainingRun, step: int) -> tuple[float, torch.Tensor]:
+    """One optimizer step over train.grad_accum micro-batches. Returns the loss (the mean over ranks)
+    and the gradient norm before clipping; raises TrainingDiverged on a non-finite loss, before the
+    optimizer can apply it."""
+    cfg, device = run.cfg, run.device
+    accum = cfg.train.grad_accum
+    for group in run.optimizer.param_groups:
+        group["lr"] = lr_at(step, cfg)
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(accum):
+        x, y = run.batches.get(step, micro, device)
+        sync = distributed.grad_sync(run.model, cfg.train.parallel, run.info, micro == accum - 1)
+        with sync, autocast_for(device, cfg.train.precision):
+            _, loss = run.step_fn(x, y)
+        (loss / accum).backward()
+        loss_sum += loss.detach() / accum
+    loss_val = float(distributed.mean_across_ranks(loss_sum, run.info))
+    if not math.isfinite(loss_val):
+        last = checkpoint_dir(run.run_dir)
+        raise TrainingDiverged(
+            f"loss became {loss_val} at step {step + 1}; stopped without saving. Last good checkpoint: "
+            f"{last if last else 'none'} (lower train.lr or check the data)")
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.train.grad_clip)
+    run.optimizer.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return loss_val, grad_norm
+
+
+class MetricsLogger:
+    """metrics.jsonl, TensorBoard scalars and a progress bar, kept by rank 0 alone: on the other
+    ranks every method does nothing. A record is written every train.log_every steps and at the last."""
+
+    def __init__(self, run: TrainingRun, end: int, progress: bool):
+        self.active = run.info.is_main
+        self.end, self.start_step = end, run.start_step
+        self.log_every = run.cfg.train.log_every
+        self.tokens_per_step = run.cfg.train.batch_size * run.cfg.train.seq_len
+        self.path = run.run_dir / "metrics.jsonl"
+        self.writer = self.bar = None
+        if self.active:
+            _truncate_metrics(self.path, run.start_step)
+            self.writer = _tensorboard(run.run_dir)
+            if progress:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=run.cfg.train.steps, initial=run.start_step, desc=run.cfg.model.method,
+                                unit="step", dynamic_ncols=True)
+        self.t_last = time.perf_counter()
+
+    def log(self, done: int, loss: float, lr: float, grad_norm: torch.Tensor) -> None:
+        """After step `done` (1-based) has been taken."""
+        if not self.active:
+            return
+        if done % self.log_every == 0 or done == self.end:
             now = time.perf_counter()
-            steps_since = done - max(start_step, done - cfg.train.log_every) or 1
-            record = {"step": done, "loss": loss_val, "lr": lr_at(step, cfg), "grad_norm": float(grad_norm),
-                      "tokens_per_s": tokens_per_step * steps_since / max(now - t_last, 1e-9), "time": time.time()}
-            t_last = now
-            with open(metrics_path, "a") as f:
+            steps_since = done - max(self.start_step, done - self.log_every) or 1
+            record = {"step": done, "loss": loss, "lr": lr, "grad_norm": float(grad_norm),
+                      "tokens_per_s": self.tokens_per_step * steps_since / max(now - self.t_last, 1e-9),
+                      "time": time.time()}
+            self.t_last = now
+            with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
-            if writer is not None:
+            if self.writer is not None:
                 for key in ("loss", "lr", "grad_norm", "tokens_per_s"):
-                    writer.add_scalar(f"train/{key}", record[key], done)
-            if bar is not None:
-                bar.set_postfix(loss=f"{loss_val:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-        if bar is not None:
-            bar.update(1)
-        if done % cfg.train.ckpt_every == 0 or done == end:
-            _checkpoint(run_dir, model, raw_model, optimizer, done, device, info, cfg)
-    if bar is not None:
-        bar.close()
-    if writer is not None:
-        writer.close()
-    return {"run_dir": str(run_dir), "step": end, "final_loss": last_loss, "finished": end == total}
+                    self.writer.add_scalar(f"train/{key}", record[key], done)
+            if self.bar is not None:
+                self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:
+            self.writer.close()
 
 
-def _checkpoint(run_dir, model, raw_model, optimizer, step, device, info, cfg):
-    """Full weights and optimizer state, written by rank 0 alone (atomically, see checkpoint.py);
-    the other ranks wait so that none runs ahead of a checkpoint that may yet fail."""
-    weights, optim_state = distributed.full_state(model, optimizer, cfg.train.parallel, info)
-    if info.is_main:
-        plain = raw_model
+def checkpoint_if_due(run: TrainingRun, done: int, end: int) -> None:
+    """Every train.ckpt_every steps and at the last step: full weights and optimizer state, written
+    by rank 0 alone (atomically, see checkpoint.py); the other ranks wait so that none runs ahead of
+    a checkpoint that may yet fail."""
+    if done % run.cfg.train.ckpt_every and done != end:
+        return
+    weights, optim_state = distributed.full_state(run.model, run.optimizer, run.cfg.train.parallel, run.info)
+    if run.info.is_main:
+        plain = run.raw_model
         if weights is not None:  # FSDP2: raw_model holds shards; rebuild a plain copy from the gathered state
             with torch.random.fork_rng(devices=[]):  # building a model must not move the saved RNG state
-                plain = LM(cfg.model)
+                plain = LM(run.cfg.model)
             distributed.match_shapes(weights, optim_state, {n: p.shape for n, p in plain.named_parameters()})
             plain.load_state_dict(weights)
-        save_checkpoint(run_dir, plain, _train_state(step, optim_state, device))
-    distributed.barrier(info)
+        save_checkpoint(run.run_dir, plain, _train_state(done, optim_state, run.device))
+    distributed.barrier(run.info)
 
 
 def _train_state(step, optim_state, device) -> dict:
