@@ -1,10 +1,39 @@
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Without CUDA the Triton kernels run under Triton's interpreter. It must be chosen before a
+    # kernel module is imported (a kernel binds to it when decorated), so here, before collection.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def poison(monkeypatch):
+    """Every kernel output that the launchers would allocate with torch.empty starts as NaN, so an
+    element a kernel forgets to write fails the comparison."""
+    from lenx.ops import _launch
+
+    monkeypatch.setattr(_launch, "POISON", True)
+
+
+@pytest.fixture(autouse=True)
+def exact_reference():
+    """The references must be fp32: cuDNN convolutions default to TF32 on Ampere+ GPUs, which
+    once made the dense DAPE V2 reference itself off by ~1e-3."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    old = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,7 @@
 """Shared test helpers."""
 
+import math
+
 import torch
 
 
@@ -15,3 +17,22 @@ def assert_close(a, b, tol=1e-5, what="", floor=1e-6):
     assert torch.isfinite(a).all(), f"{what}: non-finite values"
     err = rel_err(a, b, floor)
     assert err < tol, f"{what}: relative error {err:.2e} >= {tol:.0e}"
+
+
+def stick_loop(q, k, v, attend_current):
+    """Direct product of sticks in float64: the nearest key breaks the stick first."""
+    B, H, T, d = q.shape
+    q, k, v = q.double(), k.double(), v.double()
+    out = torch.zeros(B, H, T, d, dtype=torch.float64)
+    rem = torch.ones(B, H, T, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for i in range(T):
+                left = 1.0
+                last = i if attend_current else i - 1
+                for j in range(last, -1, -1):
+                    beta = torch.sigmoid(q[b, h, i] @ k[b, h, j] / math.sqrt(d))
+                    out[b, h, i] += left * beta * v[b, h, j]
+                    left = left * (1 - beta)
+                rem[b, h, i] = left
+    return out, rem

@@ -192,7 +192,7 @@ def test_method_names_compose():
 def test_unknown_method_lists_valid_names():
     with pytest.raises(UnknownMethodError, match="kerple"):
         parse_method("kerpel")
-    with pytest.raises(UnknownMethodError, match="CoPE"):
+    with pytest.raises(UnknownMethodError, match="cope is itself a score processor"):
         parse_method("dapev2-cope")
 
 

@@ -10,10 +10,9 @@ than `max_call_s` (median) skips the longer lengths of that (method, backend).
 Library use: run_bench(...) -> dict (also written as JSON), print_bench_table(result).
 Whole training steps per method (the DAPE V2 paper's table 7): train_step_bench(...),
 print_train_step_table(result), train_step_markdown(result); `lenx bench --train-step`.
-Device use:  PYTHONPATH=src python -m lenx.bench --commit <sha> --out results.json
+Tile sweeps and kernel probes are lab-bench scripts: scripts/tune/.
 """
 
-import argparse
 from dataclasses import replace
 import gc
 import json
@@ -41,7 +40,7 @@ def _parts(method: str, heads: int, head_dim: int, device, dape_hidden: int, dap
     return module.parts, [p for n, p in module.named_parameters() if not n.startswith(("qkv", "proj"))]
 
 
-def _median_ms(fn, warmup_ms: float, rep_ms: float, max_reps: int, grads_to_none=()):
+def median_ms(fn, warmup_ms: float, rep_ms: float, max_reps: int, grads_to_none=()):
     """Time of one fn() in ms -> (back-to-back ms, reps, first-call ms, synchronized-call ms).
 
     Back to back (the figure the ratios use, as triton.testing.do_bench and the flash-attention
@@ -115,7 +114,7 @@ def _measure(method, backend, T, *, batch, heads, head_dim, dtype, device, chunk
         try:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-            ms, reps, first, synced = _median_ms(fn, warmup_ms, rep_ms, max_reps, leaves)
+            ms, reps, first, synced = median_ms(fn, warmup_ms, rep_ms, max_reps, leaves)
             row[f"{mode}_ms"] = ms
             row[f"{mode}_synced_ms"] = synced
             row[f"{mode}_reps"] = reps
@@ -284,170 +283,6 @@ def bench_markdown(result) -> str:
     return _markdown_table(_header(result), COLUMNS, _cells(result))
 
 
-# Candidate tile shapes of the fused kernels, tried by tile_sweep. DAPE V2: (BM, BNW, num_warps,
-# num_stages) for k <= 3, one shape for both passes. Kerple (bias-only) and stick-breaking: each
-# candidate changes one kernel's (BM, BN, num_warps, num_stages) on top of the current defaults
-# (the empty candidate: the defaults themselves); the fastest per kernel is kept.
-SWEEP = {
-    "kerple": [{}, {"dq": (64, 64, 4, 3)}],
-    "stickbreaking": [{}, {"fwd": (64, 64, 4, 3)}, {"bwd": (128, 64, 8, 2)}, {"scan": ("mm",)}],
-    "dapev2-kerple": [(16, 32, 8, 1)],
-}
-_BWD_KEYS = {"kerple": ("dkdv", "dq"), "stickbreaking": ("bwd",)}
-_BOTH_KEYS = {"stickbreaking": ("scan",), "kerple": ("band", "dkdv_band")}  # chosen by forward+backward time
-
-
-def _tile_module(method):
-    if method == "dapev2-kerple":
-        from .ops.dape_v2 import triton as mod
-    elif method == "stickbreaking":
-        from .ops.stickbreaking import triton as mod
-    else:
-        from .ops.dape_v2 import biased as mod
-    return mod
-
-
-def _set_tiles(method, tiles):
-    """Install tile shapes: DAPE V2 (k = 3, hidden <= 32, bf16) takes one tuple for both passes;
-    the others a {kernel: (BM, BN, num_warps, num_stages)} dict (kernels not named keep theirs)."""
-    mod = _tile_module(method)
-    if method == "dapev2-kerple":
-        mod.TILES["k3"] = tuple(tiles)
-    else:
-        mod.CONFIG.update({k: tuple(v) for k, v in tiles.items()})
-
-
-def _check_against_dense(method, T, heads, head_dim, device):
-    """Largest relative error of out, dq, dk, dv (bf16 kernel vs fp32 dense reference)."""
-    torch.manual_seed(0)
-    parts, params = _parts(method, heads, head_dim, device, 32, 3)
-    q, k, v = (torch.randn(1, heads, T, head_dim, device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32, requires_grad=True)
-               for _ in range(3))
-    g = torch.randn(1, heads, T, head_dim, device=device)
-    out = run_backend("triton", q, k, v, parts)[0]
-    grads = torch.autograd.grad(out, (q, k, v), g.bfloat16())
-    refs = [x.detach().float().requires_grad_() for x in (q, k, v)]
-    tf32 = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False  # an fp32 reference, not a TF32 one
-    try:
-        ref = run_backend("dense", *refs, parts)[0]
-        ref_grads = torch.autograd.grad(ref, refs, g)
-    finally:
-        torch.backends.cudnn.allow_tf32 = tf32
-    return max(float((a.float() - b).norm() / b.norm()) for a, b in zip((out, *grads), (ref, *ref_grads)))
-
-
-def tile_sweep(T: int = 8192, check_T: int = 1024, heads: int = 12, head_dim: int = 64, candidates=None,
-               log=print, device=None) -> dict:
-    """Time each candidate tile shape of the fused kernels at length T (bf16, B = 1) after checking
-    it against the dense fp32 reference at check_T (error < 1e-2); installs the fastest correct
-    candidates (forward kernels by forward time, backward kernels by forward+backward minus forward
-    time) and returns every measurement."""
-    device = device or torch.device("cuda")
-    out = {}
-    for method, cands in (candidates or SWEEP).items():
-        mod = _tile_module(method)
-        base = dict(mod.CONFIG) if method != "dapev2-kerple" else None
-        rows = []
-        for tiles in cands:
-            if base is not None:
-                mod.CONFIG.clear()
-                mod.CONFIG.update(base)
-            _set_tiles(method, tiles)
-            row = {"tiles": {k: list(v) for k, v in tiles.items()} if isinstance(tiles, dict) else list(tiles)}
-            try:
-                row["check_err"] = _check_against_dense(method, check_T, heads, head_dim, device)
-                if row["check_err"] < 1e-2:
-                    m = _measure(method, "triton", T, batch=1, heads=heads, head_dim=head_dim, dtype=torch.bfloat16,
-                                 device=device, chunk_size=256, dape_hidden=32, dape_kernel=3, warmup_ms=25,
-                                 rep_ms=200, max_reps=30)
-                    row.update({k: v for k, v in m.items() if k.startswith(("fwd", "fwdbwd"))})
-            except Exception as err:  # noqa: BLE001  (a candidate that does not fit is a result)
-                row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-            torch.cuda.empty_cache()
-            rows.append(row)
-            if log:
-                log(f"sweep {method} {tiles}: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                            for k, v in row.items() if k != "tiles"))
-        ok = [r for r in rows if "fwdbwd_ms" in r and "fwd_ms" in r]
-        if base is None:
-            best = min(ok, key=lambda r: r["fwdbwd_ms"])["tiles"] if ok else cands[0]
-            _set_tiles(method, best)
-            chosen = best
-        else:
-            chosen = dict(base)
-            for key, cost in [("fwd", lambda r: r["fwd_ms"])] + [
-                    (k, lambda r: r["fwdbwd_ms"] - r["fwd_ms"]) for k in _BWD_KEYS[method]] + [
-                    (k, lambda r: r["fwdbwd_ms"]) for k in _BOTH_KEYS.get(method, ())]:
-                cands_k = [r for r in ok if key in r["tiles"] or not r["tiles"]]
-                if cands_k:
-                    best = min(cands_k, key=cost)
-                    chosen[key] = tuple(best["tiles"].get(key, base[key]))
-            mod.CONFIG.clear()
-            mod.CONFIG.update(chosen)
-            chosen = {k: list(v) for k, v in chosen.items()}
-        out[method] = {"T": T, "check_T": check_T, "rows": rows, "chosen": chosen}
-        if log:
-            log(f"sweep {method}: chosen {chosen}")
-    return out
-
-
-def probe_table_grad(T: int = 8192, heads: int = 12, head_dim: int = 64, log=print) -> dict:
-    """Timings at length T, bf16, straight through the kernels (no module): the bias-only kernel's
-    forward with and without a bias, and forward+backward with and without the table gradient (the
-    per-diagonal sums and their atomic adds) and with no bias; a Kerple log module's r1, r2
-    gradients through the table gradient or straight from the kernel; stick-breaking forward and
-    forward+backward, also with its atomic adds left out (wrong dK/dV: timing only); fused SDPA."""
-    from .ops.dape_v2.biased import biased_attention
-
-    device = torch.device("cuda")
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(1, heads, T, head_dim, device=device, dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
-    g = torch.randn_like(q)
-    tab = -torch.rand(heads, 2 * T - 1, device=device)
-    tab_g = tab.clone().requires_grad_()
-    out = {}
-    for name, fn, leaves in [
-            ("fwd", lambda: biased_attention(q, k, v, tab), ()),
-            ("fwd_no_bias", lambda: biased_attention(q, k, v, None), ()),
-            ("fwdbwd_table_grad", lambda: biased_attention(q, k, v, tab_g).backward(g), (q, k, v, tab_g)),
-            ("fwdbwd_no_table_grad", lambda: biased_attention(q, k, v, tab).backward(g), (q, k, v)),
-            ("fwdbwd_no_bias", lambda: biased_attention(q, k, v, None).backward(g), (q, k, v))]:
-        ctx = torch.no_grad() if name.startswith("fwd_") or name == "fwd" else torch.enable_grad()
-        with ctx:
-            out[name] = _median_ms(fn, 25, 200, 50, leaves)[0]
-    from .attention.kerple import KerpleLog
-
-    # a Kerple log module: its r1, r2 gradients through the table gradient or straight from the kernel
-    kb = KerpleLog(heads).to(device)
-    kl = (q, k, v, kb.r1, kb.r2)
-    for name, kerple in [("fwdbwd_kerple_via_table", False), ("fwdbwd_kerple_params", True)]:
-        fn = (lambda kerple=kerple: biased_attention(q, k, v, kb.table(T, device),
-                                                     **(kb.fused_grad_args() if kerple else {})).backward(g))
-        out[name] = _median_ms(fn, 25, 200, 50, kl)[0]
-    from .ops.stickbreaking import triton as sb
-
-    for name, fn, leaves in [
-            ("sb_fwd", lambda: sb.stickbreaking_triton(q, k, v)[0], ()),
-            ("sb_fwdbwd", lambda: sb.stickbreaking_triton(q, k, v)[0].backward(g), (q, k, v)),
-            ("sb_fwdbwd_no_atomics", lambda: sb.stickbreaking_triton(q, k, v)[0].backward(g), (q, k, v))]:
-        sb._PROBE_NO_ATOMICS = name.endswith("no_atomics")
-        try:
-            with torch.no_grad() if name == "sb_fwd" else torch.enable_grad():
-                out[name] = _median_ms(fn, 25, 200, 50, leaves)[0]
-        finally:
-            sb._PROBE_NO_ATOMICS = False
-    for name, fn, leaves in [
-            ("sdpa_fwd", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), ()),
-            ("sdpa_fwdbwd", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).backward(g),
-             (q, k, v))]:
-        with torch.no_grad() if name == "sdpa_fwd" else torch.enable_grad():
-            out[name] = _median_ms(fn, 25, 200, 50, leaves)[0]
-    if log:
-        log("probe " + ", ".join(f"{k}={v:.3f} ms" for k, v in out.items()))
-    return out
-
 # --- whole training steps (the DAPE V2 paper's table 7) ------------------------------------------
 
 TRAIN_STEP_METHODS = ("rope", "alibi", "kerple", "fire", "dape-kerple", "dapev2-kerple")
@@ -456,7 +291,7 @@ TRAIN_STEP_METHODS = ("rope", "alibi", "kerple", "fire", "dape-kerple", "dapev2-
 def _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, steps, warmup, device) -> dict:
     """Build one model and time `steps` full optimizer steps after `warmup` untimed ones."""
     from .model import LM
-    from .train import autocast_for, param_groups
+    from .runtime import autocast_for, param_groups
 
     torch.manual_seed(0)
     model = LM(model_cfg).to(device)
@@ -602,50 +437,3 @@ def print_train_step_table(result, console=None):
 def train_step_markdown(result) -> str:
     """The same table as print_train_step_table, as GitHub markdown."""
     return _markdown_table(_train_step_header(result), TRAIN_STEP_COLUMNS, _train_step_cells(result))
-
-
-def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--backends", default=",".join(BACKENDS))
-    p.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=12)
-    p.add_argument("--head-dim", type=int, default=64)
-    p.add_argument("--max-call-s", type=float, default=3.0)
-    p.add_argument("--only", action="append", default=[], metavar="BACKEND=T1,T2",
-                   help="run BACKEND at these lengths only (repeatable)")
-    p.add_argument("--tile-sweep", action="store_true",
-                   help="first time candidate tile shapes of the fused kernels at 8192 and keep the fastest")
-    p.add_argument("--sweep-methods", default=",".join(SWEEP), help="methods whose tiles --tile-sweep tries")
-    p.add_argument("--probe", action="store_true",
-                   help="first time the fused kernels directly (bias-only with/without bias and table "
-                        "gradient, stick-breaking with/without its atomics, SDPA): see probe_table_grad")
-    p.add_argument("--commit", default=None)
-    p.add_argument("--out", default=None)
-    args = p.parse_args(argv)
-    only_at = {b: [int(x) for x in ts.split(",")] for b, ts in (o.split("=") for o in args.only)}
-    probe = probe_table_grad() if args.probe else None
-    sweep = tile_sweep(candidates={m: SWEEP[m] for m in args.sweep_methods.split(",")}) if args.tile_sweep else None
-    if sweep is not None and probe is not None:
-        sweep["probe"] = probe
-    if sweep and args.out:
-        with open(args.out.replace(".json", "_tile_sweep.json"), "w") as f:
-            json.dump(sweep, f, indent=1)
-    res = run_bench(methods=args.methods.split(","), lengths=[int(x) for x in args.lengths.split(",")],
-                    batch=args.batch, heads=args.heads, head_dim=args.head_dim, backends=args.backends.split(","),
-                    out_path=args.out, max_call_s=args.max_call_s, only_at=only_at, commit=args.commit,
-                    command="python -m lenx.bench " + " ".join(sys.argv[1:] if argv is None else argv))
-    if probe:
-        res["probe"] = probe
-    if sweep:
-        res["tile_sweep"] = sweep
-    if (probe or sweep) and args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
-    print_bench_table(res)
-    return res
-
-
-if __name__ == "__main__":
-    main()

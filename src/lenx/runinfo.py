@@ -44,3 +44,15 @@ def environment(device: torch.device | None = None) -> dict:
     else:
         info["cpu"] = platform.processor() or platform.machine()
     return info
+
+
+def kernel_sources_hash() -> str:
+    """SHA-256 over every source file of lenx.ops (paths and contents): which kernels a GPU test run
+    or a benchmark measured. results/gpu-tests/summary.json records it for the last device run."""
+    import hashlib
+
+    ops = Path(__file__).parent / "ops"
+    h = hashlib.sha256()
+    for path in sorted(ops.rglob("*.py")):
+        h.update(path.relative_to(ops).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()

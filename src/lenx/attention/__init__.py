@@ -1,13 +1,14 @@
 """Attention variants as composable parts, and the one attention module built from them."""
 
 from .alibi import ALiBi, alibi_slopes
-from .backends import BACKENDS, Parts, plan_backend
+from .backends import BACKENDS, plan_backend
 from .cope import CoPE
 from .dape import DapeV2
 from .fire import FIRE
 from .kerple import KerpleLog, KerplePower
 from .methods import BASES, MethodSpec, UnknownMethodError, all_methods, parse_method
 from .module import Attention, AttentionConfig
+from .parts import Parts, PartContext, ScoreBias, ScoreProcessor
 from .rope import RoPE
 from .softmax import Softmax
 from .stickbreaking import StickBreaking
@@ -17,5 +18,6 @@ from .xl import XLRelative
 __all__ = [
     "ALiBi", "alibi_slopes", "BACKENDS", "Parts", "plan_backend", "CoPE", "DapeV2", "FIRE", "KerpleLog",
     "KerplePower", "BASES", "MethodSpec", "UnknownMethodError", "all_methods", "parse_method", "Attention",
-    "AttentionConfig", "RoPE", "Softmax", "StickBreaking", "T5Bias", "XLRelative",
+    "AttentionConfig", "PartContext", "ScoreBias", "ScoreProcessor", "RoPE", "Softmax", "StickBreaking", "T5Bias",
+    "XLRelative",
 ]

@@ -3,7 +3,6 @@
 import math
 
 import torch
-from torch import nn
 
 from .positions import DistanceBias
 
@@ -28,6 +27,10 @@ class ALiBi(DistanceBias):
         super().__init__()
         self.causal = causal
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+
+    @classmethod
+    def from_config(cls, ctx):
+        return cls(ctx.n_head, ctx.cfg.causal)
 
     def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
         return -self.slopes.view(-1, *([1] * dist.dim())) * dist.to(self.slopes.dtype)

@@ -3,20 +3,26 @@
 import torch
 from torch import nn
 
+from .parts import ScoreProcessor
 
-class CoPE(nn.Module):
+
+class CoPE(ScoreProcessor):
     """g_ij = sigmoid(S_ij) on the causal part; p_ij = sum_{t=j..i} g_it, clamped to npos_max - 1;
     z_ij = q_i . e[p_ij], interpolated between floor(p) and ceil(p); A = S + z.
     e [d, npos_max] is zero-initialised, one per layer, shared by the heads."""
-
-    halo = 0
 
     def __init__(self, head_dim: int, npos_max: int = 64):
         super().__init__()
         self.npos_max = npos_max
         self.pos_emb = nn.Parameter(torch.zeros(head_dim, npos_max))
 
-    def forward(self, scores, q, q_pos, k_pos):
+    @classmethod
+    def from_config(cls, ctx):
+        return cls(ctx.head_dim, ctx.cfg.cope_npos)
+
+    def forward(self, scores, bias, q, q_pos, k_pos):
+        if bias is not None:
+            scores = scores + bias.to(scores.dtype)
         causal = k_pos[None, :] <= q_pos[:, None]
         gates = torch.sigmoid(scores).masked_fill(~causal, 0.0)
         # Reverse cumulative sum along keys: p_ij = sum over t >= j of the (masked) gates of row i.

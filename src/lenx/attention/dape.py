@@ -3,14 +3,19 @@
 A = S + Bias + f(tril([S; Bias])), f = Conv2d(C -> D, (1, k)) -> LeakyReLU(0.01) -> Conv2d(D -> H, (1, k)),
 C = 2H with a bias and H without. The kernel has height 1, so it slides along keys only and every
 query row is processed on its own. kernel_size = 1 is DAPE (v1): a per-entry MLP across heads.
+The formula itself is lenx.ops.dape_v2.reference.dape_v2_scores; this module owns the weights.
 """
 
 import torch
 from torch import nn
-from torch.nn import functional as F
+
+from ..ops.dape_v2.reference import dape_v2_scores
+from .parts import ScoreProcessor
 
 
-class DapeV2(nn.Module):
+class DapeV2(ScoreProcessor):
+    op = "dape_v2"
+
     def __init__(self, num_heads: int, hidden: int = 32, kernel_size: int = 3, with_bias: bool = True,
                  leak: bool = False):
         super().__init__()
@@ -26,34 +31,32 @@ class DapeV2(nn.Module):
         self.conv1 = nn.Conv2d(channels, hidden, (1, kernel_size), padding=pad)
         self.conv2 = nn.Conv2d(hidden, num_heads, (1, kernel_size), padding=pad)
 
+    @classmethod
+    def from_config(cls, ctx):
+        """"dape" is the 1 x 1 kernel; "dapev2" takes model.dape_kernel."""
+        k = 1 if ctx.name == "dape" else ctx.cfg.dape_kernel
+        return cls(ctx.n_head, ctx.cfg.dape_hidden, k, with_bias=ctx.has_bias, leak=ctx.cfg.dape_leak)
+
     @property
     def halo(self) -> int:
         """Keys past the last query that a row-block needs: conv2 reads conv1 outputs k//2 keys right
         of the diagonal; conv1's inputs there are zero (tril), so k//2 extra keys suffice."""
         return self.kernel_size // 2
 
-    def forward(self, scores: torch.Tensor, bias: torch.Tensor | None = None,
-                q_offset: int | None = None) -> torch.Tensor:
-        """scores [B, H, Tq, Tk] (scaled), bias broadcastable to it. Query row r sits at absolute
-        position q_offset + r (default Tk - Tq: the rows are the last Tq positions). Returns
+    def conv_weights(self) -> tuple[torch.Tensor, ...]:
+        """(w1, b1, w2, b2): what the fused kernel takes."""
+        return self.conv1.weight, self.conv1.bias, self.conv2.weight, self.conv2.bias
+
+    def forward(self, scores: torch.Tensor, bias: torch.Tensor | None = None, q: torch.Tensor | None = None,
+                q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """scores [B, H, Tq, Tk] (scaled), bias broadcastable to it; q_pos, k_pos the rows' and keys'
+        positions (default: the rows are the last Tq of Tk positions); q is not used. Returns
         S + Bias + f(tril([S; Bias])) with no -inf masking."""
         if self.with_bias and bias is None:
             raise ValueError("this DapeV2 was built with_bias=True (2H input channels) but got no bias")
         if not self.with_bias and bias is not None:
             raise ValueError("this DapeV2 was built with_bias=False (H input channels) but got a bias")
-        if bias is not None:
-            bias = bias.to(scores.dtype).expand_as(scores)
-            x = torch.cat([scores, bias], dim=1)
-        else:
-            x = scores
-        if not self.leak:
-            Tq, Tk = scores.shape[-2:]
-            offset = Tk - Tq if q_offset is None else q_offset
-            future = torch.ones(Tq, Tk, dtype=torch.bool, device=scores.device).triu(offset + 1)
-            x = x.masked_fill(future, 0.0)
-        f = self.conv2(F.leaky_relu(self.conv1(x), 0.01))
-        out = scores + f.to(scores.dtype)
-        return out if bias is None else out + bias
+        return dape_v2_scores(scores, bias, *self.conv_weights(), q_pos, k_pos, self.leak)
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, hidden={self.hidden}, k={self.kernel_size}, with_bias={self.with_bias}, leak={self.leak}"

@@ -15,6 +15,10 @@ class KerpleLog(DistanceBias):
         self.r1 = nn.Parameter(torch.rand(num_heads) * 2)
         self.r2 = nn.Parameter(torch.rand(num_heads))
 
+    @classmethod
+    def from_config(cls, ctx):
+        return cls(ctx.n_head, ctx.cfg.causal)
+
     def clamped(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(r1, r2) as used, [H] each."""
         return self.r1.clamp(min=self.eps), self.r2.clamp(min=self.eps)
@@ -36,6 +40,10 @@ class KerplePower(DistanceBias):
         self.causal, self.eps = causal, eps
         self.a = nn.Parameter(torch.rand(num_heads))
         self.p = nn.Parameter(torch.rand(num_heads) * 2)
+
+    @classmethod
+    def from_config(cls, ctx):
+        return cls(ctx.n_head, ctx.cfg.causal)
 
     def clamped(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(a, p) as used, [H] each."""

@@ -10,27 +10,52 @@ from dataclasses import dataclass
 import difflib
 import functools
 
+from .alibi import ALiBi
+from .cope import CoPE
+from .dape import DapeV2
+from .fire import FIRE
+from .kerple import KerpleLog, KerplePower
+from .rope import RoPE
+from .softmax import Softmax
+from .stickbreaking import StickBreaking
+from .t5 import T5Bias
+from .xl import XLRelative
+
+
+@dataclass(frozen=True)
+class Part:
+    """One registry entry: what the name means and how its module is built (cls.from_config(ctx),
+    see parts.PartContext). role says where the module goes: "qk" (a q/k transform), "bias",
+    "processor", "normaliser", or None (nothing to build). causal_only: no bidirectional form."""
+
+    description: str
+    cls: type | None = None
+    role: str | None = None
+    causal_only: bool = False
+
+    def build(self, ctx):
+        return self.cls.from_config(ctx)
+
+
 BASES = {
-    "nope": "no position encoding, causal mask only",
-    "rope": "rotary position embedding (Su et al. 2021)",
-    "alibi": "ALiBi linear distance penalty (Press et al. 2022)",
-    "kerple": "Kerple logarithmic kernel bias (Chi et al. 2022)",
-    "kerple-power": "Kerple power kernel bias (Chi et al. 2022)",
-    "fire": "FIRE learned functional bias (Li et al. 2024)",
-    "t5": "T5 bucketed relative bias, shared by layers (Raffel et al. 2020)",
-    "cope": "contextual position encoding (Golovneva et al. 2024)",
-    "xl": "Transformer-XL relative encoding (Dai et al. 2019)",
+    "nope": Part("no position encoding, causal mask only"),
+    "rope": Part("rotary position embedding (Su et al. 2021)", RoPE, "qk"),
+    "alibi": Part("ALiBi linear distance penalty (Press et al. 2022)", ALiBi, "bias"),
+    "kerple": Part("Kerple logarithmic kernel bias (Chi et al. 2022)", KerpleLog, "bias"),
+    "kerple-power": Part("Kerple power kernel bias (Chi et al. 2022)", KerplePower, "bias"),
+    "fire": Part("FIRE learned functional bias (Li et al. 2024)", FIRE, "bias"),
+    "t5": Part("T5 bucketed relative bias, shared by layers (Raffel et al. 2020)", T5Bias, "bias"),
+    "cope": Part("contextual position encoding (Golovneva et al. 2024)", CoPE, "processor", causal_only=True),
+    "xl": Part("Transformer-XL relative encoding (Dai et al. 2019)", XLRelative, "bias"),
 }
 PROCESSORS = {
-    "dape": "DAPE: per-entry MLP over [scores; bias] across heads (Zheng et al. 2024)",
-    "dapev2": "DAPE V2: 1xk convolution over [scores; bias] along keys (arXiv 2410.04798)",
+    "dape": Part("DAPE: per-entry MLP over [scores; bias] across heads (Zheng et al. 2024)", DapeV2, "processor"),
+    "dapev2": Part("DAPE V2: 1xk convolution over [scores; bias] along keys (arXiv 2410.04798)", DapeV2, "processor"),
 }
 NORMALISERS = {
-    "softmax": "softmax",
-    "stickbreaking": "stick-breaking (Tan et al. 2024)",
+    "softmax": Part("softmax", Softmax, "normaliser"),
+    "stickbreaking": Part("stick-breaking (Tan et al. 2024)", StickBreaking, "normaliser", causal_only=True),
 }
-# Biases added to the scores (the rest of the bases are a q/k transform, a processor, or nothing).
-ADDITIVE_BIASES = ("alibi", "kerple", "kerple-power", "fire", "t5", "xl")
 
 
 @dataclass(frozen=True)
@@ -42,15 +67,20 @@ class MethodSpec:
 
     @property
     def bias(self) -> str | None:
-        return self.base if self.base in ADDITIVE_BIASES else None
+        """The base's name when it is an additive bias."""
+        return self.base if BASES[self.base].role == "bias" else None
+
+    @property
+    def causal_only(self) -> bool:
+        return BASES[self.base].causal_only or NORMALISERS[self.normaliser].causal_only
 
     @property
     def description(self) -> str:
-        words = [BASES[self.base]]
+        words = [BASES[self.base].description]
         if self.processor:
-            words.insert(0, PROCESSORS[self.processor] + " on")
+            words.insert(0, PROCESSORS[self.processor].description + " on")
         if self.normaliser != "softmax":
-            words.append("with " + NORMALISERS[self.normaliser] + " instead of softmax")
+            words.append("with " + NORMALISERS[self.normaliser].description + " instead of softmax")
         return " ".join(words)
 
 
@@ -72,7 +102,7 @@ def _all_names() -> tuple[str, ...]:
         for processor in (None, "dape", "dapev2")
         for normaliser in ("softmax", "stickbreaking")
         for base in BASES
-        if not (processor and base == "cope")
+        if not (processor and BASES[base].role == "processor")
     )
 
 
@@ -95,10 +125,10 @@ def parse_method(name: str) -> MethodSpec:
             f"{{{', '.join(PROCESSORS)}}}, normaliser in {{stickbreaking}}, base in {{{', '.join(BASES)}}}; "
             f"`lenx list` prints all {len(all_methods())}."
         )
-    if processor and base == "cope":
+    if processor and BASES[base].role == "processor":
         raise UnknownMethodError(
-            f"{raw!r}: CoPE is itself a score processor and does not compose with {processor}; use 'cope' alone "
-            "or a DAPE processor on another base"
+            f"{raw!r}: {base} is itself a score processor and does not compose with {processor}; use {base!r} "
+            "alone or a DAPE processor on another base"
         )
     return MethodSpec(canonical_name(processor, normaliser, base), base, processor, normaliser)
 

@@ -1,22 +1,14 @@
-"""The one attention module: a q/k transform, a score bias, a score processor and a normaliser."""
+"""The one attention module: a q/k transform, a score bias, a score processor and a normaliser,
+built from the method registry (methods.py)."""
 
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .alibi import ALiBi
-from .backends import Parts, plan_backend, run_backend
-from .cope import CoPE
-from .dape import DapeV2
-from .fire import FIRE
-from .kerple import KerpleLog, KerplePower
-from .methods import parse_method
-from .rope import RoPE
-from .softmax import Softmax
-from .stickbreaking import StickBreaking
-from .t5 import T5Bias
-from .xl import XLRelative
+from .backends import plan_backend, run_backend
+from .methods import BASES, NORMALISERS, PROCESSORS, parse_method
+from .parts import PartContext, Parts
 
 
 @dataclass
@@ -41,31 +33,6 @@ class AttentionConfig:
     sb_remainder: str = "value"  # value | head | drop
 
 
-def build_bias(kind: str | None, cfg: AttentionConfig, n_head: int, head_dim: int, d_model: int,
-               shared: dict, processor: str | None):
-    if kind is None:
-        return None
-    if kind == "alibi":
-        return ALiBi(n_head, cfg.causal)
-    if kind == "kerple":
-        return KerpleLog(n_head, cfg.causal)
-    if kind == "kerple-power":
-        return KerplePower(n_head, cfg.causal)
-    if kind == "fire":
-        act = cfg.fire_activation
-        if act == "auto":
-            act = "leaky_relu" if processor else "relu"
-        return FIRE(n_head, cfg.causal, cfg.fire_width, cfg.fire_L_init, activation=act)
-    if kind == "t5":
-        # One table for the whole model: the first layer creates it, the others reuse it.
-        if "t5" not in shared:
-            shared["t5"] = T5Bias(n_head, cfg.causal, cfg.t5_buckets, cfg.t5_max_distance)
-        return shared["t5"]
-    if kind == "xl":
-        return XLRelative(n_head, head_dim, d_model, cfg.causal)
-    raise AssertionError(kind)
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: AttentionConfig, n_head: int, d_model: int, shared: dict | None = None):
         super().__init__()
@@ -73,25 +40,25 @@ class Attention(nn.Module):
             raise ValueError(f"d_model {d_model} is not divisible by n_head {n_head}")
         self.cfg, self.n_head, self.head_dim = cfg, n_head, d_model // n_head
         spec = self.spec = parse_method(cfg.method)
-        if not cfg.causal and (spec.normaliser == "stickbreaking" or spec.base == "cope"):
+        if not cfg.causal and spec.causal_only:
             raise ValueError(f"method {spec.name!r} is causal by construction and cannot run non-causally")
-        shared = {} if shared is None else shared
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
-        self.rope = RoPE(self.head_dim, cfg.rope_base) if spec.base == "rope" else None
-        self.bias = build_bias(spec.bias, cfg, n_head, self.head_dim, d_model, shared, spec.processor)
+        ctx = PartContext(spec.base, cfg, n_head, self.head_dim, d_model, {} if shared is None else shared,
+                          spec.processor)
+        base = BASES[spec.base]
+        built = base.build(ctx) if base.role else None
+        self.rope = built if base.role == "qk" else None
+        self.bias = built if base.role == "bias" else None
+        ctx.has_bias = self.bias is not None
         if spec.processor:
-            k = 1 if spec.processor == "dape" else cfg.dape_kernel
-            self.processor = DapeV2(n_head, cfg.dape_hidden, k, with_bias=self.bias is not None, leak=cfg.dape_leak)
-        elif spec.base == "cope":
-            self.processor = CoPE(self.head_dim, cfg.cope_npos)
+            ctx.name = spec.processor
+            self.processor = PROCESSORS[spec.processor].build(ctx)
         else:
-            self.processor = None
-        if spec.normaliser == "stickbreaking":
-            self.normaliser = StickBreaking(n_head, self.head_dim, cfg.sb_attend_current, cfg.sb_remainder)
-        else:
-            self.normaliser = Softmax()
-        self.parts = Parts(self.rope, self.bias, self.processor, self.normaliser, cfg.causal, self.head_dim)
+            self.processor = built if base.role == "processor" else None
+        ctx.name = spec.normaliser
+        self.normaliser = NORMALISERS[spec.normaliser].build(ctx)
+        self.parts = Parts(self.bias, self.processor, self.normaliser, cfg.causal, self.head_dim)
         # Fail at construction, not at the first forward, when a forced backend cannot run this
         # composition (triton is judged for CUDA, the only device it runs on).
         plan_backend(self.parts, torch.device("cuda" if cfg.backend == "triton" else "cpu"), cfg.backend)

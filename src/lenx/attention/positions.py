@@ -1,7 +1,8 @@
 """Relative-position helpers shared by the position biases."""
 
 import torch
-from torch import nn
+
+from .parts import ScoreBias
 
 
 def relative_distance(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -22,14 +23,12 @@ def signed_distances(T: int, device=None) -> torch.Tensor:
     return torch.arange(-(T - 1), T, device=device)
 
 
-class DistanceBias(nn.Module):
+class DistanceBias(ScoreBias):
     """A bias that depends only on (head, i - j): subclasses define from_distance(dist) -> [H, *dist].
+    FlexAttention and the fused kernels read such a bias from its per-distance table instead of a
+    [T, T] map."""
 
-    Such biases are "pointwise": FlexAttention and the fused kernels read them from a per-distance
-    table instead of a [T, T] map.
-    """
-
-    pointwise = True
+    per_distance = True
     causal = True
 
     def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
@@ -38,12 +37,6 @@ class DistanceBias(nn.Module):
     def table(self, T: int, device=None) -> torch.Tensor:
         """[H, 2T - 1] bias for every signed distance i - j (see signed_distances)."""
         return self.from_distance(fold_distance(signed_distances(T, device), self.causal))
-
-    def fused_grad_args(self) -> dict:
-        """Keyword arguments of lenx.ops.dape_v2.biased.biased_attention that let the fused kernel
-        give this bias's parameters their gradients more cheaply than the whole table gradient
-        (`kerple`, `tail`); none by default."""
-        return {}
 
     def forward(self, q_pos, k_pos, q=None, k=None):
         return self.from_distance(relative_distance(q_pos, k_pos, self.causal))

@@ -14,6 +14,10 @@ class RoPE(nn.Module):
         inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    @classmethod
+    def from_config(cls, ctx):
+        return cls(ctx.head_dim, ctx.cfg.rope_base)
+
     def rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         angles = pos.to(torch.float32)[:, None] * self.inv_freq[None, :]  # [T, d/2]
         cos = torch.cat([angles.cos(), angles.cos()], -1).to(x.dtype)

@@ -1,17 +1,21 @@
-"""The softmax normaliser: masked softmax over keys."""
+"""The softmax normaliser: masked softmax over keys (the formula: lenx.ops.biased_softmax.reference)."""
 
 import torch
 from torch import nn
+
+from ..ops.biased_softmax.reference import masked_softmax
 
 
 class Softmax(nn.Module):
     name = "softmax"
 
+    @classmethod
+    def from_config(cls, ctx):
+        return cls()
+
     def forward(self, scores, v, allowed):
         """scores [B, H, Tq, Tk], allowed [Tq, Tk] -> (out [B, H, Tq, d], None)."""
-        acc = torch.float64 if scores.dtype == torch.float64 else torch.float32
-        probs = scores.to(acc).masked_fill(~allowed, float("-inf")).softmax(-1)
-        return torch.matmul(probs.to(v.dtype), v), None
+        return masked_softmax(scores, v, allowed), None
 
     def allowed(self, q_pos, k_pos, causal: bool):
         if not causal:

@@ -24,6 +24,10 @@ class StickBreaking(nn.Module):
             self.rem_vector = nn.Parameter(torch.zeros(num_heads, head_dim))
             self.norm = nn.GroupNorm(num_heads, num_heads * head_dim)
 
+    @classmethod
+    def from_config(cls, ctx):
+        return cls(ctx.n_head, ctx.head_dim, ctx.cfg.sb_attend_current, ctx.cfg.sb_remainder)
+
     def allowed(self, q_pos, k_pos, causal: bool):
         if not causal:
             raise ValueError("stick-breaking attention is directional and cannot run non-causally")

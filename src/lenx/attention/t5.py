@@ -31,6 +31,13 @@ class T5Bias(DistanceBias):
         n = torch.arange(4 * max_distance)
         self.tail_start = int((t5_bucket(n, num_buckets, max_distance) < num_buckets - 1).sum()) if causal else None
 
+    @classmethod
+    def from_config(cls, ctx):
+        # One table for the whole model: the first layer creates it, the others reuse it.
+        if "t5" not in ctx.shared:
+            ctx.shared["t5"] = cls(ctx.n_head, ctx.cfg.causal, ctx.cfg.t5_buckets, ctx.cfg.t5_max_distance)
+        return ctx.shared["t5"]
+
     def bucket(self, signed_dist: torch.Tensor) -> torch.Tensor:
         if self.causal:
             return t5_bucket(signed_dist, self.num_buckets, self.max_distance)

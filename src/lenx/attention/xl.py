@@ -9,6 +9,8 @@ import math
 import torch
 from torch import nn
 
+from .parts import ScoreBias
+
 
 def sinusoid(dist: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal embedding R of (signed) distances: [N] -> [N, dim]."""
@@ -17,15 +19,17 @@ def sinusoid(dist: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([angles.sin(), angles.cos()], -1)
 
 
-class XLRelative(nn.Module):
-    pointwise = False  # depends on q and k
-
+class XLRelative(ScoreBias):
     def __init__(self, num_heads: int, head_dim: int, d_model: int, causal: bool = True):
         super().__init__()
         self.causal, self.num_heads, self.head_dim, self.d_model = causal, num_heads, head_dim, d_model
         self.u = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)
         self.v = nn.Parameter(torch.randn(num_heads, head_dim) * 0.02)
         self.W_R = nn.Linear(d_model, num_heads * head_dim, bias=False)
+
+    @classmethod
+    def from_config(cls, ctx):
+        return cls(ctx.n_head, ctx.head_dim, ctx.d_model, ctx.cfg.causal)
 
     def forward(self, q_pos, k_pos, q=None, k=None):
         if q is None or k is None:

@@ -1,6 +1,6 @@
 """Hardware approximations for the Triton kernels. tl.log2 and a / b compile to multi-instruction
-IEEE routines (tl.log2 to a ~25-instruction polynomial, found in the SASS: notes/kernels.md,
-session 4); the PTX approximations are one MUFU op each. The interpreter (the CPU tests) cannot
+IEEE routines (tl.log2 to a ~25-instruction polynomial, found in the SASS: notes/kernels.md);
+the PTX approximations are one MUFU op each. The interpreter (the CPU tests) cannot
 run PTX, so HW=False takes the plain forms: the kernels pass HW = their inputs are on CUDA."""
 
 import triton

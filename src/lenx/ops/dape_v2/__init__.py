@@ -1,6 +1,6 @@
-"""DAPE V2 attention kernels. The Triton modules are imported lazily (see lenx.ops), so this package
-imports without triton installed:
+"""DAPE V2 attention: reference.py (dense, the definition) and triton.py (fused kernels, imported
+lazily so this package imports without triton):
 
-    lenx.ops.dape_v2.triton.dape_v2_triton(q, k, v, processor, table)   fused DAPE V2
-    lenx.ops.dape_v2.biased.biased_attention(q, k, v, table)             processor off (bias only)
+    lenx.ops.dape_v2.reference.dape_v2_reference(q, k, v, w1, b1, w2, b2, table)
+    lenx.ops.dape_v2.triton.dape_v2_triton(q, k, v, w1, b1, w2, b2, table)
 """

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .biased import _new, _new_like, _precision
+from .._launch import check_qkv, dot_precision, new, new_like, pow2, strides
 
 
 @triton.jit
@@ -329,16 +329,12 @@ def _dape_bwd_dkdv(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DK, DV,
                  dv.to(DV.dtype.element_ty), mask=mask)
 
 
-def _pow2(n: int, least: int = 16) -> int:
-    return max(least, triton.next_power_of_2(n))
-
-
 # Tile shapes (BM query rows, BNW window keys, num_warps, num_stages). BM >= 16 for tl.dot. A
 # window yields BNW - 4h outputs (forward, dQ) and BNW - 8h owned keys (dK/dV), h = k // 2, so
 # k = 5, 7 need 32-key windows. k <= 3 takes 32 keys too where that fits in the 227 KB of shared
 # memory (bf16 conv operands, hidden <= 32), else 16. Larger tiles overflow the SM's registers and
-# shared memory; one pipeline stage for the same reason. Measured: lenx.bench.tile_sweep and the
-# offline sm_90 compiles in notes/kernels.md.
+# shared memory; one pipeline stage for the same reason. Measured: scripts/tune/tile_sweep.py and
+# the offline sm_90 compiles in notes/kernels.md.
 DKDV_ONE_PASS_MAX = 16 * 16 * 64  # HP * BNW * DH up to which dK and dV share one pass
 TILES = {
     "k3": (16, 32, 8, 1),  # k <= 3, hidden <= 32, bf16 conv operands (the common case)
@@ -347,15 +343,26 @@ TILES = {
 }
 
 
-def _config(kernel_size: int, hidden_padded: int, conv_precision: str):
+def tile_config(kernel_size: int, hidden_padded: int, conv_precision: str, overrides: dict | None = None) -> dict:
+    """The launch settings of one call: "tiles" (BM, BNW, num_warps, num_stages) for its kernel size,
+    hidden width and conv precision, and "split_dkdv" (None: split the key-owner pass in two when
+    its tiles exceed DKDV_ONE_PASS_MAX; True/False: force it), with `overrides` on top."""
     if kernel_size > 3:
-        return TILES["k57"]
-    return TILES["k3" if hidden_padded <= 32 and conv_precision == "bf16" else "k3_big"]
+        tiles = TILES["k57"]
+    else:
+        tiles = TILES["k3" if hidden_padded <= 32 and conv_precision == "bf16" else "k3_big"]
+    cfg = {"tiles": tiles, "split_dkdv": None}
+    unknown = set(overrides or {}) - set(cfg)
+    if unknown:
+        raise ValueError(f"unknown DAPE V2 launch settings {sorted(unknown)}; known: {sorted(cfg)}")
+    cfg.update(overrides or {})
+    cfg["tiles"] = tuple(cfg["tiles"])
+    return cfg
 
 
 def _shapes(H, D, kernel_size, has_bias):
-    HP = _pow2(H)
-    return dict(H=H, HP=HP, CP=2 * HP if has_bias else HP, DP=_pow2(D), KS=kernel_size)
+    HP = pow2(H)
+    return dict(H=H, HP=HP, CP=2 * HP if has_bias else HP, DP=pow2(D), KS=kernel_size)
 
 
 def _pack_weights(w1, b1, w2, b2, H, D, ks, has_bias, HP, CP, DP):
@@ -381,7 +388,7 @@ def _channel_map(H, has_bias, device):
 
 class DapeV2Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, table, w1, b1, w2, b2, conv_precision):
+    def forward(ctx, q, k, v, table, w1, b1, w2, b2, conv_precision, overrides):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         B, H, T, DH = q.shape
         D, ks = w1.shape[0], w1.shape[-1]
@@ -389,16 +396,18 @@ class DapeV2Attention(torch.autograd.Function):
         sh = _shapes(H, D, ks, has_bias)
         W1, B1, W2, B2 = _pack_weights(w1, b1, w2, b2, H, D, ks, has_bias, sh["HP"], sh["CP"], sh["DP"])
         tab = table.detach().float().contiguous() if has_bias else W1  # dummy pointer when unused
-        prec = _precision(q.dtype)
+        prec = dot_precision(q.dtype)
         cprec = "ieee" if q.dtype == torch.float32 else conv_precision
-        out = _new_like(q)
-        lse = _new((B, H, T), q, torch.float32)
-        BM, BNW, nw, ns = _config(ks, sh["DP"], cprec)
+        cfg = tile_config(ks, sh["DP"], cprec, overrides)
+        out = new_like(q)
+        lse = new((B, H, T), q, torch.float32)
+        BM, BNW, nw, ns = cfg["tiles"]
         _dape_fwd[(triton.cdiv(T, BM), B)](
-            q, k, v, tab, W1, B1, W2, B2, out, lse, *_st(q), *_st(k), *_st(v), *_st(out), T, DH ** -0.5,
+            q, k, v, tab, W1, B1, W2, B2, out, lse, *strides(q), *strides(k), *strides(v), *strides(out), T, DH ** -0.5,
             DH=DH, HAS_BIAS=has_bias, BM=BM, BNW=BNW, PREC=prec, CPREC=cprec, num_warps=nw, num_stages=ns, **sh)
         ctx.save_for_backward(q, k, v, tab, W1, B1, W2, B2, out, lse)
         ctx.meta = (has_bias, D, ks, cprec, w1.dtype, b1.dtype, w2.dtype, b2.dtype)
+        ctx.cfg = cfg
         return out
 
     @staticmethod
@@ -410,20 +419,20 @@ class DapeV2Attention(torch.autograd.Function):
         HP, CP, DP = sh["HP"], sh["CP"], sh["DP"]
         dout = dout.contiguous()
         delta = (dout.float() * out.float()).sum(-1).contiguous()  # [B, H, T]
-        prec = _precision(q.dtype)
-        dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
+        prec = dot_precision(q.dtype)
+        dq, dk, dv = new_like(q), new_like(k), new_like(v)
         need_dtab = has_bias and ctx.needs_input_grad[3]
         dtab = torch.zeros(H, 2 * T - 1, device=q.device) if need_dtab else W1
         scale = DH ** -0.5
-        common = (*_st(q), *_st(k), *_st(v), *_st(dout), T, scale)
+        common = (*strides(q), *strides(k), *strides(v), *strides(dout), T, scale)
 
-        BM, BNW, nw, ns = _config(ks, DP, cprec)
+        BM, BNW, nw, ns = ctx.cfg["tiles"]
         n_m = triton.cdiv(T, BM)
         # per-program slots for the conv weight gradients, filled by atomic adds: start at zero
         gw1 = torch.zeros((B * n_m, ks, CP, DP), device=q.device)
         gw2 = torch.zeros((B * n_m, ks, DP, HP), device=q.device)
-        gb1 = _new((B * n_m, DP), q, torch.float32)
-        gb2 = _new((B * n_m, HP), q, torch.float32)
+        gb1 = new((B * n_m, DP), q, torch.float32)
+        gb2 = new((B * n_m, HP), q, torch.float32)
         _dape_bwd_dq[(n_m, B)](
             q, k, v, tab, W1, B1, W2, B2, dout, lse, delta, dq, dtab, gw1, gb1, gw2, gb2, *common,
             DH=DH, HAS_BIAS=has_bias, NEED_DTAB=need_dtab, BM=BM, BNW=BNW,
@@ -431,7 +440,10 @@ class DapeV2Attention(torch.autograd.Function):
 
         own = BNW - 8 * (ks // 2)
         # one key-owner pass where its tiles fit in shared memory, else a dV pass and a dK pass
-        passes = [(True, True)] if HP * BNW * DH <= DKDV_ONE_PASS_MAX else [(False, True), (True, False)]
+        split = ctx.cfg["split_dkdv"]
+        if split is None:
+            split = HP * BNW * DH > DKDV_ONE_PASS_MAX
+        passes = [(False, True), (True, False)] if split else [(True, True)]
         for want_dk, want_dv in passes:
             _dape_bwd_dkdv[(triton.cdiv(T, own), B)](
                 q, k, v, tab, W1, B1, W2, B2, dout, lse, delta, dk, dv, *common,
@@ -445,18 +457,14 @@ class DapeV2Attention(torch.autograd.Function):
         db1 = gb1.sum(0)[:D].to(wdt[1])
         dw2 = gw2.sum(0)[:, :D, :H].permute(2, 1, 0).unsqueeze(2).to(wdt[2])
         db2 = gb2.sum(0)[:H].to(wdt[3])
-        return dq, dk, dv, (dtab if need_dtab else None), dw1, db1, dw2, db2, None
-
-
-def _st(x):
-    return x.stride(0), x.stride(1), x.stride(2)
+        return dq, dk, dv, (dtab if need_dtab else None), dw1, db1, dw2, db2, None, None
 
 
 def shape_unsupported_reason(H, d, hidden, kernel_size, conv_precision="bf16"):
     """Why the fused kernel cannot take this shape, or None. The limits are the H100/H200 shared
     memory (227 KB per program) with one program holding a window for all heads: measured by
     compiling for sm_90 offline (notes/kernels.md)."""
-    HP = _pow2(H)
+    HP = pow2(H)
     if H > 32 or hidden > 64 or kernel_size > 7:
         return "the fused DAPE V2 kernel takes H <= 32, hidden <= 64, kernel_size <= 7"
     if HP * d > 1024:
@@ -468,27 +476,24 @@ def shape_unsupported_reason(H, d, hidden, kernel_size, conv_precision="bf16"):
     return None
 
 
-def dape_v2_triton(q, k, v, processor, table=None, conv_precision: str = "bf16"):
-    """softmax_causal(S + Bias + f(tril([S; Bias]))) V for q, k, v [B, H, T, d] and a DapeV2
-    processor; table None or the bias table [H, 2T - 1] (DistanceBias.table(T)). Differentiable in
-    q, k, v, the table and the processor's conv weights. conv_precision: "bf16" (default) or
-    "tf32", the operands of the conv matmuls (fp32 inputs always use exact fp32 products)."""
-    from .biased import _check
-
-    _check(q, k, v)
+def dape_v2_triton(q, k, v, w1, b1, w2, b2, table=None, conv_precision: str = "bf16", config: dict | None = None):
+    """softmax_causal(S + Bias + f(tril([S; Bias]))) V for q, k, v [B, H, T, d], as
+    reference.dape_v2_reference: the conv weights w1 [D, C, 1, k], b1 [D], w2 [H, D, 1, k], b2 [H]
+    (C = 2H with a bias table, H without); table None or the bias table [H, 2T - 1]. Differentiable
+    in q, k, v, the table and the conv weights. conv_precision: "bf16" (default) or "tf32", the
+    operands of the conv matmuls (fp32 inputs always use exact fp32 products). config: launch
+    settings over the defaults (see tile_config), for tuning and tests."""
+    check_qkv(q, k, v)
     B, H, T, d = q.shape
-    if getattr(processor, "leak", False):
-        raise ValueError("the fused DAPE V2 kernel is leak-free only (leak=True sees future keys)")
-    if processor.num_heads != H:
-        raise ValueError(f"processor has {processor.num_heads} heads, q has {H}")
-    if processor.with_bias != (table is not None):
-        raise ValueError("processor.with_bias must match whether a bias table is given")
-    reason = shape_unsupported_reason(H, d, processor.hidden, processor.kernel_size, conv_precision)
+    D, C, _, ks = w1.shape
+    if C != (2 * H if table is not None else H) or tuple(w2.shape) != (H, D, 1, ks):
+        raise ValueError(f"conv weights {tuple(w1.shape)}, {tuple(w2.shape)} do not fit {H} heads "
+                         f"{'with' if table is not None else 'without'} a bias table")
+    reason = shape_unsupported_reason(H, d, D, ks, conv_precision)
     if reason:
         raise ValueError(reason + "; use backend='chunked'")
     if table is not None and tuple(table.shape) != (H, 2 * T - 1):
         raise ValueError(f"bias table must be [H, 2T - 1] = [{H}, {2 * T - 1}], got {tuple(table.shape)}")
     if conv_precision not in ("tf32", "bf16"):
         raise ValueError(f"conv_precision must be 'tf32' or 'bf16', got {conv_precision!r}")
-    c1, c2 = processor.conv1, processor.conv2
-    return DapeV2Attention.apply(q, k, v, table, c1.weight, c1.bias, c2.weight, c2.bias, conv_precision)
+    return DapeV2Attention.apply(q, k, v, table, w1, b1, w2, b2, conv_precision, config)

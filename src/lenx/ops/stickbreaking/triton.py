@@ -25,26 +25,13 @@ atomic adds (no locks; the summation order, and so the last bits, can vary betwe
 without them, the backward was no faster).
 """
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from .. import fastmath
+from .._launch import LOG2E, check_qkv, dot_precision, new, strides
 from ..tiles import key_tile
-
-POISON = bool(os.environ.get("LENX_TRITON_POISON"))
-
-
-def _new(shape, like, dtype=None):
-    dtype = like.dtype if dtype is None else dtype
-    if POISON:
-        return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
-    return torch.empty(shape, dtype=dtype, device=like.device)
-
-
-LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -174,7 +161,7 @@ def _sb_fwd(Q, K, V, O, REM, LTOT,
 @triton.jit
 def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, pre_sp, pre_g, dq, U, L, rows, cols, T, qk_scale, sm_scale,
                  CURRENT: tl.constexpr, MASK: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
-                 ATOMICS: tl.constexpr, HW: tl.constexpr):
+                 HW: tl.constexpr):
     k = key_tile(kp, cols, T, MASK)
     v = key_tile(vp, cols, T, MASK)
     da = tl.dot(do, tl.trans(v), input_precision=PREC)  # first: independent of the chain below
@@ -198,9 +185,7 @@ def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, pre_sp, pre_g, dq, U, L, rows, 
     dq += tl.dot(dz.to(k.dtype), k, input_precision=PREC)
     dk_part = tl.dot(tl.trans(dz).to(q.dtype), q, input_precision=PREC) * sm_scale
     dv_part = tl.dot(tl.trans(a).to(do.dtype), do, input_precision=PREC)
-    if not ATOMICS:  # timing probe only (lenx.bench --probe): the cost of the atomic adds
-        dq += (tl.sum(dk_part, 0) + tl.sum(dv_part, 0))[None, :] * 1e-30
-    elif MASK:
+    if MASK:
         tl.atomic_add(DKP, dk_part, mask=(cols < T)[:, None], sem="relaxed")
         tl.atomic_add(DVP, dv_part, mask=(cols < T)[:, None], sem="relaxed")
     else:
@@ -217,7 +202,7 @@ def _sb_bwd(Q, K, V, DO, DREM, REM, LTOT, DQ, DK, DV,
             T, qk_scale, sm_scale,
             H: tl.constexpr, DH: tl.constexpr, CURRENT: tl.constexpr,
             BM: tl.constexpr, BN: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
-            HW: tl.constexpr, ATOMICS: tl.constexpr = True):
+            HW: tl.constexpr):
     """One program: BM rows, key tiles from 0 up (no masks), then the diagonal block's (masked)."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
@@ -243,45 +228,49 @@ def _sb_bwd(Q, K, V, DO, DREM, REM, LTOT, DQ, DK, DV,
     for n0 in range(0, m0, BN):
         dq, pre_sp, pre_g = _sb_bwd_tile(q, do, kp + n0 * skt, vp + n0 * svt, DK + kv + n0 * DH, DV + kv + n0 * DH,
                                          total, pre_sp, pre_g, dq, U, L, rows, n0 + nn, T, qk_scale, sm_scale,
-                                         CURRENT, False, SCAN_MM, PREC, ATOMICS, HW)
+                                         CURRENT, False, SCAN_MM, PREC, HW)
     for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
         dq, pre_sp, pre_g = _sb_bwd_tile(q, do, kp + n0 * skt, vp + n0 * svt, DK + kv + n0 * DH, DV + kv + n0 * DH,
                                          total, pre_sp, pre_g, dq, U, L, rows, n0 + nn, T, qk_scale, sm_scale,
-                                         CURRENT, True, SCAN_MM, PREC, ATOMICS, HW)
+                                         CURRENT, True, SCAN_MM, PREC, HW)
     tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
 
 
-def _strides(x):
-    return x.stride(0), x.stride(1), x.stride(2)
-
-
-# (BM, BN, num_warps, num_stages); BM a multiple of BN
+# (BM, BN, num_warps, num_stages); BM a multiple of BN. "scan": the in-block prefix/suffix sums,
+# "mm" two bf16 tensor-core products (hi/lo split), "mm16" one fp16 product, "cumsum" tl.cumsum.
+# H200, T 8192, fwd / fwd+bwd ms: cumsum 1.67 / 5.47 vs mm 1.01 / 3.69 in one run; mm 0.97 / 3.43
+# vs mm16 0.87 / 2.91 in a later one (results/bench/h200_session2_sweeps.json)
 CONFIG = {"fwd": (64, 32, 4, 4), "bwd": (128, 64, 8, 3), "scan": ("mm16",)}
-# in-block prefix/suffix sums: "mm" two bf16 tensor-core products (hi/lo split), "mm16" one fp16
-# product, "cumsum" tl.cumsum. H200, T 8192, fwd / fwd+bwd ms: cumsum 1.67 / 5.47 vs mm 1.01 / 3.69
-# in one run; mm 0.97 / 3.43 vs mm16 0.87 / 2.91 in a later one (results/bench/h200_session2_sweeps.json)
-_SCANS = {"cumsum": 0, "mm": 1, "mm16": 2}
-_PROBE_NO_ATOMICS = False  # lenx.bench --probe only: times the backward without its atomic adds (wrong dK/dV)
 CONFIG_FP32 = {"fwd": (32, 32, 4, 1), "bwd": (32, 32, 4, 1), "scan": ("mm",)}  # exact fp32 products: a testing path
+_SCANS = {"cumsum": 0, "mm": 1, "mm16": 2}
+
+
+def tile_config(dtype, overrides: dict | None = None) -> dict:
+    """The tiles one call uses: the defaults for its dtype with `overrides` on top."""
+    cfg = dict(CONFIG_FP32 if dtype == torch.float32 else CONFIG)
+    cfg.update({k: tuple(v) for k, v in (overrides or {}).items()})
+    if set(cfg) != set(CONFIG) or cfg["scan"][0] not in _SCANS:
+        raise ValueError(f"stick-breaking tile settings take {sorted(CONFIG)} with scan in {sorted(_SCANS)}, "
+                         f"got {overrides}")
+    return cfg
 
 
 class StickBreakingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, attend_current):
+    def forward(ctx, q, k, v, attend_current, cfg):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         B, H, T, DH = q.shape
-        out = _new(q.shape, q)
-        rem = _new((B, H, T), q, torch.float32)
-        total = _new((B, H, T), q, torch.float64)  # base 2
-        cfg = CONFIG_FP32 if q.dtype == torch.float32 else CONFIG
+        out = new(q.shape, q)
+        rem = new((B, H, T), q, torch.float32)
+        total = new((B, H, T), q, torch.float64)  # base 2
         BM, BN, nw, ns = cfg["fwd"]
-        prec = "ieee" if q.dtype == torch.float32 else "tf32"
         _sb_fwd[(B * H, triton.cdiv(T, BM))](
-            q, k, v, out, rem, total, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+            q, k, v, out, rem, total, *strides(q), *strides(k), *strides(v), *strides(out),
             T, DH ** -0.5 * LOG2E, H=H, DH=DH, CURRENT=bool(attend_current), BM=BM, BN=BN,
-            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=prec, HW=q.is_cuda, num_warps=nw, num_stages=ns)
+            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=dot_precision(q.dtype), HW=q.is_cuda, num_warps=nw, num_stages=ns)
         ctx.save_for_backward(q, k, v, rem, total)
         ctx.attend_current = bool(attend_current)
+        ctx.cfg = cfg
         ctx.mark_non_differentiable(total)
         return out, rem
 
@@ -291,29 +280,23 @@ class StickBreakingAttention(torch.autograd.Function):
         B, H, T, DH = q.shape
         dout = torch.zeros_like(q) if dout is None else dout.contiguous()
         drem = torch.zeros_like(rem) if drem is None else drem.float().contiguous()
-        dq = _new(q.shape, q)
+        dq = new(q.shape, q)
         # dK/dV are summed over query blocks by atomic adds: they must start at zero.
         dk = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dv = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        cfg = CONFIG_FP32 if q.dtype == torch.float32 else CONFIG
-        BM, BN, nw, ns = cfg["bwd"]
-        prec = "ieee" if q.dtype == torch.float32 else "tf32"
+        BM, BN, nw, ns = ctx.cfg["bwd"]
         _sb_bwd[(B * H, triton.cdiv(T, BM))](
             q, k, v, dout, drem, rem, total, dq, dk, dv,
-            *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+            *strides(q), *strides(k), *strides(v), *strides(dout),
             T, DH ** -0.5 * LOG2E, DH ** -0.5, H=H, DH=DH, CURRENT=ctx.attend_current, BM=BM, BN=BN,
-            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=prec, HW=q.is_cuda, ATOMICS=not _PROBE_NO_ATOMICS,
+            SCAN_MM=_SCANS[ctx.cfg["scan"][0]], PREC=dot_precision(q.dtype), HW=q.is_cuda,
             num_warps=nw, num_stages=ns)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
-def stickbreaking_triton(q, k, v, attend_current: bool = False):
+def stickbreaking_triton(q, k, v, attend_current: bool = False, config: dict | None = None):
     """Stick-breaking attention, q, k, v [B, H, T, d] (d in 16/32/64/128) -> (out, rem), as
-    lenx.ops.stickbreaking.reference.stickbreaking_reference (out in v's dtype, rem fp32)."""
-    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(f"q, k, v must all be [B, H, T, d], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[-1] not in (16, 32, 64, 128):
-        raise ValueError(f"the stick-breaking kernel takes head dims 16, 32, 64 or 128, got {q.shape[-1]}")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must share one of fp16/bf16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
-    return StickBreakingAttention.apply(q, k, v, attend_current)
+    reference.stickbreaking_reference (out in v's dtype, rem fp32). config: tile settings over the
+    defaults (see CONFIG), for tuning and tests."""
+    check_qkv(q, k, v)
+    return StickBreakingAttention.apply(q, k, v, attend_current, tile_config(q.dtype, config))

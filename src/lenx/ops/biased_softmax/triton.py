@@ -15,38 +15,14 @@ which is cheaper than the per-diagonal sums; so for Kerple power. notes/kernels.
 """
 
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
 from .. import fastmath
+from .._launch import LOG2E, check_qkv, dot_precision, new, new_like, strides
 from ..tiles import key_tile
-
-# Debug switch for the tests: outputs that would be torch.empty start as NaN instead, so an element
-# the kernel forgets to write fails the comparison.
-POISON = bool(os.environ.get("LENX_TRITON_POISON"))
-
-
-def _new(shape, like, dtype=None):
-    dtype = like.dtype if dtype is None else dtype
-    if POISON:
-        return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
-    return torch.empty(shape, dtype=dtype, device=like.device)
-
-
-def _new_like(x):
-    """Same shape and strides as x (so a gradient can reuse x's strides in the kernel)."""
-    return torch.full_like(x, float("nan")) if POISON else torch.empty_like(x)
-
-
-def _precision(dtype) -> str:
-    # fp32 inputs get exact fp32 products (the tests hold them to ~1e-5); bf16/fp16 use tensor cores.
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -343,61 +319,58 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
     tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
 
 
-def _strides(x):
-    return x.stride(0), x.stride(1), x.stride(2)
-
-
-def _prep(x):
-    # Inputs and their gradients share one contiguous layout (a strided view, e.g. q sliced out of
-    # a fused qkv projection, is copied once: O(T) and cheap next to the attention itself).
-    return x.contiguous()
-
-
 # Tile shapes: (BM, BN, num_warps, num_stages). fwd/dq: BM query rows, BN keys per tile (BM a
 # multiple of BN); dkdv: BM query rows per tile, BN keys owned (BN a multiple of BM). Every key
 # tile is at most BAND_W wide and every query tile at most BAND_PAD tall (the band, see _band).
-# The fastest of lenx.bench.tile_sweep's candidates on an H200 at T = 8192 (results/bench/)
+# "band": "fp16" residuals or "fp32" values (see _band); "dkdv_band": "T" the key-owner kernel reads
+# a transposed copy of the band (built in the backward), "trans" it transposes the band tile in
+# registers. The fastest candidates of scripts/tune/tile_sweep.py on an H200 at T = 8192 (results/bench/).
 CONFIG = {"fwd": (64, 64, 4, 3), "dkdv": (64, 64, 4, 3), "dq": (64, 32, 4, 3), "band": ("fp16",),
           "dkdv_band": ("T",)}
 # fp32 inputs (exact fp32 products, a testing path): small tiles, no pipelining
 CONFIG_FP32 = {"fwd": (64, 32, 4, 1), "dkdv": (32, 64, 4, 1), "dq": (32, 32, 4, 1), "band": ("fp32",),
                "dkdv_band": ("T",)}
-# CONFIG["dkdv_band"]: "T" the key-owner kernel reads a transposed copy of the band (built in the
-# backward), "trans" it transposes the band tile in registers
 # Head dims above 64 (bf16/fp16): tiles that replace CONFIG's (d = 128 doubles every [*, d] tile).
-# H200, d 128, T 8192 (results/bench/README.md, session 4): forward 0.547 vs 0.698 ms with CONFIG's
+# H200, d 128, T 8192 (results/bench/README.md): forward 0.547 vs 0.698 ms with CONFIG's
 # 64 x 64 x 4; key-owner 32 x 64 x 4: fwd+bwd 2.97 vs 3.60 ms (64 x 64 x 4 spills there)
 CONFIG_WIDE = {"fwd": (128, 64, 8, 3), "dkdv": (32, 64, 4, 3)}
 BAND_W = 64
 BAND_PAD = 128
 
 
-def _config(name, dtype, head_dim=64):
+def tile_config(dtype, head_dim: int = 64, overrides: dict | None = None) -> dict:
+    """The tiles one call uses: the defaults for its dtype and head dim, with `overrides` (any of
+    CONFIG's keys) on top. Checked against the band's limits."""
     if dtype == torch.float32:
-        BM, BN, nw, ns = CONFIG_FP32[name]
+        cfg = dict(CONFIG_FP32)
     else:
-        BM, BN, nw, ns = CONFIG_WIDE.get(name, CONFIG[name]) if head_dim > 64 else CONFIG[name]
-    keys, rows = (BM, BN) if name == "dkdv" else (BN, BM)
-    if keys > BAND_W or rows > BAND_PAD:
-        raise ValueError(f"{name} tiles {BM} x {BN}: key tiles must be <= {BAND_W}, query tiles <= {BAND_PAD}")
-    return BM, BN, nw, ns
+        cfg = {**CONFIG, **CONFIG_WIDE} if head_dim > 64 else dict(CONFIG)
+    cfg.update({k: tuple(v) for k, v in (overrides or {}).items()})
+    unknown = set(cfg) - set(CONFIG)
+    if unknown:
+        raise ValueError(f"unknown tile settings {sorted(unknown)}; known: {sorted(CONFIG)}")
+    for name in ("fwd", "dkdv", "dq"):
+        BM, BN = cfg[name][:2]
+        keys, rows = (BM, BN) if name == "dkdv" else (BN, BM)
+        if keys > BAND_W or rows > BAND_PAD:
+            raise ValueError(f"{name} tiles {BM} x {BN}: key tiles must be <= {BAND_W}, query tiles <= {BAND_PAD}")
+    return cfg
 
 
-def _band(table, T, dtype, trans=False):
+def _band(table, T, res16, trans=False):
     """The bias as a band [H, T + 2 PAD, W] (times log2(e)): band[h, PAD + R, c] is the bias at
     distance R - c. The [BM, BN] bias tile of query block m0 and key block n0 is then the plain
     2D block of rows PAD + m0 - n0 .. + BM and columns 0 .. BN: one contiguous load per tile
     instead of a per-element gather from the [H, 2T - 1] table. Distances outside [0, T) (masked
     entries, padding rows) read the nearest table entry: finite values that are never used.
-    CONFIG["band"] "fp16": fp16 residuals against the largest bias of each row (an fp32 offset per
-    row). A residual r <= 0 (base 2) is kept to 2^-11 |r|, and its entry weighs at most 2^r of the
-    row's largest, so the error in P stays below ~2e-4 (the order of rounding P to bf16 for the PV
+    res16: fp16 residuals against the largest bias of each row (an fp32 offset per row). A
+    residual r <= 0 (base 2) is kept to 2^-11 |r|, and its entry weighs at most 2^r of the row's
+    largest, so the error in P stays below ~2e-4 (the order of rounding P to bf16 for the PV
     product) whatever the table's steepness, with half the bytes: the kernels are bound by the
-    band's traffic. "fp32" (always for fp32 inputs): the
-    bias itself. Returns (band, offsets); size H (T + 256) 64 x 2 bytes: 13 MB at H 12, T 8192.
+    band's traffic. Otherwise (always for fp32 inputs) the bias itself in fp32. Returns (band,
+    offsets); size H (T + 256) 64 x 2 bytes: 13 MB at H 12, T 8192.
     trans: the band transposed, [H, W, T + 2 PAD] (and no offsets)."""
     H = table.shape[0]
-    res16 = (CONFIG_FP32 if dtype == torch.float32 else CONFIG)["band"][0] == "fp16"
     tab = table.detach().float().contiguous()
     rows = T + 2 * BAND_PAD
     shape = (H, BAND_W, rows) if trans else (H, rows, BAND_W)
@@ -411,36 +384,40 @@ def _band(table, T, dtype, trans=False):
 
 class BiasedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, table, kerple_kind, kerple_x, kerple_y, tail):
-        q, k, v = _prep(q), _prep(k), _prep(v)
+    def forward(ctx, q, k, v, table, kerple_kind, kerple_x, kerple_y, tail, cfg):
+        # Inputs and their gradients share one contiguous layout (a strided view, e.g. q sliced out
+        # of a fused qkv projection, is copied once: O(T) and cheap next to the attention itself).
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         B, H, T, DH = q.shape
         has_bias = table is not None
+        res16 = has_bias and cfg["band"][0] == "fp16"
         # the kernels work in base 2: exp2(s * log2(e)) = exp(s), so the bias is scaled once here
-        band, off = _band(table, T, q.dtype) if has_bias else (q, q)  # dummy pointers when unused
-        res16 = has_bias and band.dtype == torch.float16
-        out = _new((B, H, T, DH), q)
-        lse = _new((B, H, T), q, torch.float32)  # base 2
-        BM, BN, nw, ns = _config("fwd", q.dtype, DH)
+        band, off = _band(table, T, res16) if has_bias else (q, q)  # dummy pointers when unused
+        out = new((B, H, T, DH), q)
+        lse = new((B, H, T), q, torch.float32)  # base 2
+        BM, BN, nw, ns = cfg["fwd"]
         grid = (B * H, triton.cdiv(T, BM))
-        _bias_fwd[grid](q, k, v, band, off, out, lse, *_strides(q), *_strides(k), *_strides(v), *_strides(out),
+        _bias_fwd[grid](q, k, v, band, off, out, lse, *strides(q), *strides(k), *strides(v), *strides(out),
                         T, DH ** -0.5 * LOG2E, H=H, HAS_BIAS=has_bias, DH=DH, BM=BM, BN=BN, W=BAND_W,
-                        PAD=BAND_PAD, RES16=res16, PREC=_precision(q.dtype), num_warps=nw, num_stages=ns)
+                        PAD=BAND_PAD, RES16=res16, PREC=dot_precision(q.dtype), num_warps=nw, num_stages=ns)
         ctx.save_for_backward(q, k, v, band, off, out, lse, table if has_bias else None, kerple_x, kerple_y)
         ctx.kerple_kind = kerple_kind
         ctx.tail = tail
         ctx.has_bias = has_bias
         ctx.res16 = res16
+        ctx.cfg = cfg
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, band, off, out, lse, table, px, py = ctx.saved_tensors
         B, H, T, DH = q.shape
-        dout = _prep(dout)
+        cfg = ctx.cfg
+        dout = dout.contiguous()
         delta = (dout.float() * out.float()).sum(-1).contiguous()  # rowsum(dO * O), [B, H, T]
         # Gradients are contiguous like the saved inputs, so the kernels reuse q/k/v strides for them.
-        dq, dk, dv = _new_like(q), _new_like(k), _new_like(v)
-        prec = _precision(q.dtype)
+        dq, dk, dv = new_like(q), new_like(k), new_like(v)
+        prec = dot_precision(q.dtype)
         scale = DH ** -0.5
         # Kerple: the kernel sums the two parameters' gradients itself (two sums per program instead of
         # per-diagonal sums of the table gradient, which the table then would carry to them)
@@ -450,17 +427,17 @@ class BiasedAttention(torch.autograd.Function):
         dtab = torch.zeros(H, 2 * T - 1, dtype=torch.float32, device=q.device) if need_dtab else q
         kg = torch.zeros(B * H, 2, dtype=torch.float32, device=q.device) if kerple else q
         r2_f = py.detach().float().contiguous() if kerple == 1 else q
-        BM, BN, nw, ns = _config("dkdv", q.dtype, DH)
-        band_t = (CONFIG_FP32 if q.dtype == torch.float32 else CONFIG)["dkdv_band"][0] == "T" and ctx.has_bias
-        kband = _band(table, T, q.dtype, trans=True)[0] if band_t else band  # the key-owner kernel's band
+        BM, BN, nw, ns = cfg["dkdv"]
+        band_t = cfg["dkdv_band"][0] == "T" and ctx.has_bias
+        kband = _band(table, T, ctx.res16, trans=True)[0] if band_t else band  # the key-owner kernel's band
         _bias_bwd_dkdv[(B * H, triton.cdiv(T, BN))](
-            q, k, v, kband, off, dout, lse, delta, dk, dv, *_strides(q), *_strides(k), *_strides(v), *_strides(dout),
+            q, k, v, kband, off, dout, lse, delta, dk, dv, *strides(q), *strides(k), *strides(v), *strides(dout),
             T, scale * LOG2E, scale, H=H, HAS_BIAS=ctx.has_bias, DH=DH, BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD,
             RES16=ctx.res16, BAND_T=band_t, PREC=prec, num_warps=nw, num_stages=ns)
-        BM, BN, nw, ns = _config("dq", q.dtype, DH)
+        BM, BN, nw, ns = cfg["dq"]
         _bias_bwd_dq[(B * H, triton.cdiv(T, BM))](
-            q, k, v, band, off, dout, lse, delta, dq, dtab, r2_f, kg, *_strides(q), *_strides(k), *_strides(v),
-            *_strides(dout),
+            q, k, v, band, off, dout, lse, delta, dq, dtab, r2_f, kg, *strides(q), *strides(k), *strides(v),
+            *strides(dout),
             T, scale * LOG2E, scale, ctx.tail or 0, H=H, HAS_BIAS=ctx.has_bias, NEED_DTAB=need_dtab, KERPLE=kerple,
             TAIL=need_dtab and ctx.tail is not None and ctx.tail < T, DH=DH,
             BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, PREC=prec, HW=q.is_cuda,
@@ -471,13 +448,13 @@ class BiasedAttention(torch.autograd.Function):
             xf = px.detach().float()
             dx = (math.log(2.0) / xf * sums[:, 0]).to(px.dtype)
             dy = (-xf * sums[:, 1] if kerple == 1 else math.log(2.0) ** 2 * sums[:, 1]).to(py.dtype)
-        return dq, dk, dv, (dtab if need_dtab else None), None, dx, dy, None
+        return dq, dk, dv, (dtab if need_dtab else None), None, dx, dy, None, None
 
 
-def biased_attention(q, k, v, table=None, kerple=None, tail=None):
+def biased_attention(q, k, v, table=None, kerple=None, tail=None, config: dict | None = None):
     """Causal softmax attention of q, k, v [B, H, T, d] with an optional per-distance bias table
-    [H, 2T - 1] (entry (i - j) + T - 1, as DistanceBias.table(T) gives). Differentiable in all
-    four; the table gradient flows on to the bias module's parameters.
+    [H, 2T - 1] (entry (i - j) + T - 1; see reference.py). Differentiable in all four; the table
+    gradient flows on to whatever built the table.
 
     kerple: None, or ("log", r1, r2) / ("power", a, p): the Kerple bias the table holds,
     -r1 ln(1 + r2 |i - j|) or -a |i - j|^p, with its clamped per-head parameters ([H] each). Then
@@ -487,8 +464,10 @@ def biased_attention(q, k, v, table=None, kerple=None, tail=None):
     tail: None, or a distance from which the table is constant (T5's last bucket, say) and only
     the sum of its gradient over those distances matters (it comes from one parameter per head).
     The table gradient then carries that sum at entry `tail` and zero beyond it: cheaper, and
-    exact for whatever sums the table's entries from `tail` on, not entry by entry."""
-    _check(q, k, v)
+    exact for whatever sums the table's entries from `tail` on, not entry by entry.
+
+    config: tile settings over the defaults (see CONFIG and tile_config), for tuning and tests."""
+    check_qkv(q, k, v)
     H = q.shape[1]
     if table is not None and tuple(table.shape) != (H, 2 * q.shape[2] - 1):
         raise ValueError(f"bias table must be [H, 2T - 1] = [{H}, {2 * q.shape[2] - 1}], got {tuple(table.shape)}")
@@ -500,13 +479,5 @@ def biased_attention(q, k, v, table=None, kerple=None, tail=None):
                              f"got kind {kind!r}")
     if tail is not None and (table is None or kerple is not None or int(tail) < 1):
         raise ValueError(f"tail must be a distance >= 1 with a table and without kerple, got {tail!r}")
-    return BiasedAttention.apply(q, k, v, table, kind, x, y, None if tail is None else int(tail))
-
-
-def _check(q, k, v):
-    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
-        raise ValueError(f"q, k, v must all be [B, H, T, d], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[-1] not in (16, 32, 64, 128):
-        raise ValueError(f"the fused kernels take head dims 16, 32, 64 or 128, got {q.shape[-1]}")
-    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
-        raise ValueError(f"q, k, v must share one of fp16/bf16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
+    cfg = tile_config(q.dtype, q.shape[-1], config)
+    return BiasedAttention.apply(q, k, v, table, kind, x, y, None if tail is None else int(tail), cfg)

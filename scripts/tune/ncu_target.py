@@ -1,9 +1,10 @@
 """One forward+backward of the bias-only (Kerple-style table) and stick-breaking kernels at
-T = 8192 (B 1, H 12, d 64, bf16), for Nsight Compute: `ncu --kernel-name regex:... python3 THIS`."""
+T = 8192 (B 1, H 12, d 64, bf16), for Nsight Compute:
+`PYTHONPATH=src ncu --kernel-name regex:... python3 scripts/tune/ncu_target.py`."""
 
 import torch
 
-from lenx.ops.dape_v2.biased import biased_attention
+from lenx.ops.biased_softmax.triton import biased_attention
 from lenx.ops.stickbreaking.triton import stickbreaking_triton
 
 T, H, D = 8192, 12, 64

@@ -1,13 +1,13 @@
 """Per-kernel GPU times of one forward+backward (torch.profiler, CUDA activity), bf16, B 1, H 12:
 DAPE V2 + Kerple (k 3, D 32, d 64) and the Kerple bias-only kernels at d 64 and d 128, T 8192.
-Usage (repository root on a CUDA machine): PYTHONPATH=src python3 results/bench/kernel_times.py OUT.json"""
+Usage (repository root on a CUDA machine): PYTHONPATH=src python3 scripts/tune/kernel_times.py OUT.json"""
 import json
 import sys
 
 import torch
 
 from lenx.attention import DapeV2, KerpleLog
-from lenx.ops.dape_v2.biased import biased_attention
+from lenx.ops.biased_softmax.triton import biased_attention
 from lenx.ops.dape_v2.triton import dape_v2_triton
 
 T, H = 8192, 12
@@ -36,8 +36,8 @@ def run_case(name, fn, d):
 
 kb = KerpleLog(H).to(dev)
 proc = DapeV2(H, 32, 3, with_bias=True).to(dev)
-out = [run_case("dapev2-kerple d64", lambda q, k, v: dape_v2_triton(q, k, v, proc, kb.table(T, dev)), 64),
-       run_case("kerple d64", lambda q, k, v: biased_attention(q, k, v, kb.table(T, dev), kb.clamped()), 64),
-       run_case("kerple d128", lambda q, k, v: biased_attention(q, k, v, kb.table(T, dev), kb.clamped()), 128)]
+out = [run_case("dapev2-kerple d64", lambda q, k, v: dape_v2_triton(q, k, v, *proc.conv_weights(), kb.table(T, dev)), 64),
+       run_case("kerple d64", lambda q, k, v: biased_attention(q, k, v, kb.table(T, dev), **kb.fused_grad_args()), 64),
+       run_case("kerple d128", lambda q, k, v: biased_attention(q, k, v, kb.table(T, dev), **kb.fused_grad_args()), 128)]
 json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "T": T, "H": H, "cases": out},
           open(sys.argv[1], "w"), indent=1)

@@ -1,34 +1,14 @@
-"""The public ops against independent computations."""
-
-import math
+"""lenx.functional (also reachable as lenx.ops.*) against independent computations, on the
+reference backends."""
 
 import pytest
 import torch
 
-from helpers import assert_close
+from helpers import assert_close, stick_loop
 from lenx.attention import DapeV2, KerpleLog
 from lenx.attention.backends import Parts, dense_attention
 from lenx.attention.softmax import Softmax
-from lenx.ops import dape_v2_attention, stickbreaking_attention
-
-
-def stick_loop(q, k, v, attend_current):
-    """Direct product of sticks in float64: the nearest key breaks the stick first."""
-    B, H, T, d = q.shape
-    q, k, v = q.double(), k.double(), v.double()
-    out = torch.zeros(B, H, T, d, dtype=torch.float64)
-    rem = torch.ones(B, H, T, dtype=torch.float64)
-    for b in range(B):
-        for h in range(H):
-            for i in range(T):
-                left = 1.0
-                last = i if attend_current else i - 1
-                for j in range(last, -1, -1):
-                    beta = torch.sigmoid(q[b, h, i] @ k[b, h, j] / math.sqrt(d))
-                    out[b, h, i] += left * beta * v[b, h, j]
-                    left = left * (1 - beta)
-                rem[b, h, i] = left
-    return out, rem
+from lenx.functional import dape_v2_attention, stickbreaking_attention
 
 
 @pytest.mark.parametrize("attend_current", [False, True])
@@ -62,7 +42,7 @@ def test_dape_v2_attention_matches_dense(with_bias):
     proc = DapeV2(H, hidden=6, kernel_size=5, with_bias=with_bias).double()
     kerple = KerpleLog(H).double() if with_bias else None
     bias_map = kerple(torch.arange(T), torch.arange(T)) if with_bias else None
-    ref, _ = dense_attention(q, k, v, Parts(None, kerple, proc, Softmax()))
+    ref, _ = dense_attention(q, k, v, Parts(kerple, proc, Softmax()))
     for backend in ("dense", "chunked"):
         out = dape_v2_attention(q, k, v, proc, bias_map, backend=backend, chunk_size=8)
         assert_close(out, ref, 1e-12, backend)
@@ -72,16 +52,16 @@ def test_dape_v2_attention_matches_dense(with_bias):
 
 def test_chunked_never_holds_more_than_a_block(monkeypatch):
     """The chunked path's score blocks are [B, H, chunk, <= T]: record every matmul's output size."""
-    from lenx.attention import backends
+    from lenx.attention.backends import reference
 
     seen = []
-    real = backends.block_attention
+    real = reference.block_attention
 
     def spy(q, k, v, parts, q_start=0):
         seen.append((q.shape[-2], k.shape[-2]))
         return real(q, k, v, parts, q_start)
 
-    monkeypatch.setattr(backends, "block_attention", spy)
+    monkeypatch.setattr(reference, "block_attention", spy)
     T, chunk = 100, 16
     q, k, v = (torch.randn(1, 2, T, 8) for _ in range(3))
     proc = DapeV2(2, hidden=4, kernel_size=3, with_bias=False)
@@ -89,3 +69,10 @@ def test_chunked_never_holds_more_than_a_block(monkeypatch):
     assert max(r for r, _ in seen) <= chunk
     # keys stop at the block's causal edge plus the conv halo (k // 2)
     assert [c for _, c in seen] == [min(T, q0 + chunk + 1) for q0 in range(0, T, chunk)]
+
+
+def test_old_import_paths_still_work():
+    import lenx.ops
+
+    assert lenx.ops.stickbreaking_attention is stickbreaking_attention
+    assert lenx.ops.dape_v2_attention is dape_v2_attention

@@ -1,0 +1,61 @@
+"""Ways to compute one attention composition, and the planner that picks among them.
+
+Each backend is one object (base.Backend) that says why it cannot run a composition and how to run
+it. REGISTRY is the planner's order of preference: the first backend that can run a composition
+and may be picked automatically on the device wins. Adding a backend: one file and one entry here.
+
+triton   lenx's fused kernels (lenx.ops), CUDA only, where a kernel covers the composition
+sdpa     fused torch scaled_dot_product_attention: softmax with no bias and no processor
+flex     FlexAttention with a per-distance bias table (automatic on CUDA only)
+chunked  the reference per block of query rows: everything, in O(T) memory
+dense    the reference: the whole [B, H, T, T] score map (only when asked for)
+"""
+
+import torch
+
+from ..parts import Parts
+from .base import Backend
+from .flex import Flex
+from .fused import Fused
+from .reference import Chunked, Dense, block_attention, chunked_attention, dense_attention, score_block
+from .sdpa import Sdpa
+
+REGISTRY: tuple[Backend, ...] = (Fused(), Sdpa(), Flex(), Chunked(), Dense())
+BACKENDS = tuple(b.name for b in REGISTRY)
+_BY_NAME = {b.name: b for b in REGISTRY}
+
+
+def get_backend(name: str) -> Backend:
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise ValueError(f"unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}") from None
+
+
+def unsupported_reason(backend: str, parts: Parts, device: torch.device) -> str | None:
+    """Why `backend` cannot compute this composition on `device`, or None if it can."""
+    return get_backend(backend).unsupported(parts, device)
+
+
+def plan_backend(parts: Parts, device: torch.device, requested: str = "auto") -> str:
+    """The first backend of REGISTRY that runs this composition on `device` and may be picked
+    automatically there, or the requested one (an error that lists the usable ones if it cannot)."""
+    if requested != "auto":
+        reason = unsupported_reason(requested, parts, device)
+        if reason:
+            ok = [b.name for b in REGISTRY if b.unsupported(parts, device) is None]
+            raise ValueError(f"backend {requested!r} cannot run this attention: {reason}. Usable here: {', '.join(ok)}")
+        return requested
+    for backend in REGISTRY:
+        if backend.auto(device) and backend.unsupported(parts, device) is None:
+            return backend.name
+    raise AssertionError("the chunked reference runs every composition")
+
+
+def run_backend(backend: str, q, k, v, parts: Parts, chunk_size: int = 256):
+    """(out [B, H, T, d], rem [B, H, T] or None) of the named backend."""
+    return get_backend(backend).run(q, k, v, parts, chunk_size)
+
+
+__all__ = ["BACKENDS", "REGISTRY", "Backend", "Parts", "get_backend", "unsupported_reason", "plan_backend",
+           "run_backend", "score_block", "block_attention", "dense_attention", "chunked_attention"]

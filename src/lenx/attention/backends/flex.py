@@ -1,0 +1,63 @@
+"""FlexAttention with a per-distance bias table: softmax, a per-distance bias, no processor."""
+
+import torch
+
+from .base import Backend
+
+# Inductor's default tiles ask for more shared memory than an H200 has once the bias table needs a
+# gradient (245760 > 232448 bytes, measured); these smaller ones fit.
+KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32}
+
+
+def _has_flex() -> bool:
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Flex(Backend):
+    name = "flex"
+
+    def __init__(self):
+        self._compiled = None
+
+    def unsupported(self, parts, device):
+        if (parts.bias is None or not parts.bias.per_distance or parts.processor is not None
+                or parts.normaliser.name != "softmax"):
+            return "FlexAttention here takes softmax with a per-distance bias (alibi, kerple, kerple-power, t5) and no processor"
+        if not _has_flex():
+            return "this torch has no FlexAttention"
+        if device.type == "cuda" and parts.head_dim is not None and parts.head_dim < 16:
+            # the compiled kernel refuses smaller heads (the CHE encoder has d 64 / 8 heads = 8)
+            return f"compiled FlexAttention needs a head dim of at least 16 (got {parts.head_dim})"
+        return None
+
+    def auto(self, device):
+        return device.type == "cuda"  # on CPU it runs unfused and has no backward
+
+    def run(self, q, k, v, parts, chunk_size=256):
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        if not q.is_cuda and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+            raise RuntimeError("FlexAttention has no backward on CPU; train with backend='chunked' (or 'auto')")
+        T = q.shape[-2]
+        table = parts.bias.table(T, q.device)  # [H, 2T - 1]
+        table = table.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + table[h, q_idx - kv_idx + T - 1]
+
+        block_mask = None
+        if parts.causal:
+            block_mask = create_block_mask(lambda b, h, qi, ki: ki <= qi, None, None, T, T, device=q.device)
+        if not q.is_cuda:
+            return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask), None
+        if self._compiled is None:
+            # One compiled kernel per sequence length: an evaluation sweeps ~8 lengths, more than
+            # dynamo's default recompile limit, past which it would silently run flex unfused.
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+            self._compiled = torch.compile(flex_attention, dynamic=False)
+        return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                              kernel_options=KERNEL_OPTIONS), None

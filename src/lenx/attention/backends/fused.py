@@ -1,0 +1,61 @@
+"""lenx's fused Triton kernels (lenx.ops), CUDA only, where a kernel covers the composition.
+
+Covered (causal only): softmax + the DAPE V2 processor with or without a per-distance bias; softmax
++ a per-distance bias (alibi, kerple, kerple-power, t5) with no processor; stick-breaking with no
+bias or processor (any remainder mode: the module applies it). Shapes the planner cannot see
+(head dim when unknown, T) are checked again when the kernel is called.
+"""
+
+import importlib.util
+
+from ...ops._launch import HEAD_DIMS
+from .base import Backend
+
+
+class Fused(Backend):
+    name = "triton"
+
+    def unsupported(self, parts, device):
+        if device.type != "cuda":
+            return "the fused Triton kernels run on CUDA devices only"
+        if importlib.util.find_spec("triton") is None:
+            return "triton is not installed"
+        if not parts.causal:
+            return "the fused Triton kernels are causal only"
+        if parts.head_dim is not None and parts.head_dim not in HEAD_DIMS:
+            return f"the fused Triton kernels take head dims 16, 32, 64 or 128, not {parts.head_dim}"
+        name = parts.normaliser.name
+        if name == "stickbreaking":
+            if parts.bias is not None or parts.processor is not None:
+                return "the stick-breaking kernel takes no position bias and no score processor"
+            return None
+        if name != "softmax":
+            return f"no fused Triton kernel for the {name} normaliser"
+        bias, proc = parts.bias, parts.processor
+        if bias is not None and not bias.per_distance:
+            return "the fused kernels take only a per-distance bias table (alibi, kerple, kerple-power, t5)"
+        if proc is None:
+            return "plain causal softmax: fused SDPA covers it" if bias is None else None
+        if proc.op != "dape_v2":
+            return f"no fused Triton kernel for the {type(proc).__name__} score processor"
+        if proc.leak:
+            return "the fused DAPE V2 kernel is leak-free only (leak=True is the dense/chunked experiment)"
+        from ...ops.dape_v2.triton import shape_unsupported_reason
+
+        # Through the bare op API the head dim is unknown here; the kernel checks it again when called.
+        return shape_unsupported_reason(proc.num_heads, parts.head_dim or 16, proc.hidden, proc.kernel_size)
+
+    def run(self, q, k, v, parts, chunk_size=256):
+        if parts.normaliser.name == "stickbreaking":
+            from ...ops.stickbreaking.triton import stickbreaking_triton
+
+            return stickbreaking_triton(q, k, v, parts.normaliser.attend_current)
+        table = parts.bias.table(q.shape[-2], q.device) if parts.bias is not None else None
+        if parts.processor is not None:
+            from ...ops.dape_v2.triton import dape_v2_triton
+
+            return dape_v2_triton(q, k, v, *parts.processor.conv_weights(), table), None
+        from ...ops.biased_softmax.triton import biased_attention
+
+        # a bias may let the kernel give its parameters their gradients more cheaply (Kerple, T5)
+        return biased_attention(q, k, v, table, **parts.bias.fused_grad_args() if parts.bias is not None else {}), None

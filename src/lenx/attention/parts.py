@@ -1,0 +1,64 @@
+"""What the parts of an attention declare about themselves, and the composition the backends run.
+
+A bias maps (q_pos, k_pos, q, k) to an additive [H or B*H, Tq, Tk] bias; a processor maps the score
+block to processed scores, all processors with one signature; a normaliser turns scores into an
+output (Softmax, StickBreaking). The backends decide what they can run from these declarations,
+never by probing for attributes or types.
+"""
+
+from dataclasses import dataclass
+
+from torch import nn
+
+
+class ScoreBias(nn.Module):
+    """An additive score bias. per_distance: it depends only on (head, i - j) and gives a
+    [H, 2T - 1] table (DistanceBias): FlexAttention and the fused kernels read that table."""
+
+    per_distance = False
+
+    def fused_grad_args(self) -> dict:
+        """Keyword arguments of lenx.ops.biased_softmax.triton.biased_attention that let the fused
+        kernel give this bias's parameters their gradients more cheaply than through the whole
+        table gradient (`kerple`, `tail`); none by default."""
+        return {}
+
+
+class ScoreProcessor(nn.Module):
+    """Maps the score block to processed scores: forward(raw, bias, q, q_pos, k_pos) -> A, where raw
+    [B, H, Tq, Tk] are the scaled q.k scores, bias the bias part's block (or None), q [B, H, Tq, d]
+    the rows' queries, q_pos [Tq] and k_pos [Tk] their positions. A includes the bias.
+
+    halo: keys past a row block's last query that its processed scores read (the chunked path
+    takes that many more). leak: processed scores see future keys (the causal cut is off).
+    op: the fused op (a folder of lenx.ops) that can run this processor, if any."""
+
+    halo = 0
+    leak = False
+    op: str | None = None
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The parts of one attention after the q/k transform (RoPE is applied before any backend).
+    The modules are owned by the attention layer."""
+
+    bias: ScoreBias | None
+    processor: ScoreProcessor | None
+    normaliser: nn.Module  # Softmax or StickBreaking: .name, .allowed, .forward, .finish
+    causal: bool = True
+    head_dim: int | None = None  # lets the planner reject shapes a fused kernel cannot take
+
+
+@dataclass
+class PartContext:
+    """What a part's from_config(ctx) may read to build itself for one attention layer."""
+
+    name: str  # the registry name being built (e.g. "kerple-power", "dape")
+    cfg: object  # AttentionConfig
+    n_head: int
+    head_dim: int
+    d_model: int
+    shared: dict  # parts shared across layers (the T5 table)
+    processor: str | None = None  # the composition's processor name, if any
+    has_bias: bool = False  # whether the composition has an additive bias (set before the processor is built)

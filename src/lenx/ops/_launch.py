@@ -1,0 +1,50 @@
+"""Host-side helpers shared by the kernel launchers: output allocation, strides, matmul precision
+and input checks. Plain torch (no triton), so the op packages import without triton installed."""
+
+import os
+
+import torch
+
+# Debug switch for the tests: outputs that would be torch.empty start as NaN instead, so an element
+# a kernel forgets to write fails the comparison.
+POISON = bool(os.environ.get("LENX_TRITON_POISON"))
+
+LOG2E = 1.4426950408889634
+HEAD_DIMS = (16, 32, 64, 128)
+
+
+def new(shape, like, dtype=None):
+    dtype = like.dtype if dtype is None else dtype
+    if POISON:
+        return torch.full(shape, float("nan"), dtype=dtype, device=like.device)
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def new_like(x):
+    """Same shape and strides as x (so a gradient can reuse x's strides in the kernel)."""
+    return torch.full_like(x, float("nan")) if POISON else torch.empty_like(x)
+
+
+def dot_precision(dtype) -> str:
+    # fp32 inputs get exact fp32 products (the tests hold them to ~1e-5); bf16/fp16 use tensor cores.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def strides(x):
+    """Batch, head and time strides of a [B, H, T, d] tensor (d is contiguous)."""
+    return x.stride(0), x.stride(1), x.stride(2)
+
+
+def pow2(n: int, least: int = 16) -> int:
+    """The smallest power of two >= n, and at least `least`."""
+    return max(least, 1 << max(0, n - 1).bit_length())
+
+
+def check_qkv(q, k, v):
+    """One-line errors for inputs no fused kernel takes."""
+    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(f"q, k, v must all be [B, H, T, d], got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"the fused kernels take head dims 16, 32, 64 or 128, got {q.shape[-1]}")
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one of fp16/bf16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")

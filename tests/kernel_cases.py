@@ -1,0 +1,83 @@
+"""Shared pieces of the kernel tests: inputs, the comparison against the references, tolerances.
+
+LENX_KERNEL_ERRORS=path appends every measured error as a JSON line (the device runs keep them)."""
+
+import json
+import os
+
+import torch
+
+from helpers import rel_err
+
+CUDA = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if CUDA else "cpu")
+ERR_LOG = os.environ.get("LENX_KERNEL_ERRORS")
+GPU_T = [1, 17, 128, 1000, 4096]
+
+
+def leaf(*shape, dtype):
+    return torch.randn(*shape, device=DEVICE).to(dtype).requires_grad_()
+
+
+def fp32_copy(x):
+    return x.detach().float().requires_grad_()
+
+
+def bias_table(kind, H, T):
+    """A leaf [H, 2T - 1] table with a bias module's values (ALiBi's and Kerple's included), so the
+    table gradient itself is compared."""
+    from lenx.attention import ALiBi, KerpleLog, KerplePower, T5Bias
+
+    if kind is None:
+        return None
+    torch.manual_seed(1)
+    biases = {"kerple": KerpleLog, "kerple-power": KerplePower, "alibi": ALiBi, "t5": T5Bias}
+    return biases[kind](H).to(DEVICE).table(T, DEVICE).detach().float().requires_grad_()
+
+
+def log_errors(record: dict):
+    if ERR_LOG:
+        with open(ERR_LOG, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+def compare(what, outs, refs, names, tol, floors=None):
+    """rel_err of each output/gradient; floors[name] replaces |ref| when the exact value is ~0
+    (e.g. the conv2 bias gradient: a softmax ignores a per-row constant)."""
+    floors = floors or {}
+    errs = {}
+    for name, a, b in zip(names, outs, refs):
+        assert a is not None and b is not None, f"{what}: missing {name}"
+        assert a.shape == b.shape, (what, name, a.shape, b.shape)
+        assert torch.isfinite(a).all(), f"{what}: {name} has non-finite values (unwritten output?)"
+        errs[name] = rel_err(a, b, floor=floors.get(name, 1e-6))
+    log_errors({"case": what, "tol": tol, "errors": errs})
+    tols = tol if isinstance(tol, dict) else {k: tol for k in errs}
+    bad = {k: f"{e:.2e} >= {tols[k]:.1e}" for k, e in errs.items() if not e < tols[k]}
+    assert not bad, f"{what}: relative errors over tolerance: {bad}"
+
+
+def one_key_floors(names, dv):
+    """T = 1: the output is v whatever the scores, so every gradient but dv is exactly 0; measure
+    those against dv's size."""
+    return {n: dv.norm().item() for n in names if n not in ("out", "dv")}
+
+
+def tolerance(dtype):
+    return 1e-2 if dtype in (torch.bfloat16, torch.float16) else 1e-4
+
+
+def batch_for(T):
+    return 1 if T >= 4096 else 2
+
+
+def causal_gap(fn, T, t, d=16):
+    """How much outputs at positions <= t move when inputs after t change (0 for a causal op)."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, T, d, device=DEVICE) for _ in range(3))
+    q2, k2, v2 = (x.clone() for x in (q, k, v))
+    for x in (q2, k2, v2):
+        x[:, :, t + 1:] = torch.randn_like(x[:, :, t + 1:])
+    with torch.no_grad():
+        a, b = fn(q, k, v), fn(q2, k2, v2)
+    return max(float((x[:, :, : t + 1] - y[:, :, : t + 1]).abs().max()) for x, y in zip(a, b))

@@ -1,0 +1,69 @@
+"""The fused backend (lenx.attention.backends.fused) with module parts: it routes each composition to
+its kernel and the parts' parameters get their gradients. Without CUDA under Triton's interpreter."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from lenx.attention import Attention, AttentionConfig, DapeV2, KerpleLog, Softmax, StickBreaking  # noqa: E402
+from lenx.attention.backends import Parts, dense_attention, run_backend  # noqa: E402
+from kernel_cases import DEVICE, compare  # noqa: E402
+
+
+@pytest.mark.parametrize("case", ["kerple", "dapev2-kerple", "stickbreaking"])
+def test_routes_and_trains_part_params(case):
+    """Kerple's r1, r2 get their gradients (from the kernel directly: the Kerple mode), and so do
+    the DAPE V2 convs."""
+    torch.manual_seed(0)
+    B, H, T, d = 1, 2, 23, 16
+    q, k, v = (torch.randn(B, H, T, d, device=DEVICE, requires_grad=True) for _ in range(3))
+    bias = KerpleLog(H).to(DEVICE) if case != "stickbreaking" else None
+    proc = DapeV2(H, 4, 3).to(DEVICE) if case.startswith("dapev2") else None
+    norm = StickBreaking(H, d, remainder="drop") if case == "stickbreaking" else Softmax()
+    parts = Parts(bias, proc, norm)
+    params = [q, k, v] + (list(bias.parameters()) if bias is not None else []) + (list(proc.parameters()) if proc else [])
+    out, rem = run_backend("triton", q, k, v, parts)
+    outs = (out,) if rem is None else (out, rem)
+    ups = tuple(torch.randn_like(x) for x in outs)
+    grads = torch.autograd.grad(outs, params, ups)
+    ref, ref_rem = dense_attention(q, k, v, parts)
+    refs = (ref,) if rem is None else (ref, ref_rem)
+    ref_grads = torch.autograd.grad(refs, params, ups)
+    names = [f"out{i}" for i in range(len(outs))] + [f"g{i}" for i in range(len(params))]
+    floors = {f"g{len(params) - 1}": ref_grads[-2].norm().item()} if proc else {}  # conv2 bias, see run_dape
+    compare(f"fused backend {case}", [*outs, *grads], [*refs, *ref_grads], names, 1e-4, floors)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["kerple", "alibi", "t5", "dapev2-kerple", "dapev2-rope", "dapev2-alibi",
+                                    "stickbreaking"])
+@pytest.mark.parametrize("remainder", ["value", "head"])
+def test_gpu_attention_module(method, remainder):
+    """The whole attention module with backend='triton' against backend='dense' (fp32 weights and
+    inputs: the kernels' exact-fp32 path), including RoPE and stick-breaking's remainder modes."""
+    if remainder == "head" and method != "stickbreaking":
+        pytest.skip("remainder modes belong to stick-breaking")
+    torch.manual_seed(0)
+    cfg = AttentionConfig(method=method, backend="dense", sb_remainder=remainder)
+    ref = Attention(cfg, 4, 128).to(DEVICE)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            if "rem_vector" in name:
+                p.normal_(0, 0.5)
+    fast = Attention(AttentionConfig(**{**cfg.__dict__, "backend": "triton"}), 4, 128).to(DEVICE)
+    fast.load_state_dict(ref.state_dict())
+    assert fast.backend_for(DEVICE) == "triton"
+    x = torch.randn(2, 200, 128, device=DEVICE, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    y_ref, y = ref(x), fast(x2)
+    g = torch.randn_like(y)
+    y_ref.backward(g)
+    y.backward(g)
+    outs = [y, x2.grad] + [p.grad for _, p in fast.named_parameters()]
+    refs = [y_ref, x.grad] + [p.grad for _, p in ref.named_parameters()]
+    names = ["out", "dx"] + [n for n, _ in fast.named_parameters()]
+    floors = {n: 1.0 for n in names if n.endswith("conv2.bias")}
+    keep = [i for i, r in enumerate(refs) if r is not None]
+    compare(f"module {method} {remainder}", [outs[i] for i in keep], [refs[i] for i in keep],
+            [names[i] for i in keep], 1e-4, floors)

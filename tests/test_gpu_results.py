@@ -1,0 +1,27 @@
+"""CI has no GPU: the kernels' GPU evidence is the last device run's test results, committed under
+results/gpu-tests/. They must be for the kernel sources as they are now, and all green."""
+
+import json
+from pathlib import Path
+import xml.etree.ElementTree as ET
+
+from lenx.runinfo import kernel_sources_hash
+
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "gpu-tests"
+
+
+def test_last_gpu_run_matches_the_kernel_sources():
+    summary = json.loads((RESULTS / "summary.json").read_text())
+    assert summary["kernel_sources_hash"] == kernel_sources_hash(), (
+        "src/lenx/ops changed since the last committed GPU test run: run scripts/device/gpu_check.sh on the "
+        "device and commit its gpu-tests/ output to results/gpu-tests/")
+    assert summary["failures"] == 0 and summary["errors"] == 0 and not summary["failed_tests"], summary["failed_tests"]
+    assert summary["passed"] > 0 and "gpu" in summary["environment"]
+
+
+def test_summary_agrees_with_the_junit_xml():
+    summary = json.loads((RESULTS / "summary.json").read_text())
+    root = ET.parse(RESULTS / "junit.xml").getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    assert sum(int(s.get("tests", 0)) for s in suites) == summary["tests"]
+    assert sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites) == 0

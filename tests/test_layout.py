@@ -1,0 +1,110 @@
+"""The house rules, checked: kernels on the ground floor, a reference beside every kernel, the lab
+bench out of the product, no side effects on import."""
+
+import ast
+import re
+from pathlib import Path
+import subprocess
+import sys
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "lenx"
+OPS = SRC / "ops"
+
+
+def imported_modules(path: Path) -> list[tuple[str, int]]:
+    """Every module a file imports, at any depth, as absolute dotted names, with the line."""
+    package = ".".join(path.relative_to(SRC.parent).with_suffix("").parts)
+    if path.name != "__init__.py":
+        package = package.rsplit(".", 1)[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
+            mod = ".".join(base + ([node.module] if node.module else []))
+            found += [(mod, node.lineno)] + [(f"{mod}.{alias.name}", node.lineno) for alias in node.names]
+    return found
+
+
+def test_ops_import_nothing_from_above():
+    """lenx.ops imports neither lenx.attention nor anything built on it; the one exception is the
+    lazy re-export of lenx.functional's two functions in ops/__init__.py's __getattr__."""
+    bad = []
+    for path in sorted(OPS.rglob("*.py")):
+        for mod, line in imported_modules(path):
+            if not mod.startswith("lenx.") or mod.startswith("lenx.ops"):
+                continue
+            if path == OPS / "__init__.py" and mod in ("lenx", "lenx.functional"):
+                continue
+            bad.append(f"{path.relative_to(ROOT)}:{line} imports {mod}")
+    assert not bad, bad
+
+
+def test_ops_import_with_attention_blocked():
+    """Importing every ops module works with lenx.attention and lenx.functional unimportable."""
+    mods = sorted(".".join(p.relative_to(SRC.parent).with_suffix("").parts).removesuffix(".__init__")
+                  for p in OPS.rglob("*.py"))
+    code = f"""
+import importlib, importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith(("lenx.attention", "lenx.functional")):
+            raise ImportError("blocked: " + name)
+sys.meta_path.insert(0, Block())
+try:
+    import triton  # noqa: F401
+    have_triton = True
+except ImportError:
+    have_triton = False
+for m in {mods!r}:
+    if m.endswith(".triton") or m.endswith((".tiles", ".fastmath")):
+        if not have_triton:
+            continue
+    importlib.import_module(m)
+assert not any(n.startswith(("lenx.attention", "lenx.functional")) for n in sys.modules)
+print("ok")
+"""
+    env = {"TRITON_INTERPRET": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC.parent)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_every_op_folder_has_its_reference():
+    folders = [p for p in OPS.iterdir() if p.is_dir() and not p.name.startswith("_")]
+    assert {p.name for p in folders} == {"biased_softmax", "dape_v2", "stickbreaking"}
+    for folder in folders:
+        assert (folder / "reference.py").is_file(), folder
+        assert (ROOT / "tests" / "ops" / f"test_{folder.name}.py").is_file(), f"no tests/ops/test_{folder.name}.py"
+
+
+def test_results_hold_data_only():
+    code = [str(p.relative_to(ROOT)) for p in (ROOT / "results").rglob("*") if p.suffix in (".py", ".sh")]
+    assert not code, f"scripts belong in scripts/, not results/: {code}"
+
+
+def test_bench_reaches_no_kernel_module():
+    """lenx bench times the backends as a user runs them: it imports no kernel module, so it can
+    change no kernel's settings (tuning lives in scripts/tune and passes settings as arguments)."""
+    mods = [m for m, _ in imported_modules(SRC / "bench.py")]
+    assert not [m for m in mods if m.startswith("lenx.ops")], mods
+
+
+def test_importing_lenx_has_no_side_effects():
+    code = "import sys, lenx; print(sorted(m for m in sys.modules if m.startswith(('lenx', 'torch', 'ctypes'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC.parent)})
+    assert out.returncode == 0, out.stderr
+    assert eval(out.stdout) == ["lenx"]
+
+
+@pytest.mark.parametrize("path", ["src/lenx", "tests", "scripts"])
+def test_no_session_history_in_code(path):
+    """History (which session did what) belongs in notes/, not in code comments."""
+    hits = [f"{p.relative_to(ROOT)}:{i}" for p in (ROOT / path).rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\bsession \d", line, re.I)
+            and p.name != "test_layout.py"]
+    assert not hits, hits
