@@ -1,5 +1,6 @@
 """The house rules, checked: kernels on the ground floor, a reference beside every kernel, the lab
-bench out of the product, no side effects on import."""
+bench out of the product, plotting reads files only, only what trains imports the trainer, no side
+effects on import."""
 
 import ast
 import re
@@ -14,20 +15,36 @@ SRC = ROOT / "src" / "lenx"
 OPS = SRC / "ops"
 
 
-def imported_modules(path: Path) -> list[tuple[str, int]]:
-    """Every module a file imports, at any depth, as absolute dotted names, with the line."""
+def imported_modules(path: Path) -> list[tuple[str, int, str | None]]:
+    """Every module a file imports, at any depth, as absolute dotted names: (module, line, the
+    outermost function it is imported in or None at module level). `from a import b` counts as
+    importing both a and a.b (b may be a module)."""
     package = ".".join(path.relative_to(SRC.parent).with_suffix("").parts)
     if path.name != "__init__.py":
         package = package.rsplit(".", 1)[0]
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found += [(alias.name, node.lineno) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = package.split(".")[: len(package.split(".")) - (node.level - 1)] if node.level else []
-            mod = ".".join(base + ([node.module] if node.module else []))
-            found += [(mod, node.lineno)] + [(f"{mod}.{alias.name}", node.lineno) for alias in node.names]
+
+    def visit(node, function):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                visit(child, function or child.name)
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, child.lineno, function) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                parts = package.split(".")
+                base = parts[: len(parts) - (child.level - 1)] if child.level else []
+                mod = ".".join(base + ([child.module] if child.module else []))
+                found.append((mod, child.lineno, function))
+                found.extend((f"{mod}.{alias.name}", child.lineno, function) for alias in child.names)
+            visit(child, function)
+
+    visit(ast.parse(path.read_text()), None)
     return found
+
+
+def is_within(name: str, modules: tuple[str, ...]) -> bool:
+    return any(name == m or name.startswith(m + ".") for m in modules)
 
 
 def test_ops_import_nothing_from_above():
@@ -35,7 +52,7 @@ def test_ops_import_nothing_from_above():
     lazy re-export of lenx.functional's two functions in ops/__init__.py's __getattr__."""
     bad = []
     for path in sorted(OPS.rglob("*.py")):
-        for mod, line in imported_modules(path):
+        for mod, line, _ in imported_modules(path):
             if not mod.startswith("lenx.") or mod.startswith("lenx.ops"):
                 continue
             if path == OPS / "__init__.py" and mod in ("lenx", "lenx.functional"):
@@ -89,7 +106,7 @@ def test_results_hold_data_only():
 def test_bench_reaches_no_kernel_module():
     """lenx bench times the backends as a user runs them: it imports no kernel module, so it can
     change no kernel's settings (tuning lives in scripts/tune and passes settings as arguments)."""
-    mods = [m for m, _ in imported_modules(SRC / "bench.py")]
+    mods = [m for m, _, _ in imported_modules(SRC / "bench.py")]
     assert not [m for m in mods if m.startswith("lenx.ops")], mods
 
 
@@ -108,3 +125,35 @@ def test_no_session_history_in_code(path):
             for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\bsession \d", line, re.I)
             and p.name != "test_layout.py"]
     assert not hits, hits
+
+
+def test_plot_does_not_load_checkpoints_or_models():
+    forbidden = ("lenx.checkpoint", "lenx.evaluate", "lenx.model", "lenx.runtime", "lenx.train", "torch")
+    assert [i for i in imported_modules(SRC / "plot.py") if is_within(i[0], forbidden)] == []
+
+
+def training_commands() -> set[str]:
+    """The functions behind `lenx train`, `lenx sweep` and `lenx demo`: they really train."""
+    from lenx.cli import app
+
+    return {c.callback.__name__ for c in app.registered_commands
+            if (c.name or c.callback.__name__) in ("train", "sweep", "demo")}
+
+
+@pytest.mark.parametrize("module", ["evaluate", "plot", "cli", "bench", "che"])
+def test_only_training_imports_the_trainer(module):
+    """lenx.train (and lenx.sweep, which trains) is imported by none of these modules, except inside
+    the CLI's train, sweep and demo commands."""
+    allowed = training_commands() if module == "cli" else set()
+    assert len(allowed) == (3 if module == "cli" else 0)
+    wrong = [(name, function) for name, _, function in imported_modules(SRC / f"{module}.py")
+             if is_within(name, ("lenx.train", "lenx.sweep")) and function not in allowed]
+    assert wrong == [], f"{module}.py imports the trainer outside the training commands: {wrong}"
+
+
+def test_importing_evaluation_plotting_and_the_cli_loads_no_trainer():
+    code = ("import sys, lenx.evaluate, lenx.plot, lenx.cli, lenx.che, lenx.runtime\n"
+            "print(sorted(m for m in sys.modules if m in ('lenx.train', 'lenx.sweep')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
