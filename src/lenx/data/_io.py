@@ -35,14 +35,6 @@ def write_json(path: Path, obj) -> None:
         tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
-def remove_stale_tmp(folder: Path) -> None:
-    """Remove temp files left by a prepare that was killed."""
-    if folder.is_dir():
-        for p in folder.iterdir():
-            if p.name.startswith(".") and TMP_MARK in p.name and p.is_file():
-                p.unlink(missing_ok=True)
-
-
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

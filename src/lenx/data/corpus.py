@@ -6,7 +6,9 @@ Layout of `<root>/<name>/`:
   {train,val,test}.bin      uint16 token stream; each document's tokens then one EOS
   {train,val,test}.idx.npy  int64 [n_docs, 2]: start offset, length (without the EOS)
 
-A folder without a valid manifest.json counts as not prepared.
+A folder without a valid manifest.json counts as not prepared. A corpus is built in a
+hidden sibling folder `.<name>.build-<pid>` and swapped in only when complete, so a
+failed prepare leaves the previous corpus as it was.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import difflib
 import hashlib
 import json
 import logging
+import os
 import re
+import shutil
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +30,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from . import synthetic
-from ._io import atomic_path, remove_stale_tmp, write_json
+from ._io import write_json
 from .errors import DataError
 from .fetch import Registries
 from .sources import BUILTIN_SOURCES, Source
@@ -152,7 +156,8 @@ def _check_files(name: str, folder: Path, m: dict) -> None:
 def _prepared_names(root: Path) -> list[str]:
     if not root.is_dir():
         return []
-    return sorted(p.name for p in root.iterdir() if p.is_dir() and (p / "manifest.json").is_file())
+    return sorted(p.name for p in root.iterdir()
+                  if not p.name.startswith(".") and p.is_dir() and (p / "manifest.json").is_file())
 
 
 def _unknown(name: str, root: Path) -> DataError:
@@ -247,29 +252,40 @@ def split_docs(lengths: np.ndarray, seed: int, val_frac: float, test_frac: float
                 split[doc] = s
                 counts[s - 1] += 1
                 break
-    # Tiny corpora: a requested split still gets one document, if there are enough.
-    for s, frac in ((1, val_frac), (2, test_frac)):
-        train = np.flatnonzero(split == 0)
-        if frac > 0 and not (split == s).any() and len(train) > 1:
-            split[rng.choice(train)] = s
+    # Tiny corpora: train and each requested split still get one document, taken from the
+    # biggest split, if there are enough documents.
+    wanted = [0] + [s for s, frac in ((1, val_frac), (2, test_frac)) if frac > 0]
+    for s in wanted:
+        sizes = np.bincount(split, minlength=3)
+        donor = int(np.argmax(sizes))
+        if sizes[s] == 0 and sizes[donor] > 1:
+            split[rng.choice(np.flatnonzero(split == donor))] = s
     return split
 
 
+def _check_enough_docs(name: str, n_docs: int, val_frac: float, test_frac: float) -> None:
+    """Splitting by document needs one document for train and for each requested split."""
+    splits = ["train"] + [s for s, frac in (("val", val_frac), ("test", test_frac)) if frac > 0]
+    if n_docs < len(splits):
+        which = splits[0] if len(splits) == 1 else ", ".join(splits[:-1]) + " and " + splits[-1]
+        raise DataError(f"corpus {name!r} has {n_docs} document{'' if n_docs == 1 else 's'} after cleaning, "
+                        f"but splitting by document needs at least {len(splits)} (one each for {which}); "
+                        "add documents")
+
+
 def _write_split(folder: Path, split: str, docs: Iterator[np.ndarray], eos_id: int) -> dict:
-    """Write <split>.bin and <split>.idx.npy atomically; return the split's stats."""
+    """Write <split>.bin and <split>.idx.npy; return the split's stats."""
     index, pos = [], 0
     eos = np.array([eos_id], dtype=np.uint16)
-    with atomic_path(folder / f"{split}.bin") as tmp_bin:
-        with open(tmp_bin, "wb") as f:
-            for ids in docs:
-                index.append((pos, len(ids)))
-                f.write(ids.astype(np.uint16, copy=False).tobytes())
-                f.write(eos.tobytes())
-                pos += len(ids) + 1
-        idx = np.array(index, dtype=np.int64).reshape(-1, 2)
-        with atomic_path(folder / f"{split}.idx.npy") as tmp_idx:
-            with open(tmp_idx, "wb") as f:
-                np.save(f, idx)
+    with open(folder / f"{split}.bin", "wb") as f:
+        for ids in docs:
+            index.append((pos, len(ids)))
+            f.write(ids.astype(np.uint16, copy=False).tobytes())
+            f.write(eos.tobytes())
+            pos += len(ids) + 1
+    idx = np.array(index, dtype=np.int64).reshape(-1, 2)
+    with open(folder / f"{split}.idx.npy", "wb") as f:
+        np.save(f, idx)
     lens = idx[:, 1]
     stats = {"docs": len(idx), "tokens": pos, "doc_tokens": int(lens.sum()),
              "max_doc_tokens": int(lens.max()) if len(lens) else 0}
@@ -318,13 +334,15 @@ def _read_user_data(path: Path) -> tuple[list, dict]:
     return docs, record
 
 
-def _gather_builtin(sources: list[Source], reg: Registries, progress: bool) -> tuple[list, list, list]:
+def _gather_builtin(name: str, sources: list[Source], reg: Registries, progress: bool,
+                    allow_missing: bool) -> tuple[list, list, list]:
     """Fetch and read every source (two at a time: decompression releases the GIL).
 
-    A source that fails is skipped with a warning recorded in the manifest; if all
-    fail, the first error is raised (most often: the registry is unreachable).
+    Any source that fails makes this fail, naming each failed source and why, unless
+    `allow_missing`: then they are left out (and listed in the manifest), as long as
+    one source is left.
     """
-    docs, records, skipped, errors = [], [], [], []
+    docs, records, missing = [], [], []
 
     def run(src: Source):
         t = time.time()
@@ -339,9 +357,7 @@ def _gather_builtin(sources: list[Source], reg: Registries, progress: bool) -> t
             try:
                 results.append((src, *fut.result()))
             except DataError as e:
-                log.warning("skipping source %s: %s", src.name, e)
-                skipped.append({"source": src.name, "reason": str(e)})
-                errors.append(e)
+                missing.append({"source": src.name, "reason": str(e)})
                 results.append(None)
             bar.update(1)
             bar.set_postfix_str(src.name)
@@ -353,9 +369,23 @@ def _gather_builtin(sources: list[Source], reg: Registries, progress: bool) -> t
         records.append({"name": src.name, "files": [f.record() for f in files],
                         "docs": len(src_docs), "chars": chars, "seconds": round(secs, 1)})
         docs.extend(src_docs)
-    if not records:
-        raise errors[0]
-    return docs, records, skipped
+    if missing and (not allow_missing or not records):
+        hint = ("fix that and run again" if not records else
+                "fix that and run again, or pass --allow-missing-sources to build without them")
+        reasons = " | ".join(f"{m['source']}: {m['reason']}" for m in missing)
+        raise DataError(f"corpus {name!r} is incomplete, {len(missing)} of {len(sources)} sources failed; "
+                        f"{hint} | {reasons}")
+    for m in missing:
+        log.warning("building %s without source %s: %s", name, m["source"], m["reason"])
+    return docs, records, missing
+
+
+def _missing_sources(name: str, m: dict) -> list[str]:
+    """The built-in sources of corpus `name` that manifest `m` does not record."""
+    if name not in BUILTIN_SOURCES:
+        return []
+    have = {s.get("name") for s in m.get("sources", [])}
+    return [s.name for s in BUILTIN_SOURCES[name]() if s.name not in have]
 
 
 def _params(from_path, tokenizer, vocab_size, seed, val_frac, test_frac) -> dict:
@@ -385,28 +415,28 @@ def _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, roo
 
 def _build_synthetic(folder: Path, seed: int, val_frac: float, test_frac: float) -> dict:
     docs = synthetic.generate(seed, val_frac, test_frac)
-    (folder / "tokenizer.json").unlink(missing_ok=True)
     splits = {}
     for split in SPLITS:
         splits[split] = _write_split(folder, split, iter(docs[split]), synthetic.EOS)
         splits[split]["chars"] = None
-    return {"sources": [synthetic.describe()], "skipped": [],
+    return {"sources": [synthetic.describe()], "missing_sources": [],
             "tokenizer": {"kind": "none", "vocab_size": synthetic.VOCAB, "eos_id": synthetic.EOS, "eos_token": None},
             "splits": splits}
 
 
 def _build_text(folder: Path, name: str, from_path, tokenizer: str, vocab_size: int, seed: int,
-                val_frac: float, test_frac: float, reg: Registries, progress: bool) -> dict:
+                val_frac: float, test_frac: float, reg: Registries, progress: bool, allow_missing: bool) -> dict:
     # 1. Documents: read, normalise, dedupe.
     if from_path is not None:
         raw, record = _read_user_data(Path(from_path))
-        records, skipped = [record], []
+        records, missing = [record], []
     else:
-        raw, records, skipped = _gather_builtin(BUILTIN_SOURCES[name](), reg, progress)
+        raw, records, missing = _gather_builtin(name, BUILTIN_SOURCES[name](), reg, progress, allow_missing)
     docs, cleaning = clean_docs(raw)
     del raw
     if not docs:
         raise DataError(f"no usable documents for {name!r} (all empty or duplicates); check the input")
+    _check_enough_docs(name, len(docs), val_frac, test_frac)
     if from_path is not None:
         records[0].update(docs=len(docs), chars=sum(len(t) for _, t in docs))
 
@@ -427,8 +457,7 @@ def _build_text(folder: Path, name: str, from_path, tokenizer: str, vocab_size: 
         tok = train_bpe(train_texts, vocab_size, n_texts=len(members["train"]), progress=progress)
     eos_id = tok.token_to_id(EOS_TOKEN)
     tok_record.update(vocab_size=tok.get_vocab_size(), eos_id=eos_id, eos_token=EOS_TOKEN, file="tokenizer.json")
-    with atomic_path(folder / "tokenizer.json") as tmp:
-        tok.save(str(tmp))
+    tok.save(str(folder / "tokenizer.json"))
 
     # 4. Encode and pack every split.
     splits = {}
@@ -443,19 +472,78 @@ def _build_text(folder: Path, name: str, from_path, tokenizer: str, vocab_size: 
 
             splits[split] = _write_split(folder, split, counted(encode_docs(tok, texts)), eos_id)
             splits[split]["chars"] = int(sum(len(t) for t in texts))
-    return {"sources": records, "skipped": skipped, "cleaning": cleaning, "tokenizer": tok_record, "splits": splits}
+    return {"sources": records, "missing_sources": missing, "cleaning": cleaning, "tokenizer": tok_record,
+            "splits": splits}
+
+
+def _is_prepared(name: str, folder: Path, m: dict, params: dict, allow_missing: bool) -> bool:
+    """Whether the corpus on disk is complete and was built with these settings."""
+    if m.get("params") != params or (_missing_sources(name, m) and not allow_missing):
+        return False
+    try:
+        _check_files(name, folder, m)
+    except DataError:
+        return False  # broken: rebuild
+    return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # someone else's process
+    return True
+
+
+def _clean_dead_builds(folder: Path) -> None:
+    """Tidy the hidden siblings that a killed prepare of `folder` left behind: drop its
+    build folder, and put the old corpus back if it died in the middle of the swap."""
+    pattern = re.compile(rf"\.{re.escape(folder.name)}\.(build|old)-(\d+)")
+    for p in folder.parent.glob(f".{folder.name}.*-*"):
+        m = pattern.fullmatch(p.name)
+        if not m or _pid_alive(int(m.group(2))):
+            continue
+        if m.group(1) == "old" and not folder.exists():
+            os.rename(p, folder)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _swap_in(build: Path, folder: Path) -> None:
+    """Replace `folder` with the finished `build`: rename the old one aside, the new one in,
+    then delete the old one, so a corpus is only ever missing between two renames."""
+    if not folder.exists():
+        os.rename(build, folder)
+        return
+    old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    os.rename(folder, old)
+    try:
+        os.rename(build, folder)
+    except BaseException:
+        os.rename(old, folder)
+        raise
+    shutil.rmtree(old)
 
 
 def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | None = None,
                    tokenizer: str = "bpe", vocab_size: int = 16384, seed: int = 0,
                    val_frac: float = 0.02, test_frac: float = 0.05, cache_dir: Path | None = None,
-                   progress: bool = True, force: bool = False) -> dict:
+                   progress: bool = True, force: bool = False, allow_missing_sources: bool = False) -> dict:
     """Build `<root>/<name>/` and return its manifest.
 
     Built-in names are in CORPORA; any other name needs `from_path` (a folder of text
     files, or a JSONL file with a "text" field). Downloads are cached in `cache_dir`
     (default `<root>/.cache`). If the corpus is already prepared with the same
     settings it is returned as is, unless `force`.
+
+    A built-in corpus needs every one of its sources: if one cannot be fetched this
+    raises, unless `allow_missing_sources`, which builds from the rest and lists the
+    missing ones in the manifest under "missing_sources". Such a partial corpus counts
+    as prepared only for a later call that allows missing sources too.
+
+    On any failure the corpus that was there before is left untouched.
     """
     t0 = time.time()
     root = Path(root)
@@ -465,30 +553,33 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
         params.update(tokenizer="none", vocab_size=synthetic.VOCAB)
     folder = root / name
     old = _read_manifest(folder)
-    if old is not None and old.get("params") == params and not force:
-        try:
-            _check_files(name, folder, old)
-            log.info("corpus %s is already prepared at %s", name, folder)
-            return old
-        except DataError:
-            pass  # broken: rebuild below
+    if old is not None and not force and _is_prepared(name, folder, old, params, allow_missing_sources):
+        log.info("corpus %s is already prepared at %s", name, folder)
+        return old
 
-    folder.mkdir(parents=True, exist_ok=True)
-    remove_stale_tmp(folder)
-    # From here until the new manifest is written, the folder counts as not prepared.
-    (folder / "manifest.json").unlink(missing_ok=True)
-
-    manifest = {"format": FORMAT, "name": name, "kind": "synthetic" if name == "synthetic" else "text",
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "params": params}
-    if name == "synthetic":
-        manifest.update(_build_synthetic(folder, seed, val_frac, test_frac))
-    else:
-        reg = Registries(Path(cache_dir) if cache_dir else root / ".cache")
-        manifest.update(_build_text(folder, name, from_path, tokenizer, vocab_size, seed,
-                                    val_frac, test_frac, reg, progress))
-    for n in LONG:
-        manifest[f"test_docs_ge_{n}_tokens"] = manifest["splits"]["test"][f"docs_ge_{n}_tokens"]
-    manifest["seconds"] = round(time.time() - t0, 1)
-    write_json(folder / "manifest.json", manifest)  # last: marks the corpus as complete
+    # Build next to the real folder (through a symlink, if `folder` is one), so the
+    # final renames stay on one filesystem.
+    real = folder.resolve()
+    real.parent.mkdir(parents=True, exist_ok=True)
+    _clean_dead_builds(real)
+    build = real.with_name(f".{real.name}.build-{os.getpid()}")
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir()
+    try:
+        manifest = {"format": FORMAT, "name": name, "kind": "synthetic" if name == "synthetic" else "text",
+                    "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "params": params}
+        if name == "synthetic":
+            manifest.update(_build_synthetic(build, seed, val_frac, test_frac))
+        else:
+            reg = Registries(Path(cache_dir) if cache_dir else root / ".cache")
+            manifest.update(_build_text(build, name, from_path, tokenizer, vocab_size, seed,
+                                        val_frac, test_frac, reg, progress, allow_missing_sources))
+        for n in LONG:
+            manifest[f"test_docs_ge_{n}_tokens"] = manifest["splits"]["test"][f"docs_ge_{n}_tokens"]
+        manifest["seconds"] = round(time.time() - t0, 1)
+        write_json(build / "manifest.json", manifest)
+        _swap_in(build, real)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)  # gone already after a successful swap
     log.info("prepared %s: %s", name, {s: manifest["splits"][s]["tokens"] for s in SPLITS})
     return manifest

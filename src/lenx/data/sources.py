@@ -166,6 +166,7 @@ def treasury_of_david(module_deb: Path, tool_debs: list[Path], tmp_dir: Path) ->
     diatheke and its libraries are unpacked under tmp_dir and run from there (nothing is
     installed); SWORD_PATH points it at the unpacked module.
     """
+    tmp_dir = Path(tmp_dir).resolve()  # the paths below are handed to another program
     for deb in [module_deb, *tool_debs]:
         unpack_deb(deb, tmp_dir)
     exe = tmp_dir / "usr/bin/diatheke"
