@@ -6,7 +6,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .backends import plan_backend, run_backend
+from .backends import block_attention, plan_backend, run_backend
+from .cache import LayerCache
 from .methods import BASES, NORMALISERS, PROCESSORS, parse_method
 from .parts import PartContext, Parts
 
@@ -66,17 +67,34 @@ class Attention(nn.Module):
     def backend_for(self, device: torch.device) -> str:
         return plan_backend(self.parts, device, self.cfg.backend)
 
-    def project(self, x: torch.Tensor):
-        """x [B, T, C] -> q, k, v [B, H, T, d], q and k already rotated when the base is RoPE."""
+    def project(self, x: torch.Tensor, positions: torch.Tensor | None = None):
+        """x [B, T, C] -> q, k, v [B, H, T, d], q and k already rotated when the base is RoPE
+        (at `positions`, default 0..T-1)."""
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.rope is not None:
-            q, k = self.rope(q, k, torch.arange(T, device=x.device))
+            q, k = self.rope(q, k, torch.arange(T, device=x.device) if positions is None else positions)
         return q, k, v
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        """x [B, T, C] at positions 0..T-1. With a cache (a prefill), their keys and values are kept."""
         B, T, C = x.shape
         q, k, v = self.project(x)
+        if cache is not None:
+            cache.write(0, k, v)
         out, rem = run_backend(self.backend_for(x.device), q, k, v, self.parts, self.cfg.chunk_size)
         out = self.normaliser.finish(out, rem, v)
         return self.proj(out.transpose(1, 2).reshape(B, T, C))
+
+    def extend(self, x: torch.Tensor, cache: LayerCache, start: int) -> torch.Tensor:
+        """Rows x [B, R, C] at positions start..start+R-1 against the cached keys and values of the
+        positions before them: writes the rows' keys and values into the cache and returns their
+        outputs [B, R, C], the rows of a forward over positions 0..start+R-1. The rows are
+        processed as one block of the reference path: O(R T) work, never a [T, T] map."""
+        B, R, C = x.shape
+        q, k, v = self.project(x, torch.arange(start, start + R, device=x.device))
+        cache.write(start, k, v)
+        keys, values = cache.read(start + R)
+        out, rem = block_attention(q, keys, values, self.parts, start)
+        out = self.normaliser.finish(out, rem, v)
+        return self.proj(out.transpose(1, 2).reshape(B, R, C))
