@@ -6,7 +6,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .backends import plan_backend, run_backend
+from .backends import block_attention, plan_backend, run_backend
+from .cache import LayerCache
 from .methods import BASES, NORMALISERS, PROCESSORS, parse_method
 from .parts import PartContext, Parts
 
@@ -20,6 +21,12 @@ class AttentionConfig:
     chunk_size: int = 256  # query rows per block on the chunked path
     causal: bool = True  # False for encoders (CHE): biases use |i - j|, DAPE V2 drops the tril
     rope_base: float = 10000.0
+    # RoPE context extension (attention/rope.py): none | pi | ntk | dynamic-ntk | yarn
+    rope_scaling: str = "none"
+    rope_scaling_factor: float = 0.0  # s; 0 = auto: the length processed / rope_train_len (at least 1)
+    rope_train_len: int = 0  # the length the scaling extends from (0: none set; evaluation fills it in)
+    rope_yarn_beta_fast: float = 32.0
+    rope_yarn_beta_slow: float = 1.0
     dape_hidden: int = 32  # D
     dape_kernel: int = 3  # k for dapev2 (dape is always k = 1)
     dape_leak: bool = False  # drop the tril: the paper's information-leakage experiment only
@@ -66,17 +73,35 @@ class Attention(nn.Module):
     def backend_for(self, device: torch.device) -> str:
         return plan_backend(self.parts, device, self.cfg.backend)
 
-    def project(self, x: torch.Tensor):
-        """x [B, T, C] -> q, k, v [B, H, T, d], q and k already rotated when the base is RoPE."""
+    def project(self, x: torch.Tensor, positions: torch.Tensor | None = None, length: int | None = None):
+        """x [B, T, C] -> q, k, v [B, H, T, d], q and k already rotated when the base is RoPE (at
+        `positions`, default 0..T-1; `length`, default T, sets a scaled RoPE's auto factor)."""
         B, T, _ = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
         if self.rope is not None:
-            q, k = self.rope(q, k, torch.arange(T, device=x.device))
+            q, k = self.rope(q, k, torch.arange(T, device=x.device) if positions is None else positions, length)
         return q, k, v
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
+        """x [B, T, C] at positions 0..T-1. With a cache (a prefill), their keys and values are kept
+        (a scaled RoPE then takes its auto factor from the cache's capacity, as decoding does)."""
         B, T, C = x.shape
-        q, k, v = self.project(x)
+        q, k, v = self.project(x, length=None if cache is None else cache.capacity)
+        if cache is not None:
+            cache.write(0, k, v)
         out, rem = run_backend(self.backend_for(x.device), q, k, v, self.parts, self.cfg.chunk_size)
         out = self.normaliser.finish(out, rem, v)
         return self.proj(out.transpose(1, 2).reshape(B, T, C))
+
+    def extend(self, x: torch.Tensor, cache: LayerCache, start: int) -> torch.Tensor:
+        """Rows x [B, R, C] at positions start..start+R-1 against the cached keys and values of the
+        positions before them: writes the rows' keys and values into the cache and returns their
+        outputs [B, R, C], the rows of a forward over positions 0..start+R-1. The rows are
+        processed as one block of the reference path: O(R T) work, never a [T, T] map."""
+        B, R, C = x.shape
+        q, k, v = self.project(x, torch.arange(start, start + R, device=x.device), cache.capacity)
+        cache.write(start, k, v)
+        keys, values = cache.read(start + R)
+        out, rem = block_attention(q, keys, values, self.parts, start)
+        out = self.normaliser.finish(out, rem, v)
+        return self.proj(out.transpose(1, 2).reshape(B, R, C))
