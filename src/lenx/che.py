@@ -348,7 +348,8 @@ def plot_per_length(runs: list[dict], out: Path) -> Path:
     tasks = sorted({r["task"] for r in runs}, key=list(TASKS).index)
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
+    # constrained layout makes room for the title above the panels
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows + 0.4), squeeze=False, layout="constrained")
     for ax, task in zip(axes.flat, tasks):
         by_method: dict = {}
         for r in runs:
@@ -366,8 +367,9 @@ def plot_per_length(runs: list[dict], out: Path) -> Path:
     for ax in list(axes.flat)[len(tasks):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle("CHE: accuracy per test length (trained on lengths 1..40; dotted: chance)")
-    fig.tight_layout()
+    train_max = runs[0].get("protocol", {}).get("train_max_length", CHEConfig.train_max_length)
+    # two short lines: one panel is only 5 inches wide
+    fig.suptitle(f"CHE: accuracy per test length\ntrained on lengths 1..{train_max}; dotted: chance")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
