@@ -3,6 +3,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+# e.g. `make demo DEMO_ARGS=--no-progress` (the bars are already off when stderr is not a terminal)
+DEMO_ARGS ?=
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
@@ -21,7 +23,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 demo: $(STAMP)
-	$(VENV)/bin/lenx demo
+	$(VENV)/bin/lenx demo $(DEMO_ARGS)
 
 clean:
 	rm -rf $(VENV) runs

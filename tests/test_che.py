@@ -171,6 +171,22 @@ def test_table_marks_missing_cells():
     assert "| even_pairs | 50.0 | – | – |" in table
 
 
+def test_per_length_figure_title_fits(tmp_path, monkeypatch):
+    """The figure's title stays inside the figure, even with one task (one panel, 5 inches wide)."""
+    import matplotlib.pyplot as plt
+
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    for tasks in (["parity_check"], list(TASKS)):
+        runs = [{"task": t, "method": m, "per_length": {41: 0.5, 46: 0.6}, "protocol": {"train_max_length": 30}}
+                for t in tasks for m in ("rope", "alibi")]
+        che.plot_per_length(runs, tmp_path / "che.png")
+        fig = closed[-1]
+        box = fig._suptitle.get_window_extent(fig.canvas.get_renderer())
+        assert 0 <= box.x0 and box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1, (len(tasks), box, fig.bbox)
+        assert "lengths 1..30" in fig._suptitle.get_text()
+
+
 def test_redraw_from_che_json_alone(tmp_path):
     run_che(tiny(), tmp_path / "run", progress=False)
     copy = tmp_path / "copy"

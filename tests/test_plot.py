@@ -3,6 +3,7 @@ evaluation, drawn by plot), and `lenx plot FOLDER` re-drawing a whole tree."""
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -76,6 +77,47 @@ def test_multi_seed_figures(tmp_path, monkeypatch):
     seen.clear()
     plot.plot_perplexity(res[1:], tmp_path / "one.png")
     assert seen == [["rope", "kerple"]]
+
+
+def saved_figures(monkeypatch):
+    """Every figure saved, drawn so that its tick labels are set."""
+    figures = []
+    real = plot._save
+
+    def spy(fig, out):
+        fig.canvas.draw()
+        figures.append(fig)
+        return real(fig, out)
+
+    monkeypatch.setattr(plot, "_save", spy)
+    return figures
+
+
+def test_axes_read_as_plain_numbers(tmp_path, monkeypatch):
+    """The x axis is labelled with the evaluated lengths, the log y axis with plain numbers (not 2^7
+    or 7x10^0), for a narrow range and for one over several decades."""
+    figures = saved_figures(monkeypatch)
+    narrow = [eval_result("rope", {64: 8.22, 128: 8.35, 256: 8.47, 512: 8.57}, {128: -0.18, 512: -0.41}),
+              eval_result("kerple", {64: 6.92, 128: 6.93, 256: 6.95, 512: 6.96})]
+    wide = [eval_result("rope", {128: 12.0, 1024: 200.0, 8192: 9000.0})]
+    plot.plot_perplexity(narrow, tmp_path / "a.png")
+    plot.plot_delta_p(narrow, tmp_path / "b.png")
+    plot.plot_perplexity(wide, tmp_path / "c.png")
+
+    def labels(axis):
+        """The tick labels shown: those with text, inside the axis' view."""
+        low, high = sorted(axis.get_view_interval())
+        at = 0 if axis.axis_name == "x" else 1
+        return [t.get_text() for t in axis.get_ticklabels(which="both")
+                if t.get_text() and low <= t.get_position()[at] <= high]
+
+    axes = [fig.axes[0] for fig in figures]
+    assert [labels(ax.xaxis) for ax in axes] == [["64", "128", "256", "512"], ["128", "512"],
+                                                 ["128", "1024", "8192"]]
+    for ax in (axes[0], axes[2]):
+        ys = labels(ax.yaxis)
+        assert len(ys) >= 2 and all(re.fullmatch(r"[0-9.]+", y) for y in ys), ys
+    assert set(labels(axes[2].yaxis)) >= {"100", "1000"}
 
 
 def test_loss_curves(tmp_path, monkeypatch):

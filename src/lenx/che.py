@@ -25,9 +25,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .attention.methods import parse_method
+from .attention.methods import UnknownMethodError, parse_method
 from .model import Block, LMConfig
 from .tasks import TASKS, get_task
+
+
+class CHEError(ValueError):
+    """A CHE input the user can fix (the protocol, the output folders, the settings); one line."""
 
 
 @dataclass
@@ -182,7 +186,7 @@ def read_runs(path: Path, repair: bool = False) -> list[dict]:
             try:
                 runs.append(_from_json(json.loads(line)))
             except (json.JSONDecodeError, KeyError) as e:  # a whole line that is broken is not a kill: say so
-                raise ValueError(f"{path}:{n} is not a CHE run record ({e})") from e
+                raise CHEError(f"{path}:{n} is not a CHE run record ({e})") from e
     return runs
 
 
@@ -191,8 +195,8 @@ def _check_protocol(runs: list[dict], expected: dict, where: Path, hint: str):
         if run.get("protocol") != expected:
             diff = {k: (run.get("protocol", {}).get(k), expected.get(k)) for k in PROTOCOL_FIELDS
                     if run.get("protocol", {}).get(k) != expected.get(k)}
-            raise ValueError(f"{where} holds a run ({run['task']}, {run['method']}, seed {run['seed']}) with a "
-                             f"different protocol (field: (stored, wanted)) {diff}; {hint}")
+            raise CHEError(f"{where} holds a run ({run['task']}, {run['method']}, seed {run['seed']}) with a "
+                           f"different protocol (field: (stored, wanted)) {diff}; {hint}")
 
 
 def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True) -> dict:
@@ -202,8 +206,13 @@ def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True) -> dict:
     the same out_dir skips what is done (if it was run under the same protocol)."""
     from .attention import Attention, AttentionConfig
 
-    for method in cfg.methods:  # reject unknown methods before any training
-        Attention(AttentionConfig(method=method, causal=runs_causally(method)), cfg.n_head, cfg.d_model)
+    for method in cfg.methods:  # reject unknown methods and impossible settings before any training
+        try:
+            Attention(AttentionConfig(method=method, causal=runs_causally(method)), cfg.n_head, cfg.d_model)
+        except UnknownMethodError:
+            raise
+        except ValueError as e:
+            raise CHEError(f"{method}: {e}") from None
     for task in cfg.tasks:
         get_task(task)
     out_dir = Path(out_dir)
@@ -268,9 +277,9 @@ def merge_che(sources: list[Path], out_dir: Path) -> dict:
     out_dir = Path(out_dir)
     sources = [Path(s) for s in sources]
     if not sources:
-        raise ValueError("merge_che needs at least one CHE output folder")
+        raise CHEError("merge_che needs at least one CHE output folder")
     if (out_dir / "runs.jsonl").exists() and out_dir.resolve() not in {s.resolve() for s in sources}:
-        raise ValueError(f"{out_dir} holds a CHE run of its own; merge into another --out directory")
+        raise CHEError(f"{out_dir} holds a CHE run of its own; merge into another --out directory")
     by_key: dict = {}
     proto = None
     for source in sources:
@@ -339,7 +348,8 @@ def plot_per_length(runs: list[dict], out: Path) -> Path:
     tasks = sorted({r["task"] for r in runs}, key=list(TASKS).index)
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows), squeeze=False)
+    # constrained layout makes room for the title above the panels
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.2 * rows + 0.4), squeeze=False, layout="constrained")
     for ax, task in zip(axes.flat, tasks):
         by_method: dict = {}
         for r in runs:
@@ -357,8 +367,9 @@ def plot_per_length(runs: list[dict], out: Path) -> Path:
     for ax in list(axes.flat)[len(tasks):]:
         ax.axis("off")
     axes.flat[0].legend(fontsize=7)
-    fig.suptitle("CHE: accuracy per test length (trained on lengths 1..40; dotted: chance)")
-    fig.tight_layout()
+    train_max = runs[0].get("protocol", {}).get("train_max_length", CHEConfig.train_max_length)
+    # two short lines: one panel is only 5 inches wide
+    fig.suptitle(f"CHE: accuracy per test length\ntrained on lengths 1..{train_max}; dotted: chance")
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -367,12 +378,16 @@ def plot_per_length(runs: list[dict], out: Path) -> Path:
 
 def make_config(preset: str = "smoke", **overrides) -> CHEConfig:
     if preset not in PRESETS:
-        raise ValueError(f"unknown CHE preset {preset!r}; choose one of {', '.join(PRESETS)}")
+        raise CHEError(f"unknown CHE preset {preset!r}; choose one of {', '.join(PRESETS)}")
     cfg = replace(CHEConfig(), **PRESETS[preset])
     cfg = replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
     if min(cfg.train_max_length, cfg.test_min_length, cfg.steps, cfg.test_samples, cfg.batch_size,
            cfg.test_length_step) < 1:
-        raise ValueError("CHE lengths, test length step, steps, batch size and test samples must all be >= 1")
+        raise CHEError("CHE lengths, test length step, steps, batch size and test samples must all be >= 1")
     if cfg.test_max_length < cfg.test_min_length:
-        raise ValueError(f"test_max_length {cfg.test_max_length} < test_min_length {cfg.test_min_length}")
+        raise CHEError(f"test_max_length {cfg.test_max_length} < test_min_length {cfg.test_min_length}")
+    if not (cfg.tasks and cfg.methods and cfg.seeds):
+        raise CHEError("CHE needs at least one task, one method and one seed")
+    if min(cfg.seeds) < 0:
+        raise CHEError(f"CHE seeds must be >= 0, got {cfg.seeds}")
     return cfg

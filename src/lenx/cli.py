@@ -1,8 +1,15 @@
-"""The `lenx` command: a thin layer over the library functions."""
+"""The `lenx` command: a thin layer over the library functions.
 
+Every command checks all of its input before it starts any work, and reports a user error as one
+line on stderr with exit code 2.
+"""
+
+import inspect
 from pathlib import Path
 import json
+import statistics
 import sys
+from typing import Optional
 
 import typer
 
@@ -11,6 +18,18 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 ConfigOpt = typer.Option("tiny", "--config", "-c", help="a TOML file or a preset name (tiny, small, 125m, 350m)")
 SetOpt = typer.Option(None, "--set", "-s", help="dotted override, repeatable: --set model.method=kerple")
+ProgressOpt = typer.Option(None, "--progress/--no-progress",
+                           help="progress bars (default: only when stderr is a terminal, so a piped log gets none)")
+
+
+def _command(name: str | None = None):
+    """app.command with the docstring's paragraphs reflowed. Typer keeps the line breaks of every
+    paragraph but the first, which then show as lines broken mid-sentence at any terminal width."""
+    def register(fn):
+        paragraphs = inspect.cleandoc(fn.__doc__).split("\n\n")
+        return app.command(name, help="\n\n".join(" ".join(p.split()) for p in paragraphs))(fn)
+
+    return register
 
 
 def _user_errors(*extra: type[Exception]) -> tuple[type[Exception], ...]:
@@ -33,19 +52,73 @@ def _fail(e: Exception):
     raise typer.Exit(2)
 
 
-def _parse_lengths(text: str | None) -> list[int] | None:
-    if not text:
+def _progress(flag: bool | None) -> bool:
+    return sys.stderr.isatty() if flag is None else flag
+
+
+def _parse_ints(text: str | None, option: str, low: int = 1) -> list[int] | None:
+    """Comma-separated integers >= low, or None when the option was not given."""
+    from .config import ConfigError
+
+    if text is None:
         return None
     try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
-        _fail(ValueError(f"--lengths must be comma-separated integers, got {text!r}"))
+        raise ConfigError(f"{option} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < low:
+        raise ConfigError(f"{option} must be comma-separated integers >= {low}, got {text!r}")
+    return values
 
 
-@app.command("list")
+def _parse_methods(text: str) -> list[str]:
+    """Canonical method names of a comma-separated list; each once, at least one."""
+    from .attention import parse_method
+    from .config import ConfigError
+
+    names = [parse_method(m).name for m in text.split(",") if m.strip()]
+    if not names:
+        raise ConfigError(f"--methods names no method: {text!r}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"--methods names {', '.join(twice)} more than once")
+    return names
+
+
+def _run_config(run_dir: Path):
+    """The config of a trained run directory (validated like any config)."""
+    from .checkpoint import CheckpointError
+    from .config import load_config
+
+    if not (Path(run_dir) / "config.toml").is_file():
+        raise CheckpointError(f"{run_dir} is not a lenx run directory (no config.toml); train one with `lenx train`")
+    return load_config(Path(run_dir) / "config.toml")
+
+
+def _check_sweep_run(cfg) -> None:
+    """What one run of a sweep needs before any run starts: the device exists, the attention trains
+    there, and the evaluation that follows training has lengths to evaluate."""
+    from .config import ConfigError, check_device
+    from .evaluate import default_lengths
+
+    check_device(cfg, cfg.train.device, training=True)
+    e = cfg.eval
+    lengths = e.lengths or default_lengths(cfg.train.seq_len, e.max_length, e.scored)
+    if not lengths:
+        raise ConfigError(f"no evaluation length: eval.max_length {e.max_length} is below train.seq_len "
+                          f"{cfg.train.seq_len} or the {e.scored} scored tokens (eval.scored)")
+    if min(lengths) < e.scored:
+        raise ConfigError(f"eval.lengths {lengths} has lengths shorter than the {e.scored} scored tokens (eval.scored)")
+
+
+@_command("list")
 def list_methods():
-    """Every method name with its description and the backends that can run it, then every CHE
-    task (`lenx che --tasks`) with its Chomsky level and chance accuracy."""
+    """List every method with the backends that run it, and every CHE task.
+
+    The CPU column marks flex "forward only": FlexAttention on the CPU runs unfused and has no
+    backward, so it can evaluate there but not train. CHE tasks (`lenx che --tasks`) come with their
+    Chomsky level and chance accuracy.
+    """
     import torch
     from rich.console import Console
     from rich.table import Table
@@ -62,7 +135,9 @@ def list_methods():
         cols = []
         for dev in ("cpu", "cuda"):
             ok = [b for b in BACKENDS if unsupported_reason(b, attn.parts, torch.device(dev)) is None]
-            cols.append(", ".join(b for b in ok if not (dev == "cpu" and b == "triton")))
+            if dev == "cpu" and "flex" in ok:  # last: it cannot train there
+                ok = [b for b in ok if b != "flex"] + ["flex (forward only)"]
+            cols.append(", ".join(ok))
         table.add_row(name, attn.spec.description, *cols)
     console = Console()
     console.print(table)
@@ -78,35 +153,42 @@ def list_methods():
     console.print(tasks)
 
 
-@app.command()
+@_command()
 def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a new name with --from"),
             from_path: Path = typer.Option(None, "--from", help="a folder of text files or a JSONL file with a 'text' field"),
             root: Path = typer.Option(Path("data"), help="where corpora live"),
             tokenizer: str = typer.Option("bpe", help="bpe (trained on the train split) or gpt2"),
             vocab_size: int = typer.Option(16384, help="BPE vocabulary size"),
             seed: int = typer.Option(0),
-            force: bool = typer.Option(False, help="rebuild even if the corpus is already prepared with these settings")):
+            force: bool = typer.Option(False, help="rebuild even if the corpus is already prepared with these settings"),
+            allow_missing_sources: bool = typer.Option(False, help="build the corpus from the sources that could be "
+                                                       "fetched when some cannot (the manifest lists the missing ones)")):
     """Build a corpus: fetch, extract, dedupe, split by document, tokenize, pack."""
     from .data import prepare_corpus
 
+    # the keyword is passed only when asked for, so the default call is the same with every library version
+    extra = {"allow_missing_sources": True} if allow_missing_sources else {}
     try:
         manifest = prepare_corpus(corpus, root, from_path=from_path, tokenizer=tokenizer, vocab_size=vocab_size,
-                                  seed=seed, force=force)
+                                  seed=seed, force=force, **extra)
     except _user_errors() as e:
         _fail(e)
     summary = {k: v for k, v in manifest.items() if k not in ("sources",)}
     print(json.dumps(summary, indent=2))
 
 
-@app.command("train")
+@_command("train")
 def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
               out: Path = typer.Option(None, "--out", "-o", help="run directory (default runs/<corpus>-<method>-T<len>)"),
               resume: Path = typer.Option(None, "--resume", help="continue this run directory from its last checkpoint"),
-              progress: bool = typer.Option(True, help="show a progress bar")):
-    """Train a model (single process, or under torchrun for several GPUs:
-    `torchrun --nproc-per-node N -m lenx train ...`, DDP by default, `--set train.parallel=fsdp` for FSDP2)."""
+              progress: Optional[bool] = ProgressOpt):
+    """Train a model, on one device or under torchrun on several GPUs.
+
+    Several GPUs: `torchrun --nproc-per-node N -m lenx train ...` (DDP by default,
+    `--set train.parallel=fsdp` for FSDP2).
+    """
     from . import distributed
-    from .config import ConfigError, load_config
+    from .config import ConfigError, check_device, load_config
     from .train import TrainingDiverged, train
 
     # Under torchrun a failing rank reports its error and exits non-zero; torchrun then stops the
@@ -117,11 +199,14 @@ def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
             if set_:  # rather than ignoring them silently
                 raise ConfigError("--resume continues the run with its saved config.toml; --set cannot change it "
                                   f"(edit {resume / 'config.toml'} instead, e.g. train.parallel)")
-            summary = train(None, resume, resume=True, progress=progress)
+            resumed = _run_config(resume)
+            check_device(resumed, resumed.train.device)
+            summary = train(None, resume, resume=True, progress=_progress(progress))
         else:
             cfg = load_config(config, set_ or [])
+            check_device(cfg, cfg.train.device)
             run_dir = out or Path("runs") / f"{cfg.data.corpus}-{cfg.model.method}-T{cfg.train.seq_len}"
-            summary = train(cfg, run_dir, progress=progress)
+            summary = train(cfg, run_dir, progress=_progress(progress))
     except _user_errors(TrainingDiverged) as e:
         _fail(e)
     distributed.teardown()
@@ -129,70 +214,138 @@ def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
         print(json.dumps(summary))
 
 
-@app.command("eval")
+@_command("eval")
 def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
              lengths: str = typer.Option(None, help="comma-separated, e.g. 128,256,512 (default: powers of two from the training length to eval.max_length)"),
              windows: int = typer.Option(None, help="windows per length (default eval.windows)"),
              scored: int = typer.Option(None, help="score the last N tokens (default eval.scored, 256)"),
-             device: str = typer.Option("auto"), backend: str = typer.Option(None, help="force an attention backend"),
-             progress: bool = typer.Option(True)):
-    """Perplexity of the last 256 tokens at every length, DeltaP, and full-sequence perplexity."""
+             device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
+             backend: str = typer.Option(None, help="force an attention backend"),
+             step: int = typer.Option(None, help="evaluate the weights kept at this step (train.keep_every) "
+                                                 "instead of the last checkpoint"),
+             progress: Optional[bool] = ProgressOpt):
+    """Evaluate a run: perplexity at every length, ΔP and full-sequence perplexity.
+
+    The perplexity of the last --scored tokens of the same windows at every length (the DAPE V2
+    paper's protocol); writes eval.json into the run directory.
+    """
+    from dataclasses import replace
+
+    from .config import check_device, validate
     from .evaluate import evaluate
 
+    # the keyword is passed only when asked for, so the default call is the same with every library version
+    extra = {"step": step} if step is not None else {}
     try:
-        result = evaluate(run, _parse_lengths(lengths), windows, scored, device, backend, progress=progress)
+        cfg = _run_config(run)
+        if backend:
+            cfg = replace(cfg, model=replace(cfg.model, backend=backend))
+            validate(cfg)
+        check_device(cfg, device, key="--device", training=False)
+        result = evaluate(run, _parse_ints(lengths, "--lengths"), windows, scored, device, backend,
+                          progress=_progress(progress), **extra)
     except _user_errors() as e:
         _fail(e)
     print_eval_table([result])
     print(f"wrote {Path(run) / 'eval.json'}")
 
 
+def eval_table(results: list[dict]) -> tuple[str, list[str], list[list[str]]]:
+    """(title, column headers, rows) of methods x lengths, the training length's column marked.
+    Results that share a method (one per seed) make one row of mean ± sample standard deviation."""
+    by_method: dict[str, list[dict]] = {}
+    for r in results:
+        by_method.setdefault(r["method"], []).append(r)
+    counts = {len(runs) for runs in by_method.values()}
+    lengths = sorted({int(L) for r in results for L in r["results"]})
+    train_lens = {r["train_len"] for r in results}
+    title = f"perplexity of the last {results[0]['scored']} tokens (ΔP in brackets); {results[0]['window_note']}"
+    if max(counts) > 1:
+        title += f"; mean ± sample std over {max(counts)} seeds" if len(counts) == 1 else "; mean ± sample std over seeds"
+    columns = ["method"] + [f"{L} (train)" if L in train_lens else str(L) for L in lengths]
+    rows = []
+    for method, runs in by_method.items():
+        name = f"{method} ({len(runs)} seeds)" if len(counts) > 1 else method
+        rows.append([name] + [_cell([r["results"].get(str(L)) for r in runs]) for L in lengths])
+    return title, columns, rows
+
+
+def _cell(rows: list[dict | None]) -> str:
+    """Perplexity (ΔP), or the mean ± std of each over the seeds that have this length."""
+    rows = [row for row in rows if row is not None]
+    if not rows:
+        return ""
+
+    def stat(values: list[float], sign: str = "") -> str:
+        text = f"{statistics.mean(values):{sign}.2f}"
+        return text + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
+
+    text = stat([row["ppl"] for row in rows])
+    delta = [row["delta_p"] for row in rows if "delta_p" in row]
+    return text + (f" ({stat(delta, '+')})" if delta else "")
+
+
 def print_eval_table(results: list[dict]):
     from rich.console import Console
     from rich.table import Table
 
-    lengths = sorted({int(L) for r in results for L in r["results"]})
-    table = Table(title=f"perplexity of the last {results[0]['scored']} tokens (ΔP in brackets); {results[0]['window_note']}")
-    table.add_column("method")
-    for L in lengths:
-        table.add_column(str(L), justify="right")
-    for r in results:
-        cells = []
-        for L in lengths:
-            row = r["results"].get(str(L))
-            if row is None:
-                cells.append("")
-                continue
-            cells.append(f"{row['ppl']:.2f}" + (f" ({row['delta_p']:+.2f})" if "delta_p" in row else ""))
-        table.add_row(r["method"], *cells)
+    title, columns, rows = eval_table(results)
+    table = Table(title=title)
+    table.add_column(columns[0])
+    for col in columns[1:]:
+        table.add_column(col, justify="right")
+    for row in rows:
+        table.add_row(*row)
     Console().print(table)
 
 
-@app.command("sweep")
+@_command("sweep")
 def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method names"), config: str = ConfigOpt,
               set_: list[str] = SetOpt, out: Path = typer.Option(None, "--out", "-o", help="sweep directory"),
-              jobs: int = typer.Option(1, "--jobs", "-j", min=0, help="methods run at once, each in its own process "
+              seeds: str = typer.Option(None, help="comma-separated training seeds, e.g. 0,1,2: every method is "
+                                                   "trained once per seed (runs <out>/<method>-s<seed>) and the "
+                                                   "table shows mean ± std (default: train.seed alone)"),
+              jobs: int = typer.Option(1, "--jobs", "-j", min=0, help="runs at once, each in its own process "
                                        "(one GPU each via CUDA_VISIBLE_DEVICES; logs in <run>/sweep.log); "
                                        "0 = one per visible GPU"),
-              progress: bool = typer.Option(True)):
-    """Train and evaluate several methods with the same data, seed and budget; table and plots."""
-    from .attention import parse_method
-    from .config import load_config
+              force: bool = typer.Option(False, help="train and evaluate again the runs that are already done"),
+              progress: Optional[bool] = ProgressOpt):
+    """Train and evaluate several methods on equal terms; print the table, draw the plots.
+
+    Every method gets the same data, seed, token budget and evaluation windows; a finished run is
+    not trained again and a partial one resumes. Writes results.json, results.md and the figures.
+    """
+    from dataclasses import replace
+
+    from .config import ConfigError, load_config, validate
     from .sweep import SweepError, sweep
     from .train import TrainingDiverged
 
     try:
-        names = [parse_method(m).name for m in methods.split(",") if m]
+        names = _parse_methods(methods)
+        seed_list = _parse_ints(seeds, "--seeds", low=0)
+        if seed_list and len(set(seed_list)) < len(seed_list):
+            raise ConfigError(f"--seeds names a seed more than once: {seeds!r}")
         cfg = load_config(config, set_ or [])
+        # every run's config, checked before the first one trains
+        for name in names:
+            for seed in seed_list or [cfg.train.seed]:
+                run_cfg = replace(cfg, model=replace(cfg.model, method=name), train=replace(cfg.train, seed=seed))
+                validate(run_cfg)
+                _check_sweep_run(run_cfg)
         out = out or Path("runs") / f"sweep-{cfg.data.corpus}-T{cfg.train.seq_len}"
-        result = sweep(names, cfg, out, progress=progress, jobs=jobs)
+        # the new keywords are passed only when asked for, so the default call is the same with every library version
+        extra = {"force": True} if force else {}
+        if seed_list is not None:
+            extra["seeds"] = seed_list
+        result = sweep(names, cfg, out, progress=_progress(progress), jobs=jobs, **extra)
     except _user_errors(TrainingDiverged, SweepError) as e:
         _fail(e)
     print_eval_table(result["results"])
     print("figures: " + ", ".join(result["figures"]))
 
 
-@app.command("plot")
+@_command("plot")
 def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure under it is re-drawn from its JSON), a "
                                            "results.json / eval.json / che.json / attention JSON file, or a run "
                                            "directory with --attention"),
@@ -200,14 +353,30 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
              attention: bool = typer.Option(False, help="draw attention maps (scores, bias, processed) of one run, "
                                                         "and save them as JSON next to the figure"),
              length: int = typer.Option(64, help="input length for --attention"),
-             layer: int = typer.Option(0), head: int = typer.Option(0)):
-    """Re-draw the figures from saved JSON (or attention maps from a checkpoint)."""
+             layer: int = typer.Option(0, help="--attention: the layer, from 0"),
+             head: int = typer.Option(0, help="--attention: the head, from 0")):
+    """Re-draw the figures from saved JSON, or draw the attention maps of a run.
+
+    With --attention the maps of one input are computed from the run's checkpoint (on the CPU),
+    saved as JSON and drawn from that file.
+    """
     from . import plot
+    from .config import ConfigError, check_device
 
     try:
         if attention:
             from .evaluate import attention_maps, save_attention_maps
 
+            cfg = _run_config(source)
+            m = cfg.model
+            for option, value, count, what in (("--layer", layer, m.n_layer, "layers"),
+                                               ("--head", head, m.n_head, "heads")):
+                if not 0 <= value < count:
+                    raise ConfigError(f"{option} {value} does not exist: the model of {source} has {count} {what} "
+                                      f"({option} 0 to {count - 1})")
+            if length < 1:
+                raise ConfigError(f"--length must be >= 1, got {length}")
+            check_device(cfg, "cpu", training=False)  # the maps are computed on the CPU
             # the checkpoint is read once, into JSON; the figure is drawn from that file, as
             # `lenx plot FOLDER` re-draws it later without the checkpoint
             maps = attention_maps(source, layer=layer, head=head, length=length)
@@ -222,7 +391,7 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
         _fail(e)
 
 
-@app.command("che")
+@_command("che")
 def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (default: all 15)"),
             methods: str = typer.Option(None, help="comma-separated methods (default: rope,alibi,kerple,dape-kerple,dapev2-kerple)"),
             preset: str = typer.Option("smoke", help="smoke (CPU, minutes), gpu (a few minutes per pair), paper (200k steps)"),
@@ -235,11 +404,13 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
                                                  "instead of training (other options are ignored)"),
             out: Path = typer.Option(Path("runs/che"), "--out", "-o",
                                      help="output folder; running again with the same one resumes, skipping done runs"),
-            progress: bool = typer.Option(True)):
-    """The Chomsky-hierarchy length-generalisation benchmark: train on lengths 1..40, test on 41..500.
-    `lenx list` names the tasks with their Chomsky level and chance accuracy."""
-    from .attention.methods import UnknownMethodError
-    from .che import make_config, merge_che, run_che
+            progress: Optional[bool] = ProgressOpt):
+    """Run the Chomsky-hierarchy length-generalisation benchmark (CHE).
+
+    Each task is trained on lengths 1..40 and tested on 41..500. `lenx list` names the tasks with
+    their Chomsky level and chance accuracy.
+    """
+    from .che import CHEError, make_config, merge_che, run_che
     from .tasks import UnknownTaskError
 
     split = lambda text: [x for x in text.split(",") if x] if text else None  # noqa: E731
@@ -248,18 +419,17 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
             result = merge_che([Path(p) for p in split(merge)], out)
         else:
             cfg = make_config(preset, tasks=split(tasks), methods=split(methods), steps=steps,
-                              seeds=[int(s) for s in split(seeds)] if seeds else None,
-                              test_max_length=test_max_length, test_length_step=test_length_step,
-                              test_samples=test_samples)
-            result = run_che(cfg, out, progress=progress)
-    except (UnknownMethodError, UnknownTaskError, ValueError, FileNotFoundError) as e:
+                              seeds=_parse_ints(seeds, "--seeds", low=0), test_max_length=test_max_length,
+                              test_length_step=test_length_step, test_samples=test_samples)
+            result = run_che(cfg, out, progress=_progress(progress))
+    except (*_user_errors(), UnknownTaskError, CHEError) as e:
         _fail(e)
     print((out / "che.md").read_text())
     print(f"wrote {out / 'che.json'}, {out / 'che_per_length.png'}")
     return result
 
 
-@app.command("bench")
+@_command("bench")
 def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: sdpa,kerple,dapev2-kerple,stickbreaking; "
                                           "with --train-step: rope,alibi,kerple,fire,dape-kerple,dapev2-kerple)"),
               backends: str = typer.Option("sdpa,flex,triton,chunked,dense", help="comma-separated"),
@@ -277,19 +447,27 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
               steps: int = typer.Option(20, help="--train-step: timed steps per method"),
               warmup: int = typer.Option(5, help="--train-step: untimed steps before them"),
               device: str = typer.Option("cuda", help="cuda, or cpu with --train-step only")):
-    """Time forward and forward+backward and peak memory per method, backend and length on the
-    current GPU, with ratios against fused causal SDPA in the same run (needs CUDA). With
-    --train-step: time per training step and peak memory of a whole model per method, with ratios
-    against dapev2-kerple."""
+    """Time attention kernels against fused SDPA on the GPU, or whole training steps.
+
+    Forward and forward+backward time and peak memory per method, backend and length on the current
+    GPU, with ratios against fused causal SDPA in the same run (needs CUDA). With --train-step: time
+    per training step and peak memory of the --preset model per method, with ratios against
+    dapev2-kerple.
+    """
     import torch
 
     from .bench import TRAIN_STEP_METHODS, print_bench_table, print_train_step_table, run_bench, train_step_bench
+    from .config import ConfigError
     from .runinfo import git_commit
 
-    if device not in ("cuda", "cpu") or (device == "cpu" and not train_step):
-        _fail(ValueError("--device must be cuda (or cpu with --train-step: the kernel benchmark times GPU kernels)"))
-    if device == "cuda" and not torch.cuda.is_available():
-        _fail(RuntimeError("lenx bench needs a CUDA device (it times GPU kernels; --train-step also runs with --device cpu)"))
+    try:
+        if device not in ("cuda", "cpu") or (device == "cpu" and not train_step):
+            raise ConfigError("--device must be cuda (or cpu with --train-step: the kernel benchmark times GPU kernels)")
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("lenx bench needs a CUDA device (it times GPU kernels; --train-step also runs with --device cpu)")
+        length_list = _parse_ints(lengths, "--lengths")
+    except _user_errors() as e:
+        _fail(e)
     if train_step:
         out = out or Path("bench_train_step.json")
         try:
@@ -303,25 +481,30 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
         return
     out = out or Path("bench.json")
     result = run_bench(methods=(methods or "sdpa,kerple,dapev2-kerple,stickbreaking").split(","),
-                       lengths=[int(x) for x in lengths.split(",")], batch=batch or 1,
+                       lengths=length_list, batch=batch or 1,
                        heads=heads, head_dim=head_dim, backends=backends.split(","), out_path=str(out),
                        commit=commit or git_commit(), command=" ".join(sys.argv))
     print_bench_table(result)
     print(f"wrote {out}")
 
 
-@app.command()
+@_command()
 def demo(out: Path = typer.Option(Path("runs/demo"), "--out", "-o"),
-         steps: int = typer.Option(300, help="training steps per method")):
-    """The main job on the embedded synthetic corpus (CPU, minutes): train rope, kerple and
-    dapev2-kerple at length 64, evaluate up to 8x that, print the table and the plot paths."""
+         steps: int = typer.Option(300, help="training steps per method"),
+         progress: Optional[bool] = ProgressOpt):
+    """Compare rope, kerple and dapev2-kerple on the synthetic corpus (CPU, minutes).
+
+    The main job: each method trains at length 64 and is evaluated up to 8x that; the table and the
+    plot paths are printed.
+    """
     from .config import load_config
     from .sweep import SweepError, sweep
     from .train import TrainingDiverged
 
-    cfg = load_config("tiny", [f"train.steps={steps}"])
     try:
-        result = sweep(["rope", "kerple", "dapev2-kerple"], cfg, out)
+        cfg = load_config("tiny", [f"train.steps={steps}"])
+        _check_sweep_run(cfg)
+        result = sweep(["rope", "kerple", "dapev2-kerple"], cfg, out, progress=_progress(progress))
     except _user_errors(TrainingDiverged, SweepError) as e:
         _fail(e)
     print_eval_table(result["results"])

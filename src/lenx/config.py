@@ -5,13 +5,21 @@ A run is configured by one TOML file with the sections [model], [train], [data] 
 `eval.lengths=[128,256]`). Unknown sections and keys are errors that suggest the nearest name.
 """
 
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
 import difflib
+import math
 from pathlib import Path
-import tomllib
+import re
 import typing
 
-from .model import LMConfig
+import torch
+
+from .model import LM, LMConfig
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser as the tomli package (a dependency there)
+    import tomli as tomllib
 
 PRESET_DIR = Path(__file__).parent / "configs"
 
@@ -40,12 +48,15 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0
     seed: int = 0
-    device: str = "auto"  # auto | cpu | cuda
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | bf16 | fp32
     compile: bool = False
     ckpt_every: int = 200
     log_every: int = 10
     parallel: str = "ddp"  # ddp | fsdp (only used under torchrun)
+    val_every: int = 0  # validation loss every N steps; 0 = off
+    val_batches: int = 8  # batches of the val split per validation
+    keep_every: int = 0  # keep the weights of every Nth step besides the last checkpoint; 0 = off
 
 
 @dataclass
@@ -164,23 +175,158 @@ def load_config(name_or_path: str | Path | None = None, overrides: list[str] | t
     return cfg
 
 
+# What eval.split may name: the splits every prepared corpus has (lenx.data.corpus.SPLITS).
+SPLITS = ("train", "val", "test")
+
+
 def validate(cfg: RunConfig) -> None:
+    """Check every field's range or choices, then build the model on the meta device (no memory and
+    no time, even for 350m) so that what a run builds is known to build. Raises a one-line
+    ConfigError that names the key. What depends on the machine is check_device's."""
+    _validate_model(cfg.model)
+    _validate_train(cfg.train)
+    _validate_eval(cfg.eval)
+    _check(cfg.data.corpus.strip() != "", "data.corpus", "a corpus name", cfg.data.corpus)
+    _check(cfg.data.root.strip() != "", "data.root", "a folder", cfg.data.root)
+    try:
+        model = _build_meta(replace(cfg.model, backend="auto"))
+    except (ValueError, AssertionError) as e:
+        raise ConfigError(f"model: {cfg.model.method} cannot be built with these settings: {e}") from None
+    if cfg.model.backend != "auto":
+        # judged where the backend runs at all (triton: CUDA); check_device judges the device in use
+        _check_backend(model, cfg.model.backend, torch.device("cuda" if cfg.model.backend == "triton" else "cpu"))
+
+
+def check_device(cfg: RunConfig, device: str, key: str = "train.device", training: bool = True) -> torch.device:
+    """What validate() cannot know: `device` (auto, cpu, cuda or cuda:N; `key` names where it was
+    given) exists on this machine, and the forced attention backend runs on it, and trains on it when
+    `training`. Returns the device."""
+    dev = _resolve_device(device, key)
+    backend = cfg.model.backend
+    if backend != "auto":
+        # every layer has the same parts: one layer answers for all
+        _check_backend(_build_meta(replace(cfg.model, n_layer=1, backend="auto")), backend, dev)
+        if training and dev.type == "cpu" and backend == "flex":
+            raise ConfigError("model.backend=flex cannot train on the CPU (FlexAttention has no backward there); "
+                              "use model.backend=chunked or auto")
+    return dev
+
+
+def _check(ok: bool, key: str, rule: str, value) -> None:
+    if not ok:
+        raise ConfigError(f"{key} must be {rule}, got {value!r}")
+
+
+def _at_least(section: str, obj, low: int, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        _check(value >= low, f"{section}.{name}", f">= {low}", value)
+
+
+def _one_of(key: str, value, choices) -> None:
+    _check(value in choices, key, "one of " + ", ".join(choices), value)
+
+
+def _positive(key: str, value: float) -> None:
+    _check(math.isfinite(value) and value > 0, key, "a positive number", value)
+
+
+def _fraction(key: str, value: float, top_open: bool = False) -> None:
+    ok = 0 <= value < 1 if top_open else 0 <= value <= 1
+    _check(ok, key, "in [0, 1)" if top_open else "in [0, 1]", value)
+
+
+def _validate_model(m: LMConfig) -> None:
+    from .attention.backends import BACKENDS
     from .attention.methods import parse_method
+    from .attention.stickbreaking import REMAINDER_MODES
 
-    parse_method(cfg.model.method)
-    t = cfg.train
+    try:
+        parse_method(m.method)
+    except ValueError as e:
+        raise ConfigError(f"model.method: {e}") from None
+    _at_least("model", m, 1, "vocab_size", "n_layer", "n_head", "d_model", "mlp_ratio", "chunk_size",
+              "dape_hidden", "fire_width", "cope_npos")
+    if m.d_model % m.n_head:
+        raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
+    _check(m.dape_kernel % 2 == 1 and m.dape_kernel >= 1, "model.dape_kernel",
+           "an odd integer >= 1 (the 1xk kernel is centred on each key)", m.dape_kernel)
+    _check(m.t5_buckets >= 2, "model.t5_buckets", ">= 2", m.t5_buckets)
+    _check(m.t5_max_distance > m.t5_buckets // 2, "model.t5_max_distance",
+           f"above the exact buckets (model.t5_buckets // 2 = {m.t5_buckets // 2})", m.t5_max_distance)
+    _positive("model.rope_base", m.rope_base)
+    _positive("model.fire_L_init", m.fire_L_init)
+    _fraction("model.dropout", m.dropout, top_open=True)
+    _one_of("model.backend", m.backend, ("auto", *BACKENDS))
+    _one_of("model.activation", m.activation, ("gelu", "relu"))
+    _one_of("model.fire_activation", m.fire_activation, ("auto", "relu", "leaky_relu"))
+    _one_of("model.sb_remainder", m.sb_remainder, REMAINDER_MODES)
+    _check(m.causal, "model.causal", "true (an LM that sees the tokens it predicts learns nothing; "
+           "bidirectional encoders are `lenx che`)", m.causal)
+
+
+def _validate_train(t: TrainConfig) -> None:
+    _at_least("train", t, 1, "seq_len", "batch_size", "grad_accum", "steps", "ckpt_every", "log_every",
+              "val_batches")
+    _at_least("train", t, 0, "seed", "val_every", "keep_every")
     if t.batch_size % t.grad_accum:
-        raise ConfigError(f"train.batch_size {t.batch_size} is not divisible by train.grad_accum {t.grad_accum}")
-    for name in ("seq_len", "batch_size", "steps", "grad_accum", "ckpt_every", "log_every"):
-        if getattr(t, name) < 1:
-            raise ConfigError(f"train.{name} must be >= 1")
-    if t.precision not in ("auto", "bf16", "fp32"):
-        raise ConfigError(f"train.precision must be auto, bf16 or fp32, got {t.precision!r}")
-    if t.device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"train.device must be auto, cpu or cuda, got {t.device!r}")
-    if t.parallel not in ("ddp", "fsdp"):
-        raise ConfigError(f"train.parallel must be ddp or fsdp, got {t.parallel!r}")
+        raise ConfigError(f"train.batch_size ({t.batch_size}) must be divisible by train.grad_accum ({t.grad_accum})")
+    _positive("train.lr", t.lr)
+    _positive("train.grad_clip", t.grad_clip)
+    _fraction("train.min_lr_ratio", t.min_lr_ratio)
+    _fraction("train.warmup_frac", t.warmup_frac)
+    _fraction("train.beta1", t.beta1, top_open=True)
+    _fraction("train.beta2", t.beta2, top_open=True)
+    _check(math.isfinite(t.weight_decay) and t.weight_decay >= 0, "train.weight_decay", ">= 0", t.weight_decay)
+    _check_device_name(t.device, "train.device")
+    _one_of("train.precision", t.precision, ("auto", "bf16", "fp32"))
+    _one_of("train.parallel", t.parallel, ("ddp", "fsdp"))
 
+
+def _validate_eval(e: EvalConfig) -> None:
+    _at_least("eval", e, 1, "max_length", "windows", "scored")
+    _at_least("eval", e, 0, "seed", "token_budget")
+    _check(all(L >= 1 for L in e.lengths), "eval.lengths", "lengths >= 1", e.lengths)
+    _one_of("eval.split", e.split, SPLITS)
+
+
+def _check_device_name(name: str, key: str) -> None:
+    _check(name in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", name) is not None, key,
+           "auto, cpu, cuda or cuda:N", name)
+
+
+def _resolve_device(name: str, key: str) -> torch.device:
+    _check_device_name(name, key)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"{key} is {name} but no CUDA device is visible; use cpu or auto")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(f"{key} is {name} but only {torch.cuda.device_count()} CUDA device(s) are visible")
+    return dev
+
+
+def _build_meta(model_cfg: LMConfig) -> LM:
+    """The LM of model_cfg, its weights on the meta device (they take no memory)."""
+    with torch.random.fork_rng(devices=[]):  # building must not move the caller's random state
+        try:
+            with torch.device("meta"):
+                return LM(model_cfg)
+        except RuntimeError:
+            # A part that reads a tensor's value while it is built (T5's table tail) cannot be built
+            # on meta; one layer with a one-token vocabulary on the CPU builds the same attention.
+            return LM(replace(model_cfg, n_layer=1, vocab_size=1))
+
+
+def _check_backend(model: LM, backend: str, device: torch.device) -> None:
+    from .attention.backends import plan_backend
+
+    try:
+        plan_backend(model.blocks[0].attn.parts, device, backend)
+    except ValueError as e:
+        raise ConfigError(f"model.backend={backend} on {device.type}: {e}") from None
 
 def to_toml(obj) -> str:
     """Serialise a RunConfig (flat sections of scalars and lists) as TOML."""

@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 
@@ -83,6 +84,30 @@ def _mark_train_len(ax, results):
         ax.text(T, ax.get_ylim()[1], f" train {T}", va="top", ha="left", fontsize=8, color="grey")
 
 
+def _length_axis(ax, series: dict[str, dict]):
+    """A log2 x axis ticked at the evaluated lengths, written as numbers (128, 256, ...), not 2^7."""
+    lengths = sorted({L for s in series.values() for L in s["lengths"]})
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(ticker.FixedLocator(lengths))
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:.0f}"))
+    ax.xaxis.set_minor_locator(ticker.NullLocator())
+    ax.set_xlabel("evaluation length (tokens)")
+
+
+def _plain_log_y(ax):
+    """A log y axis labelled with plain numbers (the default writes 7×10⁰): within a decade evenly
+    chosen values (6.5, 7, 7.5, ...), over several decades its powers of ten (10, 100, 1000)."""
+    ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    if high / low < 10:
+        ax.yaxis.set_major_locator(ticker.MaxNLocator(nbins=6))
+        ax.yaxis.set_minor_locator(ticker.NullLocator())
+        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    else:
+        ax.yaxis.set_major_formatter(ticker.LogFormatter())
+        ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+
+
 def _figure(results):
     wide = len({_label(r) for r in results}) > 6  # room for the legend on the right
     return plt.subplots(figsize=(9.5 if wide else 7, 4.5))
@@ -90,10 +115,9 @@ def _figure(results):
 
 def plot_perplexity(results: list[dict], out: Path, title: str | None = None) -> Path:
     fig, ax = _figure(results)
-    _draw_aggregated(ax, results, "ppl", geometric=True)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("evaluation length (tokens)")
+    series = _draw_aggregated(ax, results, "ppl", geometric=True)
+    _length_axis(ax, series)
+    _plain_log_y(ax)
     ax.set_ylabel(f"perplexity of the last {results[0]['scored']} tokens")
     ax.set_title(title or f"Length extrapolation ({results[0]['corpus']})")
     _mark_train_len(ax, results)
@@ -104,10 +128,9 @@ def plot_perplexity(results: list[dict], out: Path, title: str | None = None) ->
 
 def plot_delta_p(results: list[dict], out: Path, title: str | None = None) -> Path:
     fig, ax = _figure(results)
-    _draw_aggregated(ax, results, "delta_p", geometric=False)  # ΔP can be negative: arithmetic mean
+    series = _draw_aggregated(ax, results, "delta_p", geometric=False)  # ΔP can be negative: arithmetic mean
     ax.axhline(0, color="black", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("evaluation length (tokens)")
+    _length_axis(ax, series)
     ax.set_ylabel(f"ΔP (ppl of last {results[0]['delta_p_tokens']} tokens: short − full context)")
     ax.set_title(title or "ΔP > 0: the model gains from context beyond its training length")
     ax.grid(True, alpha=0.3)
