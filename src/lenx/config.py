@@ -310,14 +310,8 @@ def _resolve_device(name: str, key: str) -> torch.device:
 
 def _build_meta(model_cfg: LMConfig) -> LM:
     """The LM of model_cfg, its weights on the meta device (they take no memory)."""
-    with torch.random.fork_rng(devices=[]):  # building must not move the caller's random state
-        try:
-            with torch.device("meta"):
-                return LM(model_cfg)
-        except RuntimeError:
-            # A part that reads a tensor's value while it is built (T5's table tail) cannot be built
-            # on meta; one layer with a one-token vocabulary on the CPU builds the same attention.
-            return LM(replace(model_cfg, n_layer=1, vocab_size=1))
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # building must not move the caller's random state
+        return LM(model_cfg)
 
 
 def _check_backend(model: LM, backend: str, device: torch.device) -> None:
@@ -327,6 +321,7 @@ def _check_backend(model: LM, backend: str, device: torch.device) -> None:
         plan_backend(model.blocks[0].attn.parts, device, backend)
     except ValueError as e:
         raise ConfigError(f"model.backend={backend} on {device.type}: {e}") from None
+
 
 def to_toml(obj) -> str:
     """Serialise a RunConfig (flat sections of scalars and lists) as TOML."""

@@ -28,7 +28,7 @@ class T5Bias(DistanceBias):
         self.causal, self.num_buckets, self.max_distance = causal, num_buckets, max_distance
         self.relative_attention_bias = nn.Embedding(num_buckets, num_heads)
         # causal: the smallest distance in the last bucket (the table is constant from there on)
-        n = torch.arange(4 * max_distance)
+        n = torch.arange(4 * max_distance, device="cpu")  # a plain number, also when built on meta
         self.tail_start = int((t5_bucket(n, num_buckets, max_distance) < num_buckets - 1).sum()) if causal else None
 
     @classmethod
