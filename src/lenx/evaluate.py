@@ -15,16 +15,17 @@ Also here: the attention maps of one input (`attention_maps`), saved as JSON tha
 import json
 import math
 from pathlib import Path
+import sys
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
 from .attention.backends import score_block
-
+from .checkpoint import weights_step
 from .config import ConfigError
 from .model import LM
-from .runtime import autocast_for, load_run, open_training_corpus, resolve_device
+from .runtime import autocast_for, load_model, load_run, open_training_corpus, resolve_device, run_config, run_weights
 
 
 def default_lengths(train_len: int, max_length: int, scored: int = 0) -> list[int]:
@@ -94,21 +95,69 @@ def _forward_nll(model, windows: np.ndarray, L: int, last: int, device, precisio
     return torch.cat(rows)
 
 
-def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | None = None, scored: int | None = None,
-             device: str = "auto", backend: str | None = None, token_budget: int | None = None,
-             progress: bool = True, write: bool = True) -> dict:
-    run_dir = Path(run_dir)
-    dev = resolve_device(device)
-    model, cfg = load_run(run_dir, dev, backend)
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def check_options(lengths=None, windows=None, scored=None, token_budget=None, step=None) -> None:
+    """Explicit evaluation options (None: the run's default) must be positive integers."""
+    if lengths is not None:
+        if not isinstance(lengths, (list, tuple)) or not lengths or any(
+                isinstance(L, bool) or not isinstance(L, int) or L < 1 for L in lengths):
+            raise ConfigError(f"lengths must be positive integers (at least one), got {lengths!r}")
+    for name, value in (("windows", windows), ("scored", scored), ("token_budget", token_budget), ("step", step)):
+        if value is not None:
+            _positive_int(name, value)
+
+
+def eval_settings(cfg, lengths: list[int] | None = None, windows: int | None = None,
+                  scored: int | None = None) -> dict:
+    """What an evaluation of a run with config `cfg` measures: lengths, windows, scored tokens,
+    split and window seed, from the options (None: the config's eval section). A ConfigError
+    names a value that cannot be evaluated."""
+    check_options(lengths, windows, scored)
     e, T_train = cfg.eval, cfg.train.seq_len
-    lengths = sorted(set(lengths or e.lengths or default_lengths(T_train, e.max_length, scored or e.scored)))
-    windows = windows or e.windows
-    scored = scored or e.scored
-    if not lengths:
-        raise ConfigError(f"no evaluation length: eval.max_length {e.max_length} is below the training length or the scored window")
+    windows = _positive_int("eval.windows", e.windows) if windows is None else windows
+    scored = _positive_int("eval.scored", e.scored) if scored is None else scored
+    if lengths is None:
+        lengths = e.lengths or default_lengths(T_train, e.max_length, scored)
+        if not lengths:
+            raise ConfigError(f"no evaluation length: eval.max_length {e.max_length} is below the training length "
+                              "or the scored window")
+        check_options(lengths=lengths)
+    lengths = sorted(set(lengths))
     if lengths[0] < scored:
         raise ConfigError(f"evaluation length {lengths[0]} is shorter than the {scored} scored tokens; "
                           f"use lengths >= {scored} or a smaller --scored")
+    return {"lengths": lengths, "windows": windows, "scored": scored, "split": e.split, "eval_seed": e.seed}
+
+
+def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | None = None, scored: int | None = None,
+             device: str = "auto", backend: str | None = None, token_budget: int | None = None,
+             progress: bool = True, write: bool = True, step: int | None = None) -> dict:
+    """Evaluate a run's last checkpoint (or the one it kept at `step`) and write eval.json (or
+    eval_step<N>.json). Options left None take the run's eval section; every option is checked
+    before anything is loaded. eval.json records the checkpoint's step and whether training had
+    finished; a warning on stderr says when it had not."""
+    run_dir = Path(run_dir)
+    check_options(lengths, windows, scored, token_budget, step)
+    cfg = run_config(run_dir)
+    settings = eval_settings(cfg, lengths, windows, scored)
+    lengths, windows, scored = settings["lengths"], settings["windows"], settings["scored"]
+    e, T_train = cfg.eval, cfg.train.seq_len
+    dev = resolve_device(device)
+    folder = run_weights(run_dir, step)
+    at_step, total = weights_step(folder), cfg.train.steps
+    finished = None if at_step is None else at_step >= total
+    if step is None and at_step is None:
+        print(f"warning: the step of {run_dir}'s checkpoint is unknown (its weights do not say and state.pt is "
+              "unreadable): it may be an unfinished model", file=sys.stderr)
+    elif step is None and not finished:
+        print(f"warning: {run_dir} has trained to step {at_step} of {total} only: these numbers are of an "
+              f"unfinished model (finish it with `lenx train --resume {run_dir}`)", file=sys.stderr)
+    model = load_model(cfg, folder, dev, backend)
     budget = token_budget or e.token_budget or (65536 if dev.type == "cuda" else 8192)
     corpus = open_training_corpus(cfg)
     data, note = eval_windows(corpus, e.split, max(lengths), windows, e.seed)
@@ -138,13 +187,14 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
         bar.close()
     result = {
         "run": str(run_dir), "method": cfg.model.method, "train_len": T_train, "corpus": cfg.data.corpus,
-        "split": e.split, "lengths": lengths, "windows": windows, "scored": scored, "window_note": note,
+        "step": at_step, "steps": total, "finished": finished, **settings, "window_note": note,
         "delta_p_tokens": delta_k, "backends": model.backends(dev), "device": str(dev), "results": per_length,
     }
     if write:
-        tmp = run_dir / "eval.json.tmp"
+        name = "eval.json" if step is None else f"eval_step{step}.json"
+        tmp = run_dir / f"{name}.tmp"
         tmp.write_text(json.dumps(result, indent=2))
-        tmp.replace(run_dir / "eval.json")
+        tmp.replace(run_dir / name)
     return result
 
 

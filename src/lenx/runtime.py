@@ -2,11 +2,12 @@
 config, the optimizer's parameter groups, and loading a trained run."""
 
 from contextlib import nullcontext
+import os
 from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, checkpoint_dir, load_weights
+from .checkpoint import CheckpointError, kept_dir, load_weights, weights_dir
 from .config import ConfigError, RunConfig, load_config
 from .model import LM
 
@@ -43,18 +44,57 @@ def param_groups(model: torch.nn.Module, weight_decay: float):
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def load_run(run_dir: Path, device: torch.device, backend: str | None = None) -> tuple[LM, RunConfig]:
-    """The trained model of a run directory (its last checkpoint, in eval mode on `device`) and its
-    config; `backend` overrides the attention backend it was trained with."""
+def absolute_root(root: str) -> str:
+    return os.path.abspath(os.path.expanduser(root))
+
+
+def run_config(run_dir: Path) -> RunConfig:
+    """A run's config.toml, its data.root absolute. Runs recorded a relative root before roots were
+    stored absolute; it meant the folder they were trained from, most likely the current one, which
+    counts only where the corpus folder exists there (never a synthetic corpus generated anew in
+    another place)."""
     run_dir = Path(run_dir)
-    if not (run_dir / "config.toml").is_file():
+    path = run_dir / "config.toml"
+    if not path.is_file():
         raise CheckpointError(f"{run_dir} is not a lenx run directory (no config.toml); train one with `lenx train`")
-    cfg = load_config(run_dir / "config.toml")
-    ckpt = checkpoint_dir(run_dir)
-    if ckpt is None:
+    cfg = load_config(path)
+    root = Path(cfg.data.root).expanduser()
+    if not root.is_absolute():
+        here = Path.cwd() / root / cfg.data.corpus
+        if not here.is_dir():
+            raise ConfigError(f"{path} has the relative data.root {cfg.data.root!r} and {here} does not exist; "
+                              "set data.root in that file to the corpus's absolute folder, or run from the folder "
+                              "the run was trained in")
+        cfg.data.root = absolute_root(str(root))
+    return cfg
+
+
+def run_weights(run_dir: Path, step: int | None = None) -> Path:
+    """The folder of a run's latest weights, or of the weights it kept at `step`."""
+    if step is not None:
+        return kept_dir(run_dir, step)
+    folder = weights_dir(run_dir)
+    if folder is None:
+        if any((Path(run_dir) / d).is_dir() for d in ("ckpt", "ckpt.old")):
+            raise CheckpointError(f"{run_dir}'s checkpoint has no model.safetensors: its weights are lost; "
+                                  f"train it again: lenx train -c {Path(run_dir) / 'config.toml'} -o NEW_DIR")
         raise CheckpointError(f"{run_dir} has no checkpoint yet; train it (or resume it) first")
+    return folder
+
+
+def load_model(cfg: RunConfig, folder: Path, device: torch.device, backend: str | None = None) -> LM:
+    """The model of `cfg` with the weights in `folder`, in eval mode on `device`; `backend` overrides
+    the attention backend it was trained with."""
     if backend:
         cfg.model.backend = backend
     model = LM(cfg.model)
-    load_weights(model, ckpt)
-    return model.to(device).eval(), cfg
+    load_weights(model, folder)
+    return model.to(device).eval()
+
+
+def load_run(run_dir: Path, device: torch.device, backend: str | None = None,
+             step: int | None = None) -> tuple[LM, RunConfig]:
+    """The trained model of a run directory (its last checkpoint, or the one kept at `step`, in eval
+    mode on `device`) and its config; `backend` overrides the attention backend it was trained with."""
+    cfg = run_config(run_dir)
+    return load_model(cfg, run_weights(run_dir, step), device, backend), cfg

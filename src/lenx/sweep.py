@@ -2,8 +2,17 @@
 
 With jobs > 1 the methods run side by side, each in its own process; on a machine with GPUs each
 process sees one GPU (CUDA_VISIBLE_DEVICES), so N GPUs run N methods at once.
+
+Rerunning a sweep reuses what matches the request: a run trained with the requested [model],
+[train] and [data] sections is resumed if unfinished, and its eval.json is reused only when it is
+of the finished run with the requested evaluation settings (otherwise it is evaluated again; the
+run's [eval] section follows the request). A run trained with other settings is an error that names
+them, or with force=True is moved aside to <method>.old-<time> and trained again.
 """
 
+import copy
+import dataclasses
+from dataclasses import asdict
 import json
 import os
 from pathlib import Path
@@ -11,13 +20,16 @@ import subprocess
 import sys
 import time
 
-from dataclasses import replace
+import torch
 
-from .checkpoint import checkpoint_dir
-from .config import RunConfig, load_config, to_toml
-from .evaluate import evaluate
-from .runtime import open_training_corpus
+from .checkpoint import weights_dir, weights_step
+from .config import ConfigError, RunConfig, load_config, to_toml
+from .evaluate import check_options, eval_settings, evaluate
+from .model import LM
+from .runtime import absolute_root, open_training_corpus
 from .train import train
+
+TRAINING_SECTIONS = ("model", "train", "data")  # what the trained weights depend on
 
 
 class SweepError(RuntimeError):
@@ -36,16 +48,134 @@ def results_table(results: list[dict], key: str = "ppl") -> str:
     return "\n".join([head, rule] + rows)
 
 
-def _is_done(run_dir: Path) -> bool:
-    return checkpoint_dir(run_dir) is not None and (run_dir / "eval.json").exists()
+def validate_config(cfg: RunConfig) -> None:
+    """Build the model `cfg` describes, so that a bad method or knob fails before anything trains
+    (a stand-in for lenx.config.validate). A large model is built on the meta device (no memory, no
+    initialisation); a part that reads tensor values while it is built cannot be built there, and
+    is checked in a one-layer model on the CPU instead."""
+    m = cfg.model
+    try:
+        with torch.random.fork_rng(devices=[]):
+            if 12 * m.n_layer * m.d_model ** 2 <= 50_000_000:
+                LM(m)
+                return
+            try:
+                with torch.device("meta"):
+                    LM(m)
+            except RuntimeError:
+                LM(dataclasses.replace(m, n_layer=1))
+    except ValueError as e:  # ConfigError and UnknownMethodError are ValueErrors too
+        raise ConfigError(f"model.method={m.method}: {e}") from None
+
+
+def _validate_all(cfgs) -> None:
+    for cfg in cfgs:
+        validate_config(cfg)
+
+
+def _method_config(cfg: RunConfig, method: str) -> RunConfig:
+    run_cfg = copy.deepcopy(cfg)
+    run_cfg.model.method = method
+    return run_cfg
+
+
+def _as_recorded(cfg: RunConfig, vocab_size: int) -> RunConfig:
+    """`cfg` as a new run records it in config.toml."""
+    cfg = copy.deepcopy(cfg)
+    cfg.data.root = absolute_root(cfg.data.root)
+    cfg.model.vocab_size = vocab_size
+    return cfg
+
+
+def _saved_config(run_dir: Path) -> RunConfig | None:
+    path = run_dir / "config.toml"
+    if not path.is_file():
+        return None
+    saved = load_config(path)
+    saved.data.root = absolute_root(saved.data.root)
+    return saved
+
+
+def config_differences(saved: RunConfig, requested: RunConfig, sections=TRAINING_SECTIONS) -> list[str]:
+    """'section.key: saved in the run, requested requested' for every key that differs."""
+    diffs = []
+    for section in sections:
+        have, want = asdict(getattr(saved, section)), asdict(getattr(requested, section))
+        for key in want:
+            if have.get(key) != want[key]:
+                diffs.append(f"{section}.{key}: {have.get(key)!r} in the run, {want[key]!r} requested")
+    return diffs
+
+
+def _eval_options(eval_kwargs: dict | None) -> dict:
+    """The evaluate() options that change what is measured."""
+    return {k: v for k, v in (eval_kwargs or {}).items() if k in ("lengths", "windows", "scored")}
+
+
+def _run_state(run_dir: Path, eval_kwargs: dict | None) -> str:
+    """'new' (never trained), 'partial' (training to finish), 'trained' (to evaluate), or 'done':
+    its eval.json is of the finished run, measured as requested."""
+    saved = _saved_config(run_dir)
+    if saved is None:
+        return "new"
+    folder = weights_dir(run_dir)
+    step = weights_step(folder) if folder is not None else None
+    if step != saved.train.steps:
+        return "partial"
+    try:
+        result = json.loads((run_dir / "eval.json").read_text())
+    except (OSError, ValueError):
+        return "trained"
+    settings = eval_settings(saved, **_eval_options(eval_kwargs))
+    current = isinstance(result, dict) and result.get("step") == step and result.get("finished") is True \
+        and all(result.get(key) == value for key, value in settings.items())
+    return "done" if current else "trained"
 
 
 def _train_and_evaluate(run_cfg: RunConfig, run_dir: Path, progress: bool, eval_kwargs: dict | None) -> dict:
-    """One method: train (resuming a partial run), then evaluate."""
-    summary = train(run_cfg, run_dir, resume=checkpoint_dir(run_dir) is not None, progress=progress)
-    if not summary["finished"]:
-        raise SweepError(f"{run_cfg.model.method}: training stopped early")
-    return evaluate(run_dir, progress=progress, **(eval_kwargs or {}))
+    """One method: train (resuming a partial run), then evaluate, unless its evaluation is current."""
+    state = _run_state(run_dir, eval_kwargs)
+    if state == "done":
+        return json.loads((run_dir / "eval.json").read_text())
+    if state in ("new", "partial"):
+        summary = train(run_cfg, run_dir, resume=state == "partial", progress=progress)
+        if not summary["finished"]:
+            raise SweepError(f"{run_cfg.model.method}: training stopped early")
+    result = evaluate(run_dir, progress=progress, **(eval_kwargs or {}))
+    if result["finished"] is not True:
+        raise SweepError(f"{run_cfg.model.method}: {run_dir} evaluated at step {result['step']}, not a finished run")
+    return result
+
+
+def _reconcile(out_dir: Path, cfgs: dict[str, RunConfig], vocab_size: int, force: bool) -> None:
+    """Check the existing runs against the request before anything trains: a run trained with other
+    training settings is an error (force: moved aside); one with other [eval] settings takes the
+    requested ones."""
+    stale, new_eval = {}, []
+    for method, cfg in cfgs.items():
+        saved = _saved_config(out_dir / method)
+        if saved is None:
+            continue
+        diffs = config_differences(saved, _as_recorded(cfg, vocab_size))
+        if diffs:
+            stale[method] = diffs
+        elif asdict(saved.eval) != asdict(cfg.eval):
+            saved.eval = copy.deepcopy(cfg.eval)
+            new_eval.append((method, saved))
+    if stale and not force:
+        listed = "; ".join(f"{method}: " + ", ".join(diffs) for method, diffs in stale.items())
+        raise SweepError(f"{out_dir} holds runs trained with other settings ({listed}); use another --out, or "
+                         "--force to move those runs aside and train them again")
+    for method in stale:
+        aside = out_dir / f"{method}.old-{time.strftime('%Y%m%d-%H%M%S')}"
+        n = 1
+        while aside.exists():
+            n += 1
+            aside = aside.with_name(f"{method}.old-{time.strftime('%Y%m%d-%H%M%S')}-{n}")
+        os.replace(out_dir / method, aside)
+        print(f"[sweep] {method}: trained with other settings; moved to {aside}, training again", flush=True)
+    for method, saved in new_eval:
+        (out_dir / method / "config.toml").write_text(to_toml(saved))
 
 
 def _job(run_dir: str, config_path: str, eval_kwargs: str) -> None:
@@ -64,16 +194,16 @@ def visible_gpus() -> list[str]:
     return (ids or [str(i) for i in range(torch.cuda.device_count())])[:torch.cuda.device_count()]
 
 
-def _run_parallel(methods: list[str], cfg: RunConfig, out_dir: Path, jobs: int, eval_kwargs: dict | None) -> None:
+def _run_parallel(cfgs: dict[str, RunConfig], out_dir: Path, jobs: int, eval_kwargs: dict | None) -> None:
     """Train and evaluate the unfinished methods, `jobs` processes at a time. Process i of the
     running set gets GPU i (round robin when jobs > GPUs); on CPUs they split the cores. Each logs
     to <run>/sweep.log. A failed method does not stop the others; the failures are raised at the end."""
+    cfg = next(iter(cfgs.values()))
     gpus = visible_gpus() if cfg.train.device != "cpu" else []
     jobs = jobs or max(1, len(gpus))
-    pending = [m for m in methods if not _is_done(out_dir / m)]
+    pending = [m for m in cfgs if _run_state(out_dir / m, eval_kwargs) != "done"]
     if not pending:
         return
-    open_training_corpus(cfg)  # build the corpus once here, not in several processes at the same time
     threads = str(max(1, (os.cpu_count() or 1) // min(jobs, len(pending))))
     running: dict[int, tuple[str, subprocess.Popen, float]] = {}  # slot -> (method, process, start time)
     failed = []
@@ -87,7 +217,7 @@ def _run_parallel(methods: list[str], cfg: RunConfig, out_dir: Path, jobs: int, 
                 run_dir = out_dir / method
                 run_dir.mkdir(parents=True, exist_ok=True)
                 config_path = run_dir / "sweep_job.toml"
-                config_path.write_text(to_toml(replace(cfg, model=replace(cfg.model, method=method))))
+                config_path.write_text(to_toml(cfgs[method]))
                 env = dict(os.environ)
                 env.setdefault("OMP_NUM_THREADS", threads)  # N processes on one CPU must not each take every core
                 where = "CPU"
@@ -111,8 +241,12 @@ def _run_parallel(methods: list[str], cfg: RunConfig, out_dir: Path, jobs: int, 
                     failed.append(method)
                     print(f"[sweep] {method}: FAILED (exit {proc.returncode})", flush=True)
     finally:
-        for _, proc, _ in running.values():  # interrupted: leave no orphan training processes
+        # Interrupted: each training process checkpoints its current step and exits on SIGTERM
+        # (or on the Ctrl-C it got too); waiting for them leaves no orphan and no cut checkpoint.
+        for _, proc, _ in running.values():
             proc.terminate()
+        for _, proc, _ in running.values():
+            proc.wait()
     if failed:
         lines = []
         for method in failed:
@@ -124,24 +258,28 @@ def _run_parallel(methods: list[str], cfg: RunConfig, out_dir: Path, jobs: int, 
 
 
 def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = True,
-          eval_kwargs: dict | None = None, jobs: int = 1) -> dict:
+          eval_kwargs: dict | None = None, jobs: int = 1, force: bool = False) -> dict:
     """Each method gets runs/<out_dir>/<method>; a finished run is not trained again, a partial one
-    resumes. Writes results.json, results.md and the figures into out_dir. jobs != 1 runs that many
-    methods at once in separate processes (0: one per visible GPU)."""
+    resumes, and an evaluation is reused only when it answers this request (see the module's
+    docstring). Every method's config and the evaluation options are checked before anything
+    trains; a run trained with other settings is an error, or with force=True is moved aside and
+    trained again. Writes results.json, results.md and the figures into out_dir. jobs != 1 runs
+    that many methods at once in separate processes (0: one per visible GPU)."""
     from .plot import plot_delta_p, plot_perplexity
 
     out_dir = Path(out_dir)
+    cfgs = {method: _method_config(cfg, method) for method in methods}
+    _validate_all(cfgs.values())
+    options = eval_kwargs or {}
+    check_options(token_budget=options.get("token_budget"))
+    for run_cfg in cfgs.values():
+        eval_settings(run_cfg, **_eval_options(options))
+    vocab_size = open_training_corpus(_as_recorded(cfg, 0)).vocab_size  # builds a missing synthetic corpus once
     out_dir.mkdir(parents=True, exist_ok=True)
+    _reconcile(out_dir, cfgs, vocab_size, force)
     if jobs != 1:
-        _run_parallel(methods, cfg, out_dir, jobs, eval_kwargs)
-    results = []
-    for method in methods:
-        run_cfg = replace(cfg, model=replace(cfg.model, method=method))
-        run_dir = out_dir / method
-        if _is_done(run_dir):
-            results.append(json.loads((run_dir / "eval.json").read_text()))
-        else:
-            results.append(_train_and_evaluate(run_cfg, run_dir, progress, eval_kwargs))
+        _run_parallel(cfgs, out_dir, jobs, eval_kwargs)
+    results = [_train_and_evaluate(cfgs[method], out_dir / method, progress, eval_kwargs) for method in methods]
     summary = {"methods": methods, "config": to_toml(cfg), "runs": results}
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
     md = ["# Sweep results", "", f"Perplexity of the last {results[0]['scored']} tokens, trained at "

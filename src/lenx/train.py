@@ -1,9 +1,14 @@
 """Training: a short-sequence LM run with checkpoints that resume exactly."""
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, field
 import json
 import math
+import os
 from pathlib import Path
+import signal
+import sys
+import threading
 import time
 from typing import Callable
 
@@ -11,15 +16,37 @@ import numpy as np
 import torch
 
 from . import distributed
-from .checkpoint import checkpoint_dir, load_state, load_weights, save_checkpoint
-from .config import ConfigError, RunConfig, load_config, to_toml
+from .checkpoint import CheckpointError, checkpoint_dir, load_state, load_weights, resume_dir, save_checkpoint
+from .config import ConfigError, RunConfig, to_toml
 from .model import LM
-from .runinfo import environment
-from .runtime import autocast_for, open_training_corpus, param_groups, resolve_device
+from .runinfo import environment, git_commit
+from .runtime import absolute_root, autocast_for, open_training_corpus, param_groups, resolve_device, run_config
 
 
 class TrainingDiverged(RuntimeError):
     pass
+
+
+class TrainingInterrupted(SystemExit):
+    """SIGINT or SIGTERM stopped training after a checkpoint; exits with 128 + the signal number
+    (130 for Ctrl-C) unless caught."""
+
+    def __init__(self, signum: int, step: int):
+        super().__init__(128 + signum)
+        self.signum, self.step = signum, step
+
+
+def train_option(cfg: RunConfig, name: str) -> int:
+    """train.val_every, val_batches and keep_every, with their defaults where the config does not
+    declare them."""
+    return getattr(cfg.train, name, {"val_every": 0, "val_batches": 8, "keep_every": 0}[name])
+
+
+def _check_train_options(cfg: RunConfig) -> None:
+    for name, low in (("val_every", 0), ("val_batches", 1), ("keep_every", 0)):
+        value = train_option(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"train.{name} must be an integer >= {low}, got {value!r}")
 
 
 def lr_at(step: int, cfg) -> float:
@@ -38,53 +65,133 @@ class Batches:
     uninterrupted run would, on any number of ranks. Each rank takes its slice of every micro-batch."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, grad_accum: int, seed: int,
-                 info: distributed.DistInfo):
+                 info: distributed.DistInfo, split: str = "train"):
         if len(tokens) < seq_len + 2:
-            raise ConfigError(f"the training split has {len(tokens)} tokens, fewer than train.seq_len + 2")
+            raise ConfigError(f"the {split} split has {len(tokens)} tokens, fewer than train.seq_len + 2")
         micro = batch_size // grad_accum
         if micro % info.world:
             raise ConfigError(f"micro-batch {micro} (batch_size / grad_accum) must divide by the {info.world} ranks")
         self.tokens, self.seq_len, self.seed, self.info = tokens, seq_len, seed, info
         self.batch_size, self.grad_accum, self.micro = batch_size, grad_accum, micro
 
-    def get(self, step: int, micro_index: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    def window(self, step: int, micro_index: int) -> torch.Tensor:
+        """This rank's rows of one micro-batch: [rows, seq_len + 1] tokens, inputs plus targets."""
         rng = np.random.default_rng([self.seed, step])
         starts = rng.integers(0, len(self.tokens) - self.seq_len - 1, size=self.batch_size)
         rows = starts[micro_index * self.micro:(micro_index + 1) * self.micro]
         per_rank = self.micro // self.info.world
         rows = rows[self.info.rank * per_rank:(self.info.rank + 1) * per_rank]
-        window = np.stack([self.tokens[s:s + self.seq_len + 1] for s in rows]).astype(np.int64)
-        window = torch.from_numpy(window).to(device, non_blocking=True)
+        return torch.from_numpy(np.stack([self.tokens[s:s + self.seq_len + 1] for s in rows]).astype(np.int64))
+
+    def get(self, step: int, micro_index: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        window = self.window(step, micro_index).to(device, non_blocking=True)
         return window[:, :-1], window[:, 1:]
 
 
-def prepare_run_dir(run_dir: Path, resume: bool) -> None:
-    """Refuse to resume what is not a run, and to overwrite a run that already has a checkpoint."""
+def validation_batches(cfg: RunConfig, corpus,
+                       info: distributed.DistInfo = distributed.DistInfo()) -> list[torch.Tensor]:
+    """The fixed validation windows ([rows, seq_len + 1], this rank's share): train.val_batches
+    global batches from the val split, drawn with train.seed alone, so every method of a sweep is
+    measured on the same tokens."""
+    t = cfg.train
+    val = Batches(corpus.tokens("val"), t.seq_len, t.batch_size, t.grad_accum, t.seed, info, split="val")
+    return [val.window(i, m) for i in range(train_option(cfg, "val_batches")) for m in range(t.grad_accum)]
+
+
+def prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
+    """Refuse to resume what is not a run or a damaged checkpoint, and to start a new run over one
+    that has trained (a checkpoint, even a damaged one, or metrics). Returns the checkpoint to
+    resume from (None: none written yet)."""
     run_dir = Path(run_dir)
-    if resume and not (run_dir / "config.toml").is_file():
-        raise ConfigError(f"cannot resume: {run_dir} has no config.toml (is it a lenx run directory?)")
-    if not resume and checkpoint_dir(run_dir) is not None:
-        raise ConfigError(f"{run_dir} already holds a trained run; pass --resume to continue it or choose another --out")
+    if resume:
+        if not (run_dir / "config.toml").is_file():
+            raise ConfigError(f"cannot resume: {run_dir} has no config.toml (is it a lenx run directory?)")
+        return resume_dir(run_dir)
+    metrics = run_dir / "metrics.jsonl"
+    if any((run_dir / d).exists() for d in ("ckpt", "ckpt.old")) or (metrics.exists() and metrics.stat().st_size):
+        raise ConfigError(f"{run_dir} already holds a trained run; pass --resume to continue it or choose "
+                          "another --out")
+    return None
 
 
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,
           stop_after: int | None = None) -> dict:
     """Train `cfg` into `run_dir`. With resume=True continue from the last checkpoint (the run's
     saved config is used). stop_after ends the loop after that many steps (checkpointing first).
+    SIGINT / SIGTERM end it after the current step, checkpointed, with TrainingInterrupted.
     Under torchrun every rank calls this; the batch, loss curve and checkpoints are those of one
-    process with the same global batch."""
+    process with the same global batch. Returns the run's step, its last training loss and
+    validation loss (None when none was logged) and whether it finished."""
     run = setup_run(cfg, run_dir, resume)
     total = run.cfg.train.steps
     end = total if stop_after is None else min(total, run.start_step + stop_after)
     metrics = MetricsLogger(run, end, progress)
-    loss = float("nan")
+    done, signum = run.start_step, None
     run.model.train()
-    for step in range(run.start_step, end):
-        loss, grad_norm = train_step(run, step)
-        metrics.log(step + 1, loss, lr_at(step, run.cfg), grad_norm)
-        checkpoint_if_due(run, step + 1, end)
-    metrics.close()
-    return {"run_dir": str(run.run_dir), "step": end, "final_loss": loss, "finished": end == total}
+    try:
+        with StopSignals() as stop:
+            for step in range(run.start_step, end):
+                loss, grad_norm = train_step(run, step)
+                done = step + 1
+                val_loss = validation_loss(run) if _validation_due(run.cfg, done) else None
+                metrics.log(done, loss, lr_at(step, run.cfg), grad_norm, val_loss)
+                signum = stop.agreed(run)
+                checkpoint_if_due(run, done, end, now=signum is not None)
+                if signum is not None:
+                    break
+    finally:
+        metrics.close()
+    if signum is not None and done < end:
+        if run.info.is_main:
+            print(f"interrupted by {signal.Signals(signum).name} at step {done} of {total}: checkpoint saved; "
+                  f"continue with: lenx train --resume {run.run_dir}", file=sys.stderr, flush=True)
+        raise TrainingInterrupted(signum, done)
+    return {"run_dir": str(run.run_dir), "step": done, "final_loss": metrics.last_loss,
+            "val_loss": metrics.last_val_loss, "finished": done == total}
+
+
+class StopSignals:
+    """While training runs, SIGINT and SIGTERM ask the loop to stop after the current step; a
+    second SIGINT (Ctrl-C again) stops at once. A SIGTERM after the first signal is ignored: a
+    launcher (torchrun, a parallel sweep) that passes a Ctrl-C on as SIGTERM must not cut the
+    checkpoint short. Handlers can be installed in the main thread only: elsewhere signals keep
+    their usual effect."""
+
+    def __init__(self):
+        self.received: int | None = None
+        self.previous: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.getsignal(signum)
+                signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        self._restore()
+
+    def _restore(self):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self.previous = {}
+
+    def _handle(self, signum, frame):
+        if self.received is None:
+            self.received = signum
+        elif signum == signal.SIGINT:
+            self._restore()
+            raise KeyboardInterrupt
+
+    def agreed(self, run: "TrainingRun") -> int | None:
+        """The signal any rank received (every rank calls this after the same step, so they stop together)."""
+        if not run.info.enabled:
+            return self.received
+        import torch.distributed as dist
+
+        flag = torch.tensor(self.received or 0, device=run.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag) or None
 
 
 @dataclass
@@ -100,15 +207,26 @@ class TrainingRun:
     optimizer: torch.optim.Optimizer
     batches: Batches
     start_step: int
+    metrics: list[dict] = field(default_factory=list)  # the records metrics.jsonl held on resume
+    val_windows: list[torch.Tensor] = field(default_factory=list)  # empty: no validation
 
 
 def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun:
     """Device and process group, corpus, model, optimizer and (on resume) the checkpoint's weights,
-    optimizer and RNG state; rank 0 writes config.toml and meta.json."""
+    optimizer and RNG state; rank 0 writes config.toml and meta.json. Damage (a checkpoint folder
+    without its state, a corrupt metrics line) is reported before anything is written."""
     run_dir = Path(run_dir)
-    prepare_run_dir(run_dir, resume)
+    ckpt = prepare_run_dir(run_dir, resume)
+    records = []
     if resume:
-        cfg = load_config(run_dir / "config.toml")
+        cfg = run_config(run_dir)
+        records = read_metrics(run_dir / "metrics.jsonl", notes=distributed.launched_info().is_main)
+        if ckpt is None:
+            _check_nothing_lost(run_dir, cfg, records)
+    else:
+        cfg = copy.deepcopy(cfg)
+        cfg.data.root = absolute_root(cfg.data.root)  # the run opens from any working directory
+    _check_train_options(cfg)
     device = resolve_device(cfg.train.device)
     info = distributed.setup(device.type)
     if device.type == "cuda" and info.enabled:
@@ -120,7 +238,13 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun
     raw_model = LM(cfg.model)
     # Full weights go into the plain model before it is wrapped or sharded, so any world size can
     # resume any checkpoint.
-    state = _load_checkpoint(run_dir, raw_model, info) if resume else None
+    state = None
+    if ckpt is not None:
+        load_weights(raw_model, ckpt)
+        state = load_state(ckpt)
+    elif resume and info.is_main:
+        print(f"no checkpoint in {run_dir} yet: starting from step 0")
+    start_step = state["step"] if state is not None else 0
     raw_model.to(device)
     model = distributed.parallelize(raw_model, cfg.train.parallel, info)
     optimizer = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.train.lr,
@@ -131,33 +255,56 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun
         if device.type == "cuda" and "cuda" in state["rng"]:
             torch.cuda.set_rng_state(state["rng"]["cuda"])
     step_fn = torch.compile(model) if cfg.train.compile else model
-    if info.is_main:
-        _write_run_files(run_dir, cfg, device, info, raw_model, corpus)
     batches = Batches(corpus.tokens("train"), cfg.train.seq_len, cfg.train.batch_size, cfg.train.grad_accum,
                       cfg.train.seed, info)
-    return TrainingRun(cfg, run_dir, device, info, raw_model, model, step_fn, optimizer, batches,
-                       state["step"] if state is not None else 0)
+    val_windows = validation_batches(cfg, corpus, info) if train_option(cfg, "val_every") else []
+    if info.is_main:
+        _write_run_files(run_dir, cfg, device, info, raw_model, corpus, start_step if resume else None)
+    return TrainingRun(cfg, run_dir, device, info, raw_model, model, step_fn, optimizer, batches, start_step,
+                       records, val_windows)
 
 
-def _load_checkpoint(run_dir: Path, raw_model: LM, info: distributed.DistInfo) -> dict | None:
-    """Load the last checkpoint's weights into raw_model and return its training state (None when
-    there is no checkpoint yet)."""
-    ckpt = checkpoint_dir(run_dir)
-    if ckpt is None:
-        if info.is_main:
-            print(f"no checkpoint in {run_dir} yet: starting from step 0")
-        return None
-    load_weights(raw_model, ckpt)
-    return load_state(ckpt)
+def _check_nothing_lost(run_dir: Path, cfg: RunConfig, records: list[dict]) -> None:
+    """A run with no checkpoint folder starts again from step 0, unless its metrics show it got
+    past its first checkpoint: then the checkpoint was removed, and starting over would train over
+    the record of the steps it took."""
+    first = cfg.train.ckpt_every
+    if train_option(cfg, "keep_every"):
+        first = min(first, train_option(cfg, "keep_every"))
+    last = max((r["step"] for r in records), default=0)
+    if last > first:
+        raise CheckpointError(
+            f"{run_dir} has no checkpoint although metrics.jsonl records {last} steps (was ckpt/ removed?); "
+            f"it cannot resume; to train again, start a new run: lenx train -c {run_dir / 'config.toml'} -o NEW_DIR")
 
 
-def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM, corpus) -> None:
+def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM, corpus,
+                     resumed_at: int | None) -> None:
+    """config.toml, and meta.json: written when the run starts; a resume keeps its original
+    environment and command and adds an entry to its "resumes" list."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.toml").write_text(to_toml(cfg))
-    meta = {"environment": environment(device), "world_size": info.world, "parallel": cfg.train.parallel,
-            "backends": raw_model.backends(device), "params": raw_model.num_params(),
-            "corpus": corpus.name, "vocab_size": corpus.vocab_size}
-    (run_dir / "meta.json").write_text(json.dumps(meta, indent=2))
+    _write_atomic(run_dir / "config.toml", to_toml(cfg))
+    meta = None
+    if resumed_at is not None:
+        try:
+            meta = json.loads((run_dir / "meta.json").read_text())
+        except (OSError, ValueError):
+            meta = None  # missing or torn: this resume writes it anew
+    if not isinstance(meta, dict):
+        meta = {"environment": environment(device), "world_size": info.world, "parallel": cfg.train.parallel,
+                "backends": raw_model.backends(device), "params": raw_model.num_params(),
+                "corpus": corpus.name, "vocab_size": corpus.vocab_size}
+    if resumed_at is not None:
+        meta.setdefault("resumes", []).append({
+            "step": resumed_at, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv),
+            "git_commit": git_commit(), "world_size": info.world, "parallel": cfg.train.parallel})
+    _write_atomic(run_dir / "meta.json", json.dumps(meta, indent=2))
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def train_step(run: TrainingRun, step: int) -> tuple[float, torch.Tensor]:
@@ -188,20 +335,49 @@ def train_step(run: TrainingRun, step: int) -> tuple[float, torch.Tensor]:
     return loss_val, grad_norm
 
 
+def _validation_due(cfg: RunConfig, done: int) -> bool:
+    every = train_option(cfg, "val_every")
+    return bool(every) and (done % every == 0 or done == cfg.train.steps)
+
+
+def validation_loss(run: TrainingRun) -> float:
+    """Mean loss over the fixed validation batches (the mean over ranks), in eval mode and with the
+    RNG state restored afterwards, so training reads the same random numbers with or without it."""
+    devices = [run.device] if run.device.type == "cuda" else []
+    total = torch.zeros((), device=run.device)
+    run.model.eval()
+    try:
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            for window in run.val_windows:
+                window = window.to(run.device)
+                with autocast_for(run.device, run.cfg.train.precision):
+                    _, loss = run.model(window[:, :-1], window[:, 1:])
+                total += loss.float()
+    finally:
+        run.model.train()
+    return float(distributed.mean_across_ranks(total / len(run.val_windows), run.info))
+
+
 class MetricsLogger:
     """metrics.jsonl, TensorBoard scalars and a progress bar, kept by rank 0 alone: on the other
-    ranks every method does nothing. A record is written every train.log_every steps and at the last."""
+    ranks every method does nothing. A record is written every train.log_every steps, at the last
+    and with every validation loss."""
 
     def __init__(self, run: TrainingRun, end: int, progress: bool):
         self.active = run.info.is_main
-        self.end, self.start_step = end, run.start_step
+        self.end, self.last_logged = end, run.start_step
         self.log_every = run.cfg.train.log_every
         self.tokens_per_step = run.cfg.train.batch_size * run.cfg.train.seq_len
         self.path = run.run_dir / "metrics.jsonl"
+        # On resume, the records after the checkpoint go: the steps they describe are taken again.
+        kept = [r for r in run.metrics if r["step"] <= run.start_step]
+        self.last_loss = kept[-1].get("loss") if kept else None
+        self.last_val_loss = next((r["val_loss"] for r in reversed(kept) if "val_loss" in r), None)
         self.writer = self.bar = None
         if self.active:
-            _truncate_metrics(self.path, run.start_step)
-            self.writer = _tensorboard(run.run_dir)
+            if self.path.exists():
+                _write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+            self.writer = _tensorboard(run.run_dir, run.start_step)
             if progress:
                 from tqdm import tqdm
 
@@ -209,22 +385,28 @@ class MetricsLogger:
                                 unit="step", dynamic_ncols=True)
         self.t_last = time.perf_counter()
 
-    def log(self, done: int, loss: float, lr: float, grad_norm: torch.Tensor) -> None:
+    def log(self, done: int, loss: float, lr: float, grad_norm: torch.Tensor, val_loss: float | None = None) -> None:
         """After step `done` (1-based) has been taken."""
+        self.last_loss = loss
+        if val_loss is not None:
+            self.last_val_loss = val_loss
         if not self.active:
             return
-        if done % self.log_every == 0 or done == self.end:
+        if done % self.log_every == 0 or done == self.end or val_loss is not None:
             now = time.perf_counter()
-            steps_since = done - max(self.start_step, done - self.log_every) or 1
             record = {"step": done, "loss": loss, "lr": lr, "grad_norm": float(grad_norm),
-                      "tokens_per_s": self.tokens_per_step * steps_since / max(now - self.t_last, 1e-9),
+                      "tokens_per_s": self.tokens_per_step * (done - self.last_logged) / max(now - self.t_last, 1e-9),
                       "time": time.time()}
-            self.t_last = now
+            if val_loss is not None:
+                record["val_loss"] = val_loss
+            self.t_last, self.last_logged = now, done
             with open(self.path, "a") as f:
                 f.write(json.dumps(record) + "\n")
             if self.writer is not None:
                 for key in ("loss", "lr", "grad_norm", "tokens_per_s"):
                     self.writer.add_scalar(f"train/{key}", record[key], done)
+                if val_loss is not None:
+                    self.writer.add_scalar("val/loss", val_loss, done)
             if self.bar is not None:
                 self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
         if self.bar is not None:
@@ -237,11 +419,40 @@ class MetricsLogger:
             self.writer.close()
 
 
-def checkpoint_if_due(run: TrainingRun, done: int, end: int) -> None:
-    """Every train.ckpt_every steps and at the last step: full weights and optimizer state, written
-    by rank 0 alone (atomically, see checkpoint.py); the other ranks wait so that none runs ahead of
-    a checkpoint that may yet fail."""
-    if done % run.cfg.train.ckpt_every and done != end:
+def read_metrics(path: Path, notes: bool = True) -> list[dict]:
+    """The records of a metrics.jsonl. A last line cut short (a kill during an append) is dropped
+    (with a note on stderr if `notes`); a bad line elsewhere is damage, a one-line CheckpointError."""
+    if not path.exists():
+        return []
+    lines = path.read_text(errors="replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+                raise ValueError("no step")
+        except ValueError as e:  # json.JSONDecodeError included
+            if number == len(lines):
+                if notes:
+                    print(f"note: dropped the half-written last line of {path} (the run stopped while writing it)",
+                          file=sys.stderr)
+                break
+            raise CheckpointError(f"{path} line {number} is not a metrics record ({e}); repair or delete that line "
+                                  "and resume again") from None
+        records.append(record)
+    return records
+
+
+def checkpoint_if_due(run: TrainingRun, done: int, end: int, now: bool = False) -> None:
+    """Every train.ckpt_every and train.keep_every steps, at the last step and when `now`: full
+    weights and optimizer state, written by rank 0 alone (atomically, see checkpoint.py); the other
+    ranks wait so that none runs ahead of a checkpoint that may yet fail. An eval.json of an
+    earlier checkpoint is removed: what it evaluated is gone."""
+    keep_every = train_option(run.cfg, "keep_every")
+    keep = bool(keep_every) and done % keep_every == 0
+    if not (now or keep or done % run.cfg.train.ckpt_every == 0 or done == end):
         return
     weights, optim_state = distributed.full_state(run.model, run.optimizer, run.cfg.train.parallel, run.info)
     if run.info.is_main:
@@ -251,7 +462,8 @@ def checkpoint_if_due(run: TrainingRun, done: int, end: int) -> None:
                 plain = LM(run.cfg.model)
             distributed.match_shapes(weights, optim_state, {n: p.shape for n, p in plain.named_parameters()})
             plain.load_state_dict(weights)
-        save_checkpoint(run.run_dir, plain, _train_state(done, optim_state, run.device))
+        save_checkpoint(run.run_dir, plain, _train_state(done, optim_state, run.device), keep=keep)
+        _drop_stale_eval(run.run_dir, done)
     distributed.barrier(run.info)
 
 
@@ -262,17 +474,24 @@ def _train_state(step, optim_state, device) -> dict:
     return {"step": step, "optimizer": optim_state, "rng": rng}
 
 
-def _truncate_metrics(path: Path, step: int) -> None:
-    """On resume, drop records logged after the checkpoint so the curve has no duplicates."""
+def _drop_stale_eval(run_dir: Path, step: int) -> None:
+    path = run_dir / "eval.json"
     if not path.exists():
         return
-    keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in keep))
+    try:
+        evaluated = json.loads(path.read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        evaluated = None
+    if evaluated != step:
+        path.unlink()
+        print(f"note: removed {path}: it evaluated the checkpoint of step {evaluated}, now replaced by step {step}",
+              file=sys.stderr)
 
 
-def _tensorboard(run_dir: Path):
+def _tensorboard(run_dir: Path, start_step: int):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:
         return None
-    return SummaryWriter(str(run_dir / "tb"))
+    # purge_step: TensorBoard drops the events a killed run logged after its checkpoint
+    return SummaryWriter(str(run_dir / "tb"), purge_step=start_step)
