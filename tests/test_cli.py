@@ -17,8 +17,8 @@ from lenx.cli import app, eval_table
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 COMMANDS = ("list", "prepare", "train", "eval", "sweep", "plot", "che", "bench", "demo")
-RUNS = pytest.mark.xfail(strict=True, reason="needs branch i14-runs")
-DATA = pytest.mark.xfail(strict=True, reason="needs branch i14-data")
+
+
 SMALL_EVAL = ["--set", "eval.max_length=128", "--set", "eval.windows=4"]
 
 
@@ -127,7 +127,6 @@ def test_table_over_seeds_shows_mean_and_sample_std():
 
 # --- options that call the library's newer keywords -----------------------------------------------
 
-@RUNS
 def test_sweep_over_seeds(tmp_path):
     out = lenx("sweep", "--methods", "rope,kerple", "--seeds", "0,1", "--set", "train.steps=2", *SMALL_EVAL,
                "-o", "sw", cwd=tmp_path, columns=400)
@@ -139,7 +138,6 @@ def test_sweep_over_seeds(tmp_path):
     assert "over 2 seeds" in out.stdout and "±" in out.stdout
 
 
-@RUNS
 def test_sweep_force_trains_again(tmp_path):
     args = ["sweep", "--methods", "rope", "--force", "--set", "train.steps=2", *SMALL_EVAL, "-o", "sw"]
     first = lenx(*args, cwd=tmp_path)
@@ -151,7 +149,6 @@ def test_sweep_force_trains_again(tmp_path):
     assert next((tmp_path / "sw").rglob("model.safetensors")).stat().st_mtime_ns != before
 
 
-@RUNS
 def test_eval_a_kept_step(trained):
     root, _ = trained
     out = lenx("eval", "run", "--step", "1", "--lengths", "64,128", cwd=root)
@@ -159,7 +156,6 @@ def test_eval_a_kept_step(trained):
     assert "64 (train)" in out.stdout
 
 
-@DATA
 def test_prepare_allow_missing_sources(tmp_path):
     out = lenx("prepare", "synthetic", "--root", "data", "--allow-missing-sources", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -9,7 +9,6 @@ import sys
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-EVAL_FIX = pytest.mark.xfail(strict=True, reason="fixed in evaluate() on branch i14-runs")
 
 
 def lenx(*args, cwd):
@@ -75,10 +74,10 @@ CASES = [
     pytest.param(["eval", "run", "--device", "tpu"], "--device", id="eval-device-tpu"),
     pytest.param(["eval", "run", "--device", "cuda:99"], "--device", id="eval-device-missing-gpu"),
     pytest.param(["eval", "run", "--backend", "bogus"], "model.backend", id="eval-unknown-backend"),
-    pytest.param(["eval", "run", "--windows", "-1"], "windows", id="eval-windows-negative", marks=EVAL_FIX),
-    pytest.param(["eval", "run", "--windows", "0"], "windows", id="eval-windows-zero", marks=EVAL_FIX),
-    pytest.param(["eval", "run", "--scored", "-5"], "scored", id="eval-scored-negative", marks=EVAL_FIX),
-    pytest.param(["eval", "run", "--scored", "0"], "scored", id="eval-scored-zero", marks=EVAL_FIX),
+    pytest.param(["eval", "run", "--windows", "-1"], "windows", id="eval-windows-negative"),
+    pytest.param(["eval", "run", "--windows", "0"], "windows", id="eval-windows-zero"),
+    pytest.param(["eval", "run", "--scored", "-5"], "scored", id="eval-scored-negative"),
+    pytest.param(["eval", "run", "--scored", "0"], "scored", id="eval-scored-zero"),
     # plots, CHE, bench
     pytest.param(["plot", "run", "--attention", "--layer", "7"], "--layer 7", id="plot-layer-out-of-range"),
     pytest.param(["plot", "run", "--attention", "--head", "4"], "--head 4", id="plot-head-out-of-range"),

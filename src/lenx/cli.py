@@ -166,11 +166,9 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
     """Build a corpus: fetch, extract, dedupe, split by document, tokenize, pack."""
     from .data import prepare_corpus
 
-    # the keyword is passed only when asked for, so the default call is the same with every library version
-    extra = {"allow_missing_sources": True} if allow_missing_sources else {}
     try:
         manifest = prepare_corpus(corpus, root, from_path=from_path, tokenizer=tokenizer, vocab_size=vocab_size,
-                                  seed=seed, force=force, **extra)
+                                  seed=seed, force=force, allow_missing_sources=allow_missing_sources)
     except _user_errors() as e:
         _fail(e)
     summary = {k: v for k, v in manifest.items() if k not in ("sources",)}
@@ -234,8 +232,6 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
     from .config import check_device, validate
     from .evaluate import evaluate
 
-    # the keyword is passed only when asked for, so the default call is the same with every library version
-    extra = {"step": step} if step is not None else {}
     try:
         cfg = _run_config(run)
         if backend:
@@ -243,11 +239,11 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
             validate(cfg)
         check_device(cfg, device, key="--device", training=False)
         result = evaluate(run, _parse_ints(lengths, "--lengths"), windows, scored, device, backend,
-                          progress=_progress(progress), **extra)
+                          progress=_progress(progress), step=step)
     except _user_errors() as e:
         _fail(e)
     print_eval_table([result])
-    print(f"wrote {Path(run) / 'eval.json'}")
+    print(f"wrote {Path(run) / ('eval.json' if step is None else f'eval_step{step}.json')}")
 
 
 def eval_table(results: list[dict]) -> tuple[str, list[str], list[list[str]]]:
@@ -334,11 +330,7 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
                 validate(run_cfg)
                 _check_sweep_run(run_cfg)
         out = out or Path("runs") / f"sweep-{cfg.data.corpus}-T{cfg.train.seq_len}"
-        # the new keywords are passed only when asked for, so the default call is the same with every library version
-        extra = {"force": True} if force else {}
-        if seed_list is not None:
-            extra["seeds"] = seed_list
-        result = sweep(names, cfg, out, progress=_progress(progress), jobs=jobs, **extra)
+        result = sweep(names, cfg, out, progress=_progress(progress), jobs=jobs, force=force, seeds=seed_list)
     except _user_errors(TrainingDiverged, SweepError) as e:
         _fail(e)
     print_eval_table(result["results"])

@@ -11,7 +11,6 @@ them, or with force=True is moved aside to <method>.old-<time> and trained again
 """
 
 import copy
-import dataclasses
 from dataclasses import asdict
 import json
 import os
@@ -20,12 +19,9 @@ import subprocess
 import sys
 import time
 
-import torch
-
 from .checkpoint import weights_dir, weights_step
-from .config import ConfigError, RunConfig, load_config, to_toml
+from .config import RunConfig, load_config, to_toml, validate
 from .evaluate import check_options, eval_settings, evaluate
-from .model import LM
 from .runtime import absolute_root, open_training_corpus
 from .train import train
 
@@ -48,35 +44,17 @@ def results_table(results: list[dict], key: str = "ppl") -> str:
     return "\n".join([head, rule] + rows)
 
 
-def validate_config(cfg: RunConfig) -> None:
-    """Build the model `cfg` describes, so that a bad method or knob fails before anything trains
-    (a stand-in for lenx.config.validate). A large model is built on the meta device (no memory, no
-    initialisation); a part that reads tensor values while it is built cannot be built there, and
-    is checked in a one-layer model on the CPU instead."""
-    m = cfg.model
-    try:
-        with torch.random.fork_rng(devices=[]):
-            if 12 * m.n_layer * m.d_model ** 2 <= 50_000_000:
-                LM(m)
-                return
-            try:
-                with torch.device("meta"):
-                    LM(m)
-            except RuntimeError:
-                LM(dataclasses.replace(m, n_layer=1))
-    except ValueError as e:  # ConfigError and UnknownMethodError are ValueErrors too
-        raise ConfigError(f"model.method={m.method}: {e}") from None
-
-
-def _validate_all(cfgs) -> None:
-    for cfg in cfgs:
-        validate_config(cfg)
-
-
-def _method_config(cfg: RunConfig, method: str) -> RunConfig:
-    run_cfg = copy.deepcopy(cfg)
-    run_cfg.model.method = method
-    return run_cfg
+def _run_configs(methods: list[str], cfg: RunConfig, seeds: list[int] | None) -> dict[str, RunConfig]:
+    """{run name: its config}: <method>, or <method>-s<seed> for each seed when seeds are given."""
+    cfgs = {}
+    for method in methods:
+        for seed in seeds if seeds is not None else [None]:
+            run_cfg = copy.deepcopy(cfg)
+            run_cfg.model.method = method
+            if seed is not None:
+                run_cfg.train.seed = seed
+            cfgs[method if seed is None else f"{method}-s{seed}"] = run_cfg
+    return cfgs
 
 
 def _as_recorded(cfg: RunConfig, vocab_size: int) -> RunConfig:
@@ -258,8 +236,9 @@ def _run_parallel(cfgs: dict[str, RunConfig], out_dir: Path, jobs: int, eval_kwa
 
 
 def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = True,
-          eval_kwargs: dict | None = None, jobs: int = 1, force: bool = False) -> dict:
-    """Each method gets runs/<out_dir>/<method>; a finished run is not trained again, a partial one
+          eval_kwargs: dict | None = None, jobs: int = 1, force: bool = False, seeds: list[int] | None = None) -> dict:
+    """Each method gets runs/<out_dir>/<method> (with seeds: <method>-s<seed> per seed, each result
+    carrying its "seed"); a finished run is not trained again, a partial one
     resumes, and an evaluation is reused only when it answers this request (see the module's
     docstring). Every method's config and the evaluation options are checked before anything
     trains; a run trained with other settings is an error, or with force=True is moved aside and
@@ -268,8 +247,9 @@ def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = Tr
     from .plot import plot_delta_p, plot_perplexity
 
     out_dir = Path(out_dir)
-    cfgs = {method: _method_config(cfg, method) for method in methods}
-    _validate_all(cfgs.values())
+    cfgs = _run_configs(methods, cfg, seeds)
+    for run_cfg in cfgs.values():  # every run's config, before any trains
+        validate(run_cfg)
     options = eval_kwargs or {}
     check_options(token_budget=options.get("token_budget"))
     for run_cfg in cfgs.values():
@@ -279,8 +259,11 @@ def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = Tr
     _reconcile(out_dir, cfgs, vocab_size, force)
     if jobs != 1:
         _run_parallel(cfgs, out_dir, jobs, eval_kwargs)
-    results = [_train_and_evaluate(cfgs[method], out_dir / method, progress, eval_kwargs) for method in methods]
-    summary = {"methods": methods, "config": to_toml(cfg), "runs": results}
+    results = []
+    for name, run_cfg in cfgs.items():
+        result = _train_and_evaluate(run_cfg, out_dir / name, progress, eval_kwargs)
+        results.append(result | ({"seed": run_cfg.train.seed} if seeds is not None else {}))
+    summary = {"methods": methods, "seeds": seeds, "config": to_toml(cfg), "runs": results}
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
     md = ["# Sweep results", "", f"Perplexity of the last {results[0]['scored']} tokens, trained at "
           f"{results[0]['train_len']} on `{results[0]['corpus']}`; {results[0]['window_note']}.", "",

@@ -36,19 +36,6 @@ class TrainingInterrupted(SystemExit):
         self.signum, self.step = signum, step
 
 
-def train_option(cfg: RunConfig, name: str) -> int:
-    """train.val_every, val_batches and keep_every, with their defaults where the config does not
-    declare them."""
-    return getattr(cfg.train, name, {"val_every": 0, "val_batches": 8, "keep_every": 0}[name])
-
-
-def _check_train_options(cfg: RunConfig) -> None:
-    for name, low in (("val_every", 0), ("val_batches", 1), ("keep_every", 0)):
-        value = train_option(cfg, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"train.{name} must be an integer >= {low}, got {value!r}")
-
-
 def lr_at(step: int, cfg) -> float:
     """Linear warmup, then cosine from lr down to lr * min_lr_ratio at the last step."""
     t = cfg.train
@@ -95,7 +82,7 @@ def validation_batches(cfg: RunConfig, corpus,
     measured on the same tokens."""
     t = cfg.train
     val = Batches(corpus.tokens("val"), t.seq_len, t.batch_size, t.grad_accum, t.seed, info, split="val")
-    return [val.window(i, m) for i in range(train_option(cfg, "val_batches")) for m in range(t.grad_accum)]
+    return [val.window(i, m) for i in range(cfg.train.val_batches) for m in range(t.grad_accum)]
 
 
 def prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
@@ -226,7 +213,6 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun
     else:
         cfg = copy.deepcopy(cfg)
         cfg.data.root = absolute_root(cfg.data.root)  # the run opens from any working directory
-    _check_train_options(cfg)
     device = resolve_device(cfg.train.device)
     info = distributed.setup(device.type)
     if device.type == "cuda" and info.enabled:
@@ -257,7 +243,7 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun
     step_fn = torch.compile(model) if cfg.train.compile else model
     batches = Batches(corpus.tokens("train"), cfg.train.seq_len, cfg.train.batch_size, cfg.train.grad_accum,
                       cfg.train.seed, info)
-    val_windows = validation_batches(cfg, corpus, info) if train_option(cfg, "val_every") else []
+    val_windows = validation_batches(cfg, corpus, info) if cfg.train.val_every else []
     if info.is_main:
         _write_run_files(run_dir, cfg, device, info, raw_model, corpus, start_step if resume else None)
     return TrainingRun(cfg, run_dir, device, info, raw_model, model, step_fn, optimizer, batches, start_step,
@@ -269,8 +255,8 @@ def _check_nothing_lost(run_dir: Path, cfg: RunConfig, records: list[dict]) -> N
     past its first checkpoint: then the checkpoint was removed, and starting over would train over
     the record of the steps it took."""
     first = cfg.train.ckpt_every
-    if train_option(cfg, "keep_every"):
-        first = min(first, train_option(cfg, "keep_every"))
+    if cfg.train.keep_every:
+        first = min(first, cfg.train.keep_every)
     last = max((r["step"] for r in records), default=0)
     if last > first:
         raise CheckpointError(
@@ -336,7 +322,7 @@ def train_step(run: TrainingRun, step: int) -> tuple[float, torch.Tensor]:
 
 
 def _validation_due(cfg: RunConfig, done: int) -> bool:
-    every = train_option(cfg, "val_every")
+    every = cfg.train.val_every
     return bool(every) and (done % every == 0 or done == cfg.train.steps)
 
 
@@ -450,7 +436,7 @@ def checkpoint_if_due(run: TrainingRun, done: int, end: int, now: bool = False) 
     weights and optimizer state, written by rank 0 alone (atomically, see checkpoint.py); the other
     ranks wait so that none runs ahead of a checkpoint that may yet fail. An eval.json of an
     earlier checkpoint is removed: what it evaluated is gone."""
-    keep_every = train_option(run.cfg, "keep_every")
+    keep_every = run.cfg.train.keep_every
     keep = bool(keep_every) and done % keep_every == 0
     if not (now or keep or done % run.cfg.train.ckpt_every == 0 or done == end):
         return
