@@ -16,7 +16,7 @@ import pytest
 from lenx.cli import app, eval_table
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-COMMANDS = ("list", "prepare", "train", "eval", "sweep", "plot", "che", "bench", "demo")
+COMMANDS = ("list", "prepare", "train", "eval", "generate", "sweep", "plot", "che", "bench", "demo")
 
 
 SMALL_EVAL = ["--set", "eval.max_length=128", "--set", "eval.windows=4"]
@@ -139,14 +139,17 @@ def test_sweep_over_seeds(tmp_path):
 
 
 def test_sweep_force_trains_again(tmp_path):
-    args = ["sweep", "--methods", "rope", "--force", "--set", "train.steps=2", *SMALL_EVAL, "-o", "sw"]
+    """A run trained with other settings stops a sweep; --force moves it aside and trains again."""
+    args = ["sweep", "--methods", "rope", "--set", "train.steps=2", *SMALL_EVAL, "-o", "sw"]
     first = lenx(*args, cwd=tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    weights = next((tmp_path / "sw").rglob("model.safetensors"))
-    before = weights.stat().st_mtime_ns
-    second = lenx(*args, cwd=tmp_path)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert next((tmp_path / "sw").rglob("model.safetensors")).stat().st_mtime_ns != before
+    other = [*args, "--set", "train.lr=1e-3"]
+    refused = lenx(*other, cwd=tmp_path)
+    assert refused.returncode == 2 and "train.lr" in refused.stderr and "--force" in refused.stderr
+    forced = lenx(*other, "--force", cwd=tmp_path)
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert len(list((tmp_path / "sw").glob("rope.old-*"))) == 1
+    assert json.loads((tmp_path / "sw" / "rope" / "eval.json").read_text())["finished"] is True
 
 
 def test_eval_a_kept_step(trained):
@@ -185,7 +188,7 @@ def test_sweep_passes_seeds_and_force_and_prints_mean_and_std(tmp_path, monkeypa
     def fake_sweep(methods, cfg, out_dir, progress=True, eval_kwargs=None, jobs=1, **kwargs):
         calls.append((methods, cfg.train.seed, kwargs))
         results = [result(m, {64: 8.0 + s, 128: 9.0 + s}, {128: 0.1 * s}, seed=s)
-                   for m in methods for s in kwargs.get("seeds", [cfg.train.seed])]
+                   for m in methods for s in kwargs["seeds"] or [cfg.train.seed]]
         return {"results": results, "figures": []}
 
     monkeypatch.setattr(lenx.sweep, "sweep", fake_sweep)
@@ -194,10 +197,9 @@ def test_sweep_passes_seeds_and_force_and_prints_mean_and_std(tmp_path, monkeypa
     assert out.exit_code == 0, out.output
     assert calls == [(["rope", "kerple"], 0, {"seeds": [0, 1, 2], "force": True})]
     assert "over 3 seeds" in out.output and "9.00 ± 1.00" in out.output and "(+0.10 ± 0.10)" in out.output
-    # without the new options the call is the one every sweep() takes
     calls.clear()
     assert invoke("sweep", "--methods", "rope", "-o", str(tmp_path / "one")).exit_code == 0
-    assert calls == [(["rope"], 0, {})]
+    assert calls == [(["rope"], 0, {"seeds": None, "force": False})]
 
 
 def test_eval_passes_the_step(tmp_path, monkeypatch):
@@ -215,7 +217,8 @@ def test_eval_passes_the_step(tmp_path, monkeypatch):
     monkeypatch.setattr(lenx.evaluate, "evaluate", fake_evaluate)
     assert invoke("eval", str(tmp_path / "run"), "--step", "200", "--no-progress").exit_code == 0
     assert invoke("eval", str(tmp_path / "run"), "--no-progress").exit_code == 0
-    assert seen == [{"progress": False, "step": 200}, {"progress": False}]
+    plain = {"progress": False, "rope_scaling": None, "rope_scaling_factor": 0.0}
+    assert seen == [plain | {"step": 200}, plain | {"step": None}]
 
 
 def test_prepare_passes_allow_missing_sources(monkeypatch):
@@ -225,4 +228,4 @@ def test_prepare_passes_allow_missing_sources(monkeypatch):
     monkeypatch.setattr(lenx.data, "prepare_corpus", lambda *a, **kw: seen.append(kw) or {"name": "x"})
     assert invoke("prepare", "tech", "--allow-missing-sources").exit_code == 0
     assert invoke("prepare", "tech").exit_code == 0
-    assert seen[0]["allow_missing_sources"] is True and "allow_missing_sources" not in seen[1]
+    assert seen[0]["allow_missing_sources"] is True and seen[1]["allow_missing_sources"] is False

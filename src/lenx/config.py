@@ -57,6 +57,7 @@ class TrainConfig:
     val_every: int = 0  # validation loss every N steps; 0 = off
     val_batches: int = 8  # batches of the val split per validation
     keep_every: int = 0  # keep the weights of every Nth step besides the last checkpoint; 0 = off
+    init_from: str = ""  # a trained run whose weights start this one (fine-tuning, e.g. with a scaled RoPE)
 
 
 @dataclass
@@ -320,7 +321,7 @@ def _check_backend(model: LM, backend: str, device: torch.device) -> None:
     try:
         plan_backend(model.blocks[0].attn.parts, device, backend)
     except ValueError as e:
-        raise ConfigError(f"model.backend={backend} on {device.type}: {e}") from None
+        raise ConfigError(f"model.method={model.cfg.method} with model.backend={backend} on {device.type}: {e}") from None
 
 
 def to_toml(obj) -> str:

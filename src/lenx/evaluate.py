@@ -134,16 +134,49 @@ def eval_settings(cfg, lengths: list[int] | None = None, windows: int | None = N
     return {"lengths": lengths, "windows": windows, "scored": scored, "split": e.split, "eval_seed": e.seed}
 
 
+def result_name(step: int | None = None, rope_scaling: str | None = None, task: str | None = None) -> str:
+    """eval.json, or eval_<task>_step<N>_rope-<scaling>.json with the parts that apply."""
+    parts = ["eval"] + ([task] if task else []) + ([f"step{step}"] if step is not None else []) + (
+        [f"rope-{rope_scaling}"] if rope_scaling else [])
+    return "_".join(parts) + ".json"
+
+
+def apply_rope_scaling(cfg, scaling: str | None, factor: float | None) -> dict | None:
+    """Set a RoPE context extension on cfg.model (for a model trained without one): `factor` None or
+    0 is auto (evaluation length / training length). Returns what to record, or None."""
+    from .attention.methods import parse_method
+    from .attention.rope import SCALINGS
+
+    if scaling is None:
+        return None
+    if scaling not in SCALINGS:
+        raise ConfigError(f"--rope-scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
+    if parse_method(cfg.model.method).base != "rope":
+        raise ConfigError(f"--rope-scaling applies to RoPE models; {cfg.model.method} has no RoPE")
+    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 0
+                               or 0 < factor < 1):
+        raise ConfigError(f"--rope-scaling-factor must be auto (0) or a number >= 1, got {factor!r}")
+    m = cfg.model
+    m.rope_scaling, m.rope_scaling_factor = scaling, float(factor or 0.0)
+    m.rope_train_len = m.rope_train_len or cfg.train.seq_len
+    return {"kind": scaling, "factor": m.rope_scaling_factor or "auto", "train_len": m.rope_train_len,
+            "beta_fast": m.rope_yarn_beta_fast, "beta_slow": m.rope_yarn_beta_slow}
+
+
 def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | None = None, scored: int | None = None,
              device: str = "auto", backend: str | None = None, token_budget: int | None = None,
-             progress: bool = True, write: bool = True, step: int | None = None) -> dict:
+             progress: bool = True, write: bool = True, step: int | None = None, rope_scaling: str | None = None,
+             rope_scaling_factor: float | None = None) -> dict:
     """Evaluate a run's last checkpoint (or the one it kept at `step`) and write eval.json (or
-    eval_step<N>.json). Options left None take the run's eval section; every option is checked
-    before anything is loaded. eval.json records the checkpoint's step and whether training had
-    finished; a warning on stderr says when it had not."""
+    eval_step<N>.json; with rope_scaling, eval_rope-<scaling>.json). Options left None take the
+    run's eval section; every option is checked before anything is loaded. eval.json records the
+    checkpoint's step and whether training had finished; a warning on stderr says when it had not.
+    rope_scaling: evaluate a RoPE model with a context extension (attention/rope.py) applied at every
+    length, without retraining; the fused SDPA path stays in use."""
     run_dir = Path(run_dir)
     check_options(lengths, windows, scored, token_budget, step)
     cfg = run_config(run_dir)
+    scaling = apply_rope_scaling(cfg, rope_scaling, rope_scaling_factor)
     settings = eval_settings(cfg, lengths, windows, scored)
     lengths, windows, scored = settings["lengths"], settings["windows"], settings["scored"]
     e, T_train = cfg.eval, cfg.train.seq_len
@@ -190,11 +223,65 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
         "step": at_step, "steps": total, "finished": finished, **settings, "window_note": note,
         "delta_p_tokens": delta_k, "backends": model.backends(dev), "device": str(dev), "results": per_length,
     }
+    if scaling is not None:
+        result |= {"label": f"{cfg.model.method}+{scaling['kind']}", "rope_scaling": scaling}
     if write:
-        name = "eval.json" if step is None else f"eval_step{step}.json"
-        tmp = run_dir / f"{name}.tmp"
-        tmp.write_text(json.dumps(result, indent=2))
-        tmp.replace(run_dir / name)
+        _write(run_dir / result_name(step, rope_scaling), result)
+    return result
+
+
+def _write(path: Path, result: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    tmp.replace(path)
+
+
+def evaluate_task(run_dir: Path, task: str, lengths: list[int] | None = None, depths: list[float] | None = None,
+                  samples: int | None = None, device: str = "auto", backend: str | None = None,
+                  step: int | None = None, rope_scaling: str | None = None, rope_scaling_factor: float | None = None,
+                  progress: bool = True, write: bool = True) -> dict:
+    """A retrieval task (lenx.retrieval: passkey or copy) on a grid of lengths x depths; writes
+    eval_<task>.json (with _step<N> / _rope-<scaling> as for evaluate). lengths default to powers of
+    two from the training length to eval.max_length; inputs are seeded by eval.seed, the same for
+    every method."""
+    from . import retrieval
+
+    run_dir = Path(run_dir)
+    if task not in retrieval.TASKS:
+        raise ConfigError(f"--task must be one of {', '.join(retrieval.TASKS)}, got {task!r}")
+    check_options(lengths, None, None, None, step)
+    if samples is not None:
+        _positive_int("samples", samples)
+    depths = list(retrieval.DEPTHS if depths is None else depths)
+    if not depths or any(isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= 1 for d in depths):
+        raise ConfigError(f"depths must be numbers in [0, 1], got {depths!r}")
+    cfg = run_config(run_dir)
+    scaling = apply_rope_scaling(cfg, rope_scaling, rope_scaling_factor)
+    e, T_train = cfg.eval, cfg.train.seq_len
+    lengths = sorted(set(lengths or e.lengths or default_lengths(T_train, e.max_length)))
+    dev = resolve_device(device)
+    folder = run_weights(run_dir, step)
+    at_step = weights_step(folder)
+    model = load_model(cfg, folder, dev, backend)
+    corpus = open_training_corpus(cfg)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(lengths) * len(depths), desc=f"{task} {cfg.model.method}", unit="cell", dynamic_ncols=True)
+    grid = retrieval.run_task(model, corpus, task, lengths, depths, samples or 8, e.seed, e.split, dev,
+                              lambda: autocast_for(dev, cfg.train.precision),
+                              progress=None if bar is None else (lambda *_: bar.update(1)))
+    if bar is not None:
+        bar.close()
+    result = {"run": str(run_dir), "method": cfg.model.method, "train_len": T_train, "corpus": cfg.data.corpus,
+              "step": at_step, "steps": cfg.train.steps, "finished": None if at_step is None else at_step >= cfg.train.steps,
+              **grid, "chance": retrieval.chance(task, corpus.vocab_size), "backends": model.backends(dev),
+              "device": str(dev)}
+    if scaling is not None:
+        result |= {"label": f"{cfg.model.method}+{scaling['kind']}", "rope_scaling": scaling}
+    if write:
+        _write(run_dir / result_name(step, rope_scaling, task), result)
     return result
 
 

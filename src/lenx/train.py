@@ -20,7 +20,8 @@ from .checkpoint import CheckpointError, checkpoint_dir, load_state, load_weight
 from .config import ConfigError, RunConfig, to_toml
 from .model import LM
 from .runinfo import environment, git_commit
-from .runtime import absolute_root, autocast_for, open_training_corpus, param_groups, resolve_device, run_config
+from .runtime import (absolute_root, autocast_for, open_training_corpus, param_groups, resolve_device, run_config,
+                      run_weights)
 
 
 class TrainingDiverged(RuntimeError):
@@ -213,6 +214,9 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun
     else:
         cfg = copy.deepcopy(cfg)
         cfg.data.root = absolute_root(cfg.data.root)  # the run opens from any working directory
+        if cfg.train.init_from:
+            cfg.train.init_from = str(Path(cfg.train.init_from).resolve())
+    start_weights = run_weights(Path(cfg.train.init_from)) if cfg.train.init_from and ckpt is None else None
     device = resolve_device(cfg.train.device)
     info = distributed.setup(device.type)
     if device.type == "cuda" and info.enabled:
@@ -228,7 +232,9 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun
     if ckpt is not None:
         load_weights(raw_model, ckpt)
         state = load_state(ckpt)
-    elif resume and info.is_main:
+    elif start_weights is not None:  # fine-tuning: the optimizer and the schedule start afresh
+        load_weights(raw_model, start_weights)
+    if ckpt is None and resume and info.is_main:
         print(f"no checkpoint in {run_dir} yet: starting from step 0")
     start_step = state["step"] if state is not None else 0
     raw_model.to(device)

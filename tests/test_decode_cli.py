@@ -1,0 +1,76 @@
+"""`lenx generate`, `lenx eval --task` and `lenx eval --rope-scaling` as a user runs them."""
+
+import json
+
+import pytest
+
+from test_cli import lenx
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two tiny runs on the synthetic corpus (rope, kerple), trained through the CLI."""
+    root = tmp_path_factory.mktemp("decode")
+    for method in ("rope", "kerple"):
+        out = lenx("train", "-c", "tiny", "--set", "train.steps=20", "--set", f"model.method={method}",
+                   "--set", "eval.max_length=256", "-o", method, cwd=root)
+        assert out.returncode == 0, out.stderr
+    return root
+
+
+def test_generate_streams_and_greedy_is_deterministic(runs):
+    args = ["generate", "rope", "--prompt", "5 17 3 9", "--max-new-tokens", "12", "--temperature", "0"]
+    a, b = lenx(*args, cwd=runs), lenx(*args, cwd=runs)
+    assert a.returncode == 0, a.stderr
+    assert a.stdout == b.stdout and len(a.stdout.split()) == 12
+    assert "tokens/s" in a.stderr.strip().splitlines()[-1]
+    sampled = lenx("generate", "rope", "--prompt", "5 17 3 9", "--max-new-tokens", "12", "--seed", "1", cwd=runs)
+    assert sampled.returncode == 0 and len(sampled.stdout.split()) == 12
+
+
+@pytest.mark.parametrize("args,words", [
+    (["generate", "rope", "--prompt", "   "], "empty"),
+    (["generate", "rope", "--prompt", "1 2 3", "--max-context", "8", "--max-new-tokens", "6"], "cache limit"),
+    (["generate", "rope", "--prompt", "hello"], "token ids"),
+    (["generate", "nowhere", "--prompt", "1 2"], "not a lenx run"),
+    (["generate", "rope"], "--prompt"),
+    (["generate", "rope", "--prompt", "1", "--top-p", "0"], "top-p"),
+    (["eval", "rope", "--task", "haystack"], "--task"),
+    (["eval", "kerple", "--rope-scaling", "yarn"], "RoPE"),
+    (["eval", "rope", "--rope-scaling", "longrope"], "--rope-scaling"),
+    (["eval", "rope", "--rope-scaling", "pi", "--rope-scaling-factor", "0.5"], "factor"),
+    (["eval", "rope", "--task", "copy", "--depths", "0,2"], "depths"),
+    (["eval", "rope", "--depths", "0.5"], "--task"),
+])
+def test_bad_input_is_one_line(runs, args, words):
+    out = lenx(*args, cwd=runs)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
+    assert words in lines[0], lines[0]
+
+
+def test_generate_without_a_checkpoint(runs):
+    (runs / "empty").mkdir()
+    (runs / "empty" / "config.toml").write_text((runs / "rope" / "config.toml").read_text())
+    out = lenx("generate", "empty", "--prompt", "1 2", cwd=runs)
+    assert out.returncode == 2 and "no checkpoint" in out.stderr
+
+
+def test_eval_copy_task_and_rope_scaling(runs):
+    out = lenx("eval", "rope", "--task", "copy", "--lengths", "64,128", "--depths", "0,1", "--samples", "2",
+               cwd=runs)
+    assert out.returncode == 0, out.stderr
+    res = json.loads((runs / "rope" / "eval_copy.json").read_text())
+    assert res["task"] == "copy" and len(res["accuracy"]) == 2 and len(res["accuracy"][0]) == 2
+    assert res["lengths"] == [64, 128] and res["finished"] is True
+    out = lenx("eval", "rope", "--rope-scaling", "yarn", "--lengths", "64,128,256", "--windows", "4", cwd=runs)
+    assert out.returncode == 0, out.stderr
+    scaled = json.loads((runs / "rope" / "eval_rope-yarn.json").read_text())
+    assert scaled["label"] == "rope+yarn" and scaled["rope_scaling"]["factor"] == "auto"
+    assert scaled["rope_scaling"]["train_len"] == 64
+    plain = lenx("eval", "rope", "--lengths", "64,128,256", "--windows", "4", cwd=runs)
+    assert plain.returncode == 0, plain.stderr
+    base = json.loads((runs / "rope" / "eval.json").read_text())
+    # auto: the identity at the training length, a different model beyond it
+    assert scaled["results"]["64"]["ppl"] == base["results"]["64"]["ppl"]
+    assert scaled["results"]["256"]["ppl"] != base["results"]["256"]["ppl"]
