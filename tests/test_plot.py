@@ -225,3 +225,20 @@ def test_cli_plot_folder(tmp_path):
     (tmp_path / "empty" / "sub" / "other.json").write_text("[1, 2]")
     out = run_cli("plot", str(tmp_path / "empty"))
     assert out.returncode == 2 and "nothing to draw" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_retrieval_heatmaps_and_curves_from_json(tmp_path):
+    """eval_<task>.json files -> a heatmap next to each, one curve figure per task for the folder."""
+    from lenx.plot import redraw
+
+    for method, seed, acc in (("rope", 0, 0.2), ("rope", 1, 0.4), ("dapev2-kerple", 0, 0.9)):
+        run = tmp_path / f"{method}-s{seed}"
+        run.mkdir()
+        (run / "eval_copy.json").write_text(json.dumps({
+            "run": str(run), "method": method, "train_len": 128, "corpus": "tech", "task": "copy",
+            "lengths": [128, 256, 512], "depths": [0.0, 0.5, 1.0], "samples": 4, "seed": 1, "split": "test",
+            "accuracy": [[acc] * 3, [acc / 2] * 3, [acc / 4] * 3], "chance": 1 / 16384}))
+    written = {p.name for p in redraw(tmp_path)}
+    assert written == {"eval_copy_heatmap.png", "retrieval_copy.png"}
+    assert (tmp_path / "retrieval_copy.png").stat().st_size > 0
+    assert all((tmp_path / d / "eval_copy_heatmap.png").is_file() for d in ("rope-s0", "rope-s1", "dapev2-kerple-s0"))

@@ -156,6 +156,48 @@ def plot_loss_curves(curves: dict[str, list], out: Path, title: str | None = Non
 MAP_TITLES = {"scores": "raw scores QKᵀ/√d", "bias": "position bias", "processed": "after the score processor"}
 
 
+RETRIEVAL_SCORE = {"passkey": "exact", "copy": "accuracy"}
+
+
+def plot_retrieval_heatmap(result: dict, out: Path) -> Path:
+    """One model's retrieval grid (eval_<task>.json): lengths x depths, each cell annotated."""
+    key = RETRIEVAL_SCORE[result["task"]]
+    grid = np.array(result[key], dtype=float)
+    fig, ax = plt.subplots(figsize=(1.2 * len(result["depths"]) + 2.5, 0.42 * len(result["lengths"]) + 1.6))
+    im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    for (i, j), v in np.ndenumerate(grid):
+        ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=8, color="white" if v < 0.6 else "black")
+    ax.set_xticks(range(len(result["depths"])), [f"{d:g}" for d in result["depths"]])
+    ax.set_yticks(range(len(result["lengths"])), [str(L) for L in result["lengths"]])
+    ax.set_xlabel("depth of the needle (0: first, 1: last)")
+    ax.set_ylabel("context length (tokens)")
+    ax.set_title(f"{result['task']} {key}: {_label(result)} (trained at {result['train_len']}; "
+                 f"{result['samples']} inputs per cell)", fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.05)
+    return _save(fig, out)
+
+
+def plot_retrieval_curves(results: list[dict], out: Path) -> Path:
+    """One line per method (label): the score averaged over depths against the context length,
+    the mean over seeds with a min-max band."""
+    task = results[0]["task"]
+    key = RETRIEVAL_SCORE[task]
+    flat = [{**r, "results": {str(L): {key: float(np.mean(row))} for L, row in zip(r["lengths"], r[key])}}
+            for r in results]
+    fig, ax = _figure(flat)
+    series = _draw_aggregated(ax, flat, key, geometric=False)
+    _length_axis(ax, series)
+    ax.axhline(results[0]["chance"], color="grey", lw=0.8, ls=":", label="chance")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel(f"{task} {key} (mean over depths)")
+    ax.set_title(f"{task}: retrieval beyond the training length")
+    _mark_train_len(ax, flat)
+    ax.grid(True, alpha=0.3)
+    _legend(ax, flat)
+    return _save(fig, out)
+
+
 def load_attention_maps(path: Path) -> dict:
     """The dict lenx.evaluate.save_attention_maps wrote, maps back as float32 arrays with NaN where null."""
     data = json.loads(Path(path).read_text())
@@ -218,6 +260,8 @@ def _kind(data) -> str | None:
             return "che"
     if "method" in data and "scores" in data:
         return "attention"
+    if data.get("task") in RETRIEVAL_SCORE and "depths" in data and "lengths" in data:
+        return "retrieval"
     if "results" in data and "method" in data and "train_len" in data:
         return "eval"
     return None
@@ -248,6 +292,8 @@ def redraw_file(path: Path, folder: Path | None = None) -> list[Path]:
         return written
     if kind == "attention":
         return [draw_attention_maps(load_attention_maps(path), folder / f"{path.stem}.png")]
+    if kind == "retrieval":
+        return [plot_retrieval_heatmap(data, _figure_name(path, folder, "heatmap"))]
     if kind == "che":
         from .che import redraw_che
 
@@ -258,7 +304,9 @@ def redraw_file(path: Path, folder: Path | None = None) -> list[Path]:
 def redraw(source: Path, out: Path | None = None) -> list[Path]:
     """Re-draw every figure under source from its JSON files, each next to its JSON (or at the same
     relative place under out): results.json -> perplexity.png, delta_p.png (+ loss.png when it has
-    "curves"); attention*.json -> attention*.png; che.json -> che.md, che_per_length.png. A run's eval.json
+    "curves"); attention*.json -> attention*.png; che.json -> che.md, che_per_length.png;
+    eval_<task>.json (passkey, copy) -> eval_<task>_heatmap.png, and retrieval_<task>.png in the
+    folder with one curve per method. A run's eval.json
     is drawn only when it is the source itself or the source folder's own (a sweep's results.json
     already holds it). Returns the written files; PlotError when there is nothing to draw."""
     source = Path(source)
@@ -270,14 +318,21 @@ def redraw(source: Path, out: Path | None = None) -> list[Path]:
         if not written:
             raise PlotError(f"{source}: not a results.json, eval.json, che.json or attention maps file")
         return written
-    written = []
+    written, retrieval = [], {}
     for path in sorted(source.rglob("*.json")):
         folder = (Path(out) / path.parent.relative_to(source)) if out is not None else path.parent
         if path.name == "eval.json":
             # the old `lenx plot RUN_DIR`: the folder's own eval.json when it has no results.json
             if path.parent != source or (source / "results.json").exists():
                 continue
-        written += redraw_file(path, folder)
+        drawn = redraw_file(path, folder)
+        if drawn and path.name.startswith("eval_") and _kind(json.loads(path.read_text())) == "retrieval":
+            data = json.loads(path.read_text())
+            retrieval.setdefault(data["task"], []).append(data)
+        written += drawn
+    # every model's retrieval under the folder in one figure per task
+    for task, results in sorted(retrieval.items()):
+        written.append(plot_retrieval_curves(results, (Path(out) if out is not None else source) / f"retrieval_{task}.png"))
     if not written:
         raise PlotError(f"nothing to draw under {source}: no results.json, eval.json, che.json or attention*.json "
                         "with figure data")
