@@ -33,7 +33,7 @@ def corpus(tmp_path_factory):
 def test_passkey_inputs(corpus, depth):
     cases = retrieval.passkey_inputs(corpus, "test", 300, depth, 3, seed=7)
     again = retrieval.passkey_inputs(corpus, "test", 300, depth, 3, seed=7)
-    question = corpus.encode(" The pass key is")
+    question = corpus.encode(retrieval.QUESTION)
     for case, same in zip(cases, again):
         assert len(case["input"]) == 300 and np.array_equal(case["input"], same["input"])
         assert list(case["input"][-len(question):]) == question

@@ -1,7 +1,8 @@
 """Retrieval at length on a trained LM: can it use far-away tokens?
 
 passkey  a random 5-digit key, stated twice ("The pass key is 71432. Remember it. 71432 is the pass
-         key.") at a chosen depth inside filler text; the input ends with "The pass key is". Scored
+         key.") at a chosen depth inside filler text; the input ends with "What is the pass key? The
+         pass key is" (Mohtashami & Jaggi 2023). Scored
          by exact match of the greedy continuation's first five digits and by the mean
          log-probability of the key's tokens (teacher-forced).
 copy     a span of `span` tokens placed at a chosen depth inside filler; at the end its first `shown`
@@ -22,6 +23,7 @@ from torch.nn import functional as F
 from .config import ConfigError
 
 TASKS = ("passkey", "copy")
+QUESTION = " What is the pass key? The pass key is"
 DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
@@ -46,7 +48,7 @@ def passkey_inputs(corpus, split: str, L: int, depth: float, samples: int, seed:
     if corpus.tokenizer() is None:
         raise ConfigError(f"the passkey task needs text; corpus {corpus.name!r} is token-level (use --task copy)")
     stream = corpus.tokens(split)
-    question = np.array(corpus.encode(" The pass key is"), dtype=np.int64)
+    question = np.array(corpus.encode(QUESTION), dtype=np.int64)
     out = []
     for i in range(samples):
         rng = _rng(seed, L, depth, i)
