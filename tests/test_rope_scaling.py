@@ -94,3 +94,16 @@ def test_bad_scaling_settings():
         RoPE(D, scaling="longrope", train_len=128)
     with pytest.raises(ValueError, match="training length"):
         RoPE(D, scaling="yarn")
+
+
+def test_fine_tuned_runs_are_labelled_and_keep_their_scaling():
+    from lenx.config import ConfigError, load_config
+    from lenx.evaluate import apply_rope_scaling, run_label
+
+    plain = load_config("tiny")
+    assert run_label(plain) is None
+    tuned = load_config("tiny", ["model.rope_scaling=pi", "model.rope_scaling_factor=4.0", "model.rope_train_len=64"])
+    assert run_label(tuned) == "rope+pi fine-tuned"
+    with pytest.raises(ConfigError, match="trained with model.rope_scaling=pi"):
+        apply_rope_scaling(tuned, "yarn", None)
+    assert apply_rope_scaling(plain, "yarn", None)["train_len"] == 64

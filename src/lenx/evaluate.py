@@ -141,6 +141,14 @@ def result_name(step: int | None = None, rope_scaling: str | None = None, task: 
     return "_".join(parts) + ".json"
 
 
+def run_label(cfg) -> str | None:
+    """A name for figures when the method alone would not tell runs apart: a RoPE model trained
+    (fine-tuned) with a context extension."""
+    if cfg.model.rope_scaling != "none":
+        return f"{cfg.model.method}+{cfg.model.rope_scaling} fine-tuned"
+    return None
+
+
 def apply_rope_scaling(cfg, scaling: str | None, factor: float | None) -> dict | None:
     """Set a RoPE context extension on cfg.model (for a model trained without one): `factor` None or
     0 is auto (evaluation length / training length). Returns what to record, or None."""
@@ -157,6 +165,8 @@ def apply_rope_scaling(cfg, scaling: str | None, factor: float | None) -> dict |
                                or 0 < factor < 1):
         raise ConfigError(f"--rope-scaling-factor must be auto (0) or a number >= 1, got {factor!r}")
     m = cfg.model
+    if m.rope_scaling != "none":
+        raise ConfigError(f"this run was trained with model.rope_scaling={m.rope_scaling}; --rope-scaling would replace it")
     m.rope_scaling, m.rope_scaling_factor = scaling, float(factor or 0.0)
     m.rope_train_len = m.rope_train_len or cfg.train.seq_len
     return {"kind": scaling, "factor": m.rope_scaling_factor or "auto", "train_len": m.rope_train_len,
@@ -225,6 +235,8 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
     }
     if scaling is not None:
         result |= {"label": f"{cfg.model.method}+{scaling['kind']}", "rope_scaling": scaling}
+    elif run_label(cfg):
+        result["label"] = run_label(cfg)
     if write:
         _write(run_dir / result_name(step, rope_scaling), result)
     return result
@@ -280,6 +292,8 @@ def evaluate_task(run_dir: Path, task: str, lengths: list[int] | None = None, de
               "device": str(dev)}
     if scaling is not None:
         result |= {"label": f"{cfg.model.method}+{scaling['kind']}", "rope_scaling": scaling}
+    elif run_label(cfg):
+        result["label"] = run_label(cfg)
     if write:
         _write(run_dir / result_name(step, rope_scaling, task), result)
     return result

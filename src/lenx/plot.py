@@ -267,6 +267,13 @@ def _kind(data) -> str | None:
     return None
 
 
+def _read(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
 def _figure_name(json_path: Path, folder: Path, figure: str) -> Path:
     """results.json -> perplexity.png as before; another name X.json -> X_perplexity.png (no clashes)."""
     stem = json_path.stem
@@ -321,13 +328,13 @@ def redraw(source: Path, out: Path | None = None) -> list[Path]:
     written, retrieval = [], {}
     for path in sorted(source.rglob("*.json")):
         folder = (Path(out) / path.parent.relative_to(source)) if out is not None else path.parent
-        if path.name == "eval.json":
-            # the old `lenx plot RUN_DIR`: the folder's own eval.json when it has no results.json
+        if path.name == "eval.json" or (path.name.startswith("eval_") and _kind(_read(path)) == "eval"):
+            # a run's perplexity (eval.json, eval_rope-*.json): drawn only for the folder itself (the
+            # old `lenx plot RUN_DIR`) when it has no results.json; a collection draws them together
             if path.parent != source or (source / "results.json").exists():
                 continue
         drawn = redraw_file(path, folder)
-        if drawn and path.name.startswith("eval_") and _kind(json.loads(path.read_text())) == "retrieval":
-            data = json.loads(path.read_text())
+        if drawn and _kind(data := _read(path)) == "retrieval":
             retrieval.setdefault(data["task"], []).append(data)
         written += drawn
     # every model's retrieval under the folder in one figure per task
