@@ -225,18 +225,19 @@ def run_cli(*args, cwd=None):
 
 def test_cli_end_to_end(data_root, tmp_path):
     sets = []
-    for o in TINY + [f"data.root={str(data_root)!r}", "train.steps=4"]:
+    for o in TINY + [f"data.root={str(data_root)!r}", "train.steps=4", "train.val_every=2", "train.val_batches=2"]:
         sets += ["--set", o]
     out = run_cli("sweep", "--methods", "rope,dapev2-kerple", "--no-progress", "-o", str(tmp_path / "sw"), *sets)
     assert out.returncode == 0, out.stderr
     results = json.loads((tmp_path / "sw" / "results.json").read_text())
     assert [r["method"] for r in results["runs"]] == ["rope", "dapev2-kerple"]
+    assert [step for step, _ in results["val_curves"]["rope"]] == [2, 4] and results["curves"]["rope"]
     assert (tmp_path / "sw" / "results.md").read_text().count("|") > 10
-    for png in ("perplexity.png", "delta_p.png"):
+    for png in ("perplexity.png", "delta_p.png", "loss.png"):
         (tmp_path / "sw" / png).unlink()
     out = run_cli("plot", str(tmp_path / "sw"))
     assert out.returncode == 0, out.stderr
-    for png in ("perplexity.png", "delta_p.png"):
+    for png in ("perplexity.png", "delta_p.png", "loss.png"):
         assert (tmp_path / "sw" / png).stat().st_size > 10_000
     out = run_cli("plot", str(tmp_path / "sw" / "dapev2-kerple"), "--attention", "--length", "24")
     assert out.returncode == 0, out.stderr

@@ -138,15 +138,22 @@ def plot_delta_p(results: list[dict], out: Path, title: str | None = None) -> Pa
     return _save(fig, out)
 
 
-def plot_loss_curves(curves: dict[str, list], out: Path, title: str | None = None, log_y: bool = False) -> Path:
-    """Training loss against step, one line per label: curves = {label: [[step, loss], ...]}."""
+def plot_loss_curves(curves: dict[str, list], out: Path, title: str | None = None, log_y: bool = False,
+                     val_curves: dict[str, list] | None = None) -> Path:
+    """Training loss against step, one line per label: curves = {label: [[step, loss], ...]}; the
+    validation loss (val_curves, same form) dashed in the same colour."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    val_curves = val_curves or {}
     for label, points in curves.items():
-        ax.plot([p[0] for p in points], [p[1] for p in points], label=label)
+        (line,) = ax.plot([p[0] for p in points], [p[1] for p in points], label=label)
+        if val_curves.get(label):
+            val = val_curves[label]
+            ax.plot([p[0] for p in val], [p[1] for p in val], ls="--", marker=".", color=line.get_color(),
+                    label=f"{label} (validation)")
     if log_y:
         ax.set_yscale("log")
     ax.set_xlabel("training step")
-    ax.set_ylabel("training loss")
+    ax.set_ylabel("loss" if val_curves else "training loss")
     ax.set_title(title or "Training loss")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -295,7 +302,8 @@ def redraw_file(path: Path, folder: Path | None = None) -> list[Path]:
         if any("delta_p" in row for r in results for row in r["results"].values()):
             written.append(plot_delta_p(results, _figure_name(path, folder, "delta_p")))
         if isinstance(data, dict) and data.get("curves"):
-            written.append(plot_loss_curves(data["curves"], _figure_name(path, folder, "loss")))
+            written.append(plot_loss_curves(data["curves"], _figure_name(path, folder, "loss"),
+                                            val_curves=data.get("val_curves")))
         return written
     if kind == "attention":
         return [draw_attention_maps(load_attention_maps(path), folder / f"{path.stem}.png")]

@@ -23,7 +23,7 @@ from .checkpoint import weights_dir, weights_step
 from .config import RunConfig, load_config, to_toml, validate
 from .evaluate import check_options, eval_settings, evaluate
 from .runtime import absolute_root, open_training_corpus
-from .train import train
+from .train import read_metrics, train
 
 TRAINING_SECTIONS = ("model", "train", "data")  # what the trained weights depend on
 
@@ -244,7 +244,7 @@ def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = Tr
     trains; a run trained with other settings is an error, or with force=True is moved aside and
     trained again. Writes results.json, results.md and the figures into out_dir. jobs != 1 runs
     that many methods at once in separate processes (0: one per visible GPU)."""
-    from .plot import plot_delta_p, plot_perplexity
+    from .plot import plot_delta_p, plot_loss_curves, plot_perplexity
 
     out_dir = Path(out_dir)
     cfgs = _run_configs(methods, cfg, seeds)
@@ -263,13 +263,21 @@ def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = Tr
     for name, run_cfg in cfgs.items():
         result = _train_and_evaluate(run_cfg, out_dir / name, progress, eval_kwargs)
         results.append(result | ({"seed": run_cfg.train.seed} if seeds is not None else {}))
-    summary = {"methods": methods, "seeds": seeds, "config": to_toml(cfg), "runs": results}
+    curves, val_curves = {}, {}
+    for name in cfgs:  # the loss curves of every run, for loss.png
+        records = read_metrics(out_dir / name / "metrics.jsonl", notes=False)
+        curves[name] = [[r["step"], r["loss"]] for r in records if "loss" in r]
+        if any("val_loss" in r for r in records):
+            val_curves[name] = [[r["step"], r["val_loss"]] for r in records if "val_loss" in r]
+    summary = {"methods": methods, "seeds": seeds, "config": to_toml(cfg), "runs": results, "curves": curves,
+               "val_curves": val_curves}
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
     md = ["# Sweep results", "", f"Perplexity of the last {results[0]['scored']} tokens, trained at "
           f"{results[0]['train_len']} on `{results[0]['corpus']}`; {results[0]['window_note']}.", "",
           results_table(results, "ppl"), "", "ΔP (positive: context beyond the training length helps):", "",
           results_table(results, "delta_p"), ""]
     (out_dir / "results.md").write_text("\n".join(md))
-    figures = [plot_perplexity(results, out_dir / "perplexity.png"), plot_delta_p(results, out_dir / "delta_p.png")]
+    figures = [plot_perplexity(results, out_dir / "perplexity.png"), plot_delta_p(results, out_dir / "delta_p.png"),
+               plot_loss_curves(curves, out_dir / "loss.png", val_curves=val_curves)]
     return {"results": results, "table": results_table(results), "figures": [str(f) for f in figures],
             "out_dir": str(out_dir)}
