@@ -321,7 +321,7 @@ def _check_backend(model: LM, backend: str, device: torch.device) -> None:
     try:
         plan_backend(model.blocks[0].attn.parts, device, backend)
     except ValueError as e:
-        raise ConfigError(f"model.method={model.cfg.method} with model.backend={backend} on {device.type}: {e}") from None
+        raise ConfigError(f"model.backend={backend} (model.method={model.cfg.method}) on {device.type}: {e}") from None
 
 
 def to_toml(obj) -> str:
