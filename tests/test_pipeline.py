@@ -206,6 +206,19 @@ def test_last_tokens_scored_and_delta_p_arithmetic(data_root, tmp_path, monkeypa
     # (abs tolerance: two forwards of the same input differ in the last float32 bits on CPU)
     assert res["128"]["delta_p"] == pytest.approx(ref_ppl - math.exp(full_nll.double().mean().item()), abs=2e-3)
     assert res["64"]["ppl"] > 0 and math.isfinite(res["64"]["ppl_full"])
+    # per-window losses for bootstrap intervals: their mean is the reported NLL, one document each
+    for row in res.values():
+        assert len(row["window_nll"]) == 4 and math.isclose(sum(row["window_nll"]) / 4, row["nll"], rel_tol=1e-5)
+    corpus = open_training_corpus(tiny(data_root))
+    docs = corpus.docs("test")
+    assert len(r["window_documents"]) == 4 and all(0 <= d < len(docs) for d in r["window_documents"])
+    windows, _, documents = ev.eval_windows_with_documents(corpus, "test", 128, 4, 1234)
+    tokens = np.asarray(corpus.tokens("test"))
+    for window, d in zip(windows, documents):  # the window's last target lies inside its document
+        start, length = docs[d]
+        ends = [p + len(window) - 1 for p in range(len(tokens) - len(window) + 1)
+                if tokens[p] == window[0] and np.array_equal(tokens[p:p + len(window)], window)]
+        assert any(start <= e < start + length for e in ends)
     # Without L = T_train among the lengths the reference is computed separately: same DeltaP.
     r2 = evaluate(tmp_path / "run", lengths=[64, 128], windows=4, scored=16, progress=False, write=False)
     assert r2["results"]["128"]["delta_p"] == pytest.approx(res["128"]["delta_p"], abs=2e-3)

@@ -44,6 +44,13 @@ def eval_windows(corpus, split: str, longest: int, count: int, seed: int) -> tup
     """`count` windows of longest + 1 tokens (inputs plus next-token targets), seeded. Windows come
     from single documents at least that long when there are enough; otherwise from the split's token
     stream (documents joined by EOS), which the returned note says."""
+    windows, note, _ = eval_windows_with_documents(corpus, split, longest, count, seed)
+    return windows, note
+
+
+def eval_windows_with_documents(corpus, split: str, longest: int, count: int, seed: int):
+    """eval_windows, and the document of each window's scored end (its index in the split): the
+    unit that bootstrap intervals resample (lenx.stats)."""
     tokens, docs = corpus.tokens(split), corpus.docs(split)
     need = longest + 1
     rng = np.random.default_rng(seed)
@@ -59,7 +66,10 @@ def eval_windows(corpus, split: str, longest: int, count: int, seed: int) -> tup
         starts = rng.integers(0, len(tokens) - need + 1, size=count)
         note = (f"{count} windows from the joined {split} stream: only {len(long_docs)} documents have >= {need} "
                 "tokens, so windows may cross document boundaries")
-    return np.stack([np.asarray(tokens[s:s + need], dtype=np.int64) for s in starts]), note
+    last = starts + need - 1  # the document holding a window's last target
+    doc_of = np.searchsorted(docs[:, 0], last, side="right") - 1
+    windows = np.stack([np.asarray(tokens[s:s + need], dtype=np.int64) for s in starts])
+    return windows, note, doc_of.astype(np.int64)
 
 
 def token_nll(model: LM, x: torch.Tensor, y: torch.Tensor, last: int) -> torch.Tensor:
@@ -203,7 +213,7 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
     model = load_model(cfg, folder, dev, backend)
     budget = token_budget or e.token_budget or (65536 if dev.type == "cuda" else 8192)
     corpus = open_training_corpus(cfg)
-    data, note = eval_windows(corpus, e.split, max(lengths), windows, e.seed)
+    data, note, documents = eval_windows_with_documents(corpus, e.split, max(lengths), windows, e.seed)
     delta_k = min(T_train, lengths[0])
 
     bar = None
@@ -222,6 +232,8 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
             "ppl": math.exp(nll[:, -scored:].double().mean().item()),
             "ppl_full": math.exp(nll.double().mean().item()),
             "nll": nll[:, -scored:].double().mean().item(),
+            # one mean NLL of the scored tokens per window: what bootstrap intervals resample
+            "window_nll": [round(x, 6) for x in nll[:, -scored:].double().mean(1).tolist()],
         }
         if L > T_train:
             row["delta_p"] = math.exp(short.double().mean().item()) - math.exp(nll[:, -delta_k:].double().mean().item())
@@ -231,6 +243,7 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
     result = {
         "run": str(run_dir), "method": cfg.model.method, "train_len": T_train, "corpus": cfg.data.corpus,
         "step": at_step, "steps": total, "finished": finished, **settings, "window_note": note,
+        "window_documents": documents.tolist(),
         "delta_p_tokens": delta_k, "backends": model.backends(dev), "device": str(dev), "results": per_length,
     }
     if scaling is not None:

@@ -1,0 +1,56 @@
+"""Confidence intervals for evaluation results: a bootstrap over documents.
+
+eval.json keeps, for every length, one mean NLL per window ("window_nll") and the document each
+window's scored tokens come from ("window_documents"). Windows of one document are not independent,
+so a resample draws documents with replacement and takes all of each drawn document's windows.
+Differences between two methods are paired: the windows are the same for every method (they depend
+only on the corpus, split and eval seed), so each resample compares the two on the same windows.
+"""
+
+import math
+
+import numpy as np
+
+
+def _resamples(documents, n: int, seed: int):
+    """For each of n resamples, the window weights: how often each window's document was drawn."""
+    documents = np.asarray(documents)
+    unique, inverse = np.unique(documents, return_inverse=True)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(unique), size=(n, len(unique)))
+    counts = np.stack([np.bincount(d, minlength=len(unique)) for d in draws])  # [n, documents]
+    return counts[:, inverse]  # [n, windows]
+
+
+def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
+    lo, hi = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
+def perplexity_interval(window_nll, documents, n: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """{"ppl", "lo", "hi"}: the perplexity exp(mean window NLL) and its percentile bootstrap interval."""
+    nll = np.asarray(window_nll, dtype=np.float64)
+    w = _resamples(documents, n, seed)
+    boot = np.exp((w * nll).sum(1) / w.sum(1))
+    lo, hi = _interval(boot, level)
+    return {"ppl": math.exp(nll.mean()), "lo": lo, "hi": hi}
+
+
+def paired_difference(window_nll_a, window_nll_b, documents, n: int = 2000, seed: int = 0,
+                      level: float = 0.95) -> dict:
+    """{"diff", "lo", "hi"}: perplexity of a minus perplexity of b on the same windows, with a paired
+    bootstrap interval over documents (an interval that excludes 0: the difference is not noise)."""
+    a = np.asarray(window_nll_a, dtype=np.float64)
+    b = np.asarray(window_nll_b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"paired windows must match: {a.shape} vs {b.shape}")
+    w = _resamples(documents, n, seed)
+    boot = np.exp((w * a).sum(1) / w.sum(1)) - np.exp((w * b).sum(1) / w.sum(1))
+    lo, hi = _interval(boot, level)
+    return {"diff": math.exp(a.mean()) - math.exp(b.mean()), "lo": lo, "hi": hi}
+
+
+def eval_intervals(result: dict, **kw) -> dict[str, dict]:
+    """perplexity_interval at every length of an eval.json result."""
+    docs = result["window_documents"]
+    return {L: perplexity_interval(row["window_nll"], docs, **kw) for L, row in result["results"].items()}
