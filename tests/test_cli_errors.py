@@ -85,6 +85,11 @@ CASES = [
     pytest.param(["che", "--preset", "huge"], "preset", id="che-unknown-preset"),
     pytest.param(["che", "--tasks", "parity_chek"], "parity_check", id="che-unknown-task"),
     pytest.param(["bench", "--device", "tpu"], "--device", id="bench-device-tpu"),
+    # typer's own parsing
+    pytest.param(["eval", "run", "--windows", "abc"], "--windows", id="typer-bad-int"),
+    pytest.param(["eval"], "Missing argument", id="typer-missing-argument"),
+    pytest.param(["train", "--stesp", "3"], "--stesp", id="typer-unknown-option"),
+    pytest.param(["evaluate", "run"], "evaluate", id="typer-unknown-command"),
 ]
 
 

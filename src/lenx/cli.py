@@ -603,8 +603,22 @@ def demo(out: Path = typer.Option(Path("runs/demo"), "--out", "-o"),
     print("figures: " + ", ".join(result["figures"]))
 
 
-def main():
-    app()
+def main(argv: list[str] | None = None) -> int:
+    """The `lenx` command. Typer's own usage errors (a missing argument, a value of the wrong type,
+    an unknown option or command) are one line as well, like every other user error."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        code = app(args or ["--help"], prog_name="lenx", standalone_mode=False)
+    except Exception as e:  # click's exceptions, which typer may vendor: matched by name
+        kinds = {c.__name__ for c in type(e).__mro__}
+        if "UsageError" in kinds:
+            sys.stderr.write(f"error: {e.format_message()}\n")
+            return 2
+        if "Abort" in kinds:  # Ctrl-C outside the training loop
+            sys.stderr.write("aborted\n")
+            return 130
+        raise
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":
