@@ -106,7 +106,8 @@ def test_every_saved_run_config_still_loads():
 def test_check_device_judges_the_machine():
     triton = load_config("tiny", ["model.method=dapev2-kerple", "model.backend=triton"])
     flex = load_config("tiny", ["model.method=kerple", "model.backend=flex"])
-    with pytest.raises(ConfigError, match="model.backend=triton on cpu: .*Usable here: chunked, dense"):
+    expected = r"model.backend=triton \(model.method=dapev2-kerple\) on cpu: .*Usable here: chunked, dense"
+    with pytest.raises(ConfigError, match=expected):
         check_device(triton, "cpu")
     with pytest.raises(ConfigError, match="cannot train on the CPU"):
         check_device(flex, "cpu")
