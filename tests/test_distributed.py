@@ -52,7 +52,7 @@ def get(self, step, micro, device):
     return real_get(self, step, micro, device)
 train.Batches.get = get
 sys.argv[0] = "lenx"
-main()
+sys.exit(main())
 """
 
 
