@@ -23,7 +23,7 @@ from lenx.data import CORPORA, DataError, open_corpus, prepare_corpus
 from lenx.data import corpus as corpus_mod
 from lenx.data import fetch as fetch_mod
 from lenx.data import tokenizer as tok_mod
-from lenx.data._io import atomic_path
+from lenx.fileio import atomic_path
 from lenx.data.archives import (
     iter_deb,
     iter_deb_nested_tarball,

@@ -37,7 +37,7 @@ def test_generate_streams_and_greedy_is_deterministic(runs):
     (["generate", "rope", "--prompt", "1", "--top-p", "0"], "top-p"),
     (["eval", "rope", "--task", "haystack"], "--task"),
     (["eval", "kerple", "--rope-scaling", "yarn"], "RoPE"),
-    (["eval", "rope", "--rope-scaling", "longrope"], "--rope-scaling"),
+    (["eval", "rope", "--rope-scaling", "longrope"], "model.rope_scaling"),
     (["eval", "rope", "--rope-scaling", "pi", "--rope-scaling-factor", "0.5"], "factor"),
     (["eval", "rope", "--task", "copy", "--depths", "0,2"], "depths"),
     (["eval", "rope", "--depths", "0.5"], "--task"),

@@ -19,7 +19,7 @@ import torch
 from lenx import train as train_module
 from lenx.checkpoint import CheckpointError, checkpoint_dir
 from lenx.config import ConfigError, load_config, to_toml
-from lenx.evaluate import evaluate
+from lenx.evaluate import evaluate, evaluate_task
 from lenx.sweep import SweepError, sweep
 from lenx.train import train
 
@@ -200,8 +200,12 @@ def test_eval_records_its_checkpoint_and_warns_when_unfinished(data_root, tmp_pa
     assert (saved["step"], saved["steps"], saved["finished"]) == (2, 4, False)
     err = capsys.readouterr().err
     assert "step 2 of 4" in err and len(err.strip().splitlines()) == 1
+    evaluate_task(run, "copy", lengths=[64], depths=[0.5], samples=1, progress=False)
+    evaluate(run, lengths=[64, 128], windows=2, progress=False, rope_scaling="yarn")
+    capsys.readouterr()
     train(None, run, resume=True, progress=False)
-    assert not (run / "eval.json").exists()  # it described a checkpoint that is gone
+    for name in ("eval.json", "eval_copy.json", "eval_rope-yarn.json"):  # they described a checkpoint that is gone
+        assert not (run / name).exists(), name
     r = evaluate(run, progress=False)
     assert (r["step"], r["finished"]) == (4, True) and "warning" not in capsys.readouterr().err
 

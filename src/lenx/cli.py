@@ -86,37 +86,18 @@ def _parse_methods(text: str) -> list[str]:
 
 
 def _run_config(run_dir: Path):
-    """The config of a trained run directory (validated like any config)."""
-    from .checkpoint import CheckpointError
-    from .config import load_config
+    """The config of a trained run directory (lenx.runtime.run_config)."""
+    from .runtime import run_config
 
-    if not (Path(run_dir) / "config.toml").is_file():
-        raise CheckpointError(f"{run_dir} is not a lenx run directory (no config.toml); train one with `lenx train`")
-    return load_config(Path(run_dir) / "config.toml")
-
-
-def _check_sweep_run(cfg) -> None:
-    """What one run of a sweep needs before any run starts: the device exists, the attention trains
-    there, and the evaluation that follows training has lengths to evaluate."""
-    from .config import ConfigError, check_device
-    from .evaluate import default_lengths
-
-    check_device(cfg, cfg.train.device, training=True)
-    e = cfg.eval
-    lengths = e.lengths or default_lengths(cfg.train.seq_len, e.max_length, e.scored)
-    if not lengths:
-        raise ConfigError(f"no evaluation length: eval.max_length {e.max_length} is below train.seq_len "
-                          f"{cfg.train.seq_len} or the {e.scored} scored tokens (eval.scored)")
-    if min(lengths) < e.scored:
-        raise ConfigError(f"eval.lengths {lengths} has lengths shorter than the {e.scored} scored tokens (eval.scored)")
+    return run_config(run_dir)
 
 
 @_command("list")
 def list_methods():
     """List every method with the backends that run it, and every CHE task.
 
-    The CPU column marks flex "forward only": FlexAttention on the CPU runs unfused and has no
-    backward, so it can evaluate there but not train. CHE tasks (`lenx che --tasks`) come with their
+    A backend marked "forward only" runs there but has no backward (FlexAttention on the CPU), so it
+    can evaluate but not train. CHE tasks (`lenx che --tasks`) come with their
     Chomsky level and chance accuracy.
     """
     import torch
@@ -124,7 +105,7 @@ def list_methods():
     from rich.table import Table
 
     from .attention import Attention, AttentionConfig, all_methods
-    from .attention.backends import BACKENDS, unsupported_reason
+    from .attention.backends import REGISTRY
     from .tasks import TASKS
 
     table = Table(title="lenx methods: names read \\[processor-]\\[normaliser-]base")
@@ -133,11 +114,11 @@ def list_methods():
     for name in all_methods():
         attn = Attention(AttentionConfig(method=name), 4, 64)
         cols = []
-        for dev in ("cpu", "cuda"):
-            ok = [b for b in BACKENDS if unsupported_reason(b, attn.parts, torch.device(dev)) is None]
-            if dev == "cpu" and "flex" in ok:  # last: it cannot train there
-                ok = [b for b in ok if b != "flex"] + ["flex (forward only)"]
-            cols.append(", ".join(ok))
+        for dev in (torch.device("cpu"), torch.device("cuda")):
+            ok = [b for b in REGISTRY if b.unsupported(attn.parts, dev) is None]
+            # the ones that cannot train there last
+            cols.append(", ".join([b.name for b in ok if b.trains(dev)]
+                                  + [f"{b.name} (forward only)" for b in ok if not b.trains(dev)]))
         table.add_row(name, attn.spec.description, *cols)
     console = Console()
     console.print(table)
@@ -410,9 +391,7 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
     Every method gets the same data, seed, token budget and evaluation windows; a finished run is
     not trained again and a partial one resumes. Writes results.json, results.md and the figures.
     """
-    from dataclasses import replace
-
-    from .config import ConfigError, load_config, validate
+    from .config import ConfigError, load_config
     from .sweep import SweepError, sweep
     from .train import TrainingDiverged
 
@@ -421,13 +400,7 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
         seed_list = _parse_ints(seeds, "--seeds", low=0)
         if seed_list and len(set(seed_list)) < len(seed_list):
             raise ConfigError(f"--seeds names a seed more than once: {seeds!r}")
-        cfg = load_config(config, set_ or [])
-        # every run's config, checked before the first one trains
-        for name in names:
-            for seed in seed_list or [cfg.train.seed]:
-                run_cfg = replace(cfg, model=replace(cfg.model, method=name), train=replace(cfg.train, seed=seed))
-                validate(run_cfg)
-                _check_sweep_run(run_cfg)
+        cfg = load_config(config, set_ or [])  # sweep() checks every run's config before the first trains
         out = out or Path("runs") / f"sweep-{cfg.data.corpus}-T{cfg.train.seq_len}"
         result = sweep(names, cfg, out, progress=_progress(progress), jobs=jobs, force=force, seeds=seed_list)
     except _user_errors(TrainingDiverged, SweepError) as e:
@@ -594,7 +567,6 @@ def demo(out: Path = typer.Option(Path("runs/demo"), "--out", "-o"),
 
     try:
         cfg = load_config("tiny", [f"train.steps={steps}"])
-        _check_sweep_run(cfg)
         result = sweep(["rope", "kerple", "dapev2-kerple"], cfg, out, progress=_progress(progress))
     except _user_errors(TrainingDiverged, SweepError) as e:
         _fail(e)

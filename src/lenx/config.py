@@ -202,13 +202,15 @@ def check_device(cfg: RunConfig, device: str, key: str = "train.device", trainin
     """What validate() cannot know: `device` (auto, cpu, cuda or cuda:N; `key` names where it was
     given) exists on this machine, and the forced attention backend runs on it, and trains on it when
     `training`. Returns the device."""
-    dev = _resolve_device(device, key)
+    from .attention.backends import get_backend
+
+    dev = resolve_device(device, key)
     backend = cfg.model.backend
     if backend != "auto":
         # every layer has the same parts: one layer answers for all
         _check_backend(_build_meta(replace(cfg.model, n_layer=1, backend="auto")), backend, dev)
-        if training and dev.type == "cpu" and backend == "flex":
-            raise ConfigError("model.backend=flex cannot train on the CPU (FlexAttention has no backward there); "
+        if training and not get_backend(backend).trains(dev):
+            raise ConfigError(f"model.backend={backend} cannot train on {dev.type} (it has no backward there); "
                               "use model.backend=chunked or auto")
     return dev
 
@@ -240,6 +242,7 @@ def _fraction(key: str, value: float, top_open: bool = False) -> None:
 def _validate_model(m: LMConfig) -> None:
     from .attention.backends import BACKENDS
     from .attention.methods import parse_method
+    from .attention.rope import SCALINGS
     from .attention.stickbreaking import REMAINDER_MODES
 
     try:
@@ -262,6 +265,12 @@ def _validate_model(m: LMConfig) -> None:
     _one_of("model.activation", m.activation, ("gelu", "relu"))
     _one_of("model.fire_activation", m.fire_activation, ("auto", "relu", "leaky_relu"))
     _one_of("model.sb_remainder", m.sb_remainder, REMAINDER_MODES)
+    _one_of("model.rope_scaling", m.rope_scaling, SCALINGS)
+    _check(m.rope_scaling_factor == 0 or m.rope_scaling_factor >= 1, "model.rope_scaling_factor",
+           "0 (auto: the length processed / model.rope_train_len) or a number >= 1", m.rope_scaling_factor)
+    _at_least("model", m, 0, "rope_train_len")
+    _check(m.rope_scaling == "none" or m.rope_train_len >= 1, "model.rope_train_len",
+           f">= 1 with model.rope_scaling={m.rope_scaling} (the training length the scaling extends)", m.rope_train_len)
     _check(m.causal, "model.causal", "true (an LM that sees the tokens it predicts learns nothing; "
            "bidirectional encoders are `lenx che`)", m.causal)
 
@@ -296,7 +305,9 @@ def _check_device_name(name: str, key: str) -> None:
            "auto, cpu, cuda or cuda:N", name)
 
 
-def _resolve_device(name: str, key: str) -> torch.device:
+def resolve_device(name: str, key: str = "train.device") -> torch.device:
+    """auto (CUDA when there is one), cpu, cuda or cuda:N, checked against this machine; a one-line
+    ConfigError names `key` otherwise."""
     _check_device_name(name, key)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -23,9 +23,10 @@ from torch.nn import functional as F
 
 from .attention.backends import score_block
 from .checkpoint import weights_step
-from .config import ConfigError
+from .config import ConfigError, resolve_device
+from .fileio import write_json
 from .model import LM
-from .runtime import autocast_for, load_model, load_run, open_training_corpus, resolve_device, run_config, run_weights
+from .runtime import autocast_for, load_model, load_run, open_training_corpus, run_config, run_weights
 
 
 def default_lengths(train_len: int, max_length: int, scored: int = 0) -> list[int]:
@@ -163,24 +164,46 @@ def apply_rope_scaling(cfg, scaling: str | None, factor: float | None) -> dict |
     """Set a RoPE context extension on cfg.model (for a model trained without one): `factor` None or
     0 is auto (evaluation length / training length). Returns what to record, or None."""
     from .attention.methods import parse_method
-    from .attention.rope import SCALINGS
+    from .config import validate
 
     if scaling is None:
         return None
-    if scaling not in SCALINGS:
-        raise ConfigError(f"--rope-scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
     if parse_method(cfg.model.method).base != "rope":
         raise ConfigError(f"--rope-scaling applies to RoPE models; {cfg.model.method} has no RoPE")
-    if factor is not None and (isinstance(factor, bool) or not isinstance(factor, (int, float)) or factor < 0
-                               or 0 < factor < 1):
-        raise ConfigError(f"--rope-scaling-factor must be auto (0) or a number >= 1, got {factor!r}")
     m = cfg.model
     if m.rope_scaling != "none":
         raise ConfigError(f"this run was trained with model.rope_scaling={m.rope_scaling}; --rope-scaling would replace it")
-    m.rope_scaling, m.rope_scaling_factor = scaling, float(factor or 0.0)
+    m.rope_scaling, m.rope_scaling_factor = scaling, factor or 0.0
     m.rope_train_len = m.rope_train_len or cfg.train.seq_len
+    validate(cfg)  # the scaling's name and factor, with the rest of the config
     return {"kind": scaling, "factor": m.rope_scaling_factor or "auto", "train_len": m.rope_train_len,
             "beta_fast": m.rope_yarn_beta_fast, "beta_slow": m.rope_yarn_beta_slow}
+
+
+def _checkpoint(run_dir: Path, cfg, step: int | None) -> tuple[Path, int | None, bool | None]:
+    """(weights folder, its step, whether training had finished) of the last checkpoint or the one
+    kept at `step`; a warning on stderr when the last one is of an unfinished (or unknown) step."""
+    folder = run_weights(run_dir, step)
+    at_step, total = weights_step(folder), cfg.train.steps
+    finished = None if at_step is None else at_step >= total
+    if step is None and at_step is None:
+        print(f"warning: the step of {run_dir}'s checkpoint is unknown (its weights do not say and state.pt is "
+              "unreadable): it may be an unfinished model", file=sys.stderr)
+    elif step is None and not finished:
+        print(f"warning: {run_dir} has trained to step {at_step} of {total} only: these numbers are of an "
+              f"unfinished model (finish it with `lenx train --resume {run_dir}`)", file=sys.stderr)
+    return folder, at_step, finished
+
+
+def _header(run_dir: Path, cfg, at_step, finished, scaling: dict | None) -> dict:
+    """What every evaluation file says about what it evaluated."""
+    head = {"run": str(run_dir), "method": cfg.model.method, "train_len": cfg.train.seq_len,
+            "corpus": cfg.data.corpus, "step": at_step, "steps": cfg.train.steps, "finished": finished}
+    if scaling is not None:
+        head |= {"label": f"{cfg.model.method}+{scaling['kind']}", "rope_scaling": scaling}
+    elif run_label(cfg):
+        head["label"] = run_label(cfg)
+    return head
 
 
 def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | None = None, scored: int | None = None,
@@ -200,16 +223,8 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
     settings = eval_settings(cfg, lengths, windows, scored)
     lengths, windows, scored = settings["lengths"], settings["windows"], settings["scored"]
     e, T_train = cfg.eval, cfg.train.seq_len
-    dev = resolve_device(device)
-    folder = run_weights(run_dir, step)
-    at_step, total = weights_step(folder), cfg.train.steps
-    finished = None if at_step is None else at_step >= total
-    if step is None and at_step is None:
-        print(f"warning: the step of {run_dir}'s checkpoint is unknown (its weights do not say and state.pt is "
-              "unreadable): it may be an unfinished model", file=sys.stderr)
-    elif step is None and not finished:
-        print(f"warning: {run_dir} has trained to step {at_step} of {total} only: these numbers are of an "
-              f"unfinished model (finish it with `lenx train --resume {run_dir}`)", file=sys.stderr)
+    dev = resolve_device(device, "device")
+    folder, at_step, finished = _checkpoint(run_dir, cfg, step)
     model = load_model(cfg, folder, dev, backend)
     budget = token_budget or e.token_budget or (65536 if dev.type == "cuda" else 8192)
     corpus = open_training_corpus(cfg)
@@ -240,25 +255,12 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
         per_length[str(L)] = row
     if bar is not None:
         bar.close()
-    result = {
-        "run": str(run_dir), "method": cfg.model.method, "train_len": T_train, "corpus": cfg.data.corpus,
-        "step": at_step, "steps": total, "finished": finished, **settings, "window_note": note,
-        "window_documents": documents.tolist(),
-        "delta_p_tokens": delta_k, "backends": model.backends(dev), "device": str(dev), "results": per_length,
-    }
-    if scaling is not None:
-        result |= {"label": f"{cfg.model.method}+{scaling['kind']}", "rope_scaling": scaling}
-    elif run_label(cfg):
-        result["label"] = run_label(cfg)
+    result = _header(run_dir, cfg, at_step, finished, scaling) | {
+        **settings, "window_note": note, "window_documents": documents.tolist(), "delta_p_tokens": delta_k,
+        "backends": model.backends(dev), "device": str(dev), "results": per_length}
     if write:
-        _write(run_dir / result_name(step, rope_scaling), result)
+        write_json(run_dir / result_name(step, rope_scaling), result)
     return result
-
-
-def _write(path: Path, result: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    tmp.replace(path)
 
 
 def evaluate_task(run_dir: Path, task: str, lengths: list[int] | None = None, depths: list[float] | None = None,
@@ -284,9 +286,8 @@ def evaluate_task(run_dir: Path, task: str, lengths: list[int] | None = None, de
     scaling = apply_rope_scaling(cfg, rope_scaling, rope_scaling_factor)
     e, T_train = cfg.eval, cfg.train.seq_len
     lengths = sorted(set(lengths or e.lengths or default_lengths(T_train, e.max_length)))
-    dev = resolve_device(device)
-    folder = run_weights(run_dir, step)
-    at_step = weights_step(folder)
+    dev = resolve_device(device, "device")
+    folder, at_step, finished = _checkpoint(run_dir, cfg, step)
     model = load_model(cfg, folder, dev, backend)
     corpus = open_training_corpus(cfg)
     bar = None
@@ -299,16 +300,11 @@ def evaluate_task(run_dir: Path, task: str, lengths: list[int] | None = None, de
                               progress=None if bar is None else (lambda *_: bar.update(1)))
     if bar is not None:
         bar.close()
-    result = {"run": str(run_dir), "method": cfg.model.method, "train_len": T_train, "corpus": cfg.data.corpus,
-              "step": at_step, "steps": cfg.train.steps, "finished": None if at_step is None else at_step >= cfg.train.steps,
-              **grid, "chance": retrieval.chance(task, corpus.vocab_size), "backends": model.backends(dev),
-              "device": str(dev)}
-    if scaling is not None:
-        result |= {"label": f"{cfg.model.method}+{scaling['kind']}", "rope_scaling": scaling}
-    elif run_label(cfg):
-        result["label"] = run_label(cfg)
+    result = _header(run_dir, cfg, at_step, finished, scaling) | {
+        **grid, "chance": retrieval.chance(task, corpus.vocab_size), "backends": model.backends(dev),
+        "device": str(dev)}
     if write:
-        _write(run_dir / result_name(step, rope_scaling, task), result)
+        write_json(run_dir / result_name(step, rope_scaling, task), result)
     return result
 
 

@@ -124,10 +124,11 @@ def generate_from_run(run_dir: Path, prompt: str, max_new_tokens: int = 100, *, 
                       backend: str | None = None, max_context: int = MAX_CONTEXT, write=None) -> dict:
     """Load a run, continue `prompt` and stream the text to write(str) as it is produced.
     Returns {"prompt_tokens", "new_tokens", "text", "tokens_per_s", ...}."""
-    from .runtime import autocast_for, load_run, open_training_corpus, resolve_device
+    from .config import resolve_device
+    from .runtime import autocast_for, load_run, open_training_corpus
 
     check_settings(max_new_tokens, temperature, top_k, top_p)
-    dev = resolve_device(device)
+    dev = resolve_device(device, "device")
     model, cfg = load_run(run_dir, dev, backend)
     corpus = open_training_corpus(cfg)
     ids = encode_prompt(corpus, prompt)

@@ -1,5 +1,5 @@
-"""What training, evaluation, benchmarking and the CLI share: the device, autocast, the corpus of a
-config, the optimizer's parameter groups, and loading a trained run."""
+"""What training, evaluation, benchmarking and the CLI share: autocast, the corpus of a config, the
+optimizer's parameter groups, and loading a trained run (the device: lenx.config.resolve_device)."""
 
 from contextlib import nullcontext
 import os
@@ -10,14 +10,6 @@ import torch
 from .checkpoint import CheckpointError, kept_dir, load_weights, weights_dir
 from .config import ConfigError, RunConfig, load_config
 from .model import LM
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device=cuda but no CUDA device is visible; use train.device=cpu")
-    return torch.device(name)
 
 
 def autocast_for(device: torch.device, precision: str):

@@ -20,7 +20,7 @@ import sys
 import time
 
 from .checkpoint import weights_dir, weights_step
-from .config import RunConfig, load_config, to_toml, validate
+from .config import RunConfig, check_device, load_config, to_toml, validate
 from .evaluate import check_options, eval_settings, evaluate
 from .runtime import absolute_root, open_training_corpus
 from .train import read_metrics, train
@@ -248,11 +248,11 @@ def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = Tr
 
     out_dir = Path(out_dir)
     cfgs = _run_configs(methods, cfg, seeds)
-    for run_cfg in cfgs.values():  # every run's config, before any trains
-        validate(run_cfg)
     options = eval_kwargs or {}
     check_options(token_budget=options.get("token_budget"))
-    for run_cfg in cfgs.values():
+    for run_cfg in cfgs.values():  # every run's config, its device and its evaluation, before any trains
+        validate(run_cfg)
+        check_device(run_cfg, run_cfg.train.device)
         eval_settings(run_cfg, **_eval_options(options))
     vocab_size = open_training_corpus(_as_recorded(cfg, 0)).vocab_size  # builds a missing synthetic corpus once
     out_dir.mkdir(parents=True, exist_ok=True)

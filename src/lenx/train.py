@@ -4,7 +4,6 @@ import copy
 from dataclasses import dataclass, field
 import json
 import math
-import os
 from pathlib import Path
 import signal
 import sys
@@ -17,11 +16,11 @@ import torch
 
 from . import distributed
 from .checkpoint import CheckpointError, checkpoint_dir, load_state, load_weights, resume_dir, save_checkpoint
-from .config import ConfigError, RunConfig, to_toml
+from .config import ConfigError, RunConfig, resolve_device, to_toml
+from .fileio import write_text
 from .model import LM
 from .runinfo import environment, git_commit
-from .runtime import (absolute_root, autocast_for, open_training_corpus, param_groups, resolve_device, run_config,
-                      run_weights)
+from .runtime import absolute_root, autocast_for, open_training_corpus, param_groups, run_config, run_weights
 
 
 class TrainingDiverged(RuntimeError):
@@ -275,7 +274,7 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM,
     """config.toml, and meta.json: written when the run starts; a resume keeps its original
     environment and command and adds an entry to its "resumes" list."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    _write_atomic(run_dir / "config.toml", to_toml(cfg))
+    write_text(run_dir / "config.toml", to_toml(cfg))
     meta = None
     if resumed_at is not None:
         try:
@@ -290,13 +289,7 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM,
         meta.setdefault("resumes", []).append({
             "step": resumed_at, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv),
             "git_commit": git_commit(), "world_size": info.world, "parallel": cfg.train.parallel})
-    _write_atomic(run_dir / "meta.json", json.dumps(meta, indent=2))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_text(run_dir / "meta.json", json.dumps(meta, indent=2))
 
 
 def train_step(run: TrainingRun, step: int) -> tuple[float, torch.Tensor]:
@@ -368,7 +361,7 @@ class MetricsLogger:
         self.writer = self.bar = None
         if self.active:
             if self.path.exists():
-                _write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
+                write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
             self.writer = _tensorboard(run.run_dir, run.start_step)
             if progress:
                 from tqdm import tqdm
@@ -440,8 +433,8 @@ def read_metrics(path: Path, notes: bool = True) -> list[dict]:
 def checkpoint_if_due(run: TrainingRun, done: int, end: int, now: bool = False) -> None:
     """Every train.ckpt_every and train.keep_every steps, at the last step and when `now`: full
     weights and optimizer state, written by rank 0 alone (atomically, see checkpoint.py); the other
-    ranks wait so that none runs ahead of a checkpoint that may yet fail. An eval.json of an
-    earlier checkpoint is removed: what it evaluated is gone."""
+    ranks wait so that none runs ahead of a checkpoint that may yet fail. Evaluations of an earlier
+    checkpoint are removed: what they evaluated is gone."""
     keep_every = run.cfg.train.keep_every
     keep = bool(keep_every) and done % keep_every == 0
     if not (now or keep or done % run.cfg.train.ckpt_every == 0 or done == end):
@@ -467,17 +460,19 @@ def _train_state(step, optim_state, device) -> dict:
 
 
 def _drop_stale_eval(run_dir: Path, step: int) -> None:
-    path = run_dir / "eval.json"
-    if not path.exists():
-        return
-    try:
-        evaluated = json.loads(path.read_text()).get("step")
-    except (OSError, ValueError, AttributeError):
-        evaluated = None
-    if evaluated != step:
-        path.unlink()
-        print(f"note: removed {path}: it evaluated the checkpoint of step {evaluated}, now replaced by step {step}",
-              file=sys.stderr)
+    """Every evaluation of the last checkpoint (eval.json, eval_<task>.json, eval_rope-*.json; not
+    those of kept steps, eval*_step<N>*.json) that is of an earlier step: what it evaluated is gone."""
+    for path in sorted(run_dir.glob("eval*.json")):
+        if "_step" in path.stem:
+            continue
+        try:
+            evaluated = json.loads(path.read_text()).get("step")
+        except (OSError, ValueError, AttributeError):
+            evaluated = None
+        if evaluated != step:
+            path.unlink()
+            print(f"note: removed {path}: it evaluated the checkpoint of step {evaluated}, now replaced by step "
+                  f"{step}", file=sys.stderr)
 
 
 def _tensorboard(run_dir: Path, start_step: int):

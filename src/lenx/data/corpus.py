@@ -30,7 +30,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from . import synthetic
-from ._io import write_json
+from ..fileio import write_json
 from .errors import DataError
 from .fetch import Registries
 from .sources import BUILTIN_SOURCES, Source

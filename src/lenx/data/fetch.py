@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from ._io import sha256_file
+from ..fileio import sha256_file
 from .errors import DataError
 
 log = logging.getLogger("lenx.data")

@@ -37,10 +37,13 @@ class Flex(Backend):
     def auto(self, device):
         return device.type == "cuda"  # on CPU it runs unfused and has no backward
 
+    def trains(self, device):
+        return device.type == "cuda"
+
     def run(self, q, k, v, parts, chunk_size=256):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-        if not q.is_cuda and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        if not self.trains(q.device) and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise RuntimeError("FlexAttention has no backward on CPU; train with backend='chunked' (or 'auto')")
         T = q.shape[-2]
         table = parts.bias.table(T, q.device)  # [H, 2T - 1]

@@ -1,4 +1,4 @@
-"""Small file helpers: atomic writes and hashing."""
+"""Small file helpers: atomic writes (a file is whole or absent, never half written) and hashing."""
 
 from __future__ import annotations
 
@@ -30,9 +30,13 @@ def atomic_path(path: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def write_json(path: Path, obj) -> None:
+def write_text(path: Path, text: str) -> None:
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(path: Path, obj) -> None:
+    write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
 def sha256_file(path: Path) -> str:
