@@ -2,8 +2,6 @@
 
 import json
 import math
-import os
-from pathlib import Path
 import signal
 import subprocess
 import sys

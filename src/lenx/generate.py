@@ -5,6 +5,7 @@ row of attention per layer against the cache (LM.prefill / LM.decode). Greedy de
 (temperature 0) is deterministic; sampling is seeded.
 """
 
+from contextlib import nullcontext
 from pathlib import Path
 import time
 
@@ -54,8 +55,6 @@ def generate(model, prompt: torch.Tensor, max_new_tokens: int, *, temperature: f
     on_token(step, tokens [B]) is called after each one (streaming). Returns {"tokens": [B, n] new
     ids, "prefill_s", "decode_s", "tokens_per_s" (new tokens per second of decoding, per sequence)}."""
     check_settings(max_new_tokens, temperature, top_k, top_p)
-    from contextlib import nullcontext
-
     autocast = autocast or nullcontext
     device = prompt.device
     generator = torch.Generator().manual_seed(seed)

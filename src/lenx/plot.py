@@ -275,6 +275,7 @@ def _kind(data) -> str | None:
 
 
 def _read(path: Path):
+    """The JSON in `path`, or None when it is unreadable or not JSON."""
     try:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -291,10 +292,7 @@ def redraw_file(path: Path, folder: Path | None = None) -> list[Path]:
     """Re-draw the figures of one JSON file into folder (default: next to it); [] for unknown JSON."""
     path = Path(path)
     folder = Path(folder) if folder is not None else path.parent
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return []
+    data = _read(path)
     kind = _kind(data)
     if kind in ("results", "eval"):
         results = load_results(path)

@@ -16,6 +16,8 @@ length, depth and sample index, never on the method. depth 0 puts the needle fir
 before the question.
 """
 
+from contextlib import nullcontext
+
 import numpy as np
 import torch
 from torch.nn import functional as F
@@ -114,8 +116,6 @@ def run_task(model, corpus, task: str, lengths: list[int], depths=DEPTHS, sample
              split: str = "test", device=None, autocast=None, progress=None) -> dict:
     """The task on a grid of lengths x depths -> {"task", "lengths", "depths", "samples", "seed",
     and per score a [len(lengths)][len(depths)] grid}: passkey "exact" and "logprob", copy "accuracy"."""
-    from contextlib import nullcontext
-
     if task not in TASKS:
         raise ConfigError(f"unknown task {task!r}; choose one of {', '.join(TASKS)}")
     if samples < 1 or not lengths or any(L < 1 for L in lengths) or any(not 0 <= d <= 1 for d in depths):
