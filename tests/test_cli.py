@@ -207,7 +207,8 @@ def test_eval_passes_the_step(tmp_path, monkeypatch):
     from lenx.config import load_config, to_toml
 
     (tmp_path / "run").mkdir()
-    (tmp_path / "run" / "config.toml").write_text(to_toml(load_config("tiny")))
+    # a run records an absolute data.root (a relative one must exist from the working directory)
+    (tmp_path / "run" / "config.toml").write_text(to_toml(load_config("tiny", [f"data.root={str(tmp_path)!r}"])))
     seen = []
 
     def fake_evaluate(run_dir, lengths=None, windows=None, scored=None, device="auto", backend=None, **kwargs):
