@@ -13,7 +13,7 @@ from helpers import assert_close, rel_err
 from kernel_cases import (CUDA, DEVICE, GPU_T, batch_for, bias_table, causal_gap, compare, fp32_copy, leaf,
                           log_errors, one_key_floors, tolerance)
 from lenx.ops.biased_softmax.reference import table_bias
-from lenx.ops.dape_v2.reference import dape_v2_reference, dape_v2_scores
+from lenx.ops.dape_v2.reference import dape_v2_reference, dape_v2_scores, dape_v2_scores_tabled, dape_v2_tables
 
 
 def conv_weights(H, D, k, with_bias, dtype=torch.float64):
@@ -42,6 +42,28 @@ def test_scores_match_conv2d_modules(with_bias, k):
     pos = torch.arange(T)
     block = dape_v2_scores(S[:, :, 4:10], None if bias is None else bias[:, 4:10], w1, b1, w2, b2, pos[4:10], pos)
     assert_close(block, expected[:, :, 4:10], 1e-12)
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 7])
+@pytest.mark.parametrize("T", [1, 2, 6, 17])
+def test_tables_give_the_same_causal_scores(k, T):
+    """Rewrite A: conv1 over the bias channels as the tables t1 (with the key-0 correction k0) and
+    t2, on the whole map and on row blocks cut at their causal edge plus the halo."""
+    H, D = 3, 4
+    w1, b1, w2, b2 = conv_weights(H, D, k, True)
+    table = torch.randn(H, 2 * T - 1, dtype=torch.float64)
+    S = torch.randn(2, H, T, T, dtype=torch.float64)
+    pos = torch.arange(T)
+    causal = pos[None, :] <= pos[:, None]
+    expected = dape_v2_scores(S, table_bias(table, pos, pos), w1, b1, w2, b2, pos, pos)
+    t1, k0, t2 = dape_v2_tables(w1, b1, b2, table, T)
+    assert t1.shape == (D, 2 * T - 1) and k0.shape == (k // 2, D, T) and t2.shape == (H, 2 * T - 1)
+    got = dape_v2_scores_tabled(S, w1[:, :H], t1, k0, w2, t2, pos, pos)
+    assert_close(got[..., causal], expected[..., causal], 1e-12)
+    for q0 in range(0, T, 4):
+        q1, Tk = min(T, q0 + 4), min(T, q0 + 4 + k // 2)
+        block = dape_v2_scores_tabled(S[:, :, q0:q1, :Tk], w1[:, :H], t1, k0, w2, t2, pos[q0:q1], pos[:Tk])
+        assert_close(block[..., causal[q0:q1, :Tk]], expected[:, :, q0:q1, :Tk][..., causal[q0:q1, :Tk]], 1e-12)
 
 
 def test_reference_matches_rowwise_softmax():

@@ -6,6 +6,12 @@
 conv1 maps C = 2H channels (scores and bias of every head; H without a bias) to D, conv2 maps D
 back to H. The kernel has height 1, so each query row is processed on its own; tril zeroes the
 inputs at keys after the row's own position (so no output sees a future key). k = 1 is DAPE (v1).
+
+Rewrite A (dape_v2_tables, dape_v2_scores_tabled): with a per-distance bias, tril(Bias) depends only on
+i - j, so conv1 over the bias channels is a per-distance table t1[c, i - j] (b1 folded in), and Bias + b2
+a table t2[h, i - j]. Distance invariance breaks only at the zero padding left of key 0: keys j < k // 2
+read padding, which the table counts as bias, so k0[j, c, i] takes it back out. conv1 then has only the
+H score channels as input.
 """
 
 import math
@@ -50,3 +56,40 @@ def dape_v2_reference(q, k, v, w1, b1, w2, b2, table=None):
     w1, b1, w2, b2 = (w.to(acc) for w in (w1, b1, w2, b2))
     A = dape_v2_scores(scores, bias, w1, b1, w2, b2, pos, pos)
     return masked_softmax(A, v.to(acc), pos[None, :] <= pos[:, None]).to(v.dtype)
+
+
+def dape_v2_tables(w1, b1, b2, table, T: int):
+    """Rewrite A's tables from the conv weights w1 [D, 2H, 1, k], b1 [D], b2 [H] and the bias table
+    [H, 2T - 1] (entry (i - j) + T - 1). Returns (t1 [D, 2T - 1], k0 [k // 2, D, T], t2 [H, 2T - 1]),
+    indexed like the bias table; differentiable in all inputs:
+
+        t1[c, n] = b1[c] + sum_{h, t} w1[c, H + h, t] Bias_h(n - t + k//2)   (0 at negative distances)
+        k0[j, c, i] = the part of t1[c, i - j] that key j < k // 2 reads from the padding left of key 0
+        t2[h, n] = Bias_h(n) + b2[h]
+    """
+    H = table.shape[0]
+    ks = w1.shape[-1]
+    half = ks // 2
+    # P[t, c, m]: tap t's contribution from a bias entry at distance m = 0..T-1 (tril keeps only m >= 0)
+    P = torch.einsum("cht,hm->tcm", w1[:, H:, 0, :], table[:, T - 1:])
+    # index m + T - 1 + half over distances -(T - 1) - half .. T - 1 + half, zero outside 0..T-1
+    Pp = F.pad(P, (T - 1 + half, half))
+    t1 = b1[:, None] + sum(Pp[t, :, 2 * half - t: 2 * half - t + 2 * T - 1] for t in range(ks))
+    k0 = torch.stack([sum(Pp[t, :, T - 1 + 2 * half - j - t: 2 * T - 1 + 2 * half - j - t] for t in range(half - j))
+                      for j in range(half)]) if half else t1.new_zeros(0, w1.shape[0], T)
+    return t1, k0, table + b2[:, None]
+
+
+def dape_v2_scores_tabled(scores, w1, t1, k0, w2, t2, q_pos, k_pos):
+    """dape_v2_scores with a per-distance bias, through rewrite A: scores [B, H, Tq, Tk] (scaled), the
+    score channels' conv1 weights w1 [D, H, 1, k], the tables of dape_v2_tables, conv2's weight w2
+    (its bias is in t2). Equal to dape_v2_scores(scores, table_bias(table, q_pos, k_pos), ...) at every
+    entry on or below the diagonal (the causal ones); k_pos must start at 0 or beyond k // 2."""
+    half = w1.shape[-1] // 2
+    x = scores.masked_fill(k_pos[None, :] > q_pos[:, None], 0.0)
+    y = F.conv2d(x, w1, None, padding=(0, half)) + table_bias(t1, q_pos, k_pos).to(x.dtype)
+    for j in range(half):
+        at_j = (k_pos == j).to(x.dtype)  # the key at position j, if this block holds it
+        y = y - k0[j][:, q_pos, None].to(x.dtype) * at_j
+    f = F.conv2d(F.leaky_relu(y, 0.01), w2, None, padding=(0, half))
+    return scores + f + table_bias(t2, q_pos, k_pos).to(scores.dtype)
