@@ -175,6 +175,10 @@ def test_gpu_dape_kerple(T):
     (128, 2, 64, 7, 8, "alibi"),  # widest kernel: 32-key windows, split dK/dV passes
     (1000, 3, 32, 1, 8, "t5"),  # DAPE v1 (k = 1)
     (1000, 16, 64, 3, 64, "kerple"),  # the 350M model's heads, widest hidden
+    (17, 16, 64, 5, 32, "kerple"),  # tables with a 2-key correction at key 0, short
+    (1000, 12, 64, 7, 32, "kerple"),  # 3-key correction, 12 heads
+    (4096, 8, 64, 5, 16, "alibi"),
+    (128, 12, 32, 1, 64, "alibi"),  # k = 1: tables, no correction
 ])
 def test_gpu_dape_shapes(T, H, d, ks, D, kind):
     run_dape(2, H, T, d, ks, D, kind, torch.bfloat16)

@@ -1,0 +1,84 @@
+"""Compile the DAPE V2 kernels for sm_90a without a GPU and print registers, spills and shared
+memory per kernel (cuobjdump -res-usage from triton's bundled toolchain; STACK is the local memory spills use). The headline shape: bf16, H 12,
+d 64, D 32, k 3 (override with --k, --hidden, --heads, --head-dim, --no-bias).
+
+Usage (repository root, any machine with triton): PYTHONPATH=src python3 scripts/tune/offline_compile.py
+"""
+
+import argparse
+import inspect
+import json
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from lenx.ops._launch import dot_precision, pow2
+from lenx.ops.dape_v2 import triton as dk
+
+import torch
+
+BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+
+def signature(fn, consts: dict) -> tuple[dict, dict]:
+    sig = {}
+    for name in inspect.signature(fn.fn).parameters:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name[0].isupper() and name != "T":  # T is the length
+            sig[name] = "*bf16" if name in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else "*fp32"
+        elif name == "scale":
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig, consts
+
+
+def compile_one(fn, consts, num_warps, num_stages):
+    sig, consts = signature(fn, consts)
+    src = ASTSource(fn, sig, constexprs={k: v for k, v in consts.items()})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": num_warps, "num_stages": num_stages})
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(k.asm["cubin"])
+        log = subprocess.run([str(BIN / "cuobjdump"), "-res-usage", str(cubin)],
+                             capture_output=True, text=True, check=True).stdout
+    regs = re.search(r"REG:(\d+)", log)
+    stack = re.search(r"STACK:(\d+)", log)
+    return {"registers": int(regs[1]), "stack_bytes": int(stack[1]) if stack else 0,
+            "shared_bytes": k.metadata.shared, "wgmma": "wgmma" in k.asm["ptx"]}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=32)
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--no-bias", action="store_true")
+    a = ap.parse_args()
+    sh = dk._shapes(a.heads, a.hidden, a.k)
+    cfg = dk.tile_config(a.k, sh["DP"], "bf16")
+    BM, BNW, nw, ns = cfg["tiles"]
+    prec = dot_precision(torch.bfloat16)
+    common = dict(DH=a.head_dim, HAS_BIAS=not a.no_bias, BM=BM, BNW=BNW, PREC=prec, CPREC="bf16", **sh)
+    out = {"shape": vars(a), "tiles": cfg["tiles"], "triton": triton.__version__}
+    out["fwd"] = compile_one(dk._dape_fwd, common, nw, ns)
+    out["bwd_dq"] = compile_one(dk._dape_bwd_dq, {**common, "E": pow2(BM + BNW - 1)}, nw, ns)
+    split = sh["HP"] * BNW * a.head_dim > dk.DKDV_ONE_PASS_MAX
+    passes = [(False, True), (True, False)] if split else [(True, True)]
+    for want_dk, want_dv in passes:
+        name = "bwd_dkdv" if not split else ("bwd_dk" if want_dk else "bwd_dv")
+        out[name] = compile_one(dk._dape_bwd_dkdv, {**common, "WANT_DK": want_dk, "WANT_DV": want_dv,
+                                                     "SPLIT": split}, nw, ns)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
