@@ -1,7 +1,6 @@
 """The DAPE V2 fused kernel of this checkout against an earlier version of it (a copy of its
-triton.py, loaded as a sibling module), and the chunked path with and without rewrite A's tables,
-all against fused causal SDPA in the same run: bf16, B 1, H 12, d 64 (chunked also d 128), k 3,
-D 32, Kerple; forward and forward+backward medians.
+triton.py, loaded as a sibling module), both against fused causal SDPA in the same run: bf16, B 1,
+H 12, d 64, k 3, D 32, Kerple; forward and forward+backward medians and peak memory.
 
 Usage (repository root, CUDA machine):
     git show <commit>:src/lenx/ops/dape_v2/triton.py > old_triton.py
@@ -11,14 +10,11 @@ Usage (repository root, CUDA machine):
 import argparse
 import importlib.util
 import json
-from unittest import mock
 
 import torch
 from torch.nn import functional as F
 
 from lenx.attention import DapeV2, KerpleLog
-from lenx.attention.backends import Parts, chunked_attention
-from lenx.attention.softmax import Softmax
 from lenx.bench import median_ms
 from lenx.ops.dape_v2.triton import dape_v2_triton
 from lenx.runinfo import environment
@@ -45,7 +41,6 @@ def main():
     ap.add_argument("--old", required=True, help="an earlier ops/dape_v2/triton.py")
     ap.add_argument("--label", required=True, help="what --old is (its commit)")
     ap.add_argument("--lengths", default="8192,16384")
-    ap.add_argument("--chunked-length", type=int, default=4096)
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
     dev = torch.device("cuda")
@@ -69,14 +64,6 @@ def main():
         case("triton new", lambda q, k, v: dape_v2_triton(q, k, v, *proc.conv_weights(), kb.table(T, dev)), T, 64)
         case(f"triton {a.label}", lambda q, k, v: old(q, k, v, *proc.conv_weights(), kb.table(T, dev)), T, 64)
 
-    parts = Parts(kb, proc, Softmax(), head_dim=None)
-    T = a.chunked_length
-    for d in (64, 128):
-        case("sdpa", sdpa, T, d)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            case("chunked tables", lambda q, k, v: chunked_attention(q, k, v, parts)[0], T, d)
-            with mock.patch.object(DapeV2, "precompute", lambda *args: None):
-                case("chunked no tables", lambda q, k, v: chunked_attention(q, k, v, parts)[0], T, d)
     for r in rows:
         base = next(x for x in rows if x["case"] == "sdpa" and x["T"] == r["T"] and x["d"] == r["d"])
         r["fwd_x_sdpa"] = r["fwd_ms"] / base["fwd_ms"]

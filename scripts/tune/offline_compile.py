@@ -63,7 +63,7 @@ def main():
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--no-bias", action="store_true")
     a = ap.parse_args()
-    sh = dk._shapes(a.heads, a.hidden, a.k)
+    sh = dk._shapes(a.heads, a.hidden, a.k, not a.no_bias)
     cfg = dk.tile_config(a.k, sh["DP"], "bf16")
     BM, BNW, nw, ns = cfg["tiles"]
     prec = dot_precision(torch.bfloat16)

@@ -9,7 +9,7 @@ The formula itself is lenx.ops.dape_v2.reference.dape_v2_scores; this module own
 import torch
 from torch import nn
 
-from ..ops.dape_v2.reference import dape_v2_scores, dape_v2_scores_tabled, dape_v2_tables
+from ..ops.dape_v2.reference import dape_v2_scores
 from .parts import ScoreProcessor
 
 
@@ -47,22 +47,11 @@ class DapeV2(ScoreProcessor):
         """(w1, b1, w2, b2): what the fused kernel takes."""
         return self.conv1.weight, self.conv1.bias, self.conv2.weight, self.conv2.bias
 
-    def precompute(self, bias, T: int, device):
-        """Rewrite A's tables (lenx.ops.dape_v2.reference.dape_v2_tables) for a per-distance bias:
-        conv1 then reads only the H score channels."""
-        if bias is None or not bias.per_distance or self.leak:
-            return None
-        return dape_v2_tables(self.conv1.weight, self.conv1.bias, self.conv2.bias, bias.table(T, device), T)
-
     def forward(self, scores: torch.Tensor, bias: torch.Tensor | None = None, q: torch.Tensor | None = None,
-                q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None, pre=None) -> torch.Tensor:
+                q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None) -> torch.Tensor:
         """scores [B, H, Tq, Tk] (scaled), bias broadcastable to it; q_pos, k_pos the rows' and keys'
         positions (default: the rows are the last Tq of Tk positions); q is not used. Returns
-        S + Bias + f(tril([S; Bias])) with no -inf masking (with `pre`, the tables of precompute, the
-        bias block is not read and the entries above the diagonal are not the formula's)."""
-        if pre is not None:
-            return dape_v2_scores_tabled(scores, self.conv1.weight[:, :self.num_heads], pre[0], pre[1],
-                                         self.conv2.weight, pre[2], q_pos, k_pos)
+        S + Bias + f(tril([S; Bias])) with no -inf masking."""
         if self.with_bias and bias is None:
             raise ValueError("this DapeV2 was built with_bias=True (2H input channels) but got no bias")
         if not self.with_bias and bias is not None:

@@ -31,17 +31,11 @@ class ScoreProcessor(nn.Module):
 
     halo: keys past a row block's last query that its processed scores read (the chunked path
     takes that many more). leak: processed scores see future keys (the causal cut is off).
-    op: the fused op (a folder of lenx.ops) that can run this processor, if any.
-
-    precompute(bias, T, device): what every row block of one call can share (DAPE V2: the tables of
-    rewrite A), or None; the chunked backend computes it once and passes it on as forward's `pre`."""
+    op: the fused op (a folder of lenx.ops) that can run this processor, if any."""
 
     halo = 0
     leak = False
     op: str | None = None
-
-    def precompute(self, bias: "ScoreBias | None", T: int, device):
-        return None
 
 
 @dataclass(frozen=True)

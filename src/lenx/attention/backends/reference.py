@@ -16,25 +16,22 @@ from ..parts import Parts
 from .base import Backend
 
 
-def score_block(q, k, parts: Parts, q_start: int = 0, pre=None):
+def score_block(q, k, parts: Parts, q_start: int = 0):
     """Pre-normaliser scores of rows q [B, H, c, d] (positions q_start..) against keys k [B, H, Tk, d]
-    (positions 0..Tk-1); pre: the processor's precompute, if any (the bias block is then not built).
-    Returns (raw scaled scores, bias or None, processed scores A)."""
+    (positions 0..Tk-1). Returns (raw scaled scores, bias or None, processed scores A)."""
     q_pos = torch.arange(q_start, q_start + q.shape[-2], device=q.device)
     k_pos = torch.arange(k.shape[-2], device=q.device)
     raw = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    if pre is not None:
-        return raw, None, parts.processor(raw, None, q, q_pos, k_pos, pre=pre)
     bias = parts.bias(q_pos, k_pos, q=q, k=k) if parts.bias is not None else None
     if parts.processor is not None:
         return raw, bias, parts.processor(raw, bias, q, q_pos, k_pos)
     return raw, bias, raw if bias is None else raw + bias.to(raw.dtype)
 
 
-def block_attention(q, k, v, parts: Parts, q_start: int = 0, pre=None):
+def block_attention(q, k, v, parts: Parts, q_start: int = 0):
     """Rows q [B, H, c, d] at positions q_start.., keys/values [B, H, Tk, d] at 0..Tk-1.
     Returns (out [B, H, c, d], rem [B, H, c] or None)."""
-    _, _, scores = score_block(q, k, parts, q_start, pre)
+    _, _, scores = score_block(q, k, parts, q_start)
     q_pos = torch.arange(q_start, q_start + q.shape[-2], device=q.device)
     k_pos = torch.arange(k.shape[-2], device=q.device)
     return parts.normaliser(scores, v, parts.normaliser.allowed(q_pos, k_pos, parts.causal))
@@ -56,13 +53,11 @@ def chunked_attention(q, k, v, parts: Parts, chunk_size: int = 256):
     halo = parts.processor.halo if parts.processor is not None else 0
     sees_future = not parts.causal or (parts.processor is not None and parts.processor.leak)
     recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    # computed once per call (DAPE V2's bias tables), not once per block
-    pre = parts.processor.precompute(parts.bias, T, q.device) if parts.processor is not None else None
     outs, rems = [], []
     for q0 in range(0, T, chunk_size):
         q1 = min(T, q0 + chunk_size)
         Tk = T if sees_future else min(T, q1 + halo)
-        args = (q[:, :, q0:q1], k[:, :, :Tk], v[:, :, :Tk], parts, q0, pre)
+        args = (q[:, :, q0:q1], k[:, :, :Tk], v[:, :, :Tk], parts, q0)
         # Recompute each block in backward so training memory stays at one block, not T x T.
         out, rem = checkpoint(block_attention, *args, use_reentrant=False) if recompute else block_attention(*args)
         outs.append(out)

@@ -9,17 +9,14 @@ interior, positions [2h, BNW - 2h) with h = k // 2: each conv reads h keys eithe
 convs together need 2h keys of halo on each side, recomputed by the neighbouring windows.
 
 Inside a window every (row, key) pair is one row of a [BM * BNW, channels] matrix, so each conv tap
-is a tensor-core matmul: conv1 tap t is X [M, HP] @ W1_t [HP, DP] and conv2 tap t is
+is a tensor-core matmul: conv1 tap t is X [M, CP] @ W1_t [CP, DP] and conv2 tap t is
 Z [M, DP] @ W2_t [DP, HP]; the shift of tap t along the keys is applied to the product with a
-register gather (tl.gather along the key axis). With a bias table, conv1 reads only the score
-channels: its bias channels are the per-distance table t1 (rewrite A, reference.dape_v2_tables; the
-key-0 correction k0 on the first window), and Bias + conv2's bias the table t2. The tables are built
-from the weights and the bias table by differentiable PyTorch ops outside the kernels, so the kernels
-return only the tables' gradients.
+register gather (tl.gather along the key axis). Input channels are ordered (head, group) so the
+score and bias tiles interleave with one tl.join: channel 2h is S_h, channel 2h + 1 is Bias_h.
 
 Backward (like flash attention, it recomputes every tile from Q, K and the saved log-sum-exp):
-  * a query-owner kernel: dQ, the conv weight gradients (one partial per program, summed on the
-    host) and the table gradients (per-diagonal sums, then atomic adds);
+  * a query-owner kernel: dQ, the conv weight and bias gradients (one partial per program, summed
+    on the host) and the bias-table gradient (per-diagonal sums, then atomic adds);
   * a key-owner kernel: dK, dV. A window's gradient to its raw scores is complete only at keys
     whose every dependent output lies in the window, [4h, BNW - 4h), so windows step by BNW - 8h.
 No locks anywhere.
@@ -30,7 +27,6 @@ import triton
 import triton.language as tl
 
 from .._launch import check_qkv, dot_precision, new, new_like, pow2, strides
-from .reference import dape_v2_tables
 
 
 @triton.jit
@@ -58,46 +54,41 @@ def _cdot(a, b, CPREC: tl.constexpr):
 
 
 @triton.jit
-def _window(q3, k3, T1, K0, T2, W1, W2, rows, ws, T, scale,
-            HP: tl.constexpr, DP: tl.constexpr, KS: tl.constexpr,
+def _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
+            H: tl.constexpr, HP: tl.constexpr, CP: tl.constexpr, DP: tl.constexpr, KS: tl.constexpr,
             HAS_BIAS: tl.constexpr, BM: tl.constexpr, BNW: tl.constexpr, PREC: tl.constexpr,
             CPREC: tl.constexpr):
     """Processed scores of rows x window keys ws .. ws + BNW - 1 for all heads.
 
-    q3 [HP, BM, DH], k3 [HP, BNW, DH]. With a bias: T1 [2T - 1, DP], K0 [KS // 2, T, DP] and
-    T2 [2T - 1, HP] the tables (entry i - j + T - 1); without: T1 = b1 [DP], T2 = b2 [HP].
-    Returns X [M, HP] (conv1 input), y [BM, BNW, DP] (conv1 output before the activation),
-    zf [M, DP] (conv2 input), s [BM, BNW, HP] (processed scores, -inf outside the window's outputs
-    and the causal mask), and the masks kin (key in [0, T)), xm (tril & padding: where the conv
-    input is not zero) and valid (where s is an output)."""
+    q3 [HP, BM, DH], k3 [HP, BNW, DH]. Returns X [M, CP] (conv1 input), y [BM, BNW, DP] (conv1
+    output before the activation), zf [M, DP] (conv2 input), s [BM, BNW, HP] (processed scores,
+    -inf outside the window's outputs and the causal mask), and the masks kin (key in [0, T)),
+    xm (tril & padding: where the conv input is not zero) and valid (where s is an output)."""
     HALF: tl.constexpr = KS // 2
     hh = tl.arange(0, HP)
     ww = tl.arange(0, BNW)
+    cc = tl.arange(0, CP)
     ee = tl.arange(0, DP)
     keys = ws + ww
     kin = (keys >= 0) & (keys < T)
     xm = kin[None, :] & (keys[None, :] <= rows[:, None]) & (rows < T)[:, None]  # [BM, BNW]
     S = tl.dot(q3, tl.permute(k3, (0, 2, 1)), input_precision=PREC) * scale  # [HP, BM, BNW]
     S = tl.where(xm[:, :, None], tl.permute(S, (1, 2, 0)), 0.0)  # [BM, BNW, HP], tril: 0 not -inf
-    X = tl.reshape(S, (BM * BNW, HP))
+    if HAS_BIAS:
+        dist = rows[:, None] - keys[None, :] + T - 1
+        bias = tl.load(TAB + hh[None, None, :] * (2 * T - 1) + dist[:, :, None],
+                       mask=xm[:, :, None] & (hh < H)[None, None, :], other=0.0)
+        X = tl.reshape(tl.join(S, bias), (BM * BNW, CP))
+        base = S + bias
+    else:
+        X = tl.reshape(S, (BM * BNW, CP))
+        base = S
     # conv1, tap t: y[w] += (X @ W1_t)[w + t - HALF]
     y = tl.zeros((BM, BNW, DP), tl.float32)
     for t in range(KS):
-        w1 = tl.load(W1 + t * HP * DP + hh[:, None] * DP + ee[None, :])
+        w1 = tl.load(W1 + t * CP * DP + cc[:, None] * DP + ee[None, :])
         y += _shift(tl.reshape(_cdot(X, w1, CPREC), (BM, BNW, DP)), t - HALF, BM, BNW, DP, CPREC)
-    if HAS_BIAS:
-        dist = rows[:, None] - keys[None, :] + T - 1  # [BM, BNW], the tables' entry
-        tm = kin[None, :] & (rows < T)[:, None]
-        y += tl.load(T1 + dist[:, :, None] * DP + ee[None, None, :], mask=tm[:, :, None], other=0.0)
-        if HALF > 0:
-            if ws < HALF:  # only the first window holds keys 0 .. HALF - 1
-                km = tm & (keys < HALF)[None, :]
-                y -= tl.load(K0 + (keys[None, :, None] * T + rows[:, None, None]) * DP + ee[None, None, :],
-                             mask=km[:, :, None], other=0.0)
-        base = S + tl.load(T2 + dist[:, :, None] * HP + hh[None, None, :], mask=xm[:, :, None], other=0.0)
-    else:
-        y += tl.load(T1 + ee)[None, None, :]
-        base = S + tl.load(T2 + hh)[None, None, :]
+    y += tl.load(B1 + ee)[None, None, :]
     z = tl.where(y > 0, y, 0.01 * y)
     z = tl.where(kin[None, :, None], z, 0.0)  # conv2's zero padding outside [0, T)
     zf = tl.reshape(z, (BM * BNW, DP))
@@ -105,7 +96,7 @@ def _window(q3, k3, T1, K0, T2, W1, W2, rows, ws, T, scale,
     for t in range(KS):
         w2 = tl.load(W2 + t * DP * HP + ee[:, None] * HP + hh[None, :])
         f += _shift(tl.reshape(_cdot(zf, w2, CPREC), (BM, BNW, HP)), t - HALF, BM, BNW, HP, CPREC)
-    s = base + f
+    s = base + f + tl.load(B2 + hh)[None, None, :]
     inner = (ww >= 2 * HALF) & (ww < BNW - 2 * HALF)
     valid = xm & inner[None, :]
     s = tl.where(valid[:, :, None], s, float("-inf"))
@@ -130,10 +121,10 @@ def _load_rows(P, b, rows, T, H: tl.constexpr, HP: tl.constexpr):
 
 
 @triton.jit
-def _dape_fwd(Q, K, V, T1, K0, T2, W1, W2, O, LSE,
+def _dape_fwd(Q, K, V, TAB, W1, B1, W2, B2, O, LSE,
               sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
               T, scale,
-              H: tl.constexpr, HP: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
+              H: tl.constexpr, HP: tl.constexpr, DH: tl.constexpr, CP: tl.constexpr, DP: tl.constexpr,
               KS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BNW: tl.constexpr,
               PREC: tl.constexpr, CPREC: tl.constexpr):
     HALF: tl.constexpr = KS // 2
@@ -149,8 +140,8 @@ def _dape_fwd(Q, K, V, T1, K0, T2, W1, W2, O, LSE,
     for ws in range(-2 * HALF, last - 2 * HALF + 1, STEP):
         keys = ws + tl.arange(0, BNW)
         k3 = _load_heads(K, b, skb, skh, skt, keys, T, H, HP, DH)
-        X, y, zf, s, kin, xm, valid = _window(q3, k3, T1, K0, T2, W1, W2, rows, ws, T, scale,
-                                              HP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC)
+        X, y, zf, s, kin, xm, valid = _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
+                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None, :])
@@ -176,15 +167,17 @@ def _dp(do3, v3, PREC: tl.constexpr):
 
 @triton.jit
 def _window_grad(X, y, zf, s, kin, xm, dp, lse, delta, W1, W2, GW1, GW2,
-                 HP: tl.constexpr, DP: tl.constexpr, KS: tl.constexpr,
-                 BM: tl.constexpr, BNW: tl.constexpr, CPREC: tl.constexpr, WANT_W: tl.constexpr):
+                 HP: tl.constexpr, CP: tl.constexpr, DP: tl.constexpr, KS: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, BM: tl.constexpr, BNW: tl.constexpr, CPREC: tl.constexpr,
+                 WANT_W: tl.constexpr):
     """Backward through one window, given dp = dO . v [BM, BNW, HP] (see _dp). Returns p
-    [BM, BNW, HP], dS (gradient of the raw scores), ds (of the processed scores: t2's entries) and
-    dy (of conv1's output: t1's entries), the last two zero where they are no gradient. When
-    WANT_W, the conv weight gradients of the window are added into this program's own slots
-    GW1 [KS, HP, DP], GW2 [KS, DP, HP] (atomic adds to addresses no other program touches: no
-    contention, and no registers held across the window loop)."""
+    [BM, BNW, HP], dS and dBias (gradients of the raw scores and bias entries, [BM, BNW, HP]) and
+    the window's conv-bias gradients gb1 [DP], gb2 [HP]. When WANT_W, the conv weight gradients of
+    the window are added into this program's own slots GW1 [KS, CP, DP], GW2 [KS, DP, HP] (atomic
+    adds to addresses no other program touches: no contention, and no registers held across the
+    window loop)."""
     HALF: tl.constexpr = KS // 2
+    cc = tl.arange(0, CP)
     ee = tl.arange(0, DP)
     hh = tl.arange(0, HP)
     p = tl.exp(s - lse[:, None, :])  # 0 outside the outputs (s = -inf there)
@@ -200,44 +193,33 @@ def _window_grad(X, y, zf, s, kin, xm, dp, lse, delta, W1, W2, GW1, GW2,
                           sem="relaxed")
     dy = tl.where(y > 0, dz, 0.01 * dz)
     dy = tl.where(kin[None, :, None], dy, 0.0)
-    dX = tl.zeros((BM * BNW, HP), tl.float32)
+    dX = tl.zeros((BM * BNW, CP), tl.float32)
     for t in range(KS):
         g = tl.reshape(_shift(dy, HALF - t, BM, BNW, DP, CPREC), (BM * BNW, DP))
-        w1 = tl.load(W1 + t * HP * DP + hh[:, None] * DP + ee[None, :])
+        w1 = tl.load(W1 + t * CP * DP + cc[:, None] * DP + ee[None, :])
         dX += _cdot(g, tl.trans(w1), CPREC)
         if WANT_W:
-            tl.atomic_add(GW1 + t * HP * DP + hh[:, None] * DP + ee[None, :], _cdot(tl.trans(X), g, CPREC),
+            tl.atomic_add(GW1 + t * CP * DP + cc[:, None] * DP + ee[None, :], _cdot(tl.trans(X), g, CPREC),
                           sem="relaxed")
-    dS = ds + tl.where(xm[:, :, None], tl.reshape(dX, (BM, BNW, HP)), 0.0)
-    return p, dS, ds, dy
+    if HAS_BIAS:
+        dXs, dXb = tl.split(tl.reshape(dX, (BM, BNW, HP, 2)))
+        dS = ds + tl.where(xm[:, :, None], dXs, 0.0)
+        dB = ds + tl.where(xm[:, :, None], dXb, 0.0)
+    else:
+        dS = ds + tl.where(xm[:, :, None], tl.reshape(dX, (BM, BNW, HP)), 0.0)
+        dB = dS
+    gb1 = tl.sum(tl.sum(dy, 0), 0)
+    gb2 = tl.sum(tl.sum(ds, 0), 0)
+    return p, dS, dB, gb1, gb2
 
 
 @triton.jit
-def _diagonal_add(D, x, first_dist, T, C: tl.constexpr, BM: tl.constexpr, BNW: tl.constexpr, E: tl.constexpr):
-    """D[i - j + T - 1, :] += x[r, w, :] summed over each diagonal of the tile x [BM, BNW, C] of rows
-    first_dist + r + ws .. and keys ws + w (first_dist = first row - first key): a gather lines
-    the diagonals up along the keys, then one atomic add per (distance, channel)."""
-    ee = tl.arange(0, E)
-    cc = tl.arange(0, C)
-    wi = tl.arange(0, BM)[:, None, None] + (BNW - 1) - ee[None, :, None]
-    ok = (wi >= 0) & (wi < BNW)
-    g = tl.gather(x, tl.broadcast_to(tl.where(ok, wi, 0), (BM, E, C)), 1)  # [BM, E, C]
-    sums = tl.sum(tl.where(ok, g, 0.0), 0)  # [E, C]
-    dist = first_dist + ee - (BNW - 1)
-    okd = (ee < BM + BNW - 1) & (dist > -T) & (dist < T)
-    tl.atomic_add(D + (dist + T - 1)[:, None] * C + cc[None, :], sums, mask=okd[:, None], sem="relaxed")
-
-
-@triton.jit
-def _dape_bwd_dq(Q, K, V, T1, K0, T2, W1, W2, DO, LSE, DELTA, DQ, DT1, DK0, DT2, GW1, GW2,
+def _dape_bwd_dq(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DQ, DTAB, GW1, GB1, GW2, GB2,
                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
                  T, scale,
-                 H: tl.constexpr, HP: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
-                 KS: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 H: tl.constexpr, HP: tl.constexpr, DH: tl.constexpr, CP: tl.constexpr, DP: tl.constexpr,
+                 KS: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr,
                  BM: tl.constexpr, BNW: tl.constexpr, E: tl.constexpr, PREC: tl.constexpr, CPREC: tl.constexpr):
-    """Query owner: dQ, the conv weights' gradients (per-program slots) and the tables' gradients:
-    with a bias, DT1 [2T - 1, DP], DK0 [KS // 2, T, DP], DT2 [2T - 1, HP] by atomic adds; without,
-    DT1 [programs, DP] and DT2 [programs, HP], one row per program (b1's and b2's gradients)."""
     HALF: tl.constexpr = KS // 2
     STEP: tl.constexpr = BNW - 4 * HALF
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) query blocks first: no long tail
@@ -249,47 +231,49 @@ def _dape_bwd_dq(Q, K, V, T1, K0, T2, W1, W2, DO, LSE, DELTA, DQ, DT1, DK0, DT2,
     delta = _load_rows(DELTA, b, rows, T, H, HP)
     dq = tl.zeros([HP, BM, DH], tl.float32)
     slot = b * tl.num_programs(0) + pid_m
-    GW1 = GW1 + slot * KS * HP * DP
+    GW1 = GW1 + slot * KS * CP * DP
     GW2 = GW2 + slot * KS * DP * HP
     gb1 = tl.zeros((DP,), tl.float32)
     gb2 = tl.zeros((HP,), tl.float32)
     hh = tl.arange(0, HP)
+    ee = tl.arange(0, E)
     last = tl.minimum(pid_m * BM + BM, T) - 1
     for ws in range(-2 * HALF, last - 2 * HALF + 1, STEP):
         keys = ws + tl.arange(0, BNW)
         k3 = _load_heads(K, b, skb, skh, skt, keys, T, H, HP, DH)
         v3 = _load_heads(V, b, svb, svh, svt, keys, T, H, HP, DH)
-        X, y, zf, s, kin, xm, valid = _window(q3, k3, T1, K0, T2, W1, W2, rows, ws, T, scale,
-                                              HP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC)
-        p, dS, ds, dy = _window_grad(X, y, zf, s, kin, xm, _dp(do3, v3, PREC), lse, delta, W1, W2,
-                                     GW1, GW2, HP, DP, KS, BM, BNW, CPREC, True)
+        X, y, zf, s, kin, xm, valid = _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
+                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC)
+        p, dS, dB, b1g, b2g = _window_grad(X, y, zf, s, kin, xm, _dp(do3, v3, PREC), lse, delta, W1, W2,
+                                           GW1, GW2, HP, CP, DP, KS, HAS_BIAS, BM, BNW, CPREC, True)
+        gb1 += b1g
+        gb2 += b2g
         dq += tl.dot(tl.permute(dS, (2, 0, 1)).to(k3.dtype), k3, input_precision=PREC)
-        if HAS_BIAS:
-            _diagonal_add(DT1, dy, pid_m * BM - ws, T, DP, BM, BNW, E)
-            _diagonal_add(DT2, ds, pid_m * BM - ws, T, HP, BM, BNW, E)
-            if HALF > 0:
-                if ws < HALF:  # k0 enters y with a minus sign at keys 0 .. HALF - 1
-                    kk = ws + tl.arange(0, BNW)
-                    km = (kk >= 0) & (kk < HALF)
-                    ee = tl.arange(0, DP)
-                    tl.atomic_add(DK0 + (kk[None, :, None] * T + rows[:, None, None]) * DP + ee[None, None, :], -dy,
-                                  mask=(km[None, :] & (rows < T)[:, None])[:, :, None], sem="relaxed")
-        else:
-            gb1 += tl.sum(tl.sum(dy, 0), 0)
-            gb2 += tl.sum(tl.sum(ds, 0), 0)
+        if NEED_DTAB:
+            # Sum dB over each diagonal i - j of the tile (gather lines the diagonals up along the
+            # keys), then one atomic add per (distance, head).
+            r = tl.arange(0, BM)[:, None, None]
+            wi = r + (BNW - 1) - ee[None, :, None]
+            ok = (wi >= 0) & (wi < BNW)
+            g = tl.gather(dB, tl.broadcast_to(tl.where(ok, wi, 0), (BM, E, HP)), 1)  # [BM, E, HP]
+            sums = tl.sum(tl.where(ok, g, 0.0), 0)  # [E, HP]
+            dist = pid_m * BM - ws + ee - (BNW - 1)
+            okd = (ee < BM + BNW - 1) & (dist >= 0) & (dist < T)
+            tl.atomic_add(DTAB + hh[None, :] * (2 * T - 1) + (dist + T - 1)[:, None], sums,
+                          mask=okd[:, None] & (hh < H)[None, :], sem="relaxed")
     dd = tl.arange(0, DH)
     qptr = DQ + b * sqb + hh[:, None, None] * sqh + rows[None, :, None] * sqt + dd[None, None, :]
     tl.store(qptr, (dq * scale).to(DQ.dtype.element_ty), mask=(hh < H)[:, None, None] & (rows < T)[None, :, None])
-    if not HAS_BIAS:  # this program's share of b1's and b2's gradients (summed over programs on the host)
-        tl.store(DT1 + slot * DP + tl.arange(0, DP), gb1)
-        tl.store(DT2 + slot * HP + hh, gb2)
+    # this program's share of the conv-bias gradients (summed over programs on the host)
+    tl.store(GB1 + slot * DP + tl.arange(0, DP), gb1)
+    tl.store(GB2 + slot * HP + hh, gb2)
 
 
 @triton.jit
-def _dape_bwd_dkdv(Q, K, V, T1, K0, T2, W1, W2, DO, LSE, DELTA, DK, DV,
+def _dape_bwd_dkdv(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DK, DV,
                    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
                    T, scale,
-                   H: tl.constexpr, HP: tl.constexpr, DH: tl.constexpr, DP: tl.constexpr,
+                   H: tl.constexpr, HP: tl.constexpr, DH: tl.constexpr, CP: tl.constexpr, DP: tl.constexpr,
                    KS: tl.constexpr, HAS_BIAS: tl.constexpr,
                    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, SPLIT: tl.constexpr,
                    BM: tl.constexpr, BNW: tl.constexpr, PREC: tl.constexpr, CPREC: tl.constexpr):
@@ -323,11 +307,11 @@ def _dape_bwd_dkdv(Q, K, V, T1, K0, T2, W1, W2, DO, LSE, DELTA, DK, DV,
             if SPLIT:
                 v3 = _load_heads(V, b, svb, svh, svt, keys, T, H, HP, DH)
             dp = _dp(do3, v3, PREC)  # before the conv, so V's tile is dead during it
-        X, y, zf, s, kin, xm, valid = _window(q3, k3, T1, K0, T2, W1, W2, rows, ws, T, scale,
-                                              HP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC)
+        X, y, zf, s, kin, xm, valid = _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
+                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC)
         if WANT_DK:
-            p, dS, ds, dy = _window_grad(X, y, zf, s, kin, xm, dp, lse, delta, W1, W2, W1, W2,
-                                         HP, DP, KS, BM, BNW, CPREC, False)
+            p, dS, dB, b1g, b2g = _window_grad(X, y, zf, s, kin, xm, dp, lse, delta, W1, W2, W1, W2,
+                                               HP, CP, DP, KS, HAS_BIAS, BM, BNW, CPREC, False)
             dk += tl.dot(tl.permute(dS, (2, 1, 0)).to(q3.dtype), q3, input_precision=PREC)  # [HP, BNW, DH]
         if WANT_DV:
             p = tl.exp(s - lse[:, None, :])
@@ -376,48 +360,42 @@ def tile_config(kernel_size: int, hidden_padded: int, conv_precision: str, overr
     return cfg
 
 
-def _shapes(H, D, kernel_size):
-    return dict(H=H, HP=pow2(H), DP=pow2(D), KS=kernel_size)
+def _shapes(H, D, kernel_size, has_bias):
+    HP = pow2(H)
+    return dict(H=H, HP=HP, CP=2 * HP if has_bias else HP, DP=pow2(D), KS=kernel_size)
 
 
-def _pack(w1, t1, k0, w2, t2, H, D, ks, HP, DP):
-    """Module layouts -> kernel layouts (fp32, zero padded): W1 [KS, HP, DP] from conv1's score
-    channels w1 [D, H, 1, KS], W2 [KS, DP, HP]; with a bias the tables T1 [2T - 1, DP],
-    K0 [max(KS // 2, 1), T, DP], T2 [2T - 1, HP] (channels last, so a tile's loads are contiguous);
-    without, T1 = b1 [DP] and T2 = b2 [HP] (K0 a dummy)."""
+def _pack_weights(w1, b1, w2, b2, H, D, ks, has_bias, HP, CP, DP):
+    """conv weights -> kernel layouts: W1 [KS, CP, DP], W2 [KS, DP, HP], b1 [DP], b2 [HP] (fp32,
+    zero padded). Module channel g * H + h (g = 0 scores, 1 bias) goes to kernel channel 2h + g."""
     dev = w1.device
-    W1 = torch.zeros(ks, HP, DP, device=dev)
-    W1[:, :H, :D] = w1[:, :, 0, :].detach().float().permute(2, 1, 0)
+    chan = _channel_map(H, has_bias, dev)
+    W1 = torch.zeros(ks, CP, DP, device=dev)
+    W1[:, chan, :D] = w1[:, :, 0, :].detach().float().permute(2, 1, 0)
     W2 = torch.zeros(ks, DP, HP, device=dev)
     W2[:, :D, :H] = w2[:, :, 0, :].detach().float().permute(2, 1, 0)
-    if t1.dim() == 1:
-        T1 = torch.zeros(DP, device=dev)
-        T1[:D] = t1.detach().float()
-        T2 = torch.zeros(HP, device=dev)
-        T2[:H] = t2.detach().float()
-        return W1, W2, T1, T1, T2  # K0: any pointer, never read
-    T1 = torch.zeros(t1.shape[1], DP, device=dev)
-    T1[:, :D] = t1.detach().float().t()
-    K0 = torch.zeros(max(ks // 2, 1), k0.shape[-1], DP, device=dev)
-    K0[: ks // 2, :, :D] = k0.detach().float().permute(0, 2, 1)
-    T2 = torch.zeros(t2.shape[1], HP, device=dev)
-    T2[:, :H] = t2.detach().float().t()
-    return W1, W2, T1, K0, T2
+    B1 = torch.zeros(DP, device=dev)
+    B1[:D] = b1.detach().float()
+    B2 = torch.zeros(HP, device=dev)
+    B2[:H] = b2.detach().float()
+    return W1.contiguous(), B1, W2.contiguous(), B2
+
+
+def _channel_map(H, has_bias, device):
+    h = torch.arange(H, device=device)
+    return torch.cat([2 * h, 2 * h + 1]) if has_bias else h
 
 
 class DapeV2Attention(torch.autograd.Function):
-    """The kernels on conv1's score channels w1 [D, H, 1, k], conv2's weight w2 and the tables of
-    reference.dape_v2_tables (t1 [D, 2T - 1], k0 [k // 2, D, T], t2 [H, 2T - 1]), or with no bias
-    t1 = b1 [D], k0 = None, t2 = b2 [H]."""
-
     @staticmethod
-    def forward(ctx, q, k, v, w1, t1, k0, w2, t2, conv_precision, overrides):
+    def forward(ctx, q, k, v, table, w1, b1, w2, b2, conv_precision, overrides):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         B, H, T, DH = q.shape
         D, ks = w1.shape[0], w1.shape[-1]
-        has_bias = t1.dim() == 2
-        sh = _shapes(H, D, ks)
-        W1, W2, T1, K0, T2 = _pack(w1, t1, k0, w2, t2, H, D, ks, sh["HP"], sh["DP"])
+        has_bias = table is not None
+        sh = _shapes(H, D, ks, has_bias)
+        W1, B1, W2, B2 = _pack_weights(w1, b1, w2, b2, H, D, ks, has_bias, sh["HP"], sh["CP"], sh["DP"])
+        tab = table.detach().float().contiguous() if has_bias else W1  # dummy pointer when unused
         prec = dot_precision(q.dtype)
         cprec = "ieee" if q.dtype == torch.float32 else conv_precision
         cfg = tile_config(ks, sh["DP"], cprec, overrides)
@@ -425,39 +403,39 @@ class DapeV2Attention(torch.autograd.Function):
         lse = new((B, H, T), q, torch.float32)
         BM, BNW, nw, ns = cfg["tiles"]
         _dape_fwd[(triton.cdiv(T, BM), B)](
-            q, k, v, T1, K0, T2, W1, W2, out, lse, *strides(q), *strides(k), *strides(v), *strides(out), T, DH ** -0.5,
+            q, k, v, tab, W1, B1, W2, B2, out, lse, *strides(q), *strides(k), *strides(v), *strides(out), T, DH ** -0.5,
             DH=DH, HAS_BIAS=has_bias, BM=BM, BNW=BNW, PREC=prec, CPREC=cprec, num_warps=nw, num_stages=ns, **sh)
-        ctx.save_for_backward(q, k, v, T1, K0, T2, W1, W2, out, lse)
-        ctx.meta = (has_bias, D, ks, cprec, w1.dtype, t1.dtype, w2.dtype, t2.dtype)
+        ctx.save_for_backward(q, k, v, tab, W1, B1, W2, B2, out, lse)
+        ctx.meta = (has_bias, D, ks, cprec, w1.dtype, b1.dtype, w2.dtype, b2.dtype)
         ctx.cfg = cfg
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, T1, K0, T2, W1, W2, out, lse = ctx.saved_tensors
+        q, k, v, tab, W1, B1, W2, B2, out, lse = ctx.saved_tensors
         has_bias, D, ks, cprec, *wdt = ctx.meta
         B, H, T, DH = q.shape
-        sh = _shapes(H, D, ks)
-        HP, DP = sh["HP"], sh["DP"]
+        sh = _shapes(H, D, ks, has_bias)
+        HP, CP, DP = sh["HP"], sh["CP"], sh["DP"]
         dout = dout.contiguous()
         delta = (dout.float() * out.float()).sum(-1).contiguous()  # [B, H, T]
         prec = dot_precision(q.dtype)
         dq, dk, dv = new_like(q), new_like(k), new_like(v)
+        need_dtab = has_bias and ctx.needs_input_grad[3]
+        dtab = torch.zeros(H, 2 * T - 1, device=q.device) if need_dtab else W1
         scale = DH ** -0.5
         common = (*strides(q), *strides(k), *strides(v), *strides(dout), T, scale)
 
         BM, BNW, nw, ns = ctx.cfg["tiles"]
         n_m = triton.cdiv(T, BM)
         # per-program slots for the conv weight gradients, filled by atomic adds: start at zero
-        gw1 = torch.zeros((B * n_m, ks, HP, DP), device=q.device)
+        gw1 = torch.zeros((B * n_m, ks, CP, DP), device=q.device)
         gw2 = torch.zeros((B * n_m, ks, DP, HP), device=q.device)
-        if has_bias:  # the tables' gradients, filled by atomic adds
-            dt1, dk0, dt2 = torch.zeros_like(T1), torch.zeros_like(K0), torch.zeros_like(T2)
-        else:  # b1's and b2's, one row per program
-            dt1, dk0, dt2 = new((B * n_m, DP), q, torch.float32), K0, new((B * n_m, HP), q, torch.float32)
+        gb1 = new((B * n_m, DP), q, torch.float32)
+        gb2 = new((B * n_m, HP), q, torch.float32)
         _dape_bwd_dq[(n_m, B)](
-            q, k, v, T1, K0, T2, W1, W2, dout, lse, delta, dq, dt1, dk0, dt2, gw1, gw2, *common,
-            DH=DH, HAS_BIAS=has_bias, BM=BM, BNW=BNW,
+            q, k, v, tab, W1, B1, W2, B2, dout, lse, delta, dq, dtab, gw1, gb1, gw2, gb2, *common,
+            DH=DH, HAS_BIAS=has_bias, NEED_DTAB=need_dtab, BM=BM, BNW=BNW,
             E=triton.next_power_of_2(BM + BNW - 1), PREC=prec, CPREC=cprec, num_warps=nw, num_stages=ns, **sh)
 
         own = BNW - 8 * (ks // 2)
@@ -468,19 +446,18 @@ class DapeV2Attention(torch.autograd.Function):
         passes = [(False, True), (True, False)] if split else [(True, True)]
         for want_dk, want_dv in passes:
             _dape_bwd_dkdv[(triton.cdiv(T, own), B)](
-                q, k, v, T1, K0, T2, W1, W2, dout, lse, delta, dk, dv, *common,
+                q, k, v, tab, W1, B1, W2, B2, dout, lse, delta, dk, dv, *common,
                 DH=DH, HAS_BIAS=has_bias, WANT_DK=want_dk, WANT_DV=want_dv,
                 SPLIT=len(passes) > 1, BM=BM, BNW=BNW,
                 PREC=prec, CPREC=cprec, num_warps=nw, num_stages=ns, **sh)
 
-        # back from the kernel layouts to the module's
-        dw1 = gw1.sum(0)[:, :H, :D].permute(2, 1, 0).unsqueeze(2).to(wdt[0])
+        # back from the kernel layouts to the module's conv parameters
+        chan = _channel_map(H, has_bias, q.device)
+        dw1 = gw1.sum(0)[:, chan, :D].permute(2, 1, 0).unsqueeze(2).to(wdt[0])
+        db1 = gb1.sum(0)[:D].to(wdt[1])
         dw2 = gw2.sum(0)[:, :D, :H].permute(2, 1, 0).unsqueeze(2).to(wdt[2])
-        if has_bias:
-            g1, g0, g2 = dt1[:, :D].t(), dk0[: ks // 2, :, :D].permute(0, 2, 1), dt2[:, :H].t()
-        else:
-            g1, g0, g2 = dt1.sum(0)[:D], None, dt2.sum(0)[:H]
-        return dq, dk, dv, dw1, g1.to(wdt[1]), g0, dw2, g2.to(wdt[3]), None, None
+        db2 = gb2.sum(0)[:H].to(wdt[3])
+        return dq, dk, dv, (dtab if need_dtab else None), dw1, db1, dw2, db2, None, None
 
 
 def shape_unsupported_reason(H, d, hidden, kernel_size, conv_precision="bf16"):
@@ -519,10 +496,4 @@ def dape_v2_triton(q, k, v, w1, b1, w2, b2, table=None, conv_precision: str = "b
         raise ValueError(f"bias table must be [H, 2T - 1] = [{H}, {2 * T - 1}], got {tuple(table.shape)}")
     if conv_precision not in ("tf32", "bf16"):
         raise ValueError(f"conv_precision must be 'tf32' or 'bf16', got {conv_precision!r}")
-    if table is None:
-        return DapeV2Attention.apply(q, k, v, w1, b1, None, w2, b2, conv_precision, config)
-    # rewrite A: conv1's bias channels and Bias + b2 as per-distance tables, built in fp32 by
-    # differentiable ops (autograd takes the tables' gradients on to the weights and the bias table)
-    with torch.autocast(q.device.type, enabled=False):
-        t1, k0, t2 = dape_v2_tables(w1.float(), b1.float(), b2.float(), table.float(), T)
-    return DapeV2Attention.apply(q, k, v, w1[:, :H], t1, k0, w2, t2, conv_precision, config)
+    return DapeV2Attention.apply(q, k, v, table, w1, b1, w2, b2, conv_precision, config)
