@@ -93,8 +93,7 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("args, needle", CASES)
-def test_bad_input_is_one_line_and_changes_nothing(workdir, args, needle):
+def check_bad_input(workdir, args, needle):
     before = snapshot(workdir)
     out = lenx(*args, cwd=workdir)
     lines = out.stderr.splitlines()
@@ -103,3 +102,34 @@ def test_bad_input_is_one_line_and_changes_nothing(workdir, args, needle):
     assert len(lines) == 1 and lines[0].startswith("error:"), out.stderr[-3000:]
     assert needle in lines[0], lines[0]
     assert snapshot(workdir) == before, "the failed command changed files"
+    return out
+
+
+@pytest.mark.parametrize("args, needle", CASES)
+def test_bad_input_is_one_line_and_changes_nothing(workdir, args, needle):
+    check_bad_input(workdir, args, needle)
+
+
+TEXTS = Path(__file__).resolve().parent / "fixtures" / "data" / "texts"  # 9 short documents
+PREPARE_CASES = [
+    pytest.param(["--long-test", "-1"], "--long-test must be an integer >= 0, got -1", id="long-test-negative"),
+    pytest.param(["--long-test", "abc"], "--long-test", id="long-test-not-a-number"),
+    pytest.param(["--long-test", "2.5"], "--long-test", id="long-test-not-an-integer"),
+    pytest.param(["--long-test", "1", "--long-test-tokens", "0"], "--long-test-tokens must be an integer >= 1",
+                 id="long-test-tokens-zero"),
+    pytest.param(["--long-test", "5"], "has at most 0", id="long-test-too-few-long-documents"),
+    pytest.param(["--long-test", "20", "--long-test-tokens", "1"], "needs at least 22",
+                 id="long-test-too-few-documents"),
+]
+
+
+@pytest.mark.parametrize("args, needle", PREPARE_CASES)
+def test_bad_long_test_is_one_line_exit_2_and_changes_nothing(workdir, args, needle):
+    out = check_bad_input(workdir, ["prepare", "mine", "--from", str(TEXTS), *args], needle)
+    assert out.returncode == 2
+    assert not (workdir / "data" / "mine").exists()
+
+
+def test_long_test_of_the_synthetic_corpus(workdir):
+    out = check_bad_input(workdir, ["prepare", "synthetic", "--long-test", "3"], "applies to text corpora")
+    assert out.returncode == 2

@@ -141,19 +141,48 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
             tokenizer: str = typer.Option("bpe", help="bpe (trained on the train split) or gpt2"),
             vocab_size: int = typer.Option(16384, help="BPE vocabulary size"),
             seed: int = typer.Option(0),
+            long_test: int = typer.Option(0, "--long-test", help="reserve this many documents of at least "
+                                          "--long-test-tokens tokens for the test split, so evaluation windows at "
+                                          "long lengths can each come from a document of their own"),
+            long_test_tokens: int = typer.Option(16384, "--long-test-tokens",
+                                                 help="the size in tokens of a document that --long-test reserves"),
             force: bool = typer.Option(False, help="rebuild even if the corpus is already prepared with these settings"),
             allow_missing_sources: bool = typer.Option(False, help="build the corpus from the sources that could be "
                                                        "fetched when some cannot (the manifest lists the missing ones)")):
-    """Build a corpus: fetch, extract, dedupe, split by document, tokenize, pack."""
+    """Build a corpus: fetch, extract, dedupe, split by document, tokenize, pack.
+
+    Prints the manifest (without its sources) as JSON on stdout, and one line per split (documents,
+    tokens, documents of >= 8192 and >= 16384 tokens) on stderr.
+    """
     from .data import prepare_corpus
 
     try:
         manifest = prepare_corpus(corpus, root, from_path=from_path, tokenizer=tokenizer, vocab_size=vocab_size,
-                                  seed=seed, force=force, allow_missing_sources=allow_missing_sources)
+                                  seed=seed, force=force, allow_missing_sources=allow_missing_sources,
+                                  long_test=long_test, long_test_tokens=long_test_tokens)
     except _user_errors() as e:
         _fail(e)
     summary = {k: v for k, v in manifest.items() if k not in ("sources",)}
     print(json.dumps(summary, indent=2))
+    for line in split_summary(manifest):
+        typer.echo(line, err=True)
+
+
+def split_summary(manifest: dict) -> list[str]:
+    """One line per split of a corpus manifest: documents, tokens and long documents."""
+    lines = []
+    reserved = manifest.get("long_test")
+    for split, stats in manifest.get("splits", {}).items():
+        line = f"{split}: {stats['docs']:,} documents, {stats['tokens']:,} tokens"
+        long = [f"{v:,} of >= {k.split('_')[2]} tokens" for k, v in stats.items()
+                if k.startswith("docs_ge_") and k.endswith("_tokens")]
+        if long:
+            line += "; " + ", ".join(long)
+        if split == "test" and reserved:
+            line += (f" ({reserved['reserved_docs']:,} reserved by --long-test, "
+                     f"{reserved['reserved_docs_ge_min_tokens']:,} of them >= {reserved['min_tokens']} tokens)")
+        lines.append(line)
+    return lines
 
 
 @_command("train")

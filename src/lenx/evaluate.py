@@ -49,16 +49,35 @@ def eval_windows(corpus, split: str, longest: int, count: int, seed: int) -> tup
     return windows, note
 
 
+def distinct_picks(picks: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """`picks` (indices into n items, drawn with replacement) with every repeat after an item's first
+    pick replaced by an item not picked, drawn by `seed`, when there are enough items; picks without
+    a repeat are returned as they are."""
+    picks = np.array(picks)
+    _, first = np.unique(picks, return_index=True)
+    repeat = np.setdiff1d(np.arange(len(picks)), first)
+    if len(repeat) and n >= len(picks):
+        unused = np.setdiff1d(np.arange(n), picks)
+        picks[repeat] = np.random.default_rng([seed, 1]).permutation(unused)[:len(repeat)]
+    return picks
+
+
 def eval_windows_with_documents(corpus, split: str, longest: int, count: int, seed: int):
     """eval_windows, and the document of each window's scored end (its index in the split): the
-    unit that bootstrap intervals resample (lenx.stats)."""
+    unit that bootstrap intervals resample (lenx.stats). When the split has at least `count`
+    documents long enough, every window comes from a document of its own (the windows of shorter
+    lengths are nested in these, so they do too)."""
     tokens, docs = corpus.tokens(split), corpus.docs(split)
     need = longest + 1
     rng = np.random.default_rng(seed)
     long_docs = docs[docs[:, 1] >= need]
     if len(long_docs) >= min(count, 8):
-        picks = long_docs[rng.integers(0, len(long_docs), size=count)]
-        starts = picks[:, 0] + (rng.random(count) * (picks[:, 1] - need + 1)).astype(np.int64)
+        pick = rng.integers(0, len(long_docs), size=count)
+        where = rng.random(count)  # where in its document each window starts
+        # Seeded draws with replacement, as always; a document drawn twice gives way to one not
+        # drawn when there are enough, so windows already in distinct documents stay as they were.
+        picks = long_docs[distinct_picks(pick, len(long_docs), seed)]
+        starts = picks[:, 0] + (where * (picks[:, 1] - need + 1)).astype(np.int64)
         note = f"{count} windows from {len(np.unique(picks[:, 0]))} held-out documents of >= {need} tokens"
     else:
         if len(tokens) < need:
@@ -256,7 +275,9 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
     if bar is not None:
         bar.close()
     result = _header(run_dir, cfg, at_step, finished, scaling) | {
-        **settings, "window_note": note, "window_documents": documents.tolist(), "delta_p_tokens": delta_k,
+        **settings, "window_note": note, "window_documents": documents.tolist(),
+        # windows are nested, so the windows of every length come from these many documents
+        "window_distinct_documents": len(np.unique(documents)), "delta_p_tokens": delta_k,
         "backends": model.backends(dev), "device": str(dev), "results": per_length}
     if write:
         write_json(run_dir / result_name(step, rope_scaling), result)

@@ -9,6 +9,10 @@ Layout of `<root>/<name>/`:
 A folder without a valid manifest.json counts as not prepared. A corpus is built in a
 hidden sibling folder `.<name>.build-<pid>` and swapped in only when complete, so a
 failed prepare leaves the previous corpus as it was.
+
+`long_test=N` reserves N documents of at least `long_test_tokens` tokens for the test
+split (so evaluation windows at long lengths can each come from their own document);
+the rest is split as usual. The default, 0, builds exactly the split it always did.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ SPLITS = ("train", "val", "test")
 TOKENIZERS = ("bpe", "gpt2")
 FORMAT = "lenx-corpus-v1"
 LONG = (8192, 16384)  # test documents at least this many tokens are counted in the manifest
+LONG_TEST_TOKENS = 16384  # the default size of a document that `long_test` reserves for test
 
 
 # --- opening -------------------------------------------------------------------------
@@ -263,17 +268,52 @@ def split_docs(lengths: np.ndarray, seed: int, val_frac: float, test_frac: float
     return split
 
 
-def _check_enough_docs(name: str, n_docs: int, val_frac: float, test_frac: float) -> None:
-    """Splitting by document needs one document for train and for each requested split."""
-    splits = ["train"] + [s for s, frac in (("val", val_frac), ("test", test_frac)) if frac > 0]
-    if n_docs < len(splits):
+def split_docs_reserving(lengths: np.ndarray, reserved: np.ndarray, seed: int, val_frac: float,
+                         test_frac: float) -> np.ndarray:
+    """split_docs of the documents not in `reserved`; the reserved ones all go to test (2).
+
+    With nothing reserved this is split_docs itself, so the split is the one it always was.
+    """
+    if len(reserved) == 0:
+        return split_docs(lengths, seed, val_frac, test_frac)
+    lengths = np.asarray(lengths)
+    rest = np.setdiff1d(np.arange(len(lengths)), reserved)
+    split = np.full(len(lengths), 2, dtype=np.int8)
+    split[rest] = split_docs(lengths[rest], seed, val_frac, test_frac)
+    return split
+
+
+def reserve_long_docs(name: str, token_counts: np.ndarray, n: int, min_tokens: int, seed: int,
+                      counted_with: str) -> np.ndarray:
+    """The indices (sorted) of `n` documents of at least `min_tokens` tokens, drawn by `seed`
+    from all such documents; a one-line DataError when there are fewer than `n`."""
+    candidates = np.flatnonzero(np.asarray(token_counts) >= min_tokens)
+    if len(candidates) < n:
+        raise _too_few_long(name, n, min_tokens, f"has only {len(candidates)} ({counted_with})")
+    rng = np.random.default_rng([seed, 0x6C6F6E67])  # a stream of its own: the other draws stay as they were
+    return np.sort(rng.choice(candidates, size=n, replace=False))
+
+
+def _too_few_long(name: str, n: int, min_tokens: int, have: str) -> DataError:
+    return DataError(f"--long-test {n} needs {n} documents of >= {min_tokens} tokens, but corpus {name!r} {have}; "
+                     "ask for fewer (--long-test), or a lower --long-test-tokens")
+
+
+def _check_enough_docs(name: str, n_docs: int, val_frac: float, test_frac: float, long_test: int = 0) -> None:
+    """Splitting by document needs one document for train and for each requested split (test
+    has its reserved documents when `long_test`), besides the `long_test` reserved ones."""
+    splits = ["train"] + [s for s, frac in (("val", val_frac), ("test", test_frac))
+                          if frac > 0 and not (s == "test" and long_test)]
+    if n_docs < len(splits) + long_test:
         which = splits[0] if len(splits) == 1 else ", ".join(splits[:-1]) + " and " + splits[-1]
+        also = f", besides the {long_test} reserved for test by --long-test" if long_test else ""
         raise DataError(f"corpus {name!r} has {n_docs} document{'' if n_docs == 1 else 's'} after cleaning, "
-                        f"but splitting by document needs at least {len(splits)} (one each for {which}); "
-                        "add documents")
+                        f"but splitting by document needs at least {len(splits) + long_test} (one each for "
+                        f"{which}{also}); add documents")
 
 
-def _write_split(folder: Path, split: str, docs: Iterator[np.ndarray], eos_id: int) -> dict:
+def _write_split(folder: Path, split: str, docs: Iterator[np.ndarray], eos_id: int,
+                 long: tuple[int, ...] = LONG) -> dict:
     """Write <split>.bin and <split>.idx.npy; return the split's stats."""
     index, pos = [], 0
     eos = np.array([eos_id], dtype=np.uint16)
@@ -289,7 +329,7 @@ def _write_split(folder: Path, split: str, docs: Iterator[np.ndarray], eos_id: i
     lens = idx[:, 1]
     stats = {"docs": len(idx), "tokens": pos, "doc_tokens": int(lens.sum()),
              "max_doc_tokens": int(lens.max()) if len(lens) else 0}
-    for n in LONG:
+    for n in long:
         stats[f"docs_ge_{n}_tokens"] = int((lens >= n).sum())
     return stats
 
@@ -388,13 +428,28 @@ def _missing_sources(name: str, m: dict) -> list[str]:
     return [s.name for s in BUILTIN_SOURCES[name]() if s.name not in have]
 
 
-def _params(from_path, tokenizer, vocab_size, seed, val_frac, test_frac) -> dict:
-    return {"from_path": str(Path(from_path).resolve()) if from_path else None, "tokenizer": tokenizer,
-            "vocab_size": vocab_size, "seed": seed, "val_frac": val_frac, "test_frac": test_frac}
+def _params(from_path, tokenizer, vocab_size, seed, val_frac, test_frac, long_test=0,
+            long_test_tokens=LONG_TEST_TOKENS) -> dict:
+    params = {"from_path": str(Path(from_path).resolve()) if from_path else None, "tokenizer": tokenizer,
+              "vocab_size": vocab_size, "seed": seed, "val_frac": val_frac, "test_frac": test_frac}
+    if long_test:  # only when asked for: a corpus prepared before the option still counts as prepared
+        params.update(long_test=int(long_test), long_test_tokens=int(long_test_tokens))
+    return params
 
 
-def _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, root) -> None:
+def _check_long_test(name: str, long_test, long_test_tokens) -> None:
+    for option, value, low in (("--long-test", long_test, 0), ("--long-test-tokens", long_test_tokens, 1)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+            raise DataError(f"{option} must be an integer >= {low}, got {value!r}")
+    if long_test and name == "synthetic":
+        raise DataError("--long-test applies to text corpora; the synthetic corpus generates its long test "
+                        "documents itself")
+
+
+def _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, root, long_test=0,
+                long_test_tokens=LONG_TEST_TOKENS) -> None:
     _check_name(name)
+    _check_long_test(name, long_test, long_test_tokens)
     if from_path is None and name not in CORPORA:
         raise _unknown(name, root)
     if from_path is not None and name in CORPORA:
@@ -424,9 +479,9 @@ def _build_synthetic(folder: Path, seed: int, val_frac: float, test_frac: float)
             "splits": splits}
 
 
-def _build_text(folder: Path, name: str, from_path, tokenizer: str, vocab_size: int, seed: int,
-                val_frac: float, test_frac: float, reg: Registries, progress: bool, allow_missing: bool) -> dict:
-    # 1. Documents: read, normalise, dedupe.
+def _read_docs(name: str, from_path, reg: Registries, progress: bool, allow_missing: bool):
+    """The corpus's documents, read, normalised and deduplicated: (docs, source records,
+    missing sources, cleaning stats)."""
     if from_path is not None:
         raw, record = _read_user_data(Path(from_path))
         records, missing = [record], []
@@ -436,30 +491,87 @@ def _build_text(folder: Path, name: str, from_path, tokenizer: str, vocab_size: 
     del raw
     if not docs:
         raise DataError(f"no usable documents for {name!r} (all empty or duplicates); check the input")
-    _check_enough_docs(name, len(docs), val_frac, test_frac)
     if from_path is not None:
         records[0].update(docs=len(docs), chars=sum(len(t) for _, t in docs))
+    return docs, records, missing, cleaning
+
+
+def _check_docs(name: str, docs: list, val_frac: float, test_frac: float, long_test: int,
+                long_test_tokens: int) -> None:
+    """What can be checked before any tokenizing: enough documents for the splits, and, as a
+    token is at least one byte (byte-level BPE), enough documents of `long_test_tokens` bytes."""
+    _check_enough_docs(name, len(docs), val_frac, test_frac, long_test)
+    if long_test:
+        big = sum(len(t.encode("utf-8", "surrogatepass")) >= long_test_tokens for _, t in docs)
+        if big < long_test:
+            raise _too_few_long(name, long_test, long_test_tokens,
+                                f"has at most {big} (only {big} of its documents have >= {long_test_tokens} "
+                                "bytes, and a token is at least one byte)")
+
+
+def _members(assign: np.ndarray, seed: int) -> dict[str, np.ndarray]:
+    """Each split's documents in a seeded random order, which mixes the split's stream."""
+    rng = np.random.default_rng(seed + 1)
+    return {s: rng.permutation(np.flatnonzero(assign == i)) for i, s in enumerate(SPLITS)}
+
+
+def _tokenizer(kind: str, docs: list, train: np.ndarray, vocab_size: int, reg: Registries, progress: bool):
+    """(tokenizer, its manifest record): BPE trained on the documents `train`, or GPT-2's."""
+    log.info("preparing the %s tokenizer", kind)
+    record = {"kind": kind}
+    if kind == "gpt2":
+        tok, fetched = gpt2_tokenizer(reg)
+        record["source"] = fetched.record()
+    else:
+        tok = train_bpe((docs[i][1] for i in train), vocab_size, n_texts=len(train), progress=progress)
+    record.update(vocab_size=tok.get_vocab_size(), eos_id=tok.token_to_id(EOS_TOKEN), eos_token=EOS_TOKEN,
+                  file="tokenizer.json")
+    return tok, record
+
+
+def _count_tokens(tok, docs: list, progress: bool) -> np.ndarray:
+    counts = np.zeros(len(docs), dtype=np.int64)
+    with tqdm(total=sum(len(t) for _, t in docs), desc="counting tokens", unit="char", unit_scale=True,
+              disable=not progress) as bar:
+        for i, ids in enumerate(encode_docs(tok, [t for _, t in docs])):
+            counts[i] = len(ids)
+            bar.update(len(docs[i][1]))
+    return counts
+
+
+def _build_text(folder: Path, name: str, docs: list, tokenizer: str, vocab_size: int, seed: int,
+                val_frac: float, test_frac: float, reg: Registries, progress: bool, long_test: int = 0,
+                long_test_tokens: int = LONG_TEST_TOKENS) -> dict:
+    # 1. Reserve long documents for test (by tokens). BPE is trained on the train split, which
+    # the reservation changes, so tokens are first counted with the BPE of the split without a
+    # reservation (GPT-2's tokenizer is fixed: its counts are final), and the final counts are
+    # checked after packing.
+    lengths = np.array([len(t) for _, t in docs])
+    reserved, counter, extra = np.zeros(0, dtype=np.int64), None, {}
+    if long_test:
+        unreserved = _members(split_docs(lengths, seed, val_frac, test_frac), seed)
+        counter = _tokenizer(tokenizer, docs, unreserved["train"], vocab_size, reg, progress)
+        counted_with = ("tokens counted with GPT-2's tokenizer" if tokenizer == "gpt2" else
+                        "tokens counted with the BPE of the split without --long-test")
+        counts = _count_tokens(counter[0], docs, progress)
+        reserved = reserve_long_docs(name, counts, long_test, long_test_tokens, seed, counted_with)
+        extra = {"reserved_docs": int(long_test), "min_tokens": int(long_test_tokens),
+                 "corpus_docs_ge_min_tokens": int((counts >= long_test_tokens).sum()), "counted_with": counted_with}
 
     # 2. Split by document; within a split, a seeded random order mixes the stream.
-    lengths = np.array([len(t) for _, t in docs])
-    assign = split_docs(lengths, seed, val_frac, test_frac)
-    rng = np.random.default_rng(seed + 1)
-    members = {s: rng.permutation(np.flatnonzero(assign == i)) for i, s in enumerate(SPLITS)}
+    assign = split_docs_reserving(lengths, reserved, seed, val_frac, test_frac)
+    members = _members(assign, seed)
 
     # 3. Tokenizer: trained on the train split only (or GPT-2's).
-    log.info("preparing the %s tokenizer", tokenizer)
-    tok_record = {"kind": tokenizer}
-    if tokenizer == "gpt2":
-        tok, fetched = gpt2_tokenizer(reg)
-        tok_record["source"] = fetched.record()
+    if counter is not None and (tokenizer == "gpt2" or np.array_equal(members["train"], unreserved["train"])):
+        tok, tok_record = counter
     else:
-        train_texts = (docs[i][1] for i in members["train"])
-        tok = train_bpe(train_texts, vocab_size, n_texts=len(members["train"]), progress=progress)
-    eos_id = tok.token_to_id(EOS_TOKEN)
-    tok_record.update(vocab_size=tok.get_vocab_size(), eos_id=eos_id, eos_token=EOS_TOKEN, file="tokenizer.json")
+        tok, tok_record = _tokenizer(tokenizer, docs, members["train"], vocab_size, reg, progress)
+    eos_id = tok_record["eos_id"]
     tok.save(str(folder / "tokenizer.json"))
 
     # 4. Encode and pack every split.
+    long = LONG + ((int(long_test_tokens),) if long_test and long_test_tokens not in LONG else ())
     splits = {}
     with tqdm(total=int(lengths.sum()), desc="encoding", unit="char", unit_scale=True, disable=not progress) as bar:
         for split in SPLITS:
@@ -470,10 +582,20 @@ def _build_text(folder: Path, name: str, from_path, tokenizer: str, vocab_size: 
                     bar.update(len(text))
                     yield ids
 
-            splits[split] = _write_split(folder, split, counted(encode_docs(tok, texts)), eos_id)
+            splits[split] = _write_split(folder, split, counted(encode_docs(tok, texts)), eos_id, long)
             splits[split]["chars"] = int(sum(len(t) for t in texts))
-    return {"sources": records, "missing_sources": missing, "cleaning": cleaning, "tokenizer": tok_record,
-            "splits": splits}
+    out = {"tokenizer": tok_record, "splits": splits}
+    if long_test:
+        # 5. With the final tokenizer's counts, test must hold long_test documents that long.
+        test_lens = np.load(folder / "test.idx.npy")[:, 1]
+        reached = int((test_lens[np.isin(members["test"], reserved)] >= long_test_tokens).sum())
+        have = int((test_lens >= long_test_tokens).sum())
+        if have < long_test:
+            raise _too_few_long(name, long_test, long_test_tokens,
+                                f"has only {have} in its test split with the tokenizer trained on the final "
+                                f"train split ({reached} of the reserved ones reach it there; try another --seed)")
+        out["long_test"] = extra | {"reserved_docs_ge_min_tokens": reached}
+    return out
 
 
 def _is_prepared(name: str, folder: Path, m: dict, params: dict, allow_missing: bool) -> bool:
@@ -530,7 +652,8 @@ def _swap_in(build: Path, folder: Path) -> None:
 def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | None = None,
                    tokenizer: str = "bpe", vocab_size: int = 16384, seed: int = 0,
                    val_frac: float = 0.02, test_frac: float = 0.05, cache_dir: Path | None = None,
-                   progress: bool = True, force: bool = False, allow_missing_sources: bool = False) -> dict:
+                   progress: bool = True, force: bool = False, allow_missing_sources: bool = False,
+                   long_test: int = 0, long_test_tokens: int = LONG_TEST_TOKENS) -> dict:
     """Build `<root>/<name>/` and return its manifest.
 
     Built-in names are in CORPORA; any other name needs `from_path` (a folder of text
@@ -543,12 +666,19 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
     missing ones in the manifest under "missing_sources". Such a partial corpus counts
     as prepared only for a later call that allows missing sources too.
 
+    `long_test=N` (text corpora) puts N documents of at least `long_test_tokens` tokens,
+    drawn by `seed`, into the test split before the rest is split as usual (so test gets
+    them and its `test_frac` share of the rest); too few such documents is a DataError,
+    raised before any tokenizing when the documents' sizes in bytes already tell.
+    manifest["long_test"] records the reservation; every split records its number of
+    documents of >= 8192 and >= 16384 tokens (and >= `long_test_tokens`).
+
     On any failure the corpus that was there before is left untouched.
     """
     t0 = time.time()
     root = Path(root)
-    _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, root)
-    params = _params(from_path, tokenizer, vocab_size, seed, val_frac, test_frac)
+    _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, root, long_test, long_test_tokens)
+    params = _params(from_path, tokenizer, vocab_size, seed, val_frac, test_frac, long_test, long_test_tokens)
     if name == "synthetic":
         params.update(tokenizer="none", vocab_size=synthetic.VOCAB)
     folder = root / name
@@ -556,6 +686,11 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
     if old is not None and not force and _is_prepared(name, folder, old, params, allow_missing_sources):
         log.info("corpus %s is already prepared at %s", name, folder)
         return old
+
+    if name != "synthetic":  # read and check the documents before any build folder exists
+        reg = Registries(Path(cache_dir) if cache_dir else root / ".cache")
+        docs, records, missing, cleaning = _read_docs(name, from_path, reg, progress, allow_missing_sources)
+        _check_docs(name, docs, val_frac, test_frac, long_test, long_test_tokens)
 
     # Build next to the real folder (through a symlink, if `folder` is one), so the
     # final renames stay on one filesystem.
@@ -571,9 +706,9 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
         if name == "synthetic":
             manifest.update(_build_synthetic(build, seed, val_frac, test_frac))
         else:
-            reg = Registries(Path(cache_dir) if cache_dir else root / ".cache")
-            manifest.update(_build_text(build, name, from_path, tokenizer, vocab_size, seed,
-                                        val_frac, test_frac, reg, progress, allow_missing_sources))
+            manifest.update(sources=records, missing_sources=missing, cleaning=cleaning)
+            manifest.update(_build_text(build, name, docs, tokenizer, vocab_size, seed, val_frac, test_frac,
+                                        reg, progress, long_test, long_test_tokens))
         for n in LONG:
             manifest[f"test_docs_ge_{n}_tokens"] = manifest["splits"]["test"][f"docs_ge_{n}_tokens"]
         manifest["seconds"] = round(time.time() - t0, 1)
