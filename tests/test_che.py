@@ -33,6 +33,14 @@ def test_all_tasks_end_to_end(tmp_path):
     assert (tmp_path / "che_per_length.png").stat().st_size > 20_000
     for run in result["runs"]:
         assert sorted(run["per_length"]) == [41, 44]
+        assert run["git_commit"]  # each run records the code it ran
+
+
+def test_summary_std_is_the_sample_std():
+    runs = [{"task": "parity_check", "method": "rope", "accuracy": a} for a in (0.5, 0.7)]
+    s = che.summarise(runs)["parity_check"]["rope"]
+    assert abs(s["std"] - 0.1414213562373095) < 1e-12 and s["mean"] == 0.6 and s["seeds"] == 2
+    assert che.summarise(runs[:1])["parity_check"]["rope"]["std"] == 0.0
 
 
 def test_every_bidirectional_method_runs(tmp_path):

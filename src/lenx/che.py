@@ -27,6 +27,7 @@ from torch.nn import functional as F
 
 from .attention.methods import UnknownMethodError, parse_method
 from .model import Block, LMConfig
+from .runinfo import git_commit
 from .tasks import TASKS, get_task
 
 
@@ -222,6 +223,7 @@ def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True) -> dict:
     done = read_runs(log, repair=True)
     _check_protocol(done, proto, log, "use a fresh --out directory for a different protocol")
     by_key = {_run_key(r): r for r in done}
+    commit = git_commit()
     todo = [(t, m, s) for t in cfg.tasks for m in cfg.methods for s in cfg.seeds if (t, m, s) not in by_key]
     bar = None
     if progress:
@@ -231,7 +233,8 @@ def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True) -> dict:
     for task, method, seed in todo:
         if bar is not None:
             bar.set_postfix(task=task, method=method, seed=seed)
-        run = {**train_and_test(task, method, seed, cfg, bar.update if bar else None), "protocol": proto}
+        run = {**train_and_test(task, method, seed, cfg, bar.update if bar else None), "protocol": proto,
+               "git_commit": commit}  # per run: a resumed CHE may span commits
         with open(log, "a") as f:  # one whole line per run, on disk before the next run starts
             f.write(json.dumps(run) + "\n")
             f.flush()
@@ -312,18 +315,19 @@ def redraw_che(che_json: Path, out_dir: Path | None = None) -> list[Path]:
 
 
 def summarise(runs: list[dict]) -> dict:
-    """{task: {method: {mean, std, max, seeds}}} of the per-seed average accuracies."""
+    """{task: {method: {mean, std, max, seeds}}} of the per-seed average accuracies; std is the sample
+    std (n - 1, 0 for one seed), as in every other table of lenx."""
     out: dict = {}
     for r in runs:
         out.setdefault(r["task"], {}).setdefault(r["method"], []).append(r["accuracy"])
-    return {t: {m: {"mean": float(np.mean(a)), "std": float(np.std(a)), "max": float(np.max(a)), "seeds": len(a)}
+    return {t: {m: {"mean": float(np.mean(a)), "std": float(np.std(a, ddof=1)) if len(a) > 1 else 0.0, "max": float(np.max(a)), "seeds": len(a)}
                 for m, a in ms.items()} for t, ms in out.items()}
 
 
 def che_table(summary: dict, cfg: CHEConfig) -> str:
     """Markdown table like the paper's table 6: tasks x methods, accuracy in %, max over seeds (mean ± std)."""
     lines = [f"CHE accuracy (%), test lengths {cfg.test_min_length}..{cfg.test_max_length}, "
-             f"{cfg.steps} steps, seeds {cfg.seeds}: max over seeds (mean ± std).", "",
+             f"{cfg.steps} steps, seeds {cfg.seeds}: max over seeds (mean ± sample std).", "",
              "| level | task | chance | " + " | ".join(cfg.methods) + " |",
              "|---|---|---|" + "---|" * len(cfg.methods)]
     for task in cfg.tasks:
