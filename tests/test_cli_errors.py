@@ -1,6 +1,7 @@
 """Bad input through the real CLI, as a user runs it: every case exits non-zero with exactly one
 line on stderr that starts with "error:", no traceback, and changes no file."""
 
+import json
 import os
 from pathlib import Path
 import subprocess
@@ -23,16 +24,39 @@ def snapshot(root: Path) -> dict:
     return {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*")}
 
 
+def fake_eval(folder: Path, method: str, documents: list[int], per_window: bool = True) -> None:
+    """An eval.json as `lenx eval` writes it (the keys `lenx compare` reads), with made-up NLLs;
+    per_window=False: as an older lenx wrote it, without window NLLs."""
+    results = {}
+    for L in (64, 128):
+        row = {"ppl": 10.0, "ppl_full": 10.0, "nll": 2.302585}
+        if per_window:
+            row["window_nll"] = [2.3 + 0.01 * i for i in range(len(documents))]
+        results[str(L)] = row
+    folder.mkdir(parents=True)
+    (folder / "eval.json").write_text(json.dumps({
+        "run": str(folder), "method": method, "train_len": 64, "corpus": "synthetic", "step": 2, "steps": 2,
+        "finished": True, "lengths": [64, 128], "windows": len(documents), "scored": 32, "split": "test",
+        "eval_seed": 1234, "window_documents": documents, "window_distinct_documents": len(set(documents)),
+        "delta_p_tokens": 32, "results": results}))
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A working directory with a trained tiny run (run/), its corpus (data/), a TOML file that does
-    not parse (bad.toml) and a folder that is not a run (notarun/)."""
+    not parse (bad.toml), a folder that is not a run (notarun/), and evaluated runs for `lenx
+    compare`: cmp/ (two methods on the same windows), cmp-other/ (other windows), cmp-old/ (an
+    eval.json without window NLLs)."""
     root = tmp_path_factory.mktemp("cli")
     out = lenx("train", "-c", "tiny", "--set", "train.steps=2", "-o", "run", "--no-progress", cwd=root)
     assert out.returncode == 0, out.stderr
     (root / "bad.toml").write_text("[train]\nsteps = = 3\n")
     (root / "notarun").mkdir()
     (root / "notarun" / "notes.txt").write_text("not a run\n")
+    fake_eval(root / "cmp" / "kerple-s0", "kerple", [0, 1, 2, 3])
+    fake_eval(root / "cmp" / "rope-s0", "rope", [0, 1, 2, 3])
+    fake_eval(root / "cmp-other" / "alibi-s0", "alibi", [4, 5, 6, 7])
+    fake_eval(root / "cmp-old" / "alibi-s0", "alibi", [0, 1, 2, 3], per_window=False)
     return root
 
 
@@ -133,3 +157,21 @@ def test_bad_long_test_is_one_line_exit_2_and_changes_nothing(workdir, args, nee
 def test_long_test_of_the_synthetic_corpus(workdir):
     out = check_bad_input(workdir, ["prepare", "synthetic", "--long-test", "3"], "applies to text corpora")
     assert out.returncode == 2
+
+
+COMPARE_CASES = [
+    pytest.param(["notarun"], "no eval.json", id="compare-no-runs"),
+    pytest.param(["nowhere"], "not a folder", id="compare-missing-folder"),
+    pytest.param(["cmp", "cmp-other"], "cmp-other/alibi-s0 (window_documents)", id="compare-other-windows"),
+    pytest.param(["cmp", "--reference", "kerpel"], "reference method 'kerpel'", id="compare-unknown-reference"),
+    pytest.param(["cmp-old"], "re-run `lenx eval", id="compare-no-window-nll"),
+    pytest.param(["cmp", "--resamples", "50"], "--resamples must be at least 100", id="compare-few-resamples"),
+    pytest.param(["cmp", "--seed", "-1"], "--seed must be", id="compare-negative-seed"),
+]
+
+
+@pytest.mark.parametrize("args, needle", COMPARE_CASES)
+def test_bad_compare_is_one_line_exit_2_and_writes_nothing(workdir, args, needle):
+    out = check_bad_input(workdir, ["compare", *args, "--out", "compare.json"], needle)
+    assert out.returncode == 2
+    assert not (workdir / "compare.json").exists()

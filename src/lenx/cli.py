@@ -438,6 +438,112 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
     print("figures: " + ", ".join(result["figures"]))
 
 
+def _interval_cell(value: float, lo: float, hi: float, sign: str = "") -> str:
+    return f"{value:{sign}.2f} [{lo:{sign}.2f}, {hi:{sign}.2f}]"
+
+
+def print_compare_tables(result: dict):
+    """The tables of `lenx compare`: seed-mean perplexity [interval] per method and length, ΔP where
+    it could be recomputed, and the differences to the reference method."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    lengths = [str(L) for L in result["lengths"]]
+    pct = f"{100 * result['level']:g}%"
+    where = (f"{result['windows']} windows from {result['documents']} documents; {pct} bootstrap intervals over "
+             f"documents ({result['resamples']} resamples, seed {result['seed']})")
+
+    def table(title: str, caption: str | None = None) -> Table:
+        t = Table(title=title, caption=caption)
+        t.add_column("method", no_wrap=True)
+        for L in lengths:
+            t.add_column(L, justify="right")
+        return t
+
+    ppl = table(f"perplexity of the last {result['scored']} tokens, mean over seeds [{pct} interval]", where)
+    for method, m in result["methods"].items():
+        cells = [_interval_cell(e["ppl"], e["lo"], e["hi"]) for e in (m["lengths"][L] for L in lengths)]
+        ppl.add_row(f"{method} ({len(m['seeds'])} seed{'s' if len(m['seeds']) != 1 else ''})", *cells)
+    console.print(ppl)
+
+    with_dp = {method: m for method, m in result["methods"].items()
+               if any("delta_p" in m["lengths"][L] for L in lengths)}
+    if with_dp:  # at the lengths beyond a training length only
+        dp_lengths = [L for L in lengths if any("delta_p" in m["lengths"][L] for m in with_dp.values())]
+        dp = Table(title=f"ΔP, mean over seeds [{pct} interval] (positive: context beyond the training length helps)")
+        dp.add_column("method", no_wrap=True)
+        for L in dp_lengths:
+            dp.add_column(L, justify="right")
+        for method, m in with_dp.items():
+            entries = [m["lengths"][L].get("delta_p") for L in dp_lengths]
+            dp.add_row(method, *("" if e is None else _interval_cell(e["value"], e["lo"], e["hi"], "+")
+                                 for e in entries))
+        console.print(dp)
+    notes: dict[str, list[str]] = {}  # why ΔP is left out -> the methods it applies to
+    for method, m in result["methods"].items():
+        if m["delta_p_note"]:
+            notes.setdefault(m["delta_p_note"], []).append(method)
+    for note, methods in notes.items():
+        console.print(f"ΔP left out ({', '.join(methods)}): {note}", highlight=False)
+
+    if result["reference"] is not None and result["differences"]:
+        diff = table(f"perplexity minus {result['reference']}'s, mean over seeds [{pct} paired interval]",
+                     "bold: the interval excludes 0 (negative: better than the reference)")
+        for method, rows in result["differences"].items():
+            cells = []
+            for L in lengths:
+                d = rows[L]
+                text = _interval_cell(d["diff"], d["lo"], d["hi"], "+")
+                cells.append(f"[bold]{text}[/bold]" if d["excludes_zero"] else text)
+            diff.add_row(method, *cells)
+        console.print(diff)
+
+
+@_command("compare")
+def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", show_default=False,
+                                                  help="run folders, or folders of runs (each subfolder with an "
+                                                       "eval.json, e.g. a sweep's --out)"),
+                reference: str = typer.Option(None, help="a method to compare every other one with (paired "
+                                                         "differences of perplexity)"),
+                out: Path = typer.Option(Path("compare.json"), "--out", "-o", help="the JSON file to write"),
+                resamples: int = typer.Option(2000, help="bootstrap resamples of documents (at least 100)"),
+                seed: int = typer.Option(0, help="seed of the bootstrap resamples")):
+    """Compare methods over seeds: perplexity with bootstrap intervals over documents.
+
+    Reads each run's eval.json (`lenx eval` writes it, with one NLL per window), groups the runs by
+    method (each run one training seed) and prints per method and length the mean perplexity over
+    seeds with its 95% percentile bootstrap interval: documents are resampled, the same draw for
+    every seed and method. With --reference, the paired difference of every other method to it.
+    All runs must be evaluated on the same windows (corpus, split, eval.seed, windows, scored and
+    lengths). Writes the numbers to --out as JSON.
+    """
+    from .compare import MIN_RESAMPLES, CompareError, compare_runs, find_runs
+    from .fileio import write_json
+
+    try:
+        if resamples < MIN_RESAMPLES:
+            raise CompareError(f"--resamples must be at least {MIN_RESAMPLES}, got {resamples}")
+        if seed < 0:
+            raise CompareError(f"--seed must be an integer >= 0, got {seed}")
+        if out.is_dir():
+            raise CompareError(f"--out {out} is a folder; give a file name such as {out / 'compare.json'}")
+        result = compare_runs(find_runs(runs), reference, n=resamples, seed=seed)
+    except CompareError as e:
+        _fail(e)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_json(out, result)
+    except OSError as e:
+        _fail(CompareError(f"cannot write --out {out}: {e}"))
+    for run in result["runs"]:
+        if run["finished"] is not True:
+            print(f"warning: {run['run']}/eval.json is of a model that had not finished training (step "
+                  f"{run['step']})", file=sys.stderr)
+    print_compare_tables(result)
+    print(f"wrote {out}")
+
+
 @_command("plot")
 def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure under it is re-drawn from its JSON), a "
                                            "results.json / eval.json / che.json / attention JSON file, or a run "

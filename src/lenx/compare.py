@@ -1,0 +1,222 @@
+"""Compare methods over training seeds: perplexity with bootstrap intervals over documents.
+
+Each run's eval.json keeps one mean NLL per window and length ("window_nll") and the document of
+each window ("window_documents"). The windows depend only on the corpus, split, eval seed, window
+count and lengths, never on the method or the training seed, so runs evaluated alike are measured on
+the very same windows: a method's seeds are pooled window by window, and two methods are compared
+pairwise on the same resamples of documents (lenx.stats).
+
+Per method and length the point estimate is the seed-mean perplexity, the mean over seeds of each
+seed's exp(mean window NLL). ΔP (P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluate.py) is
+recomputed from the windows only where they hold what it needs: the window NLLs cover the last
+`scored` tokens, so ΔP over the last T_train tokens follows from them when scored == T_train (the
+ΔP window, "delta_p_tokens") and T_train was evaluated; otherwise the method's "delta_p_note" says
+why it is left out.
+
+Numpy only: comparing runs loads no model and no torch.
+"""
+
+import json
+from pathlib import Path
+import re
+import tomllib
+
+import numpy as np
+
+from .stats import seed_mean_difference, seed_mean_interval
+
+MIN_RESAMPLES = 100
+WINDOW_KEYS = ("corpus", "split", "eval_seed", "scored", "lengths", "window_documents")  # what fixes the windows
+
+
+class CompareError(ValueError):
+    """Runs that cannot be compared; the message is one line for the user."""
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """The run folders that `paths` name: a folder with an eval.json is a run; a folder without one
+    stands for each of its subfolders that has one (a sweep's --out), in name order, skipping the
+    runs a sweep moved aside (<name>.old-<time>). A run named twice counts once."""
+    runs, seen = [], set()
+    for path in map(Path, paths):
+        if not path.is_dir():
+            raise CompareError(f"{path} is not a folder (give run folders or folders of runs)")
+        if (path / "eval.json").is_file():
+            found = [path]
+        else:
+            found = sorted(p for p in path.iterdir() if p.is_dir() and (p / "eval.json").is_file()
+                           and ".old-" not in p.name and not p.name.startswith("."))
+            if not found:
+                raise CompareError(f"{path} has no eval.json and no subfolder with one; evaluate runs with "
+                                   "`lenx eval RUN` first")
+        for run in found:
+            key = run.resolve()
+            if key not in seen:
+                seen.add(key)
+                runs.append(run)
+    if not runs:
+        raise CompareError("no run to compare: give run folders or folders of runs")
+    return runs
+
+
+def _training_seed(run_dir: Path) -> int | None:
+    """train.seed of the run's config.toml; without a readable one, the <seed> of a folder named
+    <method>-s<seed> (lenx sweep --seeds); else None."""
+    try:
+        seed = tomllib.loads((run_dir / "config.toml").read_text())["train"]["seed"]
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            return seed
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    match = re.search(r"-s(\d+)$", run_dir.name)
+    return int(match.group(1)) if match else None
+
+
+def load_run(run_dir: Path) -> dict:
+    """One run for comparison: {"run", "method" (the eval label when it has one, e.g. a fine-tuned
+    RoPE extension), "seed", "train_len", "step", "finished", "windows" (what fixes its windows),
+    "nll" {length: window NLLs}, "delta_p_tokens"}."""
+    run_dir = Path(run_dir)
+    path = run_dir / "eval.json"
+    try:
+        result = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CompareError(f"{run_dir} has no eval.json; evaluate it with `lenx eval {run_dir}`") from None
+    except (OSError, ValueError) as e:
+        raise CompareError(f"{path} is not readable JSON ({e}); evaluate it again with `lenx eval {run_dir}`") from None
+    rows = result.get("results") if isinstance(result, dict) else None
+    if not isinstance(rows, dict) or not rows:
+        raise CompareError(f"{path} holds no perplexity results; evaluate it with `lenx eval {run_dir}`")
+    documents = result.get("window_documents")
+    if not isinstance(documents, list) or any(not isinstance(r, dict) or "window_nll" not in r for r in rows.values()):
+        raise CompareError(f"{path} has no per-window NLLs (written by an older lenx eval); re-run "
+                           f"`lenx eval {run_dir}` to write them")
+    nll = {int(L): np.asarray(r["window_nll"], dtype=np.float64) for L, r in rows.items()}
+    if any(v.shape != (len(documents),) for v in nll.values()):
+        raise CompareError(f"{path} has window NLLs that do not match its {len(documents)} window documents; "
+                           f"re-run `lenx eval {run_dir}`")
+    lengths = sorted(nll)
+    windows = {key: result.get(key) for key in WINDOW_KEYS} | {"lengths": lengths}
+    return {"run": str(run_dir), "method": result.get("label") or result.get("method"), "seed": _training_seed(run_dir),
+            "train_len": result.get("train_len"), "step": result.get("step"), "finished": result.get("finished"),
+            "windows": windows, "nll": {L: nll[L] for L in lengths}, "delta_p_tokens": result.get("delta_p_tokens")}
+
+
+def _check_same_windows(runs: list[dict]) -> None:
+    """Every run must be evaluated on the first one's windows; the error names the runs that are not."""
+    first = runs[0]
+    differ = {}
+    for run in runs[1:]:
+        keys = [key for key in WINDOW_KEYS if run["windows"][key] != first["windows"][key]]
+        if keys:
+            differ[run["run"]] = keys
+    if differ:
+        listed = "; ".join(f"{run} ({', '.join(keys)})" for run, keys in differ.items())
+        raise CompareError(f"runs evaluated on other windows than {first['run']}: {listed}; evaluate every run "
+                           "with the same corpus, split, eval.seed, windows, scored tokens and lengths")
+
+
+def _group(runs: list[dict]) -> dict[str, list[dict]]:
+    """Runs by method, in order of first appearance; a method's runs must differ in their seed and
+    share their training length."""
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        if not run["method"]:
+            raise CompareError(f"{run['run']}/eval.json names no method; re-run `lenx eval {run['run']}`")
+        groups.setdefault(run["method"], []).append(run)
+    for method, members in groups.items():
+        seen = {}
+        for run in members:
+            if run["seed"] is not None and run["seed"] in seen:
+                raise CompareError(f"{seen[run['seed']]} and {run['run']} are both {method} with training seed "
+                                   f"{run['seed']}: compare them separately, not as two seeds of one method")
+            seen[run["seed"]] = run["run"]
+        train_lens = sorted({str(run["train_len"]) for run in members})
+        if len(train_lens) > 1:
+            raise CompareError(f"the {method} runs were trained at different lengths ({', '.join(train_lens)}): "
+                               f"{', '.join(run['run'] for run in members)}")
+    return groups
+
+
+def _delta_p_note(members: list[dict]) -> str | None:
+    """Why ΔP cannot be recomputed from these runs' window NLLs, or None when it can."""
+    run = members[0]
+    T, scored, tokens = run["train_len"], run["windows"]["scored"], run["delta_p_tokens"]
+    if any(r["delta_p_tokens"] != tokens for r in members) or tokens is None:
+        return "eval.json does not say over how many tokens ΔP was measured (delta_p_tokens)"
+    if tokens != scored:
+        return (f"ΔP is measured on the last {tokens} tokens but eval.json keeps per-window NLLs of the last "
+                f"{scored} (scored) only; evaluate with --scored {tokens} for ΔP intervals")
+    if T not in run["nll"]:
+        return f"ΔP needs the training length {T} among the evaluated lengths"
+    return None
+
+
+def _checked_options(n, seed, level) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < MIN_RESAMPLES:
+        raise CompareError(f"resamples must be an integer >= {MIN_RESAMPLES}, got {n!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise CompareError(f"the bootstrap seed must be an integer >= 0, got {seed!r}")
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise CompareError(f"level must be a number between 0 and 1, got {level!r}")
+
+
+def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> dict:
+    """Seed-mean perplexity of every method at every length with its percentile bootstrap interval
+    over documents (n resamples, drawn by `seed`, the same draw for every method and length), ΔP
+    likewise where the window NLLs allow it, and with `reference` (a method name) each other
+    method's paired difference to it. All of it JSON-ready; see the module docstring. A CompareError
+    (one line) when the runs cannot be compared: no per-window NLLs, other windows, a seed twice, an
+    unknown reference."""
+    _checked_options(n, seed, level)
+    if not run_dirs:
+        raise CompareError("no run to compare")
+    runs = [load_run(Path(r)) for r in run_dirs]
+    _check_same_windows(runs)
+    groups = _group(runs)
+    if reference is not None and reference not in groups:
+        raise CompareError(f"reference method {reference!r} is not among the compared methods "
+                           f"({', '.join(groups)})")
+    windows = runs[0]["windows"]
+    documents = np.asarray(windows["window_documents"])
+    distinct = int(len(np.unique(documents)))
+    lengths = windows["lengths"]
+    boot = {"n": n, "seed": seed, "level": level}
+
+    stacked = {method: {L: np.stack([r["nll"][L] for r in members]) for L in lengths}
+               for method, members in groups.items()}
+    methods = {}
+    for method, members in groups.items():
+        T = members[0]["train_len"]
+        note = _delta_p_note(members)
+        per_length = {}
+        for L in lengths:
+            interval = seed_mean_interval(stacked[method][L], documents, **boot)
+            entry = {"ppl": interval["ppl"], "lo": interval["lo"], "hi": interval["hi"],
+                     "per_seed": interval["per_seed"], "seeds": len(members), "documents": distinct}
+            if note is None and L > T:
+                # per seed: exp(mean NLL at T_train) - exp(mean NLL at L), on the same scored tokens
+                dp = seed_mean_difference(stacked[method][T], stacked[method][L], documents, **boot)
+                per_seed = np.exp(stacked[method][T].mean(1)) - np.exp(stacked[method][L].mean(1))
+                entry["delta_p"] = {"value": dp["diff"], "lo": dp["lo"], "hi": dp["hi"], "per_seed": per_seed.tolist()}
+            per_length[str(L)] = entry
+        methods[method] = {"runs": [r["run"] for r in members], "seeds": [r["seed"] for r in members],
+                           "train_len": T, "delta_p_note": note, "lengths": per_length}
+
+    differences = {}
+    if reference is not None:
+        for method in groups:
+            if method == reference:
+                continue
+            differences[method] = {}
+            for L in lengths:
+                d = seed_mean_difference(stacked[method][L], stacked[reference][L], documents, **boot)
+                differences[method][str(L)] = d | {"excludes_zero": bool(d["lo"] > 0 or d["hi"] < 0)}
+
+    return {"level": level, "resamples": n, "seed": seed, "reference": reference,
+            "corpus": windows["corpus"], "split": windows["split"], "eval_seed": windows["eval_seed"],
+            "scored": windows["scored"], "lengths": lengths, "windows": int(len(documents)), "documents": distinct,
+            "runs": [{"run": r["run"], "method": r["method"], "seed": r["seed"], "step": r["step"],
+                      "finished": r["finished"]} for r in runs],
+            "methods": methods, "differences": differences}

@@ -1,0 +1,255 @@
+"""`lenx compare`: seed-mean perplexity with bootstrap intervals over documents, paired differences
+between methods, and the checks that refuse runs which cannot be compared. The fake runs are made
+from the structure of one real eval.json of a tiny run trained and evaluated here."""
+
+import copy
+import json
+import math
+import os
+from pathlib import Path
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lenx.compare import CompareError, compare_runs, find_runs
+from lenx.config import load_config, to_toml
+from lenx.stats import paired_difference, perplexity_interval, seed_mean_difference, seed_mean_interval
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=32", "train.batch_size=4",
+        "train.steps=2", "train.log_every=1", "train.device=cpu", "eval.windows=12", "eval.scored=32"]
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    """A tiny real run evaluated at 32 (its training length) and 64 with 32 scored tokens, so its
+    ΔP window equals the scored window and ΔP can be recomputed from the window NLLs."""
+    from lenx.evaluate import evaluate
+    from lenx.train import train
+
+    root = tmp_path_factory.mktemp("real")
+    cfg = load_config("tiny", TINY + [f"data.root={str(root / 'data')!r}"])
+    run = root / "kerple-s0"
+    cfg.model.method = "kerple"
+    train(cfg, run, progress=False)
+    evaluate(run, lengths=[32, 64], device="cpu", progress=False)
+    return run
+
+
+@pytest.fixture(scope="module")
+def template(real_run):
+    """(eval.json, config.toml text) of the real run: what every fake run copies."""
+    return json.loads((real_run / "eval.json").read_text()), (real_run / "config.toml").read_text()
+
+
+def fake_run(folder: Path, template, method: str, seed: int, nll: dict, documents=None, **fields) -> Path:
+    """A run folder like a real one, with the window NLLs `nll` {length: [windows]} (a number: the
+    same NLL for every window); `fields` replace top-level keys of its eval.json."""
+    result, config = copy.deepcopy(template[0]) | fields, template[1]
+    result["method"], result["run"] = method, str(folder)
+    if documents is not None:
+        result["window_documents"] = list(documents)
+    count = len(result["window_documents"])
+    result["results"] = {}
+    for L, values in nll.items():
+        values = np.broadcast_to(np.asarray(values, dtype=np.float64), (count,))
+        result["results"][str(L)] = {"ppl": math.exp(values.mean()), "ppl_full": math.exp(values.mean()),
+                                     "nll": float(values.mean()), "window_nll": [round(float(v), 6) for v in values]}
+    result["lengths"] = sorted(int(L) for L in nll)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "eval.json").write_text(json.dumps(result))
+    (folder / "config.toml").write_text(config)
+    cfg = load_config(str(folder / "config.toml"))
+    cfg.train.seed = seed
+    (folder / "config.toml").write_text(to_toml(cfg))
+    return folder
+
+
+def windows_of(template) -> int:
+    return len(template[0]["window_documents"])
+
+
+def noisy(template, seed, shift=0.0):
+    """Window NLLs that vary by window and document, shifted by `shift`."""
+    docs = np.asarray(template[0]["window_documents"])
+    rng = np.random.default_rng(seed)
+    return 3 + shift + 0.3 * rng.standard_normal(len(docs)) + 0.2 * rng.standard_normal(docs.max() + 1)[docs]
+
+
+def test_the_real_eval_json_has_what_compare_reads(real_run, template):
+    result = template[0]
+    assert result["delta_p_tokens"] == result["scored"] == result["train_len"] == 32
+    out = compare_runs([real_run], n=200)
+    m = out["methods"]["kerple"]
+    assert m["seeds"] == [0] and m["delta_p_note"] is None and out["lengths"] == [32, 64]
+    assert out["windows"] == windows_of(template) == 12
+    assert out["documents"] == result["window_distinct_documents"]
+    for L, row in result["results"].items():
+        assert math.isclose(m["lengths"][L]["ppl"], row["ppl"], rel_tol=1e-5)  # window NLLs keep 6 decimals
+        assert m["lengths"][L]["documents"] == out["documents"] and m["lengths"][L]["seeds"] == 1
+    # ΔP recomputed from the windows is eval.json's own
+    assert "delta_p" not in m["lengths"]["32"]
+    assert math.isclose(m["lengths"]["64"]["delta_p"]["value"], result["results"]["64"]["delta_p"],
+                        rel_tol=1e-4, abs_tol=1e-4)
+    dp = m["lengths"]["64"]["delta_p"]
+    assert dp["lo"] <= dp["value"] <= dp["hi"]
+
+
+def test_interval_contains_the_estimate_and_collapses_on_identical_nlls(tmp_path, template):
+    runs = [fake_run(tmp_path / f"a-s{s}", template, "a", s, {32: noisy(template, s), 64: noisy(template, 10 + s)})
+            for s in (0, 1)]
+    runs.append(fake_run(tmp_path / "flat-s0", template, "flat", 0, {32: 2.5, 64: 2.5}))
+    out = compare_runs(runs, n=500)
+    for e in out["methods"]["a"]["lengths"].values():
+        assert e["lo"] < e["ppl"] < e["hi"] and e["seeds"] == 2
+    for e in out["methods"]["flat"]["lengths"].values():
+        assert math.isclose(e["lo"], math.exp(2.5)) and math.isclose(e["hi"], math.exp(2.5))
+        assert math.isclose(e["ppl"], math.exp(2.5))
+
+
+def test_seeds_pool_as_the_mean_of_their_perplexities(tmp_path, template):
+    runs = [fake_run(tmp_path / "a-s0", template, "a", 0, {32: 2.0, 64: 2.0}),
+            fake_run(tmp_path / "a-s1", template, "a", 1, {32: 3.0, 64: 2.0})]
+    out = compare_runs(runs, n=200)
+    e = out["methods"]["a"]["lengths"]["32"]
+    assert out["methods"]["a"]["seeds"] == [0, 1]
+    assert np.allclose(e["per_seed"], [math.exp(2), math.exp(3)])
+    assert math.isclose(e["ppl"], (math.exp(2) + math.exp(3)) / 2)  # not exp of the mean NLL 2.5
+    assert math.isclose(e["lo"], e["ppl"]) and math.isclose(e["hi"], e["ppl"])
+
+
+def test_a_constant_shift_is_a_difference_that_excludes_zero(tmp_path, template):
+    runs = [fake_run(tmp_path / "ref-s0", template, "ref", 0, {32: 2.0, 64: 2.0}),
+            fake_run(tmp_path / "worse-s0", template, "worse", 0, {32: 2.1, 64: 2.0}),
+            fake_run(tmp_path / "noisy-s0", template, "noisy", 0, {32: noisy(template, 0), 64: noisy(template, 1)}),
+            fake_run(tmp_path / "noisier-s0", template, "noisier", 0,
+                     {32: noisy(template, 0, shift=0.2), 64: noisy(template, 1, shift=-0.2)})]
+    out = compare_runs(runs, reference="ref", n=500)
+    assert set(out["differences"]) == {"worse", "noisy", "noisier"}
+    shift = out["differences"]["worse"]["32"]
+    assert math.isclose(shift["diff"], math.exp(2.1) - math.exp(2.0), rel_tol=1e-6)
+    assert math.isclose(shift["lo"], shift["diff"], rel_tol=1e-6)
+    assert math.isclose(shift["hi"], shift["diff"], rel_tol=1e-6)
+    assert shift["excludes_zero"]
+    same = out["differences"]["worse"]["64"]
+    assert same == {"diff": 0.0, "lo": 0.0, "hi": 0.0, "excludes_zero": False}
+    # varying windows, all shifted alike: up at 32, down at 64, never straddling 0
+    paired = compare_runs(runs, reference="noisy", n=500)["differences"]["noisier"]
+    up, down = paired["32"], paired["64"]
+    assert 0 < up["lo"] <= up["diff"] <= up["hi"] and up["excludes_zero"]
+    assert down["lo"] <= down["diff"] <= down["hi"] < 0 and down["excludes_zero"]
+    paired = paired_difference(noisy(template, 0, shift=0.2), noisy(template, 0), template[0]["window_documents"],
+                               n=500)
+    assert math.isclose(up["diff"], paired["diff"], rel_tol=1e-5)
+
+
+def test_the_bootstrap_is_seeded(tmp_path, template):
+    runs = [fake_run(tmp_path / "a-s0", template, "a", 0, {32: noisy(template, 0), 64: noisy(template, 1)}),
+            fake_run(tmp_path / "b-s0", template, "b", 0, {32: noisy(template, 2), 64: noisy(template, 3)})]
+    one = compare_runs(runs, reference="a", n=300, seed=5)
+    assert one == compare_runs(runs, reference="a", n=300, seed=5)
+    other = compare_runs(runs, reference="a", n=300, seed=6)
+    assert other["methods"]["b"]["lengths"]["32"]["ppl"] == one["methods"]["b"]["lengths"]["32"]["ppl"]
+    assert other["methods"]["b"]["lengths"]["32"]["lo"] != one["methods"]["b"]["lengths"]["32"]["lo"]
+    json.dumps(one, allow_nan=False)  # JSON-ready
+
+
+def test_seed_helpers_reduce_to_the_single_run_ones():
+    rng = np.random.default_rng(4)
+    docs = np.repeat(np.arange(15), 2)
+    a, b = 3 + rng.standard_normal(30), 3.1 + rng.standard_normal(30)
+    one, single = seed_mean_interval(a[None], docs, seed=3), perplexity_interval(a, docs, seed=3)
+    assert math.isclose(one["lo"], single["lo"]) and math.isclose(one["hi"], single["hi"])
+    diff, pair = seed_mean_difference(a, b, docs, seed=3), paired_difference(a, b, docs, seed=3)
+    assert all(math.isclose(diff[k], pair[k], abs_tol=1e-12) for k in ("diff", "lo", "hi"))
+    with pytest.raises(ValueError, match="paired windows"):
+        seed_mean_difference(a, b[:10], docs)
+
+
+def test_runs_on_other_windows_are_refused(tmp_path, template):
+    base = fake_run(tmp_path / "a-s0", template, "a", 0, {32: 2.0, 64: 2.0})
+    docs = list(template[0]["window_documents"])
+    moved = fake_run(tmp_path / "b-s0", template, "b", 0, {32: 2.0, 64: 2.0}, documents=docs[::-1])
+    short = fake_run(tmp_path / "c-s0", template, "c", 0, {32: 2.0})
+    with pytest.raises(CompareError, match=r"other windows.*b-s0 \(window_documents\).*c-s0 \(lengths\)"):
+        compare_runs([base, moved, short])
+
+
+def test_what_cannot_be_compared_is_a_one_line_error(tmp_path, template):
+    a0 = fake_run(tmp_path / "a-s0", template, "a", 0, {32: 2.0, 64: 2.0})
+    twin = fake_run(tmp_path / "again" / "a-s0", template, "a", 0, {32: 2.0, 64: 2.0})
+    with pytest.raises(CompareError, match="both a with training seed 0"):
+        compare_runs([a0, twin])
+    with pytest.raises(CompareError, match="reference method 'b' is not among the compared methods \\(a\\)"):
+        compare_runs([a0], reference="b")
+    other_length = fake_run(tmp_path / "a-s2", template, "a", 2, {32: 2.0, 64: 2.0}, train_len=16)
+    with pytest.raises(CompareError, match="the a runs were trained at different lengths"):
+        compare_runs([a0, other_length])
+    with pytest.raises(CompareError, match="resamples must be an integer >= 100"):
+        compare_runs([a0], n=99)
+    old = fake_run(tmp_path / "old", template, "a", 1, {32: 2.0})
+    result = json.loads((old / "eval.json").read_text())
+    del result["results"]["32"]["window_nll"]
+    (old / "eval.json").write_text(json.dumps(result))
+    with pytest.raises(CompareError, match="old.*no per-window NLLs.*re-run `lenx eval"):
+        compare_runs([a0, old])
+
+
+def test_folders_stand_for_their_runs(tmp_path, template):
+    sweep = tmp_path / "sweep"
+    for name in ("b-s0", "a-s1", "a-s0", "a-s0.old-20250101-000000"):
+        fake_run(sweep / name, template, name.split("-")[0], int(name[3]), {32: 2.0, 64: 2.0})
+    (sweep / "empty").mkdir()
+    assert [p.name for p in find_runs([sweep])] == ["a-s0", "a-s1", "b-s0"]
+    assert [p.name for p in find_runs([sweep / "b-s0", sweep])] == ["b-s0", "a-s0", "a-s1"]
+    with pytest.raises(CompareError, match="no eval.json"):
+        find_runs([sweep / "empty"])
+    out = compare_runs(find_runs([sweep]))
+    assert list(out["methods"]) == ["a", "b"] and out["methods"]["a"]["seeds"] == [0, 1]
+
+
+def test_the_command_from_another_folder(tmp_path, template):
+    sweep = tmp_path / "runs" / "sweep"
+    for method, shift in (("kerple", 0.0), ("dapev2-kerple", -0.3)):
+        for s in (0, 1):
+            fake_run(sweep / f"{method}-s{s}", template, method, s,
+                     {32: noisy(template, s, shift), 64: noisy(template, 5 + s, 2 * shift)})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), "COLUMNS": "200"}
+    out = subprocess.run([sys.executable, "-m", "lenx", "compare", "../runs/sweep", "--reference", "kerple",
+                          "--out", "tables/compare.json", "--resamples", "300", "--seed", "2"],
+                         capture_output=True, text=True, cwd=elsewhere, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    written = json.loads((elsewhere / "tables" / "compare.json").read_text())
+    expected = compare_runs([sweep / f"{m}-s{s}" for m in ("dapev2-kerple", "kerple") for s in (0, 1)],
+                            reference="kerple", n=300, seed=2)
+    assert written["methods"]["kerple"]["lengths"] == expected["methods"]["kerple"]["lengths"]
+    assert written["differences"] == expected["differences"]
+    assert written["methods"]["kerple"]["runs"] == ["../runs/sweep/kerple-s0", "../runs/sweep/kerple-s1"]
+    assert written["differences"]["dapev2-kerple"]["64"]["excludes_zero"]
+    cell = expected["methods"]["kerple"]["lengths"]["32"]
+    assert f"{cell['ppl']:.2f} [{cell['lo']:.2f}, {cell['hi']:.2f}]" in out.stdout
+    assert "perplexity minus kerple's" in out.stdout and "kerple (2 seeds)" in out.stdout
+    assert "wrote tables/compare.json" in out.stdout
+
+
+def test_delta_p_is_left_out_where_the_windows_do_not_hold_it(tmp_path, template):
+    """As in the paper's setting (train 128, 256 scored tokens, ΔP over the last 128): the window
+    NLLs cover other tokens than ΔP's, so ΔP cannot be recomputed from them."""
+    wide = fake_run(tmp_path / "a-s0", template, "a", 0, {32: 2.0, 64: 2.0}, delta_p_tokens=16)
+    no_train_len = fake_run(tmp_path / "b-s0", template, "b", 0, {32: 2.0, 64: 2.0}, train_len=16)
+    out = compare_runs([wide, no_train_len], n=200)
+    assert "--scored 16" in out["methods"]["a"]["delta_p_note"]
+    assert "training length 16" in out["methods"]["b"]["delta_p_note"]
+    assert not any("delta_p" in e for m in out["methods"].values() for e in m["lengths"].values())
+
+
+def test_comparing_loads_no_torch():
+    code = "import sys, lenx.compare; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
