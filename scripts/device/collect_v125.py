@@ -1,0 +1,21 @@
+"""Gather the 125M runs of scripts/device/verdict_125m.sh (copied into results/v125/<method>-s<seed>/:
+config, meta, metrics and eval.json, no weights) into results/v125/results.json in the sweep's layout
+(every evaluation, the training and validation loss curves), so `lenx plot results/v125` draws
+perplexity.png, delta_p.png and loss.png, and `lenx compare results/v125` gives the intervals.
+Usage: python3 scripts/device/collect_v125.py results/v125"""
+
+import json
+from pathlib import Path
+import sys
+
+dest = Path(sys.argv[1])
+runs, curves, val_curves = [], {}, {}
+for run in sorted(p for p in dest.iterdir() if (p / "eval.json").exists()):
+    runs.append(json.loads((run / "eval.json").read_text()))
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    curves[run.name] = [[r["step"], r["loss"]] for r in records if "loss" in r]
+    val_curves[run.name] = [[r["step"], r["val_loss"]] for r in records if "val_loss" in r]
+methods = sorted({r["method"] for r in runs})
+(dest / "results.json").write_text(json.dumps({"methods": methods, "runs": runs, "curves": curves,
+                                               "val_curves": val_curves}, indent=1))
+print(f"{len(runs)} runs -> {dest / 'results.json'}")
