@@ -173,6 +173,12 @@ def test_sweep_reevaluates_stale_evaluations_and_resumes_partial_runs(data_root,
     assert (out / "rope" / "ckpt" / "model.safetensors").stat().st_mtime_ns == weights_time
     r = sweep(["rope"], cfg, out, progress=False, eval_kwargs={"lengths": [32]})
     assert r["results"][0]["lengths"] == [32]
+    # an evaluation from before windows were made distinct (no window_distinct_documents): redone
+    saved = json.loads((out / "rope" / "eval.json").read_text())
+    saved.pop("window_distinct_documents")
+    (out / "rope" / "eval.json").write_text(json.dumps(saved))
+    r = sweep(["rope"], cfg, out, progress=False, eval_kwargs={"lengths": [32]})
+    assert "window_distinct_documents" in r["results"][0]
     # an unfinished run with an evaluation of its unfinished checkpoint: resumed, evaluated again
     part = tmp_path / "part"
     train(cfg, part / "rope", progress=False, stop_after=2)

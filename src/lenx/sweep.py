@@ -105,8 +105,9 @@ def _run_state(run_dir: Path, eval_kwargs: dict | None) -> str:
     except (OSError, ValueError):
         return "trained"
     settings = eval_settings(saved, **_eval_options(eval_kwargs))
+    # an eval.json without window_distinct_documents drew its windows before they were made distinct
     current = isinstance(result, dict) and result.get("step") == step and result.get("finished") is True \
-        and all(result.get(key) == value for key, value in settings.items())
+        and "window_distinct_documents" in result and all(result.get(key) == value for key, value in settings.items())
     return "done" if current else "trained"
 
 
