@@ -16,7 +16,7 @@ import pytest
 from lenx.cli import app, eval_table
 
 SRC = Path(__file__).resolve().parents[1] / "src"
-COMMANDS = ("list", "prepare", "train", "eval", "generate", "sweep", "plot", "che", "bench", "demo")
+COMMANDS = ("list", "prepare", "train", "eval", "generate", "sweep", "compare", "plot", "che", "bench", "demo")
 
 
 SMALL_EVAL = ["--set", "eval.max_length=128", "--set", "eval.windows=4"]

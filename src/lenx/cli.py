@@ -513,10 +513,11 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
 
     Reads each run's eval.json (`lenx eval` writes it, with one NLL per window), groups the runs by
     method (each run one training seed) and prints per method and length the mean perplexity over
-    seeds with its 95% percentile bootstrap interval: documents are resampled, the same draw for
-    every seed and method. With --reference, the paired difference of every other method to it.
-    All runs must be evaluated on the same windows (corpus, split, eval.seed, windows, scored and
-    lengths). Writes the numbers to --out as JSON.
+    seeds with its 95% percentile bootstrap interval (documents resampled, one draw for all).
+
+    With --reference, the paired difference of every other method to it. All runs must be
+    evaluated on the same windows (corpus, split, eval.seed, windows, scored and lengths). Writes
+    the numbers to --out as JSON.
     """
     from .compare import MIN_RESAMPLES, CompareError, compare_runs, find_runs
     from .fileio import write_json
