@@ -50,22 +50,22 @@ def main():
     old = load_old(a.old)
     rows = []
 
-    def case(name, fn, T, d):
+    def case(name, fn, T):
         torch.manual_seed(0)
-        q, k, v = (torch.randn(1, H, T, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        q, k, v = (torch.randn(1, H, T, 64, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         g = torch.randn_like(q)
-        r = {"case": name, "T": T, "d": d, **timed(fn, q, k, v, g)}
+        r = {"case": name, "T": T, **timed(fn, q, k, v, g)}
         rows.append(r)
         print(json.dumps(r), flush=True)
 
     sdpa = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)  # noqa: E731
     for T in [int(x) for x in a.lengths.split(",")]:
-        case("sdpa", sdpa, T, 64)
-        case("triton new", lambda q, k, v: dape_v2_triton(q, k, v, *proc.conv_weights(), kb.table(T, dev)), T, 64)
-        case(f"triton {a.label}", lambda q, k, v: old(q, k, v, *proc.conv_weights(), kb.table(T, dev)), T, 64)
+        case("sdpa", sdpa, T)
+        case("triton (this checkout)", lambda q, k, v: dape_v2_triton(q, k, v, *proc.conv_weights(), kb.table(T, dev)), T)
+        case(f"triton {a.label}", lambda q, k, v: old(q, k, v, *proc.conv_weights(), kb.table(T, dev)), T)
 
     for r in rows:
-        base = next(x for x in rows if x["case"] == "sdpa" and x["T"] == r["T"] and x["d"] == r["d"])
+        base = next(x for x in rows if x["case"] == "sdpa" and x["T"] == r["T"])
         r["fwd_x_sdpa"] = r["fwd_ms"] / base["fwd_ms"]
         r["fwd_bwd_x_sdpa"] = r["fwd_bwd_ms"] / base["fwd_bwd_ms"]
     with open(a.out, "w") as f:

@@ -13,6 +13,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -20,12 +21,11 @@ from triton.compiler import ASTSource
 from lenx.ops._launch import dot_precision, pow2
 from lenx.ops.dape_v2 import triton as dk
 
-import torch
-
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def signature(fn, consts: dict) -> tuple[dict, dict]:
+def signature(fn, consts: dict) -> dict:
+    """Triton's signature of a kernel: constexprs as such, capitalised names (but T) pointers."""
     sig = {}
     for name in inspect.signature(fn.fn).parameters:
         if name in consts:
@@ -36,12 +36,11 @@ def signature(fn, consts: dict) -> tuple[dict, dict]:
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
-    return sig, consts
+    return sig
 
 
 def compile_one(fn, consts, num_warps, num_stages):
-    sig, consts = signature(fn, consts)
-    src = ASTSource(fn, sig, constexprs={k: v for k, v in consts.items()})
+    src = ASTSource(fn, signature(fn, consts), constexprs=dict(consts))
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": num_warps, "num_stages": num_stages})
     with tempfile.TemporaryDirectory() as tmp:

@@ -27,35 +27,6 @@ def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def perplexity_interval(window_nll, documents, n: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
-    """{"ppl", "lo", "hi"}: the perplexity exp(mean window NLL) and its percentile bootstrap interval."""
-    nll = np.asarray(window_nll, dtype=np.float64)
-    w = _resamples(documents, n, seed)
-    boot = np.exp((w * nll).sum(1) / w.sum(1))
-    lo, hi = _interval(boot, level)
-    return {"ppl": math.exp(nll.mean()), "lo": lo, "hi": hi}
-
-
-def paired_difference(window_nll_a, window_nll_b, documents, n: int = 2000, seed: int = 0,
-                      level: float = 0.95) -> dict:
-    """{"diff", "lo", "hi"}: perplexity of a minus perplexity of b on the same windows, with a paired
-    bootstrap interval over documents (an interval that excludes 0: the difference is not noise)."""
-    a = np.asarray(window_nll_a, dtype=np.float64)
-    b = np.asarray(window_nll_b, dtype=np.float64)
-    if a.shape != b.shape:
-        raise ValueError(f"paired windows must match: {a.shape} vs {b.shape}")
-    w = _resamples(documents, n, seed)
-    boot = np.exp((w * a).sum(1) / w.sum(1)) - np.exp((w * b).sum(1) / w.sum(1))
-    lo, hi = _interval(boot, level)
-    return {"diff": math.exp(a.mean()) - math.exp(b.mean()), "lo": lo, "hi": hi}
-
-
-def eval_intervals(result: dict, **kw) -> dict[str, dict]:
-    """perplexity_interval at every length of an eval.json result."""
-    docs = result["window_documents"]
-    return {L: perplexity_interval(row["window_nll"], docs, **kw) for L, row in result["results"].items()}
-
-
 def _nll_rows(window_nll) -> np.ndarray:
     """[seeds, windows] float64 from one run's window NLLs ([windows]) or several seeds' ([seeds, windows])."""
     nll = np.asarray(window_nll, dtype=np.float64)
@@ -97,3 +68,17 @@ def seed_mean_difference(window_nll_a, window_nll_b, documents, n: int = 2000, s
     w = _resamples(documents, n, seed)
     lo, hi = _interval(_seed_mean_ppl(a, w) - _seed_mean_ppl(b, w), level)
     return {"diff": float(np.exp(a.mean(1)).mean() - np.exp(b.mean(1)).mean()), "lo": lo, "hi": hi}
+
+
+def perplexity_interval(window_nll, documents, n: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+    """{"ppl", "lo", "hi"}: one run's perplexity exp(mean window NLL) and its percentile bootstrap
+    interval (seed_mean_interval with one seed)."""
+    r = seed_mean_interval(np.asarray(window_nll, dtype=np.float64)[None], documents, n, seed, level)
+    return {"ppl": r["ppl"], "lo": r["lo"], "hi": r["hi"]}
+
+
+def paired_difference(window_nll_a, window_nll_b, documents, n: int = 2000, seed: int = 0,
+                      level: float = 0.95) -> dict:
+    """{"diff", "lo", "hi"}: perplexity of run a minus that of run b on the same windows, with a paired
+    bootstrap interval over documents (an interval that excludes 0: the difference is not noise)."""
+    return seed_mean_difference(window_nll_a, window_nll_b, documents, n, seed, level)

@@ -236,6 +236,18 @@ def _run_parallel(cfgs: dict[str, RunConfig], out_dir: Path, jobs: int, eval_kwa
                          + "\n  ".join(lines))
 
 
+def loss_curves(runs: dict[str, Path]) -> tuple[dict, dict]:
+    """({name: [[step, loss], ...]}, {name: [[step, val_loss], ...]}) of run folders, for loss.png
+    (a run with no validation loss has no entry in the second)."""
+    curves, val_curves = {}, {}
+    for name, run_dir in runs.items():
+        records = read_metrics(Path(run_dir) / "metrics.jsonl", notes=False)
+        curves[name] = [[r["step"], r["loss"]] for r in records if "loss" in r]
+        if any("val_loss" in r for r in records):
+            val_curves[name] = [[r["step"], r["val_loss"]] for r in records if "val_loss" in r]
+    return curves, val_curves
+
+
 def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = True,
           eval_kwargs: dict | None = None, jobs: int = 1, force: bool = False, seeds: list[int] | None = None) -> dict:
     """Each method gets runs/<out_dir>/<method> (with seeds: <method>-s<seed> per seed, each result
@@ -264,12 +276,7 @@ def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = Tr
     for name, run_cfg in cfgs.items():
         result = _train_and_evaluate(run_cfg, out_dir / name, progress, eval_kwargs)
         results.append(result | ({"seed": run_cfg.train.seed} if seeds is not None else {}))
-    curves, val_curves = {}, {}
-    for name in cfgs:  # the loss curves of every run, for loss.png
-        records = read_metrics(out_dir / name / "metrics.jsonl", notes=False)
-        curves[name] = [[r["step"], r["loss"]] for r in records if "loss" in r]
-        if any("val_loss" in r for r in records):
-            val_curves[name] = [[r["step"], r["val_loss"]] for r in records if "val_loss" in r]
+    curves, val_curves = loss_curves({name: out_dir / name for name in cfgs})
     summary = {"methods": methods, "seeds": seeds, "config": to_toml(cfg), "runs": results, "curves": curves,
                "val_curves": val_curves}
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
