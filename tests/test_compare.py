@@ -253,3 +253,51 @@ def test_comparing_loads_no_torch():
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_delta_p_and_the_in_distribution_point_from_their_own_window_nlls(tmp_path, real_run, template):
+    """The paper's setting in small: ΔP over the last T_train = 32 tokens while 16 are scored. eval.json
+    keeps ΔP's terms per window, so compare gives ΔP and the in-distribution perplexity intervals."""
+    from lenx.evaluate import evaluate
+
+    result = evaluate(real_run, lengths=[32, 64], scored=16, device="cpu", progress=False, write=False)
+    assert result["delta_p_tokens"] == 32 and result["scored"] == 16
+    inside = result["in_distribution"]
+    assert inside["length"] == inside["tokens"] == 32 and len(inside["window_nll"]) == windows_of(template)
+    run = tmp_path / "kerple-s0"
+    run.mkdir()
+    (run / "eval.json").write_text(json.dumps(result))
+    (run / "config.toml").write_text(template[1])
+    out = compare_runs([run], n=200)
+    m = out["methods"]["kerple"]
+    assert m["delta_p_note"] is None
+    dp = m["lengths"]["64"]["delta_p"]
+    assert math.isclose(dp["value"], result["results"]["64"]["delta_p"], rel_tol=1e-4, abs_tol=1e-4)
+    assert dp["lo"] <= dp["value"] <= dp["hi"]
+    assert math.isclose(m["in_distribution"]["ppl"], inside["ppl"], rel_tol=1e-5)
+    assert m["in_distribution"]["lo"] <= inside["ppl"] <= m["in_distribution"]["hi"]
+
+
+def test_in_distribution_differences_to_the_reference(tmp_path, template):
+    count = windows_of(template)
+
+    def with_terms(folder, method, shift):
+        run = fake_run(folder, template, method, 0, {32: 2.0, 64: 2.0 + shift})
+        result = json.loads((run / "eval.json").read_text())
+        result["in_distribution"] = {"length": 32, "tokens": 32, "window_nll": [2.5 + shift] * count}
+        result["results"]["64"]["delta_p_window_nll"] = [2.4 + shift] * count
+        (run / "eval.json").write_text(json.dumps(result))
+        return run
+
+    out = compare_runs([with_terms(tmp_path / "a-s0", "a", 0.0), with_terms(tmp_path / "b-s0", "b", 0.1)],
+                       reference="a", n=200)
+    b = out["methods"]["b"]
+    assert math.isclose(b["in_distribution"]["ppl"], math.exp(2.6), rel_tol=1e-9)
+    assert math.isclose(b["lengths"]["64"]["delta_p"]["value"], math.exp(2.6) - math.exp(2.5), rel_tol=1e-9)
+    d = out["differences"]["b"]["in_distribution"]
+    assert math.isclose(d["diff"], math.exp(2.6) - math.exp(2.5), rel_tol=1e-9) and d["excludes_zero"]
+    # a run without the terms takes ΔP and the in-distribution point away from its whole method
+    plain = fake_run(tmp_path / "b-s1", template, "b", 1, {32: 2.0, 64: 2.1})
+    out = compare_runs([with_terms(tmp_path / "a-s0", "a", 0.0), with_terms(tmp_path / "b-s0", "b", 0.1), plain],
+                       reference="a", n=200)
+    assert "in_distribution" not in out["methods"]["b"] and "in_distribution" not in out["differences"]["b"]

@@ -1,40 +1,51 @@
 #!/bin/bash
-# The reproduction on the device (issue 7): bash scripts/repro/device.sh SECONDS
-# On a fresh machine: unpack the carried corpora (carry/data.tar.xz: tech + books, tokenized), write
-# the plan and start run_jobs.py detached (setsid), so the jobs outlive this call. Every call then
-# waits SECONDS, reporting progress, and packs every finished file except checkpoints into
-# $OUT/repro.tar.gz. The next call (same machine) picks up where this one left; on a fresh machine
-# the jobs listed in carry/done.txt (pack_data.sh writes it from results/repro/status.json) are
-# skipped, and CHE jobs resume from the logs committed under results/repro/che/runs/.
+# A plan of jobs (scripts/repro/plan.py) on the device: [PLAN=repro|controls] bash scripts/repro/device.sh SECONDS
+#   repro (issue 7): carries carry/data.tar.xz (tech + books, pack_data.sh) and carry/commit.txt;
+#   controls (issue 19): carries .carry/tech.tar.xz (data/tech) and .carry/tech-long.tar.xz
+#   (data-long/tech, for the 125M runs); the commit comes in $COMMIT.
+# On a fresh machine: unpack the corpora, write the plan and start run_jobs.py detached (setsid), so
+# the jobs outlive this call. Every call then waits SECONDS, reporting progress, and packs every
+# finished file except checkpoints into $OUT/$PLAN.tar.gz. The next call (same machine) picks up where
+# this one left; on a fresh machine the jobs listed in $SKIP (default carry/done.txt; pack_data.sh
+# writes it from results/repro/status.json) are skipped, and CHE jobs resume from the logs committed
+# under results/repro/che/runs/. LM_SLOTS: training runs sharing one GPU (default 1).
 set -u
+PLAN=${PLAN:-repro}
+R=runs/$PLAN
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-export LENX_GIT_COMMIT=$(cat carry/commit.txt)
+export LENX_GIT_COMMIT=${COMMIT:-$(cat carry/commit.txt)}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-mkdir -p runs/repro
-pid_file=runs/repro/scheduler.pid
+mkdir -p $R
+pid_file=$R/scheduler.pid
 if ! { [ -f $pid_file ] && kill -0 "$(cat $pid_file)" 2>/dev/null; }; then
-  if [ ! -f data/books/manifest.json ]; then
-    python3 -c "import tarfile; tarfile.open('carry/data.tar.xz').extractall('data')" || exit 1
+  if [ "$PLAN" = repro ]; then
+    [ -f data/books/manifest.json ] || python3 -c "import tarfile; tarfile.open('carry/data.tar.xz').extractall('data')" \
+      || exit 1
+    # CHE logs of an earlier session: the jobs that were cut off resume from them (run_che skips done runs)
+    for log in results/repro/che/runs/*/runs.jsonl; do
+      [ -f "$log" ] || continue
+      dest=$R/che/$(basename "$(dirname "$log")")
+      [ -f "$dest/runs.jsonl" ] || { mkdir -p "$dest" && cp "$log" "$dest/"; }
+    done
+  else
+    [ -f data/tech/manifest.json ] || { mkdir -p data && tar xJf .carry/tech.tar.xz -C data; } || exit 1
+    [ -f data-long/tech/manifest.json ] || { mkdir -p data-long && tar xJf .carry/tech-long.tar.xz -C data-long; } \
+      || exit 1
   fi
-  # CHE logs of an earlier session: the jobs that were cut off resume from them (run_che skips done runs)
-  for log in results/repro/che/runs/*/runs.jsonl; do
-    [ -f "$log" ] || continue
-    dest=runs/repro/che/$(basename "$(dirname "$log")")
-    [ -f "$dest/runs.jsonl" ] || { mkdir -p "$dest" && cp "$log" "$dest/"; }
-  done
-  python3 scripts/repro/plan.py > runs/repro/plan.json || exit 1
+  python3 scripts/repro/plan.py $PLAN > $R/plan.json || exit 1
   { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; } \
-    > runs/repro/machine.txt 2>&1
+    > $R/machine.txt 2>&1
   # REPRO_GPUS: use only the first N GPUs (the others stay free for other work of the same call)
-  setsid nohup python3 scripts/repro/run_jobs.py runs/repro/plan.json --gpus "${REPRO_GPUS:-$(nvidia-smi -L | wc -l)}" \
-    --skip carry/done.txt > runs/repro/scheduler.log 2>&1 < /dev/null &
+  setsid nohup python3 scripts/repro/run_jobs.py $R/plan.json --gpus "${REPRO_GPUS:-$(nvidia-smi -L | wc -l)}" \
+    --lm-slots "${LM_SLOTS:-1}" --status $R/status.json --skip "${SKIP:-carry/done.txt}" \
+    > $R/scheduler.log 2>&1 < /dev/null &
   echo $! > $pid_file
   echo "started the scheduler (pid $(cat $pid_file))"
 fi
 summary() {
-  python3 - <<'PY'
-import json, collections
-s = json.load(open("runs/repro/status.json"))["jobs"]
+  STATUS=$R/status.json python3 - <<'PY'
+import json, collections, os
+s = json.load(open(os.environ["STATUS"]))["jobs"]
 c = collections.Counter(j["state"] for j in s)
 print(dict(c), "| running:", ", ".join(j["id"] for j in s if j["state"] == "running"))
 for j in s:
@@ -47,8 +58,9 @@ end=$((SECONDS + $1))
 while [ $SECONDS -lt $end ]; do
   sleep $(( end - SECONDS < 60 ? (end - SECONDS > 0 ? end - SECONDS : 0) : 60 ))
   echo "--- $(date +%T)"; summary
+  grep -q '"state": "\(pending\|running\)"' $R/status.json || break
 done
-tail -n 5 runs/repro/scheduler.log
-tar czf $OUT/repro.tar.gz --exclude='ckpt*' --exclude='events.out.tfevents*' runs/repro
-cp runs/repro/status.json $OUT/
+tail -n 5 $R/scheduler.log
+tar czf $OUT/$PLAN.tar.gz --exclude='ckpt*' --exclude='events.out.tfevents*' --exclude='*.safetensors' $R
+cp $R/status.json $OUT/
 ls -la $OUT

@@ -1,8 +1,9 @@
-"""The reduced-scale reproduction of the DAPE V2 paper (issue 7) as a list of jobs.
+"""The reduced-scale reproduction of the DAPE V2 paper (issue 7) and issue 19's controls, as lists of jobs.
 
 Every language-model job trains the `small` preset (6 layers, d 384, 12 heads) with the same data,
 tokenizer, seed policy and token budget (2000 steps x 8192 tokens), then evaluates it with the same
-windows. `python scripts/repro/plan.py > plan.json` writes the plan that run_jobs.py executes.
+windows. `python scripts/repro/plan.py [repro|controls] > plan.json` writes the plan that run_jobs.py
+executes; `controls` also holds issue 19's 125M runs (exclusive jobs: one at a time on the last GPU).
 Jobs are listed in priority order: the machine may be taken back before the last ones run.
 """
 
@@ -25,11 +26,13 @@ RUNS = "runs/repro"
 
 
 def lm_job(experiment: str, method: str, seed: int = 0, seq_len: int = 128, corpus: str = "tech",
-           max_length: int = 8192, extra: tuple = (), name: str | None = None, maps: bool = False) -> dict:
+           max_length: int = 8192, extra: tuple = (), name: str | None = None, maps: bool = False,
+           batch_size: int | None = None, root: str = RUNS) -> dict:
+    """batch_size: sequences per step; by default the same tokens per step at every training length."""
     name = name or f"{method}-s{seed}"
-    run = f"{RUNS}/{experiment}/{name}"
+    run = f"{root}/{experiment}/{name}"
     sets = [f"model.method={method}", f"train.seed={seed}", f"train.steps={STEPS}", f"train.seq_len={seq_len}",
-            f"train.batch_size={TOKENS_PER_STEP // seq_len}", f"train.ckpt_every={STEPS // 2}",
+            f"train.batch_size={batch_size or TOKENS_PER_STEP // seq_len}", f"train.ckpt_every={STEPS // 2}",
             f"data.corpus={corpus}", f"eval.max_length={max_length}", *extra]
     if SMOKE:
         sets += ["model.n_layer=6", "model.d_model=96", "eval.windows=2", f"eval.max_length={2 * seq_len + 256}",
@@ -83,5 +86,63 @@ def plan() -> list[dict]:
     return jobs
 
 
+CONTROLS = "runs/controls"
+V125_STEPS = 4 if SMOKE else 3000
+
+
+def v125_job(method: str, seed: int) -> dict:
+    """One 125M run of issue 19 (scripts/device/verdict_125m.sh's recipe), evaluated right after
+    training; the 1.2 GB checkpoint is deleted once the evaluation has run (it cannot be brought back)."""
+    run = f"{CONTROLS}/v125/{method}-s{seed}"
+    sets = [f"model.method={method}", f"train.seed={seed}", f"train.steps={V125_STEPS}", "train.ckpt_every=1000",
+            "train.val_every=250", "train.val_batches=16", "data.root=data-long", "eval.max_length=16384"]
+    if SMOKE:
+        sets += ["model.n_layer=2", "model.d_model=96", "train.batch_size=2", "eval.windows=2",
+                 "eval.max_length=512", "train.device=cpu"]
+    cmd = ("python3 -m lenx train -c 125m " + " ".join(f"--set {s}" for s in sets) + f" --out {run} --no-progress"
+           f" && python3 -m lenx eval {run} --no-progress && rm -rf {run}/ckpt")
+    return {"id": f"v125/{method}-s{seed}", "kind": "exclusive", "run": run, "cmd": cmd}
+
+
+def controls() -> list[dict]:
+    """Issue 19: the second seeds of the 125M verdict (then its other methods), and part 2's controls
+    with the `small` preset, each evaluated like run 1 of the reproduction (to 16384) so it pairs with
+    the runs in results/repro."""
+    def job(experiment, method, seed=0, **kw):
+        return lm_job(experiment, method, seed, max_length=kw.pop("max_length", 16384), root=CONTROLS, **kw)
+
+    jobs = [v125_job(m, s) for m, s in (("dape-kerple", 1), ("rope", 1), ("alibi", 0), ("nope", 0),
+                                        ("stickbreaking", 0), ("fire", 0))]
+    seeds = (0, 1, 2)
+    # Capacity (paper section 4.6): DAPE with D = 64 against DAPE V2 with D = 10 and 21 (32: run 1).
+    jobs += [job("capacity", "dape-kerple", s, extra=("model.dape_hidden=64",), name=f"dape-kerple-D64-s{s}")
+             for s in seeds]
+    jobs += [job("capacity", "dapev2-kerple", s, extra=(f"model.dape_hidden={D}",), name=f"dapev2-kerple-D{D}-s{s}")
+             for D in (10, 21) for s in seeds]
+    # Figure 1: DAPE on NoPE and RoPE beside DAPE V2's (run 1 has dapev2-nope, dapev2-rope).
+    jobs += [job("tech-T128", m, s) for m in ("dape-nope", "dape-rope") for s in seeds]
+    # Stick-breaking's remainder options at 128 (run 1 has `value`).
+    jobs += [job("sb-remainder", "stickbreaking", s, extra=(f"model.sb_remainder={r}",), name=f"sb-{r}-s{s}")
+             for r in ("head", "drop") for s in (0, 1)]
+    jobs += [job("sb-remainder", "stickbreaking", s, extra=("model.sb_attend_current=true",),
+                 name=f"sb-attend-current-s{s}") for s in (0, 1)]
+    # Figure 5: DAPE on ALiBi and FIRE (run 1 has their DAPE V2 forms).
+    jobs += [job("tech-T128", m) for m in ("dape-alibi", "dape-fire")]
+    # Kernel sizes 1, 5, 7: seeds 1 and 2.
+    jobs += [job("kernel-size", "dapev2-kerple", s, extra=(f"model.dape_kernel={k}",), name=f"dapev2-kerple-k{k}-s{s}")
+             for k in (1, 5, 7) for s in (1, 2)]
+    # Leakage for the ALiBi and FIRE forms.
+    jobs += [job("leak", m, extra=("model.dape_leak=true",), name=f"{m}-leak-s0") for m in ("dapev2-alibi", "dapev2-fire")]
+    # Stick-breaking's claim: trained at 2048 with the same tokens per step, evaluated to 16384.
+    jobs += [job("T2048", m, seq_len=2048) for m in ("stickbreaking", "rope", "kerple")]
+    # Training length 512 with the paper's batch: as many sequences per step as at 128 (4x the tokens).
+    jobs += [job("tech-T512-b64", m, seq_len=512, batch_size=TOKENS_PER_STEP // 128, max_length=8192)
+             for m in HEADLINE]
+    return jobs
+
+
 if __name__ == "__main__":
-    json.dump(plan(), sys.stdout, indent=1)
+    which = sys.argv[1] if len(sys.argv) > 1 else "repro"
+    if which not in ("repro", "controls"):
+        sys.exit(f"plan.py: the plan is repro or controls, got {which!r}")
+    json.dump(plan() if which == "repro" else controls(), sys.stdout, indent=1)

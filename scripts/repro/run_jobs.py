@@ -1,8 +1,9 @@
 """Run a plan of shell jobs (plan.py) on the GPUs of one machine until every job has run.
 
-Slots per GPU: one "lm" job (a training run) and `--small-slots` "small" jobs (CHE processes, which
-leave most of a GPU idle) at a time; an "exclusive" job (timing) gets the last GPU to itself before
-anything else starts there. Jobs start in plan order. Each job runs in its own process group with
+Slots per GPU: `--lm-slots` "lm" jobs (training runs; small models leave an H200 mostly idle, so
+several can share it) and `--small-slots` "small" jobs (CHE processes) at a time; "exclusive" jobs
+(timing, the 125M runs) run one after another on the last GPU, alone, and nothing else starts there
+until they have all run. Jobs start in plan order. Each job runs in its own process group with
 one GPU (CUDA_VISIBLE_DEVICES), logs to <run>/job.log, and its exact command goes to
 <run>/command.txt. status.json (rewritten after every change) says what ran, where and for how long.
 Jobs listed in --skip (ids, one per line) are not run: they finished on an earlier machine.
@@ -20,6 +21,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("plan")
     p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--lm-slots", type=int, default=1)
     p.add_argument("--small-slots", type=int, default=3)
     p.add_argument("--status", default="runs/repro/status.json")
     p.add_argument("--skip", default=None)
@@ -29,7 +31,7 @@ def main():
     skip = set(Path(args.skip).read_text().split()) if args.skip and Path(args.skip).exists() else set()
     status = {j["id"]: {"state": "skipped" if j["id"] in skip else "pending", **j} for j in jobs}
     pending = [j for j in jobs if j["id"] not in skip]
-    threads = str(max(1, (os.cpu_count() or 8) // (args.gpus * (1 + args.small_slots))))
+    threads = str(max(1, (os.cpu_count() or 8) // (args.gpus * (args.lm_slots + args.small_slots))))
     running: dict[str, tuple[subprocess.Popen, int, str]] = {}  # id -> (process, gpu, kind)
     exclusive_gpu = args.gpus - 1 if any(j["kind"] == "exclusive" for j in pending) else None
 
@@ -46,7 +48,7 @@ def main():
             return not here
         if gpu == exclusive_gpu:  # held back until the exclusive job has run
             return False
-        return here.count(kind) < (1 if kind == "lm" else args.small_slots)
+        return here.count(kind) < (args.lm_slots if kind == "lm" else args.small_slots)
 
     Path(args.status).parent.mkdir(parents=True, exist_ok=True)
     save()
@@ -73,7 +75,7 @@ def main():
             if proc.poll() is None:
                 continue
             del running[jid]
-            if kind == "exclusive":
+            if kind == "exclusive" and not any(j["kind"] == "exclusive" for j in pending):
                 exclusive_gpu = None
             s = status[jid]
             s.update(state="done" if proc.returncode == 0 else "failed", returncode=proc.returncode,

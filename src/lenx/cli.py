@@ -454,17 +454,33 @@ def print_compare_tables(result: dict):
     where = (f"{result['windows']} windows from {result['documents']} documents; {pct} bootstrap intervals over "
              f"documents ({result['resamples']} resamples, seed {result['seed']})")
 
+    # the in-distribution point (each window's last T_train tokens read alone) where eval.json kept it
+    inside = any("in_distribution" in m for m in result["methods"].values())
+
     def table(title: str, caption: str | None = None) -> Table:
         t = Table(title=title, caption=caption)
         t.add_column("method", no_wrap=True)
+        if inside:
+            t.add_column("in distribution", justify="right")
         for L in lengths:
             t.add_column(L, justify="right")
         return t
 
+    def inside_cell(entry: dict | None, sign: str = "") -> list[str]:
+        if not inside:
+            return []
+        if entry is None:
+            return [""]
+        return [_interval_cell(entry.get("ppl", entry.get("diff")), entry["lo"], entry["hi"], sign)]
+
+    if inside:
+        where += ("; in distribution: the last T_train tokens of each window read with T_train tokens of input "
+                  "(ΔP's first term)")
     ppl = table(f"perplexity of the last {result['scored']} tokens, mean over seeds [{pct} interval]", where)
     for method, m in result["methods"].items():
         cells = [_interval_cell(e["ppl"], e["lo"], e["hi"]) for e in (m["lengths"][L] for L in lengths)]
-        ppl.add_row(f"{method} ({len(m['seeds'])} seed{'s' if len(m['seeds']) != 1 else ''})", *cells)
+        ppl.add_row(f"{method} ({len(m['seeds'])} seed{'s' if len(m['seeds']) != 1 else ''})",
+                    *inside_cell(m.get("in_distribution")), *cells)
     console.print(ppl)
 
     with_dp = {method: m for method, m in result["methods"].items()
@@ -491,7 +507,7 @@ def print_compare_tables(result: dict):
         diff = table(f"perplexity minus {result['reference']}'s, mean over seeds [{pct} paired interval]",
                      "bold: the interval excludes 0 (negative: better than the reference)")
         for method, rows in result["differences"].items():
-            cells = []
+            cells = inside_cell(rows.get("in_distribution"), "+")
             for L in lengths:
                 d = rows[L]
                 text = _interval_cell(d["diff"], d["lo"], d["hi"], "+")

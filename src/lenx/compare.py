@@ -7,11 +7,12 @@ the very same windows: a method's seeds are pooled window by window, and two met
 pairwise on the same resamples of documents (lenx.stats).
 
 Per method and length the point estimate is the seed-mean perplexity, the mean over seeds of each
-seed's exp(mean window NLL). ΔP (P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluate.py) is
-recomputed from the windows only where they hold what it needs: the window NLLs cover the last
-`scored` tokens, so ΔP over the last T_train tokens follows from them when scored == T_train (the
-ΔP window, "delta_p_tokens") and T_train was evaluated; otherwise the method's "delta_p_note" says
-why it is left out.
+seed's exp(mean window NLL). ΔP (P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluate.py) gets
+an interval where the windows hold what it needs: eval.json keeps both of its terms per window
+("in_distribution" and each length's "delta_p_window_nll"), which also gives the in-distribution
+perplexity an interval; an older eval.json has them only when scored == T_train (the ΔP window,
+"delta_p_tokens") and T_train was evaluated; otherwise the method's "delta_p_note" says why ΔP is
+left out.
 
 Numpy only: comparing runs loads no model and no torch.
 """
@@ -97,9 +98,24 @@ def load_run(run_dir: Path) -> dict:
                            f"re-run `lenx eval {run_dir}`")
     lengths = sorted(nll)
     windows = {key: result.get(key) for key in WINDOW_KEYS} | {"lengths": lengths}
+    # ΔP's two terms per window (eval.json from lenx eval since the 125M runs' second seeds)
+    inside = result.get("in_distribution")
+    short = _window_array(inside.get("window_nll"), len(documents)) if isinstance(inside, dict) else None
+    tails = {int(L): _window_array(r.get("delta_p_window_nll"), len(documents)) for L, r in rows.items()
+             if "delta_p_window_nll" in r}
+    if short is None or any(v is None for v in tails.values()):
+        short, tails = None, {}
     return {"run": str(run_dir), "method": result.get("label") or result.get("method"), "seed": _training_seed(run_dir),
             "train_len": result.get("train_len"), "step": result.get("step"), "finished": result.get("finished"),
-            "windows": windows, "nll": {L: nll[L] for L in lengths}, "delta_p_tokens": result.get("delta_p_tokens")}
+            "windows": windows, "nll": {L: nll[L] for L in lengths}, "delta_p_tokens": result.get("delta_p_tokens"),
+            "short": short, "tails": tails}
+
+
+def _window_array(values, windows: int) -> np.ndarray | None:
+    """A list of per-window NLLs as an array, or None when it is not one per window."""
+    if not isinstance(values, list) or len(values) != windows:
+        return None
+    return np.asarray(values, dtype=np.float64)
 
 
 def _check_same_windows(runs: list[dict]) -> None:
@@ -138,8 +154,18 @@ def _group(runs: list[dict]) -> dict[str, list[dict]]:
     return groups
 
 
+def _delta_p_windows(members: list[dict], lengths: list[int]) -> tuple[np.ndarray, dict] | None:
+    """ΔP's two terms, [seeds, windows] each, when every run's eval.json keeps them per window:
+    (the last delta_p_tokens read with T_train tokens of input, {L: the same tokens read at L})."""
+    T = members[0]["train_len"]
+    longer = [L for L in lengths if isinstance(T, int) and L > T]
+    if any(r["short"] is None or sorted(r["tails"]) != longer for r in members):
+        return None
+    return np.stack([r["short"] for r in members]), {L: np.stack([r["tails"][L] for r in members]) for L in longer}
+
+
 def _delta_p_note(members: list[dict]) -> str | None:
-    """Why ΔP cannot be recomputed from these runs' window NLLs, or None when it can."""
+    """Why ΔP cannot be recomputed from these runs' window NLLs of the scored tokens, or None when it can."""
     run = members[0]
     T, scored, tokens = run["train_len"], run["windows"]["scored"], run["delta_p_tokens"]
     if any(r["delta_p_tokens"] != tokens for r in members) or tokens is None:
@@ -150,6 +176,11 @@ def _delta_p_note(members: list[dict]) -> str | None:
     if T not in run["nll"]:
         return f"ΔP needs the training length {T} among the evaluated lengths"
     return None
+
+
+def _interval_entry(window_nll: np.ndarray, documents: np.ndarray, boot: dict) -> dict:
+    interval = seed_mean_interval(window_nll, documents, **boot)
+    return {"ppl": interval["ppl"], "lo": interval["lo"], "hi": interval["hi"], "per_seed": interval["per_seed"]}
 
 
 def _checked_options(n, seed, level) -> None:
@@ -186,23 +217,30 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
 
     stacked = {method: {L: np.stack([r["nll"][L] for r in members]) for L in lengths}
                for method, members in groups.items()}
-    methods = {}
+    methods, inside = {}, {}
     for method, members in groups.items():
         T = members[0]["train_len"]
-        note = _delta_p_note(members)
+        terms = _delta_p_windows(members, lengths)
+        kept = terms is not None  # eval.json kept ΔP's terms (and the in-distribution point) per window
+        note = None if kept else _delta_p_note(members)
+        if not kept and note is None:  # the scored tokens are ΔP's tokens and T_train was evaluated
+            terms = stacked[method][T], {L: stacked[method][L] for L in lengths if L > T}
         per_length = {}
         for L in lengths:
-            interval = seed_mean_interval(stacked[method][L], documents, **boot)
-            entry = {"ppl": interval["ppl"], "lo": interval["lo"], "hi": interval["hi"],
-                     "per_seed": interval["per_seed"], "seeds": len(members), "documents": distinct}
-            if note is None and L > T:
-                # per seed: exp(mean NLL at T_train) - exp(mean NLL at L), on the same scored tokens
-                dp = seed_mean_difference(stacked[method][T], stacked[method][L], documents, **boot)
-                per_seed = np.exp(stacked[method][T].mean(1)) - np.exp(stacked[method][L].mean(1))
+            entry = _interval_entry(stacked[method][L], documents, boot) | {"seeds": len(members), "documents": distinct}
+            if terms is not None and L > T:
+                # per seed: exp(mean NLL read with T_train tokens) - exp(mean NLL of the same tokens at L)
+                short, tail = terms[0], terms[1][L]
+                dp = seed_mean_difference(short, tail, documents, **boot)
+                per_seed = np.exp(short.mean(1)) - np.exp(tail.mean(1))
                 entry["delta_p"] = {"value": dp["diff"], "lo": dp["lo"], "hi": dp["hi"], "per_seed": per_seed.tolist()}
             per_length[str(L)] = entry
         methods[method] = {"runs": [r["run"] for r in members], "seeds": [r["seed"] for r in members],
                            "train_len": T, "delta_p_note": note, "lengths": per_length}
+        if kept:
+            methods[method]["in_distribution"] = _interval_entry(terms[0], documents, boot) | {
+                "length": T, "tokens": members[0]["delta_p_tokens"]}
+            inside[method] = terms[0]
 
     differences = {}
     if reference is not None:
@@ -213,6 +251,9 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
             for L in lengths:
                 d = seed_mean_difference(stacked[method][L], stacked[reference][L], documents, **boot)
                 differences[method][str(L)] = d | {"excludes_zero": bool(d["lo"] > 0 or d["hi"] < 0)}
+            if "in_distribution" in methods[method] and "in_distribution" in methods[reference]:
+                d = seed_mean_difference(inside[method], inside[reference], documents, **boot)
+                differences[method]["in_distribution"] = d | {"excludes_zero": bool(d["lo"] > 0 or d["hi"] < 0)}
 
     return {"level": level, "resamples": n, "seed": seed, "reference": reference,
             "corpus": windows["corpus"], "split": windows["split"], "eval_seed": windows["eval_seed"],

@@ -225,6 +225,10 @@ def _header(run_dir: Path, cfg, at_step, finished, scaling: dict | None) -> dict
     return head
 
 
+def _rounded(window_means) -> list[float]:
+    return [round(x, 6) for x in window_means.tolist()]
+
+
 def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | None = None, scored: int | None = None,
              device: str = "auto", backend: str | None = None, token_budget: int | None = None,
              progress: bool = True, write: bool = True, step: int | None = None, rope_scaling: str | None = None,
@@ -267,10 +271,13 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
             "ppl_full": math.exp(nll.double().mean().item()),
             "nll": nll[:, -scored:].double().mean().item(),
             # one mean NLL of the scored tokens per window: what bootstrap intervals resample
-            "window_nll": [round(x, 6) for x in nll[:, -scored:].double().mean(1).tolist()],
+            "window_nll": _rounded(nll[:, -scored:].double().mean(1)),
         }
         if L > T_train:
-            row["delta_p"] = math.exp(short.double().mean().item()) - math.exp(nll[:, -delta_k:].double().mean().item())
+            tail = nll[:, -delta_k:].double()
+            row["delta_p"] = math.exp(short.double().mean().item()) - math.exp(tail.mean().item())
+            # ΔP's second term per window, so intervals over documents need no second evaluation
+            row["delta_p_window_nll"] = _rounded(tail.mean(1))
         per_length[str(L)] = row
     if bar is not None:
         bar.close()
@@ -278,6 +285,10 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
         **settings, "window_note": note, "window_documents": documents.tolist(),
         # windows are nested, so the windows of every length come from these many documents
         "window_distinct_documents": len(np.unique(documents)), "delta_p_tokens": delta_k,
+        # in distribution: the last delta_p_tokens of each window read with T_train tokens of input
+        # (ΔP's first term), per window like every length
+        "in_distribution": {"length": T_train, "tokens": delta_k, "ppl": math.exp(short.double().mean().item()),
+                            "window_nll": _rounded(short.double().mean(1))},
         "backends": model.backends(dev), "device": str(dev), "results": per_length}
     if write:
         write_json(run_dir / result_name(step, rope_scaling), result)
