@@ -296,8 +296,28 @@ def test_in_distribution_differences_to_the_reference(tmp_path, template):
     assert math.isclose(b["lengths"]["64"]["delta_p"]["value"], math.exp(2.6) - math.exp(2.5), rel_tol=1e-9)
     d = out["differences"]["b"]["in_distribution"]
     assert math.isclose(d["diff"], math.exp(2.6) - math.exp(2.5), rel_tol=1e-9) and d["excludes_zero"]
-    # a run without the terms takes ΔP and the in-distribution point away from its whole method
+    # a seed without the terms leaves them to the seeds that have them
     plain = fake_run(tmp_path / "b-s1", template, "b", 1, {32: 2.0, 64: 2.1})
     out = compare_runs([with_terms(tmp_path / "a-s0", "a", 0.0), with_terms(tmp_path / "b-s0", "b", 0.1), plain],
                        reference="a", n=200)
-    assert "in_distribution" not in out["methods"]["b"] and "in_distribution" not in out["differences"]["b"]
+    assert out["methods"]["b"]["in_distribution"]["seeds"] == [0]
+    assert math.isclose(out["differences"]["b"]["in_distribution"]["diff"], d["diff"], rel_tol=1e-9)
+
+
+def test_delta_p_from_the_seeds_that_keep_its_terms(tmp_path, template):
+    """A method whose older seed's eval.json predates per-window ΔP terms gets ΔP and the
+    in-distribution point from the seeds that have them, and says which."""
+    count = windows_of(template)
+    new = fake_run(tmp_path / "a-s1", template, "a", 1, {32: 2.0, 64: 2.1})
+    result = json.loads((new / "eval.json").read_text())
+    result["in_distribution"] = {"length": 32, "tokens": 32, "window_nll": [2.5] * count}
+    result["results"]["64"]["delta_p_window_nll"] = [2.4] * count
+    (new / "eval.json").write_text(json.dumps(result))
+    old = fake_run(tmp_path / "a-s0", template, "a", 0, {32: 2.0, 64: 2.2}, delta_p_tokens=16)
+    old_result = json.loads((old / "eval.json").read_text())
+    del old_result["in_distribution"]
+    (old / "eval.json").write_text(json.dumps(old_result))
+    m = compare_runs([old, new], n=200)["methods"]["a"]
+    assert m["delta_p_seeds"] == [1] and m["in_distribution"]["seeds"] == [1]
+    assert math.isclose(m["lengths"]["64"]["delta_p"]["value"], math.exp(2.5) - math.exp(2.4), rel_tol=1e-9)
+    assert m["lengths"]["64"]["seeds"] == 2

@@ -475,7 +475,7 @@ def print_compare_tables(result: dict):
 
     if inside:
         where += ("; in distribution: the last T_train tokens of each window read with T_train tokens of input "
-                  "(ΔP's first term)")
+                  "(ΔP's first term), over the seeds whose eval.json keeps it (the ΔP table's)")
     ppl = table(f"perplexity of the last {result['scored']} tokens, mean over seeds [{pct} interval]", where)
     for method, m in result["methods"].items():
         cells = [_interval_cell(e["ppl"], e["lo"], e["hi"]) for e in (m["lengths"][L] for L in lengths)]
@@ -493,7 +493,8 @@ def print_compare_tables(result: dict):
             dp.add_column(L, justify="right")
         for method, m in with_dp.items():
             entries = [m["lengths"][L].get("delta_p") for L in dp_lengths]
-            dp.add_row(method, *("" if e is None else _interval_cell(e["value"], e["lo"], e["hi"], "+")
+            seeds = m.get("delta_p_seeds", m["seeds"])
+            dp.add_row(f"{method} (seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))})", *("" if e is None else _interval_cell(e["value"], e["lo"], e["hi"], "+")
                                  for e in entries))
         console.print(dp)
     notes: dict[str, list[str]] = {}  # why ΔP is left out -> the methods it applies to

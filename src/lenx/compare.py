@@ -154,14 +154,17 @@ def _group(runs: list[dict]) -> dict[str, list[dict]]:
     return groups
 
 
-def _delta_p_windows(members: list[dict], lengths: list[int]) -> tuple[np.ndarray, dict] | None:
-    """ΔP's two terms, [seeds, windows] each, when every run's eval.json keeps them per window:
-    (the last delta_p_tokens read with T_train tokens of input, {L: the same tokens read at L})."""
+def _delta_p_windows(members: list[dict], lengths: list[int]) -> tuple[np.ndarray, dict, list] | None:
+    """ΔP's two terms, [seeds, windows] each, from the runs whose eval.json keeps them per window
+    (an older eval.json does not): (the last delta_p_tokens read with T_train tokens of input,
+    {L: the same tokens read at L}, those runs' seeds); None when no run keeps them."""
     T = members[0]["train_len"]
     longer = [L for L in lengths if isinstance(T, int) and L > T]
-    if any(r["short"] is None or sorted(r["tails"]) != longer for r in members):
+    kept = [r for r in members if r["short"] is not None and sorted(r["tails"]) == longer]
+    if not kept:
         return None
-    return np.stack([r["short"] for r in members]), {L: np.stack([r["tails"][L] for r in members]) for L in longer}
+    return (np.stack([r["short"] for r in kept]), {L: np.stack([r["tails"][L] for r in kept]) for L in longer},
+            [r["seed"] for r in kept])
 
 
 def _delta_p_note(members: list[dict]) -> str | None:
@@ -224,7 +227,7 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
         kept = terms is not None  # eval.json kept ΔP's terms (and the in-distribution point) per window
         note = None if kept else _delta_p_note(members)
         if not kept and note is None:  # the scored tokens are ΔP's tokens and T_train was evaluated
-            terms = stacked[method][T], {L: stacked[method][L] for L in lengths if L > T}
+            terms = stacked[method][T], {L: stacked[method][L] for L in lengths if L > T}, [r["seed"] for r in members]
         per_length = {}
         for L in lengths:
             entry = _interval_entry(stacked[method][L], documents, boot) | {"seeds": len(members), "documents": distinct}
@@ -237,9 +240,11 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
             per_length[str(L)] = entry
         methods[method] = {"runs": [r["run"] for r in members], "seeds": [r["seed"] for r in members],
                            "train_len": T, "delta_p_note": note, "lengths": per_length}
+        if terms is not None:
+            methods[method]["delta_p_seeds"] = terms[2]  # the seeds ΔP is measured on
         if kept:
             methods[method]["in_distribution"] = _interval_entry(terms[0], documents, boot) | {
-                "length": T, "tokens": members[0]["delta_p_tokens"]}
+                "length": T, "tokens": members[0]["delta_p_tokens"], "seeds": terms[2]}
             inside[method] = terms[0]
 
     differences = {}
@@ -252,6 +257,7 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
                 d = seed_mean_difference(stacked[method][L], stacked[reference][L], documents, **boot)
                 differences[method][str(L)] = d | {"excludes_zero": bool(d["lo"] > 0 or d["hi"] < 0)}
             if "in_distribution" in methods[method] and "in_distribution" in methods[reference]:
+                # seed means over the seeds that kept the point (they may be fewer than the method's)
                 d = seed_mean_difference(inside[method], inside[reference], documents, **boot)
                 differences[method]["in_distribution"] = d | {"excludes_zero": bool(d["lo"] > 0 or d["hi"] < 0)}
 
