@@ -19,7 +19,8 @@ import statistics
 import tomllib
 
 KEEP = ("config.toml", "meta.json", "metrics.jsonl", "eval.json", "command.txt", "job.log")
-LM_EXPERIMENTS = ("tech-T128", "tech-T512", "books-T128", "kernel-size", "leak")
+LM_EXPERIMENTS = ("tech-T128", "tech-T512", "books-T128", "kernel-size", "leak",
+                  "capacity", "sb-remainder", "T2048", "tech-T512-b64")  # the last four: plan.py controls
 # The paper's figures as subsets of the tech-T128 runs (figure 2 is the whole experiment).
 FIGURES = {
     "fig1-nope-rope": ["nope", "dapev2-nope", "rope", "dapev2-rope"],
@@ -35,6 +36,12 @@ def label(cfg: dict) -> str:
         name += " (leak)"
     if "dapev2" in name and m.get("dape_kernel", 3) != 3:
         name += f" (k={m['dape_kernel']})"
+    if "dape" in name and m.get("dape_hidden", 32) != 32:
+        name += f" (D={m['dape_hidden']})"
+    if m.get("sb_remainder", "value") != "value":
+        name += f" (remainder={m['sb_remainder']})"
+    if m.get("sb_attend_current"):
+        name += " (attend current)"
     return name
 
 
@@ -150,6 +157,8 @@ def main():
         if exp == "tech-T128":
             for fig, labels in FIGURES.items():
                 chosen = [r for r in runs if r["label"] in labels and r["results"]]
+                if not chosen:  # a collection without the figure's runs (the controls)
+                    continue
                 chosen.sort(key=lambda r: labels.index(r["label"]))
                 (out / "figures" / fig).mkdir(parents=True, exist_ok=True)
                 (out / "figures" / fig / "results.json").write_text(json.dumps(
