@@ -50,6 +50,8 @@ def load_run(run: Path) -> dict | None:
         return None
     cfg = tomllib.loads((run / "config.toml").read_text())
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    if not metrics or metrics[-1]["step"] < cfg["train"]["steps"]:
+        return None  # cut off when the machine went back: a later session runs it again
     out = json.loads((run / "eval.json").read_text()) if (run / "eval.json").exists() else {"results": {}}
     out.update(name=run.name, label=label(cfg), seed=cfg["train"]["seed"], command=(run / "command.txt").read_text().strip(),
                final_train_loss=metrics[-1]["loss"] if metrics else None,
