@@ -1,4 +1,4 @@
-"""Gather the 125M runs of scripts/device/verdict_125m.sh (copied into results/v125/<method>-s<seed>/:
+"""Gather the 125M runs of issue 19 (scripts/repro/plan.py controls; copied into results/v125/<method>-s<seed>/:
 config, meta, metrics and eval.json, no weights) into results/v125/results.json in the sweep's layout
 (every evaluation, the training and validation loss curves), so `lenx plot results/v125` draws
 perplexity.png, delta_p.png and loss.png, and `lenx compare results/v125` gives the intervals.

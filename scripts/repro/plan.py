@@ -91,7 +91,7 @@ V125_STEPS = 4 if SMOKE else 3000
 
 
 def v125_job(method: str, seed: int) -> dict:
-    """One 125M run of issue 19 (scripts/device/verdict_125m.sh's recipe), evaluated right after
+    """One 125M run of issue 19 (the recipe of results/v125, REPORT section 9), evaluated right after
     training; the 1.2 GB checkpoint is deleted once the evaluation has run (it cannot be brought back)."""
     run = f"{CONTROLS}/v125/{method}-s{seed}"
     sets = [f"model.method={method}", f"train.seed={seed}", f"train.steps={V125_STEPS}", "train.ckpt_every=1000",
