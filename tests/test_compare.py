@@ -15,7 +15,7 @@ import pytest
 
 from lenx.compare import CompareError, compare_runs, find_runs
 from lenx.config import load_config, to_toml
-from lenx.stats import paired_difference, perplexity_interval, seed_mean_difference, seed_mean_interval
+from lenx.stats import seed_mean_difference
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=32", "train.batch_size=4",
@@ -140,8 +140,8 @@ def test_a_constant_shift_is_a_difference_that_excludes_zero(tmp_path, template)
     up, down = paired["32"], paired["64"]
     assert 0 < up["lo"] <= up["diff"] <= up["hi"] and up["excludes_zero"]
     assert down["lo"] <= down["diff"] <= down["hi"] < 0 and down["excludes_zero"]
-    paired = paired_difference(noisy(template, 0, shift=0.2), noisy(template, 0), template[0]["window_documents"],
-                               n=500)
+    paired = seed_mean_difference(noisy(template, 0, shift=0.2), noisy(template, 0), template[0]["window_documents"],
+                                  n=500)
     assert math.isclose(up["diff"], paired["diff"], rel_tol=1e-5)
 
 
@@ -154,18 +154,6 @@ def test_the_bootstrap_is_seeded(tmp_path, template):
     assert other["methods"]["b"]["lengths"]["32"]["ppl"] == one["methods"]["b"]["lengths"]["32"]["ppl"]
     assert other["methods"]["b"]["lengths"]["32"]["lo"] != one["methods"]["b"]["lengths"]["32"]["lo"]
     json.dumps(one, allow_nan=False)  # JSON-ready
-
-
-def test_seed_helpers_reduce_to_the_single_run_ones():
-    rng = np.random.default_rng(4)
-    docs = np.repeat(np.arange(15), 2)
-    a, b = 3 + rng.standard_normal(30), 3.1 + rng.standard_normal(30)
-    one, single = seed_mean_interval(a[None], docs, seed=3), perplexity_interval(a, docs, seed=3)
-    assert math.isclose(one["lo"], single["lo"]) and math.isclose(one["hi"], single["hi"])
-    diff, pair = seed_mean_difference(a, b, docs, seed=3), paired_difference(a, b, docs, seed=3)
-    assert all(math.isclose(diff[k], pair[k], abs_tol=1e-12) for k in ("diff", "lo", "hi"))
-    with pytest.raises(ValueError, match="paired windows"):
-        seed_mean_difference(a, b[:10], docs)
 
 
 def test_runs_on_other_windows_are_refused(tmp_path, template):

@@ -5,15 +5,15 @@ import math
 import numpy as np
 import pytest
 
-from lenx.stats import paired_difference, perplexity_interval
+from lenx.stats import seed_mean_difference, seed_mean_interval
 
 
 def test_interval_brackets_the_estimate_and_is_seeded():
     rng = np.random.default_rng(0)
     docs = np.repeat(np.arange(20), 3)
     nll = 3 + 0.3 * rng.standard_normal(60) + 0.5 * rng.standard_normal(20)[docs]
-    a = perplexity_interval(nll, docs, seed=1)
-    assert a == perplexity_interval(nll, docs, seed=1)
+    a = seed_mean_interval(nll, docs, seed=1)
+    assert a == seed_mean_interval(nll, docs, seed=1)
     assert a["lo"] < a["ppl"] < a["hi"] and math.isclose(a["ppl"], math.exp(nll.mean()))
 
 
@@ -23,18 +23,18 @@ def test_windows_of_one_document_are_not_independent():
     rng = np.random.default_rng(2)
     doc_effect = np.repeat(rng.standard_normal(6), 10)
     nll = 3 + doc_effect + 0.05 * rng.standard_normal(60)
-    wide = perplexity_interval(nll, np.repeat(np.arange(6), 10))
-    narrow = perplexity_interval(nll, np.arange(60))
+    wide = seed_mean_interval(nll, np.repeat(np.arange(6), 10))
+    narrow = seed_mean_interval(nll, np.arange(60))
     assert wide["hi"] - wide["lo"] > 1.5 * (narrow["hi"] - narrow["lo"])
 
 
-def test_paired_difference():
+def test_seed_mean_difference():
     rng = np.random.default_rng(3)
     docs = np.repeat(np.arange(30), 2)
     a = 3 + rng.standard_normal(60)
-    same = paired_difference(a, a, docs)
+    same = seed_mean_difference(a, a, docs)
     assert same == {"diff": 0.0, "lo": 0.0, "hi": 0.0}
-    better = paired_difference(a, a - 0.1, docs)  # b is better on every window by the same margin
+    better = seed_mean_difference(a, a - 0.1, docs)  # b is better on every window by the same margin
     assert better["diff"] > 0 and better["lo"] > 0
     with pytest.raises(ValueError, match="paired windows"):
-        paired_difference(a, a[:10], docs)
+        seed_mean_difference(a, a[:10], docs)

@@ -7,8 +7,6 @@ Differences between two methods are paired: the windows are the same for every m
 only on the corpus, split and eval seed), so each resample compares the two on the same windows.
 """
 
-import math
-
 import numpy as np
 
 
@@ -68,17 +66,3 @@ def seed_mean_difference(window_nll_a, window_nll_b, documents, n: int = 2000, s
     w = _resamples(documents, n, seed)
     lo, hi = _interval(_seed_mean_ppl(a, w) - _seed_mean_ppl(b, w), level)
     return {"diff": float(np.exp(a.mean(1)).mean() - np.exp(b.mean(1)).mean()), "lo": lo, "hi": hi}
-
-
-def perplexity_interval(window_nll, documents, n: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
-    """{"ppl", "lo", "hi"}: one run's perplexity exp(mean window NLL) and its percentile bootstrap
-    interval (seed_mean_interval with one seed)."""
-    r = seed_mean_interval(np.asarray(window_nll, dtype=np.float64)[None], documents, n, seed, level)
-    return {"ppl": r["ppl"], "lo": r["lo"], "hi": r["hi"]}
-
-
-def paired_difference(window_nll_a, window_nll_b, documents, n: int = 2000, seed: int = 0,
-                      level: float = 0.95) -> dict:
-    """{"diff", "lo", "hi"}: perplexity of run a minus that of run b on the same windows, with a paired
-    bootstrap interval over documents (an interval that excludes 0: the difference is not noise)."""
-    return seed_mean_difference(window_nll_a, window_nll_b, documents, n, seed, level)
