@@ -224,15 +224,14 @@ def test_the_command_from_another_folder(tmp_path, template):
     assert "wrote tables/compare.json" in out.stdout
 
 
-def test_delta_p_is_left_out_where_the_windows_do_not_hold_it(tmp_path, template):
-    """As in the paper's setting (train 128, 256 scored tokens, ΔP over the last 128): the window
-    NLLs cover other tokens than ΔP's, so ΔP cannot be recomputed from them."""
-    wide = fake_run(tmp_path / "a-s0", template, "a", 0, {32: 2.0, 64: 2.0}, delta_p_tokens=16)
-    no_train_len = fake_run(tmp_path / "b-s0", template, "b", 0, {32: 2.0, 64: 2.0}, train_len=16)
-    out = compare_runs([wide, no_train_len], n=200)
-    assert "--scored 16" in out["methods"]["a"]["delta_p_note"]
-    assert "training length 16" in out["methods"]["b"]["delta_p_note"]
-    assert not any("delta_p" in e for m in out["methods"].values() for e in m["lengths"].values())
+def test_delta_p_is_left_out_where_no_eval_json_keeps_its_terms(tmp_path, template):
+    """Runs whose eval.json has no per-window ΔP terms (an older lenx eval) get no ΔP and no
+    in-distribution point, and a note that says how to get them."""
+    plain = fake_run(tmp_path / "a-s0", template, "a", 0, {32: 2.0, 64: 2.0})
+    out = compare_runs([plain], n=200)
+    assert "lenx eval" in out["methods"]["a"]["delta_p_note"]
+    assert "in_distribution" not in out["methods"]["a"]
+    assert not any("delta_p" in e for e in out["methods"]["a"]["lengths"].values())
 
 
 def test_comparing_loads_no_torch():

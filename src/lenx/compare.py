@@ -7,12 +7,10 @@ the very same windows: a method's seeds are pooled window by window, and two met
 pairwise on the same resamples of documents (lenx.stats).
 
 Per method and length the point estimate is the seed-mean perplexity, the mean over seeds of each
-seed's exp(mean window NLL). ΔP (P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluate.py) gets
-an interval where the windows hold what it needs: eval.json keeps both of its terms per window
-("in_distribution" and each length's "delta_p_window_nll"), which also gives the in-distribution
-perplexity an interval; an older eval.json has them only when scored == T_train (the ΔP window,
-"delta_p_tokens") and T_train was evaluated; otherwise the method's "delta_p_note" says why ΔP is
-left out.
+seed's exp(mean window NLL). ΔP (P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluate.py) and
+the in-distribution perplexity (its first term) get intervals from the seeds whose eval.json keeps
+both terms per window ("in_distribution" and each length's "delta_p_window_nll"); where no seed's
+does (an older lenx eval), the method's "delta_p_note" says so.
 
 Numpy only: comparing runs loads no model and no torch.
 """
@@ -28,6 +26,8 @@ from .stats import seed_mean_difference, seed_mean_interval
 
 MIN_RESAMPLES = 100
 WINDOW_KEYS = ("corpus", "split", "eval_seed", "scored", "lengths", "window_documents")  # what fixes the windows
+NO_DELTA_P = ("no run's eval.json keeps ΔP's terms per window (an older lenx eval); evaluate again with "
+              "`lenx eval RUN` for ΔP and in-distribution intervals")
 
 
 class CompareError(ValueError):
@@ -167,20 +167,6 @@ def _delta_p_windows(members: list[dict], lengths: list[int]) -> tuple[np.ndarra
             [r["seed"] for r in kept])
 
 
-def _delta_p_note(members: list[dict]) -> str | None:
-    """Why ΔP cannot be recomputed from these runs' window NLLs of the scored tokens, or None when it can."""
-    run = members[0]
-    T, scored, tokens = run["train_len"], run["windows"]["scored"], run["delta_p_tokens"]
-    if any(r["delta_p_tokens"] != tokens for r in members) or tokens is None:
-        return "eval.json does not say over how many tokens ΔP was measured (delta_p_tokens)"
-    if tokens != scored:
-        return (f"ΔP is measured on the last {tokens} tokens but eval.json keeps per-window NLLs of the last "
-                f"{scored} (scored) only; evaluate with --scored {tokens} for ΔP intervals")
-    if T not in run["nll"]:
-        return f"ΔP needs the training length {T} among the evaluated lengths"
-    return None
-
-
 def _interval_entry(window_nll: np.ndarray, documents: np.ndarray, boot: dict) -> dict:
     interval = seed_mean_interval(window_nll, documents, **boot)
     return {"ppl": interval["ppl"], "lo": interval["lo"], "hi": interval["hi"], "per_seed": interval["per_seed"]}
@@ -224,10 +210,7 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
     for method, members in groups.items():
         T = members[0]["train_len"]
         terms = _delta_p_windows(members, lengths)
-        kept = terms is not None  # eval.json kept ΔP's terms (and the in-distribution point) per window
-        note = None if kept else _delta_p_note(members)
-        if not kept and note is None:  # the scored tokens are ΔP's tokens and T_train was evaluated
-            terms = stacked[method][T], {L: stacked[method][L] for L in lengths if L > T}, [r["seed"] for r in members]
+        note = None if terms is not None else NO_DELTA_P
         per_length = {}
         for L in lengths:
             entry = _interval_entry(stacked[method][L], documents, boot) | {"seeds": len(members), "documents": distinct}
@@ -242,7 +225,6 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
                            "train_len": T, "delta_p_note": note, "lengths": per_length}
         if terms is not None:
             methods[method]["delta_p_seeds"] = terms[2]  # the seeds ΔP is measured on
-        if kept:
             methods[method]["in_distribution"] = _interval_entry(terms[0], documents, boot) | {
                 "length": T, "tokens": members[0]["delta_p_tokens"], "seeds": terms[2]}
             inside[method] = terms[0]
