@@ -25,6 +25,11 @@ TIMING_METHODS = ["nope", "rope", "t5", "alibi", "kerple", "fire", "cope", "xl",
 RUNS = "runs/repro"
 
 
+def train_and_eval(preset: str, sets: list[str], run: str) -> str:
+    return (f"python3 -m lenx train -c {preset} " + " ".join(f"--set {s}" for s in sets) + f" --out {run} --no-progress"
+            f" && python3 -m lenx eval {run} --no-progress")
+
+
 def lm_job(experiment: str, method: str, seed: int = 0, seq_len: int = 128, corpus: str = "tech",
            max_length: int = 8192, extra: tuple = (), name: str | None = None, maps: bool = False,
            batch_size: int | None = None, root: str = RUNS) -> dict:
@@ -37,8 +42,7 @@ def lm_job(experiment: str, method: str, seed: int = 0, seq_len: int = 128, corp
     if SMOKE:
         sets += ["model.n_layer=6", "model.d_model=96", "eval.windows=2", f"eval.max_length={2 * seq_len + 256}",
                  "train.device=cpu"]
-    cmd = ("python3 -m lenx train -c small " + " ".join(f"--set {s}" for s in sets) + f" --out {run} --no-progress"
-           f" && python3 -m lenx eval {run} --no-progress")
+    cmd = train_and_eval("small", sets, run)
     if maps:  # the paper's appendix K pictures: raw scores, bias, processed scores (layers 0 and 5, head 0)
         cmd += "".join(f" && python3 -m lenx plot {run} --attention --length 256 --layer {layer} --head 0"
                        for layer in (0, 5))
@@ -99,8 +103,7 @@ def v125_job(method: str, seed: int) -> dict:
     if SMOKE:
         sets += ["model.n_layer=2", "model.d_model=96", "train.batch_size=2", "eval.windows=2",
                  "eval.max_length=512", "train.device=cpu"]
-    cmd = ("python3 -m lenx train -c 125m " + " ".join(f"--set {s}" for s in sets) + f" --out {run} --no-progress"
-           f" && python3 -m lenx eval {run} --no-progress && rm -rf {run}/ckpt")
+    cmd = train_and_eval("125m", sets, run) + f" && rm -rf {run}/ckpt"
     return {"id": f"v125/{method}-s{seed}", "kind": "exclusive", "run": run, "cmd": cmd}
 
 

@@ -466,12 +466,10 @@ def print_compare_tables(result: dict):
             t.add_column(L, justify="right")
         return t
 
-    def inside_cell(entry: dict | None, sign: str = "") -> list[str]:
+    def inside_cell(entry: dict | None, value: str, sign: str = "") -> list[str]:
         if not inside:
             return []
-        if entry is None:
-            return [""]
-        return [_interval_cell(entry.get("ppl", entry.get("diff")), entry["lo"], entry["hi"], sign)]
+        return [""] if entry is None else [_interval_cell(entry[value], entry["lo"], entry["hi"], sign)]
 
     if inside:
         where += ("; in distribution: the last T_train tokens of each window read with T_train tokens of input "
@@ -480,7 +478,7 @@ def print_compare_tables(result: dict):
     for method, m in result["methods"].items():
         cells = [_interval_cell(e["ppl"], e["lo"], e["hi"]) for e in (m["lengths"][L] for L in lengths)]
         ppl.add_row(f"{method} ({len(m['seeds'])} seed{'s' if len(m['seeds']) != 1 else ''})",
-                    *inside_cell(m.get("in_distribution")), *cells)
+                    *inside_cell(m.get("in_distribution"), "ppl"), *cells)
     console.print(ppl)
 
     with_dp = {method: m for method, m in result["methods"].items()
@@ -493,9 +491,9 @@ def print_compare_tables(result: dict):
             dp.add_column(L, justify="right")
         for method, m in with_dp.items():
             entries = [m["lengths"][L].get("delta_p") for L in dp_lengths]
-            seeds = m.get("delta_p_seeds", m["seeds"])
-            dp.add_row(f"{method} (seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))})", *("" if e is None else _interval_cell(e["value"], e["lo"], e["hi"], "+")
-                                 for e in entries))
+            seeds = m["delta_p_seeds"]
+            cells = ["" if e is None else _interval_cell(e["value"], e["lo"], e["hi"], "+") for e in entries]
+            dp.add_row(f"{method} (seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))})", *cells)
         console.print(dp)
     notes: dict[str, list[str]] = {}  # why ΔP is left out -> the methods it applies to
     for method, m in result["methods"].items():
@@ -508,7 +506,7 @@ def print_compare_tables(result: dict):
         diff = table(f"perplexity minus {result['reference']}'s, mean over seeds [{pct} paired interval]",
                      "bold: the interval excludes 0 (negative: better than the reference)")
         for method, rows in result["differences"].items():
-            cells = inside_cell(rows.get("in_distribution"), "+")
+            cells = inside_cell(rows.get("in_distribution"), "diff", "+")
             for L in lengths:
                 d = rows[L]
                 text = _interval_cell(d["diff"], d["lo"], d["hi"], "+")
