@@ -204,6 +204,12 @@ def test_the_command_from_another_folder(tmp_path, template):
         for s in (0, 1):
             fake_run(sweep / f"{method}-s{s}", template, method, s,
                      {32: noisy(template, s, shift), 64: noisy(template, 5 + s, 2 * shift)})
+    # one seed evaluated by today's lenx eval: ΔP's terms per window, so a ΔP row and an in-distribution column
+    newer = sweep / "dapev2-kerple-s1" / "eval.json"
+    result = json.loads(newer.read_text())
+    result["in_distribution"] = {"length": 32, "tokens": 32, "window_nll": list(noisy(template, 8, 0.5))}
+    result["results"]["64"]["delta_p_window_nll"] = list(noisy(template, 9))
+    newer.write_text(json.dumps(result))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), "COLUMNS": "200"}
@@ -222,6 +228,7 @@ def test_the_command_from_another_folder(tmp_path, template):
     assert f"{cell['ppl']:.2f} [{cell['lo']:.2f}, {cell['hi']:.2f}]" in out.stdout
     assert "perplexity minus kerple's" in out.stdout and "kerple (2 seeds)" in out.stdout
     assert "wrote tables/compare.json" in out.stdout
+    assert "in distribution" in out.stdout and "dapev2-kerple (seed 1)" in out.stdout  # the ΔP row's seeds
 
 
 def test_delta_p_is_left_out_where_no_eval_json_keeps_its_terms(tmp_path, template):
