@@ -60,6 +60,54 @@ def test_gpu_gluon_forward(T, ks, kind):
     assert err < 1e-2, f"T {T} k {ks} {kind}: rel err {err:.3g}"
 
 
+def _weights(H, D, ks, with_bias, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    C = 2 * H if with_bias else H
+    w1, b1 = torch.randn(D, C, 1, ks, generator=g) * 0.3, torch.randn(D, generator=g) * 0.1
+    w2, b2 = torch.randn(H, D, 1, ks, generator=g) * 0.3, torch.randn(H, generator=g) * 0.1
+    return [x.cuda() for x in (w1, b1, w2, b2)]
+
+
+@pytest.mark.skipif(_gluon_ready() is not None, reason=str(_gluon_ready()))
+@pytest.mark.parametrize("H,D,ks", [(1, 8, 3), (5, 16, 1), (16, 32, 3), (12, 10, 3), (7, 21, 1)])
+def test_gpu_gluon_heads_and_channels(H, D, ks, monkeypatch):
+    """Other head and channel counts at T 111, with the outputs NaN-poisoned before the launch (every
+    element of o and lse must be written)."""
+    T = 111
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, H, T, 64, device="cuda").to(torch.bfloat16) for _ in range(3))
+    tab = bias_table("kerple", H, T).detach()
+    w1, b1, w2, b2 = _weights(H, D, ks, True)
+    nan = float("nan")
+    monkeypatch.setattr(torch, "empty_like", lambda x, **kw: torch.full_like(x, nan, **kw))
+    monkeypatch.setattr(torch, "empty", lambda *shape, **kw: torch.full(shape, nan, **kw))
+    o, lse = G.dape_v2_gluon_forward(q, k, v, w1, b1, w2, b2, tab)
+    monkeypatch.undo()
+    torch.cuda.synchronize()
+    assert torch.isfinite(o.float()).all() and torch.isfinite(lse).all()
+    ref = dape_v2_reference(q.float(), k.float(), v.float(), w1, b1, w2, b2, tab)
+    assert rel_err(o.float(), ref) < 1e-2
+
+
+@pytest.mark.skipif(_gluon_ready() is not None, reason=str(_gluon_ready()))
+@pytest.mark.parametrize("t", [0, 40, 63, 64, 150])
+def test_gpu_gluon_is_causal(t):
+    """Outputs at positions <= t are bit-identical when every q, k, v after t changes (the halo of 4h
+    keys past a window and the conv taps must not read the future)."""
+    H, T = 12, 200
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(1, H, T, 64, device="cuda").to(torch.bfloat16) for _ in range(3))
+    q2, k2, v2 = (x.clone() for x in (q, k, v))
+    for x in (q2, k2, v2):
+        x[:, :, t + 1:] = torch.randn_like(x[:, :, t + 1:]) * 3
+    tab = bias_table("kerple", H, T).detach()
+    w = _weights(H, 32, 3, True)
+    a, la = G.dape_v2_gluon_forward(q, k, v, *w, tab)
+    b, lb = G.dape_v2_gluon_forward(q2, k2, v2, *w, tab)
+    assert torch.equal(a[:, :, : t + 1], b[:, :, : t + 1]) and torch.equal(la[:, :, : t + 1], lb[:, :, : t + 1])
+    assert not torch.equal(a[:, :, t + 1:], b[:, :, t + 1:]) or t + 1 == T
+
+
 def _kernel_math(q, k, v, w1, b1, w2, b2, tab, half_dtype=None):
     """The Gluon forward's arithmetic, dense (no windows): conv1 of tril(S) + t1 - k0, LeakyReLU, zero
     outside [0, T), minus leaky(t1) at every key of the extended range (the residual hidden map), conv2
