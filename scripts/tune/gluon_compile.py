@@ -48,13 +48,17 @@ def sass_census(sass: str) -> dict:
     return counts
 
 
-def compile_gluon(fn, signature: dict, constexprs: dict, num_warps: int = 4, sass_path=None, **options):
-    """Compile a gluon.jit function for sm_90a; returns registers, stack bytes, shared bytes, census."""
+def compile_gluon(fn, signature: dict, constexprs: dict, num_warps: int = 4, sass_path=None, divisible=(), **options):
+    """Compile a gluon.jit function for sm_90a; returns registers, stack bytes, shared bytes, census.
+    `divisible`: arguments to mark divisible by 16, as triton's launcher does for pointers and integers
+    that are at run time (cp.async needs the row alignment that this gives)."""
     from triton.experimental.gluon._runtime import GluonASTSource
     sig = dict(signature)
     for name in constexprs:
         sig[name] = "constexpr"
-    src = GluonASTSource(fn, sig, constexprs=dict(constexprs))
+    names = list(sig)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
+    src = GluonASTSource(fn, sig, constexprs=dict(constexprs), attrs=attrs)
     k = triton.compile(src, target=TARGET, options={"num_warps": num_warps, **options})
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
@@ -285,6 +289,7 @@ def main():
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--sass", default=None, help="write the forward's SASS here")
     ap.add_argument("--probes", action="store_true", help="compile the shift probes instead")
+    ap.add_argument("--module", default=None, help="compile the forward of this copy of gluon.py instead (a variant)")
     a = ap.parse_args()
     out = {"triton": triton.__version__}
     if a.probes:
@@ -295,11 +300,22 @@ def main():
                 msg = [ln for ln in str(e).splitlines() if "error" in ln.lower()]
                 out[name] = {"refused": (msg or [repr(e)])[-1].strip()}
     else:
-        from lenx.ops.dape_v2 import gluon as G
+        if a.module:
+            import importlib.util
+            spec = importlib.util.spec_from_file_location(Path(a.module).stem, a.module)
+            G = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = G
+            spec.loader.exec_module(G)
+        else:
+            from lenx.ops.dape_v2 import gluon as G
         fn = G._kernels()["fwd"]
         consts = {"H": a.heads, "D": a.hidden, "KS": a.k, "BM": G.BM, "num_warps": G.NUM_WARPS}
         out["shape"] = {"heads": a.heads, "hidden": a.hidden, "k": a.k, "BM": G.BM, "head_dim": 64}
-        out["fwd"] = compile_gluon(fn, fwd_signature(fn), consts, G.NUM_WARPS, sass_path=a.sass)
+        sig = fwd_signature(fn)
+        # the launch's specialisation for contiguous [B, H, T, 64] q, k, v, o: every pointer and stride
+        # but the table lengths is a multiple of 16
+        div = [n for n, t in sig.items() if t.startswith("*") or n.startswith(("sq", "sk", "sv", "so"))]
+        out["fwd"] = compile_gluon(fn, sig, consts, G.NUM_WARPS, sass_path=a.sass, divisible=div)
     print(json.dumps(out, indent=1))
 
 

@@ -88,7 +88,7 @@ def conv_weights(w1, w2, H: int, device):
 try:  # Gluon's API moves between triton versions: a missing name leaves the module importable
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, warpgroup_mma
+    from triton.experimental.gluon.language.nvidia.hopper import async_copy, fence_async_shared, warpgroup_mma
     _thread_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # 3.6 name; 3.9: gl.barrier
     _GLUON_ERROR = None
 except Exception as e:  # no triton, or a Gluon without these names
@@ -209,6 +209,24 @@ if _GLUON_ERROR is None:
         return 16 * ((n >> 1) & 3) + 2 * (n >> 3) + (n & 1)
 
     @gluon.jit
+    def _load_kv(ring, slot: gl.constexpr, k_ptr, v_ptr, k_ok, WITH_V: gl.constexpr):
+        """Start the copies of one head's K (and V) tile into ring slot `slot` (cp.async, zero-filled
+        outside [0, T)) as one commit group."""
+        async_copy.async_copy_global_to_shared(ring.index(2 * slot), k_ptr, mask=k_ok)
+        if WITH_V:
+            async_copy.async_copy_global_to_shared(ring.index(2 * slot + 1), v_ptr, mask=k_ok)
+        async_copy.commit_group()
+
+    @gluon.jit
+    def _ready(ring, slot: gl.constexpr):
+        """Wait for the second-newest commit group (this item's tiles; the next item's stay in flight)
+        and make every thread's copies visible to the tensor cores."""
+        async_copy.wait_group(1)
+        _thread_barrier()
+        fence_async_shared()
+        return ring.index(2 * slot)
+
+    @gluon.jit
     def _dape_v2_fwd(Q, K, V, W1A, W2A, T1, K0, T2, O, LSE,
                      sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
                      T, scale,
@@ -228,7 +246,7 @@ if _GLUON_ERROR is None:
         ACC_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, BM, 16])      # [64, BM] S^T, O^T
         OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC_Y, k_width=2)
-        LX3: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [1, 4, 1], [2, 1, 0])   # [1, 16, 64]
+        LX2: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])           # [16, 64]
         LF3: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 1, 32], [4, 1, 1], [2, 1, 0])  # [BM, 1, 64]
         SROW: gl.constexpr = gl.SliceLayout(0, ACC_S)   # per query row [BM]
         SKEY: gl.constexpr = gl.SliceLayout(1, ACC_S)   # per window column [64]
@@ -237,14 +255,15 @@ if _GLUON_ERROR is None:
         PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         PLAIN3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
         PLAIN1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        NV64: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
         Qs = gl.allocate_shared_memory(gl.bfloat16, [H, BM, 64], gl.NVMMASharedLayout.get_default_for([BM, 64], gl.bfloat16))
-        Kb = gl.allocate_shared_memory(gl.bfloat16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16))
-        Vb = gl.allocate_shared_memory(gl.bfloat16, [64, 64], gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16))
+        ring = gl.allocate_shared_memory(gl.bfloat16, [4, 64, 64], NV64)   # 2 slots x (K, V), cp.async
         Pb = gl.allocate_shared_memory(gl.bfloat16, [64, BM], gl.NVMMASharedLayout.get_default_for([64, BM], gl.bfloat16))
         Xb = gl.allocate_shared_memory(gl.float16, [16, 64], gl.NVMMASharedLayout.get_default_for([16, 64], gl.float16))
         Zb = gl.allocate_shared_memory(gl.float16, [32, 64], gl.NVMMASharedLayout.get_default_for([32, 64], gl.float16))
-        Xst = gl.allocate_shared_memory(gl.float16, [BM, 16, 64], PLAIN3)    # conv1 input, per row
-        Fs = gl.allocate_shared_memory(gl.float16, [BM, 32, 64], PLAIN3)     # f, per row and head slot
+        # XF[i]: row i's conv1 input (head slots 0..15, step 1), then its f (32 head slots, step 2)
+        XF = gl.allocate_shared_memory(gl.float16, [BM, 32, 64], PLAIN3)
+        XFrow = XF._reinterpret(gl.float16, [BM, 32, 64], PLAIN2)    # the same bytes, for run-time .index(i)
         Os = gl.allocate_shared_memory(gl.float32, [H, 64, BM], PLAIN2)      # O^T per head
         Ms = gl.allocate_shared_memory(gl.float32, [H, BM], PLAIN1)
         Ls = gl.allocate_shared_memory(gl.float32, [H, BM], PLAIN1)
@@ -254,20 +273,20 @@ if _GLUON_ERROR is None:
         r128 = gl.arange(0, 128, gl.SliceLayout(1, LD))
         w1 = gl.allocate_shared_memory(gl.float16, [128, 16], gl.NVMMASharedLayout.get_default_for([128, 16], gl.float16))
         w1.store(gl.load(W1A + r128[:, None] * 16 + gl.arange(0, 16, gl.SliceLayout(0, LD))[None, :]))
-        if H <= 15:  # 137,216 + 6,272 H bytes of shared memory with both weights there
+        if H <= 15:
             w2 = gl.allocate_shared_memory(gl.float16, [128, 32], gl.NVMMASharedLayout.get_default_for([128, 32], gl.float16))
             w2.store(gl.load(W2A + r128[:, None] * 32 + gl.arange(0, 32, gl.SliceLayout(0, LD))[None, :]))
         else:
             r128a = gl.arange(0, 128, gl.SliceLayout(1, OPA))
             w2 = gl.load(W2A + r128a[:, None] * 32 + gl.arange(0, 32, gl.SliceLayout(0, OPA))[None, :])
 
-        # state
+        # state; conv1 input slots H..15 stay zero (step 2 writes f there, which is 0: W2A rows of slots >= H are 0)
         for h in gl.static_range(H):
             Os.index(h).store(gl.zeros([64, BM], gl.float32, ACC_S))
             Ms.index(h).store(gl.full([BM], -1.0e30, gl.float32, SROW))
             Ls.index(h).store(gl.zeros([BM], gl.float32, SROW))
         for h in gl.static_range(H, 16):
-            Xst.slice(h, 1, dim=1).store(gl.zeros([BM, 1, 64], gl.float16, LF3))
+            XF.slice(h, 1, dim=1).store(gl.zeros([BM, 1, 64], gl.float16, LF3))
 
         # index vectors
         ld_r = gl.arange(0, BM, gl.SliceLayout(1, LD))
@@ -282,6 +301,14 @@ if _GLUON_ERROR is None:
         s_rows = q0 + gl.arange(0, BM, SROW)
         inner = (s_off >= 2 * HALF) & (s_off < 64 - 2 * HALF)
 
+        # K / V tiles stream through a 2-slot ring, one item ahead: item n = step 1's K of head h
+        # (n = 2 H w + h) or step 3's K and V of head h (n = 2 H w + H + h), in slot n % 2 (2 H is even,
+        # so the slots are compile-time constants).
+        ws = -2 * HALF
+        k_keys = ws + _col_key(ld_n)
+        k_ok = ((k_keys >= 0) & (k_keys < T))[:, None]
+        _load_kv(ring, 0, K + b * skb + k_keys[:, None] * skt + ld_d[None, :], 0, k_ok, False)
+
         last = gl.minimum(q0 + BM, T) - 1
         for ws in range(-2 * HALF, last - 2 * HALF + 1, STEP):
             k_keys = ws + _col_key(ld_n)
@@ -294,21 +321,24 @@ if _GLUON_ERROR is None:
 
             # 1. scores of every head -> conv1 input (fp16, tril applied)
             for h in gl.static_range(H):
-                _thread_barrier()
-                Kb.store(gl.load(k_ptr + h * skh, mask=k_ok, other=0.0))
-                _thread_barrier()
-                fence_async_shared()
-                sT = warpgroup_mma(Kb, Qs.index(h).permute((1, 0)), gl.zeros([64, BM], gl.float32, ACC_S), use_acc=False)
+                _thread_barrier()   # slot (h + 1) % 2 is free: its last reader (the previous item) is done
+                if h + 1 < H:
+                    _load_kv(ring, (h + 1) % 2, k_ptr + (h + 1) * skh, 0, k_ok, False)
+                else:
+                    _load_kv(ring, (h + 1) % 2, k_ptr, v_ptr, k_ok, True)
+                kb = _ready(ring, h % 2)
+                sT = warpgroup_mma(kb, Qs.index(h).permute((1, 0)), gl.zeros([64, BM], gl.float32, ACC_S), use_acc=False)
                 sT = gl.where(tril, sT * scale, 0.0)
                 x = gl.reshape(gl.permute(sT.to(gl.float16), (1, 0)), [BM, 1, 64])
-                Xst.slice(h, 1, dim=1).store(gl.convert_layout(x, LF3))
+                XF.slice(h, 1, dim=1).store(gl.convert_layout(x, LF3))
             _thread_barrier()
 
             # 2. per query row: conv1 -> tap sum -> t1, k0 -> LeakyReLU -> conv2 -> tap sum -> f
-            for i in gl.static_range(BM):
+            for i in range(BM):  # a run-time loop: unrolled, its code overflowed the instruction cache
                 row = q0 + i
-                xi = Xst.slice(i, 1, dim=0).load(LX3)
-                Xb.store(gl.reshape(xi, [16, 64]))
+                xf = XFrow.index(i)
+                xi = xf.slice(0, 16, dim=0).load(LX2)
+                Xb.store(xi)
                 _thread_barrier()
                 fence_async_shared()
                 y = _tapsum(warpgroup_mma(w1, Xb, gl.zeros([128, 64], gl.float32, ACC_Y), use_acc=False), KS)
@@ -316,13 +346,12 @@ if _GLUON_ERROR is None:
                 key += ws
                 dist = row - key
                 rc_ok = (cc < D) & (row < T)
-                # per-window pointer bases plus a per-row scalar (so nothing per row is loop-invariant
-                # and hoisted out of the window loop: that spilled)
                 t1v = gl.load(T1 + (cc * (2 * T - 1) + T - 1 - key) + row,
                               mask=rc_ok & (dist < T) & (dist > -T), other=0.0)
                 y += t1v
                 if HALF > 0:
-                    y -= gl.load(K0 + (key * D + cc) * T + row, mask=rc_ok & (key >= 0) & (key < HALF), other=0.0)
+                    if ws < HALF:  # only the first window holds keys 0 .. k // 2 - 1
+                        y -= gl.load(K0 + (key * D + cc) * T + row, mask=rc_ok & (key >= 0) & (key < HALF), other=0.0)
                 z = gl.where(y > 0, y, 0.01 * y)
                 # residual hidden map: minus leaky(t1) at every key (its conv2 is the host's g, in T2),
                 # so the fp16 z and f stay small when the bias table is large (ALiBi at long T)
@@ -331,18 +360,22 @@ if _GLUON_ERROR is None:
                 _thread_barrier()
                 fence_async_shared()
                 f = _tapsum(warpgroup_mma(w2, Zb, gl.zeros([128, 64], gl.float32, ACC_Y), use_acc=False), KS)
-                Fs.slice(i, 1, dim=0).store(gl.reshape(_to_columns(f).to(gl.float16), [1, 32, 64]))
+                xf.store(_to_columns(f).to(gl.float16))
             _thread_barrier()
 
             # 3. per head: logits, online softmax, O^T += V^T P^T
             for h in gl.static_range(H):
                 _thread_barrier()
-                Kb.store(gl.load(k_ptr + h * skh, mask=k_ok, other=0.0))
-                Vb.store(gl.load(v_ptr + h * svh, mask=k_ok, other=0.0))
-                _thread_barrier()
-                fence_async_shared()
-                sT = warpgroup_mma(Kb, Qs.index(h).permute((1, 0)), gl.zeros([64, BM], gl.float32, ACC_S), use_acc=False)
-                f3 = Fs.slice(h, 1, dim=1).load(LF3)
+                if h + 1 < H:
+                    _load_kv(ring, (H + h + 1) % 2, k_ptr + (h + 1) * skh, v_ptr + (h + 1) * svh, k_ok, True)
+                else:  # the next window's first item
+                    n_keys = ws + STEP + _col_key(ld_n)
+                    _load_kv(ring, (H + h + 1) % 2, K + b * skb + n_keys[:, None] * skt + ld_d[None, :], 0,
+                             ((n_keys >= 0) & (n_keys < T))[:, None], False)
+                kb = _ready(ring, (H + h) % 2)
+                vb = ring.index(2 * ((H + h) % 2) + 1)
+                sT = warpgroup_mma(kb, Qs.index(h).permute((1, 0)), gl.zeros([64, BM], gl.float32, ACC_S), use_acc=False)
+                f3 = XF.slice(h, 1, dim=1).load(LF3)
                 fT = gl.convert_layout(gl.permute(gl.reshape(f3, [BM, 64]), (1, 0)), ACC_S)
                 valid = tril & inner[:, None] & (s_rows < T)[None, :]
                 t2 = gl.load(t2_ptr + h * (2 * T - 1), mask=valid, other=0.0)
@@ -357,11 +390,12 @@ if _GLUON_ERROR is None:
                 o = Os.index(h).load(ACC_S) * alpha[None, :]
                 _thread_barrier()
                 fence_async_shared()
-                o = warpgroup_mma(Vb.permute((1, 0)), Pb, o)
+                o = warpgroup_mma(vb.permute((1, 0)), Pb, o)
                 Os.index(h).store(o)
                 Ms.index(h).store(m_new)
                 Ls.index(h).store(l_new)
             _thread_barrier()
+        async_copy.wait_group(0)  # the prefetch of a window past the last
 
         # epilogue: O = O^T / l, LSE = m + log l
         s_d = gl.arange(0, 64, SKEY)
@@ -418,6 +452,16 @@ def prepare(w1, b1, w2, b2, table, T: int, H: int, device):
     return W1A, W2A, t1.contiguous(), k0.contiguous(), t2.contiguous()
 
 
+def _aligned(x):
+    """x itself where the kernel's cp.async copies can take it (unit stride on d; every other stride a
+    multiple of 16 elements and the base 16-byte aligned, which triton's launcher then tells the
+    compiler), else a fresh contiguous copy."""
+    import torch
+
+    ok = x.stride(-1) == 1 and all(s % 16 == 0 for s in x.stride()[:-1]) and x.data_ptr() % 16 == 0
+    return x if ok else x.clone(memory_format=torch.contiguous_format)
+
+
 def dape_v2_gluon_forward(q, k, v, w1, b1, w2, b2, table=None):
     """Forward of causal DAPE V2 attention, q, k, v [B, H, T, 64] bf16 on an sm_90 GPU; returns
     (o [B, H, T, 64] bf16, lse [B, H, T] fp32, natural log), like the Triton kernel's forward."""
@@ -428,7 +472,7 @@ def dape_v2_gluon_forward(q, k, v, w1, b1, w2, b2, table=None):
     if dh != 64 or H > HP or D > CS or ks not in (1, 3) or q.dtype != torch.bfloat16:
         raise NotImplementedError(f"gluon DAPE V2 forward: d 64, H <= 16, D <= 32, k in (1, 3), bf16 only "
                                   f"(got d {dh}, H {H}, D {D}, k {ks}, {q.dtype})")
-    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    q, k, v = (_aligned(x) for x in (q, k, v))
     W1A, W2A, t1, k0, t2 = prepare(w1, b1, w2, b2, table, T, H, q.device)
     o = torch.empty_like(q)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
