@@ -189,6 +189,19 @@ if _GLUON_ERROR is None:
         return out
 
     @gluon.jit
+    def _next_row(x, edge):
+        """x [32, 4 q, 16 u] of a per-distance table at row i (key 16 q + u) -> the same at row i + 1,
+        which is x one key to the right: renames, one shuffle for each run's first key, and `edge`
+        [32, 4] (the table at the window's first key, read by the caller) for lane 0."""
+        a = _unpack16(x)
+        le = _lane_shift(a[15], -1)
+        _, q = _slot_run(le)
+        le = gl.where(q == 0, edge, le)
+        out = _pack16((le, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
+                       a[13], a[14]))
+        return gl.convert_layout(out, x.type.layout)
+
+    @gluon.jit
     def _to_columns(x):
         """[32, 4 q, 16 u] -> [32, 64] in the permuted column order n = 8 m + 2 q + b (u = 2 m + b)."""
         x = gl.reshape(x, [32, 4, 8, 2])
@@ -203,6 +216,12 @@ if _GLUON_ERROR is None:
         qq = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None]
         uu = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]
         return cc, 16 * qq + uu
+
+    @gluon.jit
+    def _slot_run(v):
+        """Index tensors for a [32, 4] tile in v's layout (one value per 16-key run): slot, run."""
+        L: gl.constexpr = v.type.layout
+        return gl.arange(0, 32, gl.SliceLayout(1, L))[:, None], gl.arange(0, 4, gl.SliceLayout(0, L))[None, :]
 
     @gluon.jit
     def _col_key(n):
@@ -309,6 +328,11 @@ if _GLUON_ERROR is None:
         k_ok = ((k_keys >= 0) & (k_keys < T))[:, None]
         _load_kv(ring, 0, K + b * skb + k_keys[:, None] * skt + ld_d[None, :], 0, k_ok, False)
 
+        # index tensors of the [32 slots, 4 q, 16 u] conv tiles (the tap sum's layout)
+        y0 = _tapsum(gl.zeros([128, 64], gl.float32, ACC_Y), KS)
+        cc, key0 = _slot_key(y0)
+        cc2, q2 = _slot_run(_lane_shift(_unpack16(y0)[15], -1))   # [32, 1], [1, 4]: one key per run
+
         last = gl.minimum(q0 + BM, T) - 1
         for ws in range(-2 * HALF, last - 2 * HALF + 1, STEP):
             k_keys = ws + _col_key(ld_n)
@@ -334,20 +358,23 @@ if _GLUON_ERROR is None:
             _thread_barrier()
 
             # 2. per query row: conv1 -> tap sum -> t1, k0 -> LeakyReLU -> conv2 -> tap sum -> f
+            # t1[c, i - j] of row q0 is read whole; each next row's is this one shifted a key right
+            key = key0 + ws
+            dist = q0 - key
+            t1v = gl.load(T1 + (cc * (2 * T - 1) + T - 1 - key) + q0,
+                          mask=(cc < D) & (dist < T) & (dist > -T), other=0.0)
             for i in range(BM):  # a run-time loop: unrolled, its code overflowed the instruction cache
                 row = q0 + i
+                # the next row's t1 at the window's first key (the only new distance)
+                ne = row + 1 - ws
+                edge = gl.load(T1 + cc2 * (2 * T - 1) + T - 1 + ne + q2 * 0, mask=(cc2 < D) & (ne < T), other=0.0)
                 xf = XFrow.index(i)
                 xi = xf.slice(0, 16, dim=0).load(LX2)
                 Xb.store(xi)
                 _thread_barrier()
                 fence_async_shared()
                 y = _tapsum(warpgroup_mma(w1, Xb, gl.zeros([128, 64], gl.float32, ACC_Y), use_acc=False), KS)
-                cc, key = _slot_key(y)
-                key += ws
-                dist = row - key
                 rc_ok = (cc < D) & (row < T)
-                t1v = gl.load(T1 + (cc * (2 * T - 1) + T - 1 - key) + row,
-                              mask=rc_ok & (dist < T) & (dist > -T), other=0.0)
                 y += t1v
                 if HALF > 0:
                     if ws < HALF:  # only the first window holds keys 0 .. k // 2 - 1
@@ -356,6 +383,7 @@ if _GLUON_ERROR is None:
                 # residual hidden map: minus leaky(t1) at every key (its conv2 is the host's g, in T2),
                 # so the fp16 z and f stay small when the bias table is large (ALiBi at long T)
                 z = gl.where((key >= 0) & (key < T), z, 0.0) - gl.where(t1v > 0, t1v, 0.01 * t1v)
+                t1v = _next_row(t1v, edge)
                 Zb.store(_to_columns(z).to(gl.float16))
                 _thread_barrier()
                 fence_async_shared()
