@@ -224,6 +224,18 @@ if _GLUON_ERROR is None:
         return gl.arange(0, 32, gl.SliceLayout(1, L))[:, None], gl.arange(0, 4, gl.SliceLayout(0, L))[None, :]
 
     @gluon.jit
+    def _warp_sums(x):
+        """[64, BM] in the S^T accumulator layout (rows 16 w + ..: warp w holds 16 of the keys) -> [4, BM]:
+        the sums over each warp's keys (shuffles within the warp, nothing across warps)."""
+        return gl.sum(gl.reshape(x, [4, 16, x.shape[1]]), axis=1)
+
+    @gluon.jit
+    def _rescale_add(buf, alpha, x):
+        """buf [4, BM] * alpha (per column) + x, x in _warp_sums' layout."""
+        L: gl.constexpr = x.type.layout
+        return buf.load(L) * gl.convert_layout(alpha, gl.SliceLayout(0, L), assert_trivial=True)[None, :] + x
+
+    @gluon.jit
     def _col_key(n):
         return 16 * ((n >> 1) & 3) + 2 * (n >> 3) + (n & 1)
 
@@ -244,6 +256,45 @@ if _GLUON_ERROR is None:
         _thread_barrier()
         fence_async_shared()
         return ring.index(2 * slot)
+
+    @gluon.jit
+    def _conv_rows(XFrow, Xb, Zb, w1, w2, T1, K0, cc, key0, cc2, q2, q0, ws, T,
+                   D: gl.constexpr, KS: gl.constexpr, BM: gl.constexpr, WITH_K0: gl.constexpr):
+        """Step 2 of a window (see the module docstring): for each query row i, XF[i] (its conv1 input)
+        -> f (over it). t1[c, i - j] of row q0 is read whole; each next row's is this one shifted one key
+        right. WITH_K0: the window holds keys 0 .. k // 2 - 1 (the k0 correction)."""
+        HALF: gl.constexpr = KS // 2
+        LX2: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])           # [16, 64]
+        ACC_Y: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, 64, 16])
+        key = key0 + ws
+        dist = q0 - key
+        t1v = gl.load(T1 + (cc * (2 * T - 1) + T - 1 - key) + q0,
+                      mask=(cc < D) & (dist < T) & (dist > -T), other=0.0)
+        for i in range(BM):  # a run-time loop: unrolled, its code overflowed the instruction cache
+            row = q0 + i
+            # the next row's t1 at the window's first key (the only new distance)
+            ne = row + 1 - ws
+            edge = gl.load(T1 + cc2 * (2 * T - 1) + T - 1 + ne + q2 * 0, mask=(cc2 < D) & (ne < T), other=0.0)
+            xf = XFrow.index(i)
+            Xb.store(xf.slice(0, 16, dim=0).load(LX2))
+            _thread_barrier()
+            fence_async_shared()
+            y = _tapsum(warpgroup_mma(w1, Xb, gl.zeros([128, 64], gl.float32, ACC_Y), use_acc=False), KS)
+            y += t1v
+            if WITH_K0:
+                y -= gl.load(K0 + (key * D + cc) * T + row, mask=(cc < D) & (row < T) & (key >= 0) & (key < HALF),
+                             other=0.0)
+            z = gl.where(y > 0, y, 0.01 * y)
+            # residual hidden map: minus leaky(t1) at every key (its conv2 is the host's g, in T2),
+            # so the fp16 z and f stay small when the bias table is large (ALiBi at long T)
+            z = gl.where((key >= 0) & (key < T), z, 0.0) - gl.where(t1v > 0, t1v, 0.01 * t1v)
+            t1v = _next_row(t1v, edge)
+            Zb.store(_to_columns(z).to(gl.float16))
+            _thread_barrier()
+            fence_async_shared()
+            f = _tapsum(warpgroup_mma(w2, Zb, gl.zeros([128, 64], gl.float32, ACC_Y), use_acc=False), KS)
+            xf.store(_to_columns(f).to(gl.float16))
 
     @gluon.jit
     def _dape_v2_fwd(Q, K, V, W1A, W2A, T1, K0, T2, O, LSE,
@@ -285,7 +336,7 @@ if _GLUON_ERROR is None:
         XFrow = XF._reinterpret(gl.float16, [BM, 32, 64], PLAIN2)    # the same bytes, for run-time .index(i)
         Os = gl.allocate_shared_memory(gl.float32, [H, 64, BM], PLAIN2)      # O^T per head
         Ms = gl.allocate_shared_memory(gl.float32, [H, BM], PLAIN1)
-        Ls = gl.allocate_shared_memory(gl.float32, [H, BM], PLAIN1)
+        Ls = gl.allocate_shared_memory(gl.float32, [H, 4, BM], PLAIN2)    # row sums, one part per warp
 
         # conv weights as shared-memory A operands (4 + 8 KB): as register operands they held 24 registers
         # for the whole kernel, which spilled. W2A stays in registers where its 8 KB do not fit (H 16).
@@ -303,7 +354,7 @@ if _GLUON_ERROR is None:
         for h in gl.static_range(H):
             Os.index(h).store(gl.zeros([64, BM], gl.float32, ACC_S))
             Ms.index(h).store(gl.full([BM], -1.0e30, gl.float32, SROW))
-            Ls.index(h).store(gl.zeros([BM], gl.float32, SROW))
+            Ls.index(h).store(_warp_sums(gl.zeros([64, BM], gl.float32, ACC_S)))
         for h in gl.static_range(H, 16):
             XF.slice(h, 1, dim=1).store(gl.zeros([BM, 1, 64], gl.float16, LF3))
 
@@ -358,37 +409,14 @@ if _GLUON_ERROR is None:
             _thread_barrier()
 
             # 2. per query row: conv1 -> tap sum -> t1, k0 -> LeakyReLU -> conv2 -> tap sum -> f
-            # t1[c, i - j] of row q0 is read whole; each next row's is this one shifted a key right
-            key = key0 + ws
-            dist = q0 - key
-            t1v = gl.load(T1 + (cc * (2 * T - 1) + T - 1 - key) + q0,
-                          mask=(cc < D) & (dist < T) & (dist > -T), other=0.0)
-            for i in range(BM):  # a run-time loop: unrolled, its code overflowed the instruction cache
-                row = q0 + i
-                # the next row's t1 at the window's first key (the only new distance)
-                ne = row + 1 - ws
-                edge = gl.load(T1 + cc2 * (2 * T - 1) + T - 1 + ne + q2 * 0, mask=(cc2 < D) & (ne < T), other=0.0)
-                xf = XFrow.index(i)
-                xi = xf.slice(0, 16, dim=0).load(LX2)
-                Xb.store(xi)
-                _thread_barrier()
-                fence_async_shared()
-                y = _tapsum(warpgroup_mma(w1, Xb, gl.zeros([128, 64], gl.float32, ACC_Y), use_acc=False), KS)
-                rc_ok = (cc < D) & (row < T)
-                y += t1v
-                if HALF > 0:
-                    if ws < HALF:  # only the first window holds keys 0 .. k // 2 - 1
-                        y -= gl.load(K0 + (key * D + cc) * T + row, mask=rc_ok & (key >= 0) & (key < HALF), other=0.0)
-                z = gl.where(y > 0, y, 0.01 * y)
-                # residual hidden map: minus leaky(t1) at every key (its conv2 is the host's g, in T2),
-                # so the fp16 z and f stay small when the bias table is large (ALiBi at long T)
-                z = gl.where((key >= 0) & (key < T), z, 0.0) - gl.where(t1v > 0, t1v, 0.01 * t1v)
-                t1v = _next_row(t1v, edge)
-                Zb.store(_to_columns(z).to(gl.float16))
-                _thread_barrier()
-                fence_async_shared()
-                f = _tapsum(warpgroup_mma(w2, Zb, gl.zeros([128, 64], gl.float32, ACC_Y), use_acc=False), KS)
-                xf.store(_to_columns(f).to(gl.float16))
+            # (two copies of the row loop: only the first window holds keys 0 .. k // 2 - 1, the k0 correction)
+            if HALF > 0:
+                if ws < HALF:
+                    _conv_rows(XFrow, Xb, Zb, w1, w2, T1, K0, cc, key0, cc2, q2, q0, ws, T, D, KS, BM, True)
+                else:
+                    _conv_rows(XFrow, Xb, Zb, w1, w2, T1, K0, cc, key0, cc2, q2, q0, ws, T, D, KS, BM, False)
+            else:
+                _conv_rows(XFrow, Xb, Zb, w1, w2, T1, K0, cc, key0, cc2, q2, q0, ws, T, D, KS, BM, False)
             _thread_barrier()
 
             # 3. per head: logits, online softmax, O^T += V^T P^T
@@ -409,11 +437,12 @@ if _GLUON_ERROR is None:
                 t2 = gl.load(t2_ptr + h * (2 * T - 1), mask=valid, other=0.0)
                 lg = gl.where(valid, sT * scale + t2 + fT.to(gl.float32), float("-inf"))
                 m_old = Ms.index(h).load(SROW)
-                l_old = Ls.index(h).load(SROW)
                 m_new = gl.maximum(m_old, gl.max(lg, axis=0))
                 alpha = gl.exp2((m_old - m_new) * LOG2E)
                 p = gl.exp2((lg - m_new[None, :]) * LOG2E)
-                l_new = l_old * alpha + gl.sum(p, axis=0)
+                # row sums: each warp keeps its own part (its 16 keys of every window), so no exchange
+                # between warps here; the parts are added once, in the epilogue
+                l_new = _rescale_add(Ls.index(h), alpha, _warp_sums(p))
                 Pb.store(p.to(gl.bfloat16))
                 o = Os.index(h).load(ACC_S) * alpha[None, :]
                 _thread_barrier()
@@ -431,7 +460,8 @@ if _GLUON_ERROR is None:
         for h in gl.static_range(H):
             o = Os.index(h).load(ACC_S)
             m = Ms.index(h).load(SROW)
-            l = gl.maximum(Ls.index(h).load(SROW), 1e-30)
+            lw = Ls.index(h).load(_warp_sums(o).type.layout)
+            l = gl.maximum(gl.convert_layout(gl.sum(lw, axis=0), SROW), 1e-30)
             o = o / l[None, :]
             gl.store(O + b * sob + h * soh + s_rows[None, :] * sot + s_d[:, None], o.to(gl.bfloat16),
                      mask=r_ok[None, :])
