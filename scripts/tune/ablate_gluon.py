@@ -23,13 +23,17 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "lenx" / "ops" / "dape_v2" /
 
 STEP1 = "            # 1. scores of every head -> conv1 input (fp16, tril applied)\n            for h in gl.static_range(H):"
 STEP2 = "        for i in range(BM):"
-STEP3 = "            # 3. per head: logits, online softmax, O^T += V^T P^T\n            for h in gl.static_range(H):"
+STEP3 = "            for h in gl.static_range(H):\n                t2 = t2n"
 K0 = "                if ws < HALF:"
 CONV2 = "            f = _tapsum(warpgroup_mma(w2, Zb, gl.zeros([128, 64], gl.float32, ACC_Y), use_acc=False), KS)"
 FT = "                fT = gl.convert_layout(gl.permute(gl.reshape(f3, [BM, 64]), (1, 0)), ACC_S)"
-MAX = "                m_new = gl.maximum(m_old, gl.max(lg, axis=0))"
+MAX = """                Mx.index(h % 2).store(_warp_max(lg))
+                _thread_barrier()
+                m_new = gl.maximum(gl.maximum(m_old, gl.maximum(Mxr.index(4 * (h % 2)).load(SROW), Mxr.index(4 * (h % 2) + 1).load(SROW))),
+                                   gl.maximum(Mxr.index(4 * (h % 2) + 2).load(SROW), Mxr.index(4 * (h % 2) + 3).load(SROW)))"""
 OLOAD = "                o = Os.index(h).load(ACC_S) * alpha[None, :]"
-SOFTMAX_T2 = "                t2 = gl.load(t2_ptr + h * (2 * T - 1), mask=valid, other=0.0)"
+T2A = "            t2n = gl.load(t2_ptr, mask=valid, other=0.0)"
+T2B = "                    t2n = gl.load(t2_ptr + (h + 1) * (2 * T - 1), mask=valid, other=0.0)"
 
 # name -> list of (old, new) source edits
 VARIANTS = {
@@ -41,7 +45,8 @@ VARIANTS = {
                     (STEP2, STEP2.replace("range(BM)", "range(0)"))],
     "no k0 load": [(K0, K0.replace("ws < HALF", "ws < HALF - 1000000"))],
     "no conv2": [(CONV2, "            f = y")],
-    "no t2 load": [(SOFTMAX_T2, "                t2 = sT * 0.0")],
+    "no t2 load": [(T2A, "            t2n = gl.zeros([64, BM], gl.float32, ACC_S)"),
+                   (T2B, "                    t2n = gl.zeros([64, BM], gl.float32, ACC_S)")],
     "no f in step 3": [(FT, "                fT = sT.to(gl.float16)")],
     "no max exchange": [(MAX, "                m_new = m_old + 0.0")],
     "no O load": [(OLOAD, "                o = gl.zeros([64, BM], gl.float32, ACC_S) * alpha[None, :]")],

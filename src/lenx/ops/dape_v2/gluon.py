@@ -230,6 +230,11 @@ if _GLUON_ERROR is None:
         return gl.sum(gl.reshape(x, [4, 16, x.shape[1]]), axis=1)
 
     @gluon.jit
+    def _warp_max(x):
+        """Like _warp_sums, the maxima over each warp's keys."""
+        return gl.max(gl.reshape(x, [4, 16, x.shape[1]]), axis=1)
+
+    @gluon.jit
     def _rescale_add(buf, alpha, x):
         """buf [4, BM] * alpha (per column) + x, x in _warp_sums' layout."""
         L: gl.constexpr = x.type.layout
@@ -336,6 +341,10 @@ if _GLUON_ERROR is None:
         XFrow = XF._reinterpret(gl.float16, [BM, 32, 64], PLAIN2)    # the same bytes, for run-time .index(i)
         Os = gl.allocate_shared_memory(gl.float32, [H, 64, BM], PLAIN2)      # O^T per head
         Ms = gl.allocate_shared_memory(gl.float32, [H, BM], PLAIN1)
+        # per-warp tile maxima, two buffers used in turn (one barrier per exchange); the rows are
+        # read through a rank-1 view of the same bytes
+        Mx = gl.allocate_shared_memory(gl.float32, [2, 4, BM], PLAIN2)
+        Mxr = Mx._reinterpret(gl.float32, [8, BM], PLAIN1)
         Ls = gl.allocate_shared_memory(gl.float32, [H, 4, BM], PLAIN2)    # row sums, one part per warp
 
         # conv weights as shared-memory A operands (4 + 8 KB): as register operands they held 24 registers
@@ -420,7 +429,12 @@ if _GLUON_ERROR is None:
             _thread_barrier()
 
             # 3. per head: logits, online softmax, O^T += V^T P^T
+            valid = tril & inner[:, None] & (s_rows < T)[None, :]
+            t2n = gl.load(t2_ptr, mask=valid, other=0.0)
             for h in gl.static_range(H):
+                t2 = t2n
+                if h + 1 < H:  # the next head's bias, a head ahead (a gather: its latency was exposed)
+                    t2n = gl.load(t2_ptr + (h + 1) * (2 * T - 1), mask=valid, other=0.0)
                 _thread_barrier()
                 if h + 1 < H:
                     _load_kv(ring, (H + h + 1) % 2, k_ptr + (h + 1) * skh, v_ptr + (h + 1) * svh, k_ok, True)
@@ -433,11 +447,12 @@ if _GLUON_ERROR is None:
                 sT = warpgroup_mma(kb, Qs.index(h).permute((1, 0)), gl.zeros([64, BM], gl.float32, ACC_S), use_acc=False)
                 f3 = XF.slice(h, 1, dim=1).load(LF3)
                 fT = gl.convert_layout(gl.permute(gl.reshape(f3, [BM, 64]), (1, 0)), ACC_S)
-                valid = tril & inner[:, None] & (s_rows < T)[None, :]
-                t2 = gl.load(t2_ptr + h * (2 * T - 1), mask=valid, other=0.0)
                 lg = gl.where(valid, sT * scale + t2 + fT.to(gl.float32), float("-inf"))
                 m_old = Ms.index(h).load(SROW)
-                m_new = gl.maximum(m_old, gl.max(lg, axis=0))
+                Mx.index(h % 2).store(_warp_max(lg))
+                _thread_barrier()
+                m_new = gl.maximum(gl.maximum(m_old, gl.maximum(Mxr.index(4 * (h % 2)).load(SROW), Mxr.index(4 * (h % 2) + 1).load(SROW))),
+                                   gl.maximum(Mxr.index(4 * (h % 2) + 2).load(SROW), Mxr.index(4 * (h % 2) + 3).load(SROW)))
                 alpha = gl.exp2((m_old - m_new) * LOG2E)
                 p = gl.exp2((lg - m_new[None, :]) * LOG2E)
                 # row sums: each warp keeps its own part (its 16 keys of every window), so no exchange
