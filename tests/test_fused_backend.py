@@ -67,3 +67,53 @@ def test_gpu_attention_module(method, remainder):
     keep = [i for i, r in enumerate(refs) if r is not None]
     compare(f"module {method} {remainder}", [outs[i] for i in keep], [refs[i] for i in keep],
             [names[i] for i in keep], 1e-4, floors)
+
+
+def test_dape_v2_forward_only_work_picks_gluon_only_where_it_can(monkeypatch):
+    """The Gluon forward takes DAPE V2 only with nothing needing a gradient, a shape it covers, an sm_90
+    GPU and triton 3.6 (else the Triton kernel: it has the backward), and never with
+    LENX_DAPE_V2_GLUON=0."""
+    from lenx.attention.backends import fused
+    from lenx.ops.dape_v2 import gluon
+
+    proc = DapeV2(12, 32, 3)
+    w = [x.detach() for x in proc.conv_weights()]
+    q = torch.randn(1, 12, 8, 64).to(torch.bfloat16)
+    monkeypatch.setattr(gluon, "unsupported_reason", lambda *a: None)  # as on an H100/H200 with triton 3.6
+    assert fused._use_gluon(q, q, q, w, None, proc)
+    with torch.no_grad():
+        assert fused._use_gluon(q, q, q, proc.conv_weights(), None, proc)
+    assert not fused._use_gluon(q, q, q, proc.conv_weights(), None, proc)  # conv weights need gradients
+    assert not fused._use_gluon(q.requires_grad_(), q, q, w, None, proc)
+    monkeypatch.setenv("LENX_DAPE_V2_GLUON", "0")
+    with torch.no_grad():
+        assert not fused._use_gluon(q, q, q, w, None, proc)
+    monkeypatch.undo()
+    # on this machine (no sm_90 GPU, or another triton) the real check says why not
+    reason = gluon.unsupported_reason(q.detach(), 12, 32, 3)
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        assert reason is not None and not fused._use_gluon(q.detach(), q, q, w, None, proc)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["dapev2-kerple", "dape-alibi"])
+def test_gpu_attention_module_eval_uses_gluon(method, monkeypatch):
+    """Under no_grad in bf16 on sm_90 the module's forward runs the Gluon kernel (the Triton kernel is
+    not called) and matches the dense backend."""
+    from lenx.ops.dape_v2 import gluon
+
+    if gluon.unsupported_reason(torch.zeros(1, 12, 1, 64, device=DEVICE, dtype=torch.bfloat16), 12, 32, 3):
+        pytest.skip("the Gluon forward does not run here")
+    import lenx.ops.dape_v2.triton as triton_op
+
+    monkeypatch.setattr(triton_op, "dape_v2_triton", lambda *a, **k: pytest.fail("the Triton kernel ran"))
+    torch.manual_seed(0)
+    cfg = AttentionConfig(method=method, backend="dense")
+    ref = Attention(cfg, 12, 768).to(DEVICE)
+    fast = Attention(AttentionConfig(**{**cfg.__dict__, "backend": "triton"}), 12, 768).to(DEVICE)
+    fast.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 300, 768, device=DEVICE)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        y, y_ref = fast(x), ref(x)
+    err = ((y.float() - y_ref.float()).norm() / y_ref.float().norm()).item()
+    assert err < 2e-2, f"{method}: rel err {err:.3g}"

@@ -35,6 +35,21 @@ OLOAD = "                o = Os.index(h).load(ACC_S) * alpha[None, :]"
 T2A = "            t2n = gl.load(t2_ptr, mask=valid, other=0.0)"
 T2B = "                    t2n = gl.load(t2_ptr + (h + 1) * (2 * T - 1), mask=valid, other=0.0)"
 
+S1STORE = "                XF.slice(h, 1, dim=1).store(gl.convert_layout(x, LF3))"
+FLOAD = """                f3 = XF.slice(h, 1, dim=1).load(LF3)
+                fT = gl.convert_layout(gl.permute(gl.reshape(f3, [BM, 64]), (1, 0)), ACC_S)"""
+HELPERS = "    @gluon.jit\n    def _rescale_add("
+LOAD_T = """    @gluon.jit
+    def _load_T(buf, like):
+        d = gl.reshape(gl.permute(like, (1, 0)), [like.shape[1], 1, like.shape[0]])
+        L: gl.constexpr = d.type.layout
+        x = buf.load(L)
+        return gl.convert_layout(gl.permute(gl.reshape(x, [like.shape[1], like.shape[0]]), (1, 0)), like.type.layout)
+
+"""
+ALT_S1 = [(S1STORE, "                XF.slice(h, 1, dim=1).store(x)")]
+ALT_F = [(HELPERS, LOAD_T + HELPERS), (FLOAD, "                fT = _load_T(XF.slice(h, 1, dim=1), sT)")]
+
 # name -> list of (old, new) source edits
 VARIANTS = {
     "base": [],
@@ -49,6 +64,9 @@ VARIANTS = {
                    (T2B, "                    t2n = gl.zeros([64, BM], gl.float32, ACC_S)")],
     "no f in step 3": [(FT, "                fT = sT.to(gl.float16)")],
     "no max exchange": [(MAX, "                m_new = m_old + 0.0")],
+    "alt: step 1 stores S^T without a layout conversion": ALT_S1,
+    "alt: step 3 loads f in the S^T layout": ALT_F,
+    "alt: both": ALT_S1 + ALT_F,
     "no O load": [(OLOAD, "                o = gl.zeros([64, BM], gl.float32, ACC_S) * alpha[None, :]")],
 }
 

@@ -7,6 +7,9 @@ bias or processor (any remainder mode: the module applies it). Shapes the planne
 """
 
 import importlib.util
+import os
+
+import torch
 
 from ...ops._launch import HEAD_DIMS
 from .base import Backend
@@ -52,10 +55,29 @@ class Fused(Backend):
             return stickbreaking_triton(q, k, v, parts.normaliser.attend_current)
         table = parts.bias.table(q.shape[-2], q.device) if parts.bias is not None else None
         if parts.processor is not None:
+            weights = parts.processor.conv_weights()
+            if _use_gluon(q, k, v, weights, table, parts.processor):
+                from ...ops.dape_v2.gluon import dape_v2_gluon_forward
+
+                return dape_v2_gluon_forward(q, k, v, *weights, table)[0], None
             from ...ops.dape_v2.triton import dape_v2_triton
 
-            return dape_v2_triton(q, k, v, *parts.processor.conv_weights(), table), None
+            return dape_v2_triton(q, k, v, *weights, table), None
         from ...ops.biased_softmax.triton import biased_attention
 
         # a bias may let the kernel give its parameters their gradients more cheaply (Kerple, T5)
         return biased_attention(q, k, v, table, **parts.bias.fused_grad_args() if parts.bias is not None else {}), None
+
+
+def _use_gluon(q, k, v, weights, table, proc) -> bool:
+    """The DAPE V2 forward goes to the Gluon kernel (lenx.ops.dape_v2.gluon, faster than the Triton one
+    on sm_90: notes/kernels.md) where nothing needs a gradient (it has no backward yet: evaluation,
+    generation) and it covers the shape; LENX_DAPE_V2_GLUON=0 keeps the Triton kernel."""
+    if os.environ.get("LENX_DAPE_V2_GLUON", "1") == "0":
+        return False
+    operands = (q, k, v, *weights) + ((table,) if table is not None else ())
+    if torch.is_grad_enabled() and any(x.requires_grad for x in operands):
+        return False
+    from ...ops.dape_v2 import gluon
+
+    return gluon.unsupported_reason(q, proc.num_heads, proc.hidden, proc.kernel_size) is None

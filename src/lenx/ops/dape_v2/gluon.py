@@ -525,6 +525,25 @@ def prepare(w1, b1, w2, b2, table, T: int, H: int, device):
     return W1A, W2A, t1.contiguous(), k0.contiguous(), t2.contiguous()
 
 
+def unsupported_reason(q, H: int, D: int, ks: int):
+    """Why this forward cannot run for q [B, H, T, d] with D hidden channels and kernel size ks, or None:
+    an sm_90 GPU, triton 3.6 (the Gluon API it is written and GPU-tested against), d 64, H <= 16,
+    D <= 32, k in (1, 3), bf16."""
+    import torch
+    import triton
+
+    if _GLUON_ERROR is not None:
+        return f"triton Gluon (Hopper) unavailable: {_GLUON_ERROR!r}"
+    if not triton.__version__.startswith("3.6."):
+        return f"the Gluon forward is written for triton 3.6, not {triton.__version__}"
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
+        return "the Gluon forward needs an sm_90 (Hopper) GPU"
+    if q.shape[-1] != 64 or H > HP or D > CS or ks not in (1, 3) or q.dtype != torch.bfloat16:
+        return (f"the Gluon forward takes d 64, H <= 16, D <= 32, k in (1, 3), bf16 "
+                f"(got d {q.shape[-1]}, H {H}, D {D}, k {ks}, {q.dtype})")
+    return None
+
+
 def _aligned(x):
     """x itself where the kernel's cp.async copies can take it (unit stride on d; every other stride a
     multiple of 16 elements and the base 16-byte aligned, which triton's launcher then tells the
