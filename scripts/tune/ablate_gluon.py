@@ -90,7 +90,7 @@ def load_variant(name: str, edits, tmp: Path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--T", type=int, default=8192)
-    ap.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    ap.add_argument("--only", default="", help="variant names separated by ; (default: all)")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
     dev = torch.device("cuda")
@@ -100,7 +100,7 @@ def main():
     w = [x.detach() for x in proc.conv_weights()]
     q, k, v = (torch.randn(1, H, T, dh, device=dev, dtype=torch.bfloat16) for _ in range(3))
     tab = KerpleLog(H).to(dev).table(T, dev).detach()
-    names = [x for x in a.only.split(",") if x] or list(VARIANTS)
+    names = [x for x in a.only.split(";") if x] or list(VARIANTS)
     rows = []
     with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
         for name in names:

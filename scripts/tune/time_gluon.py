@@ -1,7 +1,9 @@
 """The Gluon DAPE V2 forward against the Triton kernel's forward and fused causal SDPA in one run: bf16,
 B 1, H 12, d 64, D 32, Kerple, no autograd graph; back-to-back medians (lenx.bench.median_ms), the Gluon
 forward with its host-side tables and without them (built once, outside the timing: "gluon kernel"),
-and peak memory per call.
+and peak memory per call. --d128: also DAPE V2 at head dim 128 (the Gluon forward takes 64 only; the
+Triton kernel's shared memory takes heads x d <= 1024, so lenx routes d 128 at 12 heads to the chunked
+backend) against SDPA at d 128.
 
 Usage (repository root, sm_90 GPU, triton 3.6):
     PYTHONPATH=src python3 scripts/tune/time_gluon.py --lengths 8192,16384,32768 -o gluon_times.json
@@ -9,11 +11,13 @@ Usage (repository root, sm_90 GPU, triton 3.6):
 
 import argparse
 import json
+import sys
 
 import torch
 from torch.nn import functional as F
 
-from lenx.attention import DapeV2, KerpleLog
+from lenx.attention import DapeV2, KerpleLog, Softmax
+from lenx.attention.backends import Parts, run_backend
 from lenx.bench import median_ms
 from lenx.ops.dape_v2 import gluon as G
 from lenx.ops.dape_v2.triton import dape_v2_triton
@@ -32,6 +36,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lengths", default="8192,16384")
     ap.add_argument("--ks", default="3", help="conv kernel sizes, comma-separated")
+    ap.add_argument("--d128", action="store_true", help="also head dim 128 (chunked backend) against SDPA")
     ap.add_argument("-o", "--out", required=True)
     a = ap.parse_args()
     dev = torch.device("cuda")
@@ -62,6 +67,11 @@ def main():
             }
             if ks not in (1, 3):
                 cases.pop("gluon fwd (with tables)"), cases.pop("gluon kernel")
+            if a.d128:
+                q8, k8, v8 = (torch.randn(1, H, T, 128, device=dev, dtype=torch.bfloat16) for _ in range(3))
+                parts = Parts(kb, proc, Softmax())
+                cases["sdpa d128"] = lambda: F.scaled_dot_product_attention(q8, k8, v8, is_causal=True)
+                cases["chunked d128"] = lambda: run_backend("chunked", q8, k8, v8, parts)
             for name, fn in cases.items():
                 with torch.no_grad():
                     try:
@@ -74,12 +84,13 @@ def main():
                 print(json.dumps(r), flush=True)
             torch.cuda.empty_cache()
     for r in rows:
-        base = next(x for x in rows if x["case"] == "sdpa" and x["T"] == r["T"] and x["k"] == r["k"])
-        if r["fwd_ms"] is not None:
+        ref = "sdpa d128" if r["case"].endswith("d128") else "sdpa"
+        base = next(x for x in rows if x["case"] == ref and x["T"] == r["T"] and x["k"] == r["k"])
+        if r["fwd_ms"] is not None and base["fwd_ms"] is not None:
             r["fwd_x_sdpa"] = r["fwd_ms"] / base["fwd_ms"]
             r["peak_x_sdpa"] = r["peak_mb"] / base["peak_mb"]
     with open(a.out, "w") as f:
-        json.dump({"environment": environment(), "command": "scripts/tune/time_gluon.py", "rows": rows}, f, indent=1)
+        json.dump({"environment": environment(), "command": "python3 scripts/tune/time_gluon.py " + " ".join(sys.argv[1:]), "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

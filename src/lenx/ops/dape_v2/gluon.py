@@ -1,6 +1,7 @@
 """DAPE V2 causal attention forward in Gluon for Hopper (sm_90a), written against triton 3.6's Gluon
-API (notes/gluon.md lists what 3.6 accepts and refuses). Correctness first: one warpgroup per CTA, no
-warp specialization, no TMA, synchronous wgmma (GPU runs: notes/gluon.md).
+API (notes/gluon.md lists what 3.6 accepts and refuses). One warpgroup per CTA, no warp
+specialization, synchronous wgmma; K and V stream in by cp.async one head ahead (GPU runs, profile and
+per-stage costs: notes/gluon.md, notes/kernels.md).
 
     out = softmax_causal(S + Bias + f(tril([S; Bias]))) V,   S = Q K^T / sqrt(d)
     f = conv2(leaky_relu(conv1(.), 0.01)), both convs (1, k) along keys with zero padding k // 2
@@ -13,23 +14,26 @@ Schedule. A CTA owns BM = 16 query rows of one batch entry, all heads. It walks 
 are its keys [ws + 2h, ws + 64 - 2h); its 2h keys of halo on each side are recomputed by the
 neighbouring windows (no carry between windows). Per window:
 
- 0. (once) Q of all heads into shared memory.
+ 0. (once) Q of all heads into shared memory. K_h (step 1) and K_h, V_h (step 3) tiles come through a
+    2-slot ring of cp.async copies, each issued while the previous head is being processed.
  1. per head: S_h^T = K_h Q_h^T (wgmma, M = 64 keys, N = BM), scaled, tril (0 above the diagonal and
-    outside [0, T)), fp16, into a staging buffer Xst [BM, 16 heads, 64 keys].
- 2. per query row i: Y = W1A @ X_i (wgmma: A = conv1 weights from registers [128, 16], B = X_i
+    outside [0, T)), fp16, into XF [BM, 32 slots, 64 keys] (slots 0..15: the conv1 input X_i of row i).
+ 2. per query row i (a run-time loop): Y = W1A @ X_i (wgmma: A = conv1 weights from registers [128, 16], B = X_i
     [16 heads, 64 keys]). Row 64 a + 16 w + 8 r + l of W1A holds tap 2 a + r of channel 8 w + l, so
     each thread holds all taps of one channel (rows in-thread). The window's K rows are loaded in the
     permuted order  column n = 8 m + 2 q + b  <->  key ws + 16 q + 2 m + b,  so the accumulator gives
     lane q of each quad 16 consecutive keys. The tap sum y[j] = sum_t Y_t[j + t - h] is then register
     renames (reshape / permute / split / join) plus one lane shuffle per tap that crosses a 16-key run
-    (2 SHFL per channel for k = 3). + t1[c, i - j] - k0 at key 0, LeakyReLU, zero outside [0, T),
+    (2 SHFL per channel for k = 3). + t1[c, i - j] (row i + 1's is row i's shifted one key: renames, a
+    shuffle and one load per run) - k0 at keys < h (first window only), LeakyReLU, zero outside [0, T),
     minus leaky(t1[c, i - j]) at every key (the residual hidden map, see below), into shared memory as
-    conv2's B operand; F = W2A @ Z the same way (rows: taps x head slots), tap sum, f - g into Fs
-    [BM, 32 head slots, 64 keys] (fp16).
+    conv2's B operand; F = W2A @ Z the same way (rows: taps x head slots), tap sum, f - g over XF[i]
+    (fp16, 32 head slots).
  3. per head: S_h^T again (recomputed rather than stored: shared memory is the limit), logits =
-    S + (t2 + g)[h, i - j] + (f - g), masked to the window's outputs and the causal triangle, online softmax
-    (statistics in shared memory), P^T in bf16 to shared memory, O_h^T += V_h^T P^T (wgmma, M = d).
-    O^T of all heads lives in shared memory (fp32), not registers.
+    S + (t2 + g)[h, i - j] (read a head ahead) + (f - g), masked to the window's outputs and the causal
+    triangle, online softmax (the keys are spread over the 4 warps: the tile maxima are exchanged through
+    shared memory, the row sums are kept per warp and added in the epilogue), P^T in bf16 to shared
+    memory, O_h^T += V_h^T P^T (wgmma, M = d). O^T of all heads lives in shared memory (fp32).
 
 Limits of this version: k in {1, 3} (4 tap rows per thread; k = 5, 7 need a second accumulator),
 D <= 32, H <= 16, d = 64, bf16 q/k/v. The conv path is fp16 (the scores are rounded to fp16 as conv1's
