@@ -29,6 +29,27 @@ def test_tap_rows_put_a_channels_taps_in_one_thread():
         assert {G.tap_row(t, c) ^ G.tap_row(0, c) for t in range(4)} == {0, 8, 64, 72}
 
 
+def test_conv_weights_rows_and_prepare_under_autocast():
+    """conv_weights puts w1 / w2 tap t of channel c at row tap_row(t, c) and zero elsewhere; prepare's
+    tables stay fp32 under bf16 autocast (evaluation runs under it)."""
+    H, D, ks, T = 5, 7, 3, 40
+    w1, b1, w2, b2 = (torch.randn(*s, dtype=torch.float64).float() for s in ((D, 2 * H, 1, ks), (D,), (H, D, 1, ks), (H,)))
+    W1A, W2A = G.conv_weights(w1, w2, H, "cpu")
+    E1, E2 = torch.zeros(128, G.HP), torch.zeros(128, G.CS)
+    for t in range(ks):
+        for c in range(D):
+            E1[G.tap_row(t, c), :H] = w1[c, :H, 0, t]
+        for h in range(H):
+            E2[G.tap_row(t, h), :D] = w2[h, :, 0, t]
+    assert torch.equal(W1A, E1.half()) and torch.equal(W2A, E2.half())
+    tab = torch.randn(H, 2 * T - 1) * 30
+    plain = G.prepare(w1, b1, w2, b2, tab, T, H, "cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto = G.prepare(w1, b1, w2, b2, tab, T, H, "cpu")
+    for a, b in zip(plain, auto):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
 def _gluon_ready():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         return "needs an sm_90 GPU"

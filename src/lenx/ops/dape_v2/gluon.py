@@ -75,17 +75,19 @@ def key_of_column(n: int) -> int:
 
 def conv_weights(w1, w2, H: int, device):
     """W1A [128, 16] and W2A [128, 32] (fp16) from w1 [D, C, 1, k] (its first H input channels are the
-    scores) and w2 [H, D, 1, k]."""
+    scores) and w2 [H, D, 1, k]. The row indices are built on the device (tap_row's arithmetic): a host
+    tensor copied in would make every call wait for the GPU."""
     import torch
 
     D, ks = w1.shape[0], w1.shape[-1]
     W1A = torch.zeros(128, HP, dtype=torch.float32, device=device)
     W2A = torch.zeros(128, CS, dtype=torch.float32, device=device)
-    rows1 = torch.tensor([[tap_row(t, c) for c in range(D)] for t in range(ks)], device=device)
-    rows2 = torch.tensor([[tap_row(t, h) for h in range(H)] for t in range(ks)], device=device)
-    for t in range(ks):
-        W1A[rows1[t], :H] = w1[:, :H, 0, t].float()
-        W2A[rows2[t], :D] = w2[:, :, 0, t].float()
+    t = torch.arange(ks, device=device)[:, None]
+    c = torch.arange(max(D, H), device=device)[None, :]
+    rows = 64 * (t >> 1) + 8 * (t & 1) + 16 * (c >> 3) + (c & 7)   # tap_row(t, c)
+    for j in range(ks):
+        W1A[rows[j, :D], :H] = w1[:, :H, 0, j].float()
+        W2A[rows[j, :H], :D] = w2[:, :, 0, j].float()
     return W1A.half().contiguous(), W2A.half().contiguous()
 
 
@@ -511,6 +513,13 @@ def prepare(w1, b1, w2, b2, table, T: int, H: int, device):
     """Host-side operands: W1A, W2A (fp16), t1 [D, 2T - 1], k0 [max(k // 2, 1), D, T], t2 + g
     [H, 2T - 1] (fp32, contiguous; g = residual_table). Without a bias table, a zero table with zero
     bias-channel weights."""
+    import torch
+
+    with torch.autocast(torch.device(device).type, enabled=False):  # fp32 tables also under autocast
+        return _prepare(w1, b1, w2, b2, table, T, H, device)
+
+
+def _prepare(w1, b1, w2, b2, table, T: int, H: int, device):
     import torch
 
     from .reference import dape_v2_tables
