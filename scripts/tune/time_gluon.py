@@ -71,7 +71,12 @@ def main():
                 q8, k8, v8 = (torch.randn(1, H, T, 128, device=dev, dtype=torch.bfloat16) for _ in range(3))
                 parts = Parts(kb, proc, Softmax())
                 cases["sdpa d128"] = lambda: F.scaled_dot_product_attention(q8, k8, v8, is_causal=True)
-                cases["chunked d128"] = lambda: run_backend("chunked", q8, k8, v8, parts)
+
+                def chunked_d128():  # as the model runs it: under bf16 autocast (fp32 conv weights)
+                    with torch.autocast("cuda", dtype=torch.bfloat16):
+                        return run_backend("chunked", q8, k8, v8, parts)
+
+                cases["chunked d128"] = chunked_d128
             for name, fn in cases.items():
                 with torch.no_grad():
                     try:

@@ -3,7 +3,8 @@
 Covered (causal only): softmax + the DAPE V2 processor with or without a per-distance bias; softmax
 + a per-distance bias (alibi, kerple, kerple-power, t5) with no processor; stick-breaking with no
 bias or processor (any remainder mode: the module applies it). Shapes the planner cannot see
-(head dim when unknown, T) are checked again when the kernel is called.
+(head dim when unknown, T) are checked again when the kernel is called. DAPE V2's forward-only work
+goes to the Gluon forward on sm_90 where it covers the shape (`_use_gluon`).
 """
 
 import importlib.util
@@ -70,10 +71,12 @@ class Fused(Backend):
 
 
 def _use_gluon(q, k, v, weights, table, proc) -> bool:
-    """The DAPE V2 forward goes to the Gluon kernel (lenx.ops.dape_v2.gluon, faster than the Triton one
-    on sm_90: notes/kernels.md) where nothing needs a gradient (it has no backward yet: evaluation,
-    generation) and it covers the shape; LENX_DAPE_V2_GLUON=0 keeps the Triton kernel."""
-    if os.environ.get("LENX_DAPE_V2_GLUON", "1") == "0":
+    """The DAPE V2 forward goes to the Gluon kernel (lenx.ops.dape_v2.gluon: 1.36-1.42x faster than the
+    Triton one at k 3 on an H200, results/bench/h200_gluon_fwd_381ae50) where nothing needs a gradient
+    (it has no backward yet: evaluation, generation) and it covers the shape. Not for k 1 (DAPE): there
+    the two kernels tie and the Gluon one's host tables make it 2-6% slower. LENX_DAPE_V2_GLUON=0 keeps
+    the Triton kernel."""
+    if os.environ.get("LENX_DAPE_V2_GLUON", "1") == "0" or proc.kernel_size == 1:
         return False
     operands = (q, k, v, *weights) + ((table,) if table is not None else ())
     if torch.is_grad_enabled() and any(x.requires_grad for x in operands):
