@@ -542,11 +542,11 @@ def unsupported_reason(q, H: int, D: int, ks: int):
     """Why this forward cannot run for q [B, H, T, d] with D hidden channels and kernel size ks, or None:
     an sm_90 GPU, triton 3.6 (the Gluon API it is written and GPU-tested against), d 64, H <= 16,
     D <= 32, k in (1, 3), bf16."""
+    if _GLUON_ERROR is not None:
+        return f"triton Gluon (Hopper) unavailable: {_GLUON_ERROR!r}"
     import torch
     import triton
 
-    if _GLUON_ERROR is not None:
-        return f"triton Gluon (Hopper) unavailable: {_GLUON_ERROR!r}"
     if not triton.__version__.startswith("3.6."):
         return f"the Gluon forward is written for triton 3.6, not {triton.__version__}"
     if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
