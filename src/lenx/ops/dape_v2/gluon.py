@@ -57,7 +57,7 @@ BM = 16          # query rows per CTA
 BNW = 64         # keys per window
 CS = 32          # channel / head slots of the [128, 64] conv accumulators (4 warps x 8 lane groups)
 HP = 16          # heads padded to conv1's K (one fp16 wgmma K step)
-NUM_WARPS = 4
+NUM_WARPS = 8
 
 
 def tap_row(t: int, c: int) -> int:
@@ -112,13 +112,14 @@ if _GLUON_ERROR is None:
 
     @gluon.jit
     def _halves(x):
-        """Split the last axis (2 s) into even and odd entries (renames: it lives in registers)."""
-        s: gl.constexpr = x.shape[2] // 2
-        return gl.split(gl.reshape(x, [x.shape[0], x.shape[1], s, 2]))
+        """Split the last axis (2 s) of x [P, C, Q, 2 s] into even and odd entries (renames: it lives
+        in registers)."""
+        s: gl.constexpr = x.shape[3] // 2
+        return gl.split(gl.reshape(x, [x.shape[0], x.shape[1], x.shape[2], s, 2]))
 
     @gluon.jit
     def _unpack16(x):
-        """[C, Q, 16] -> 16-tuple of [C, Q], entry u = x[:, :, u]."""
+        """[P, C, Q, 16] -> 16-tuple of [P, C, Q], entry u = x[..., u]."""
         e, o = _halves(x)
         e0, e1 = _halves(e)
         o0, o1 = _halves(o)
@@ -139,7 +140,7 @@ if _GLUON_ERROR is None:
     @gluon.jit
     def _j(a, b):
         x = gl.join(a, b)
-        return gl.reshape(x, [x.shape[0], x.shape[1], x.shape[2] * 2])
+        return gl.reshape(x, [x.shape[0], x.shape[1], x.shape[2], x.shape[3] * 2])
 
     @gluon.jit
     def _pack16(p):
@@ -156,17 +157,18 @@ if _GLUON_ERROR is None:
 
     @gluon.jit
     def _lane_shift(v, s: gl.constexpr):
-        """v [C, 4], the 4-axis on the lanes of a quad: out[:, q] = v[:, (q + s) % 4] (one SHFL)."""
+        """v [P, C, 4], the 4-axis on the lanes of a quad: out[..., q] = v[..., (q + s) % 4] (one SHFL)."""
         L: gl.constexpr = v.type.layout
-        q = gl.arange(0, 4, gl.SliceLayout(0, L))[None, :] + gl.zeros(v.shape, gl.int32, L)
-        return gl.gather(v, (q + s + 4) % 4, 1)
+        q = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, L)))[None, None, :] + gl.zeros(v.shape, gl.int32, L)
+        return gl.gather(v, (q + s + 4) % 4, 2)
 
     @gluon.jit
     def _taps(y):
-        """[128, 64] conv accumulator -> 4 tap tiles [32 slots, 4 q, 16 u] (key 16 q + u): renames."""
-        y = gl.reshape(y, [2, 4, 2, 8, 8, 4, 2])          # a, w, r, l, m, q, b
-        y = gl.permute(y, [1, 3, 5, 4, 6, 0, 2])          # w, l, q, m, b, a, r
-        y = gl.reshape(y, [32, 4, 16, 2, 2])
+        """[128, 128] conv accumulator of a row pair (column 64 p + n: row p of the pair, n the permuted
+        key column) -> 4 tap tiles [2 p, 32 slots, 4 q, 16 u] (key 16 q + u): renames."""
+        y = gl.reshape(y, [2, 4, 2, 8, 2, 8, 4, 2])          # a, w, r, l, p, m, q, b
+        y = gl.permute(y, [4, 1, 3, 6, 5, 7, 0, 2])          # p, w, l, q, m, b, a, r
+        y = gl.reshape(y, [2, 32, 4, 16, 2, 2])
         ya, yb = gl.split(y)
         t0, t2 = gl.split(ya)
         t1, t3 = gl.split(yb)
@@ -174,9 +176,9 @@ if _GLUON_ERROR is None:
 
     @gluon.jit
     def _tapsum(y, KS: gl.constexpr):
-        """out[c, 16 q + u] = sum_t Y_t[c, 16 q + u + t - k // 2] for the accumulator y; the keys a
+        """out[p, c, 16 q + u] = sum_t Y_t[p, c, 16 q + u + t - k // 2] for the accumulator y; the keys a
         run's neighbour lane holds come by one shuffle each; the window's two outer keys are garbage
-        (halo). Returns [32, 4, 16]."""
+        (halo). Returns [2, 32, 4, 16]."""
         t0, t1, t2, t3 = _taps(y)
         if KS == 1:
             out = t0
@@ -196,12 +198,12 @@ if _GLUON_ERROR is None:
 
     @gluon.jit
     def _next_row(x, edge):
-        """x [32, 4 q, 16 u] of a per-distance table at row i (key 16 q + u) -> the same at row i + 1,
-        which is x one key to the right: renames, one shuffle for each run's first key, and `edge`
-        [32, 4] (the table at the window's first key, read by the caller) for lane 0."""
+        """x [2, 32, 4 q, 16 u] of a per-distance table at rows i (key 16 q + u) -> the same at rows
+        i + 1, which is x one key to the right: renames, one shuffle for each run's first key, and
+        `edge` [2, 32, 4] (the table at the window's first key, read by the caller) for lane 0."""
         a = _unpack16(x)
         le = _lane_shift(a[15], -1)
-        _, q = _slot_run(le)
+        _, _, q = _slot_run(le)
         le = gl.where(q == 0, edge, le)
         out = _pack16((le, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
                        a[13], a[14]))
@@ -209,25 +211,35 @@ if _GLUON_ERROR is None:
 
     @gluon.jit
     def _to_columns(x):
-        """[32, 4 q, 16 u] -> [32, 64] in the permuted column order n = 8 m + 2 q + b (u = 2 m + b)."""
-        x = gl.reshape(x, [32, 4, 8, 2])
-        return gl.reshape(gl.permute(x, [0, 2, 1, 3]), [32, 64])
+        """[2 p, 32, 4 q, 16 u] -> [32, 128]: column 64 p + n in the permuted order n = 8 m + 2 q + b
+        (u = 2 m + b), conv2's B operand for the row pair."""
+        x = gl.reshape(x, [2, 32, 4, 8, 2])
+        return gl.reshape(gl.permute(x, [1, 0, 3, 2, 4]), [32, 128])
+
+    @gluon.jit
+    def _to_rows(x):
+        """[2 p, 32, 4 q, 16 u] -> [64, 64]: row 32 p + c (XF's two rows of the pair), permuted column n."""
+        x = gl.reshape(x, [2, 32, 4, 8, 2])
+        return gl.reshape(gl.permute(x, [0, 1, 3, 2, 4]), [64, 64])
 
     @gluon.jit
     def _slot_key(y):
-        """Index tensors for a [32, 4, 16] tile in y's layout: the slot c [32, 1, 1] and the window
-        key offset 16 q + u [1, 4, 16]."""
-        L3: gl.constexpr = y.type.layout
-        cc = gl.arange(0, 32, gl.SliceLayout(1, gl.SliceLayout(2, L3)))[:, None, None]
-        qq = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(2, L3)))[None, :, None]
-        uu = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(1, L3)))[None, None, :]
-        return cc, 16 * qq + uu
+        """Index tensors for a [2, 32, 4, 16] tile in y's layout: the row of the pair p [2, 1, 1, 1],
+        the slot c [1, 32, 1, 1] and the window key offset 16 q + u [1, 1, 4, 16]."""
+        L4: gl.constexpr = y.type.layout
+        pp = gl.arange(0, 2, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, L4))))[:, None, None, None]
+        cc = gl.arange(0, 32, gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, L4))))[None, :, None, None]
+        qq = gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, L4))))[None, None, :, None]
+        uu = gl.arange(0, 16, gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, L4))))[None, None, None, :]
+        return pp, cc, 16 * qq + uu
 
     @gluon.jit
     def _slot_run(v):
-        """Index tensors for a [32, 4] tile in v's layout (one value per 16-key run): slot, run."""
+        """Index tensors for a [2, 32, 4] tile in v's layout (one value per 16-key run): p, slot, run."""
         L: gl.constexpr = v.type.layout
-        return gl.arange(0, 32, gl.SliceLayout(1, L))[:, None], gl.arange(0, 4, gl.SliceLayout(0, L))[None, :]
+        return (gl.arange(0, 2, gl.SliceLayout(1, gl.SliceLayout(2, L)))[:, None, None],
+                gl.arange(0, 32, gl.SliceLayout(0, gl.SliceLayout(2, L)))[None, :, None],
+                gl.arange(0, 4, gl.SliceLayout(0, gl.SliceLayout(1, L)))[None, None, :])
 
     @gluon.jit
     def _warp_sums(x):
@@ -269,29 +281,34 @@ if _GLUON_ERROR is None:
         return ring.index(2 * slot)
 
     @gluon.jit
-    def _conv_rows(XFrow, Xb, Zb, w1, w2, T1, K0, cc, key0, cc2, q2, q0, ws, T,
+    def _conv_rows(XFpair, Xb, Zb, w1, w2, T1, K0, pp, cc, key0, pp2, cc2, q2, q0, ws, T,
                    D: gl.constexpr, KS: gl.constexpr, BM: gl.constexpr, WITH_K0: gl.constexpr):
-        """Step 2 of a window (see the module docstring): for each query row i, XF[i] (its conv1 input)
-        -> f (over it). t1[c, i - j] of row q0 is read whole; each next row's is this one shifted one key
-        right. WITH_K0: the window holds keys 0 .. k // 2 - 1 (the k0 correction)."""
+        """Step 2 of a window (see the module docstring), two query rows at a time (one per warpgroup):
+        for the rows 2 i', 2 i' + 1, XF (their conv1 inputs) -> f (over them). t1[c, i - j] of rows q0,
+        q0 + 1 is read whole; each next pair's is this one shifted two keys right. WITH_K0: the window
+        holds keys 0 .. k // 2 - 1 (the k0 correction)."""
         HALF: gl.constexpr = KS // 2
-        LX2: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])           # [16, 64]
-        ACC_Y: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+        LX2: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [8, 1], [1, 0])          # [16, 64]
+        ACC_Y: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                         instr_shape=[16, 64, 16])
         key = key0 + ws
-        dist = q0 - key
-        t1v = gl.load(T1 + (cc * (2 * T - 1) + T - 1 - key) + q0,
+        rows = q0 + pp
+        dist = rows - key
+        t1v = gl.load(T1 + (cc * (2 * T - 1) + T - 1 - key) + rows,
                       mask=(cc < D) & (dist < T) & (dist > -T), other=0.0)
-        for i in range(BM):  # a run-time loop: unrolled, its code overflowed the instruction cache
-            row = q0 + i
-            # the next row's t1 at the window's first key (the only new distance)
-            ne = row + 1 - ws
-            edge = gl.load(T1 + cc2 * (2 * T - 1) + T - 1 + ne + q2 * 0, mask=(cc2 < D) & (ne < T), other=0.0)
-            xf = XFrow.index(i)
-            Xb.store(xf.slice(0, 16, dim=0).load(LX2))
+        for ip in range(BM // 2):  # a run-time loop: unrolled, its code overflowed the instruction cache
+            row = q0 + 2 * ip + pp
+            # the next pair's t1 at the window's first key and the one after (the only new distances)
+            ne = q0 + 2 * ip + pp2 + 1 - ws
+            e1 = gl.load(T1 + cc2 * (2 * T - 1) + T - 1 + ne + q2 * 0, mask=(cc2 < D) & (ne < T), other=0.0)
+            e2 = gl.load(T1 + cc2 * (2 * T - 1) + T + ne + q2 * 0, mask=(cc2 < D) & (ne + 1 < T), other=0.0)
+            xf = XFpair.index(ip)
+            x0 = xf.slice(0, 16, dim=0).load(LX2)
+            x1 = xf.slice(32, 16, dim=0).load(LX2)
+            Xb.store(gl.reshape(gl.permute(gl.join(x0, x1), (0, 2, 1)), [16, 128]))
             _thread_barrier()
             fence_async_shared()
-            y = _tapsum(warpgroup_mma(w1, Xb, gl.zeros([128, 64], gl.float32, ACC_Y), use_acc=False), KS)
+            y = _tapsum(warpgroup_mma(w1, Xb, gl.zeros([128, 128], gl.float32, ACC_Y), use_acc=False), KS)
             y += t1v
             if WITH_K0:
                 y -= gl.load(K0 + (key * D + cc) * T + row, mask=(cc < D) & (row < T) & (key >= 0) & (key < HALF),
@@ -300,12 +317,12 @@ if _GLUON_ERROR is None:
             # residual hidden map: minus leaky(t1) at every key (its conv2 is the host's g, in T2),
             # so the fp16 z and f stay small when the bias table is large (ALiBi at long T)
             z = gl.where((key >= 0) & (key < T), z, 0.0) - gl.where(t1v > 0, t1v, 0.01 * t1v)
-            t1v = _next_row(t1v, edge)
+            t1v = _next_row(_next_row(t1v, e1), e2)
             Zb.store(_to_columns(z).to(gl.float16))
             _thread_barrier()
             fence_async_shared()
-            f = _tapsum(warpgroup_mma(w2, Zb, gl.zeros([128, 64], gl.float32, ACC_Y), use_acc=False), KS)
-            xf.store(_to_columns(f).to(gl.float16))
+            f = _tapsum(warpgroup_mma(w2, Zb, gl.zeros([128, 128], gl.float32, ACC_Y), use_acc=False), KS)
+            xf.store(_to_rows(f).to(gl.float16))
 
     @gluon.jit
     def _dape_v2_fwd(Q, K, V, W1A, W2A, T1, K0, T2, O, LSE,
@@ -321,14 +338,14 @@ if _GLUON_ERROR is None:
         q0 = pid_m * BM
 
         # register layouts
-        LD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])          # [R, 64] global loads
-        ACC_Y: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, 64, 16])      # [128, 64] convs
-        ACC_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, BM, 16])      # [64, BM] S^T, O^T
+        LD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])          # [R, 64] global loads
+        # two warpgroups: each takes one row of a pair in the convs and half the query rows of S^T, O^T
+        ACC_Y: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                        instr_shape=[16, 64, 16])      # [128, 128] convs
+        ACC_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                        instr_shape=[16, BM // 2, 16])  # [64, BM] S^T, O^T
         OPA: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=ACC_Y, k_width=2)
-        LX2: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])           # [16, 64]
-        LF3: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 1, 32], [4, 1, 1], [2, 1, 0])  # [BM, 1, 64]
+        LF3: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 1, 32], [8, 1, 1], [2, 1, 0])  # [BM, 1, 64]
         SROW: gl.constexpr = gl.SliceLayout(0, ACC_S)   # per query row [BM]
         SKEY: gl.constexpr = gl.SliceLayout(1, ACC_S)   # per window column [64]
 
@@ -340,11 +357,11 @@ if _GLUON_ERROR is None:
         Qs = gl.allocate_shared_memory(gl.bfloat16, [H, BM, 64], gl.NVMMASharedLayout.get_default_for([BM, 64], gl.bfloat16))
         ring = gl.allocate_shared_memory(gl.bfloat16, [4, 64, 64], NV64)   # 2 slots x (K, V), cp.async
         Pb = gl.allocate_shared_memory(gl.bfloat16, [64, BM], gl.NVMMASharedLayout.get_default_for([64, BM], gl.bfloat16))
-        Xb = gl.allocate_shared_memory(gl.float16, [16, 64], gl.NVMMASharedLayout.get_default_for([16, 64], gl.float16))
-        Zb = gl.allocate_shared_memory(gl.float16, [32, 64], gl.NVMMASharedLayout.get_default_for([32, 64], gl.float16))
+        Xb = gl.allocate_shared_memory(gl.float16, [16, 128], gl.NVMMASharedLayout.get_default_for([16, 128], gl.float16))
+        Zb = gl.allocate_shared_memory(gl.float16, [32, 128], gl.NVMMASharedLayout.get_default_for([32, 128], gl.float16))
         # XF[i]: row i's conv1 input (head slots 0..15, step 1), then its f (32 head slots, step 2)
         XF = gl.allocate_shared_memory(gl.float16, [BM, 32, 64], PLAIN3)
-        XFrow = XF._reinterpret(gl.float16, [BM, 32, 64], PLAIN2)    # the same bytes, for run-time .index(i)
+        XFpair = XF._reinterpret(gl.float16, [BM // 2, 64, 64], PLAIN2)  # the same bytes, a row pair per .index
         Os = gl.allocate_shared_memory(gl.float32, [H, 64, BM], PLAIN2)      # O^T per head
         Ms = gl.allocate_shared_memory(gl.float32, [H, BM], PLAIN1)
         # per-warp tile maxima, two buffers used in turn (one barrier per exchange); the rows are
@@ -395,9 +412,9 @@ if _GLUON_ERROR is None:
         _load_kv(ring, 0, K + b * skb + k_keys[:, None] * skt + ld_d[None, :], 0, k_ok, False)
 
         # index tensors of the [32 slots, 4 q, 16 u] conv tiles (the tap sum's layout)
-        y0 = _tapsum(gl.zeros([128, 64], gl.float32, ACC_Y), KS)
-        cc, key0 = _slot_key(y0)
-        cc2, q2 = _slot_run(_lane_shift(_unpack16(y0)[15], -1))   # [32, 1], [1, 4]: one key per run
+        y0 = _tapsum(gl.zeros([128, 128], gl.float32, ACC_Y), KS)
+        pp, cc, key0 = _slot_key(y0)
+        pp2, cc2, q2 = _slot_run(_lane_shift(_unpack16(y0)[15], -1))   # [2, 1, 1], [1, 32, 1], [1, 1, 4]: one key per run
 
         last = gl.minimum(q0 + BM, T) - 1
         for ws in range(-2 * HALF, last - 2 * HALF + 1, STEP):
@@ -427,11 +444,11 @@ if _GLUON_ERROR is None:
             # (two copies of the row loop: only the first window holds keys 0 .. k // 2 - 1, the k0 correction)
             if HALF > 0:
                 if ws < HALF:
-                    _conv_rows(XFrow, Xb, Zb, w1, w2, T1, K0, cc, key0, cc2, q2, q0, ws, T, D, KS, BM, True)
+                    _conv_rows(XFpair, Xb, Zb, w1, w2, T1, K0, pp, cc, key0, pp2, cc2, q2, q0, ws, T, D, KS, BM, True)
                 else:
-                    _conv_rows(XFrow, Xb, Zb, w1, w2, T1, K0, cc, key0, cc2, q2, q0, ws, T, D, KS, BM, False)
+                    _conv_rows(XFpair, Xb, Zb, w1, w2, T1, K0, pp, cc, key0, pp2, cc2, q2, q0, ws, T, D, KS, BM, False)
             else:
-                _conv_rows(XFrow, Xb, Zb, w1, w2, T1, K0, cc, key0, cc2, q2, q0, ws, T, D, KS, BM, False)
+                _conv_rows(XFpair, Xb, Zb, w1, w2, T1, K0, pp, cc, key0, pp2, cc2, q2, q0, ws, T, D, KS, BM, False)
             _thread_barrier()
 
             # 3. per head: logits, online softmax, O^T += V^T P^T
