@@ -253,6 +253,14 @@ if _GLUON_ERROR is None:
         return gl.max(gl.reshape(x, [4, 16, x.shape[1]]), axis=1)
 
     @gluon.jit
+    def _load_T(buf, like):
+        """buf [BM, 1, 64] (a head's f in XF) as a [64, BM] tensor in like's layout, read straight in it."""
+        d = gl.reshape(gl.permute(like, (1, 0)), [like.shape[1], 1, like.shape[0]])
+        x = buf.load(d.type.layout)
+        return gl.convert_layout(gl.permute(gl.reshape(x, [like.shape[1], like.shape[0]]), (1, 0)), like.type.layout,
+                                 assert_trivial=True)
+
+    @gluon.jit
     def _rescale_add(buf, alpha, x):
         """buf [4, BM] * alpha (per column) + x, x in _warp_sums' layout."""
         L: gl.constexpr = x.type.layout
@@ -266,19 +274,30 @@ if _GLUON_ERROR is None:
     def _load_kv(ring, slot: gl.constexpr, k_ptr, v_ptr, k_ok, WITH_V: gl.constexpr):
         """Start the copies of one head's K (and V) tile into ring slot `slot` (cp.async, zero-filled
         outside [0, T)) as one commit group."""
-        async_copy.async_copy_global_to_shared(ring.index(2 * slot), k_ptr, mask=k_ok)
+        async_copy.async_copy_global_to_shared(ring[slot][0], k_ptr, mask=k_ok)
         if WITH_V:
-            async_copy.async_copy_global_to_shared(ring.index(2 * slot + 1), v_ptr, mask=k_ok)
+            async_copy.async_copy_global_to_shared(ring[slot][1], v_ptr, mask=k_ok)
         async_copy.commit_group()
 
     @gluon.jit
     def _ready(ring, slot: gl.constexpr):
-        """Wait for the second-newest commit group (this item's tiles; the next item's stay in flight)
-        and make every thread's copies visible to the tensor cores."""
-        async_copy.wait_group(1)
+        """Wait for this item's tiles (the only commit group in flight) and make every thread's copies
+        visible to the tensor cores. The barrier also frees the other slot (its last reader, the previous
+        item, is done), so the caller issues the next item's copies into it right after: one barrier per
+        item."""
+        async_copy.wait_group(0)
         _thread_barrier()
         fence_async_shared()
-        return ring.index(2 * slot)
+        return ring[slot][0]
+
+    @gluon.jit
+    def _conv1_input(xf):
+        """Conv1's B operand [16, 128] (registers) from a row pair's XF rows xf [64, 64]: their head
+        slots 0..15 side by side."""
+        LX2: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [8, 1], [1, 0])          # [16, 64]
+        x0 = xf.slice(0, 16, dim=0).load(LX2)
+        x1 = xf.slice(32, 16, dim=0).load(LX2)
+        return gl.reshape(gl.permute(gl.join(x0, x1), (0, 2, 1)), [16, 128])
 
     @gluon.jit
     def _conv_rows(XFpair, Xb, Zb, w1, w2, T1, K0, pp, cc, key0, pp2, cc2, q2, q0, ws, T,
@@ -288,7 +307,6 @@ if _GLUON_ERROR is None:
         q0 + 1 is read whole; each next pair's is this one shifted two keys right. WITH_K0: the window
         holds keys 0 .. k // 2 - 1 (the k0 correction)."""
         HALF: gl.constexpr = KS // 2
-        LX2: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [8, 1], [1, 0])          # [16, 64]
         ACC_Y: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                         instr_shape=[16, 64, 16])
         key = key0 + ws
@@ -296,19 +314,19 @@ if _GLUON_ERROR is None:
         dist = rows - key
         t1v = gl.load(T1 + (cc * (2 * T - 1) + T - 1 - key) + rows,
                       mask=(cc < D) & (dist < T) & (dist > -T), other=0.0)
+        Xb.store(_conv1_input(XFpair.index(0)))
         for ip in range(BM // 2):  # a run-time loop: unrolled, its code overflowed the instruction cache
             row = q0 + 2 * ip + pp
             # the next pair's t1 at the window's first key and the one after (the only new distances)
             ne = q0 + 2 * ip + pp2 + 1 - ws
             e1 = gl.load(T1 + cc2 * (2 * T - 1) + T - 1 + ne + q2 * 0, mask=(cc2 < D) & (ne < T), other=0.0)
             e2 = gl.load(T1 + cc2 * (2 * T - 1) + T + ne + q2 * 0, mask=(cc2 < D) & (ne + 1 < T), other=0.0)
-            xf = XFpair.index(ip)
-            x0 = xf.slice(0, 16, dim=0).load(LX2)
-            x1 = xf.slice(32, 16, dim=0).load(LX2)
-            Xb.store(gl.reshape(gl.permute(gl.join(x0, x1), (0, 2, 1)), [16, 128]))
-            _thread_barrier()
+            _thread_barrier()   # Xb holds this pair's conv1 input
             fence_async_shared()
             y = _tapsum(warpgroup_mma(w1, Xb, gl.zeros([128, 128], gl.float32, ACC_Y), use_acc=False), KS)
+            # the next pair's conv1 input (the last pair reads pair 0 again, unused), read before the
+            # barrier below and stored after it: no barrier is then needed around f's store to XF
+            xn = _conv1_input(XFpair.index((ip + 1) % (BM // 2)))
             y += t1v
             if WITH_K0:
                 y -= gl.load(K0 + (key * D + cc) * T + row, mask=(cc < D) & (row < T) & (key >= 0) & (key < HALF),
@@ -319,10 +337,11 @@ if _GLUON_ERROR is None:
             z = gl.where((key >= 0) & (key < T), z, 0.0) - gl.where(t1v > 0, t1v, 0.01 * t1v)
             t1v = _next_row(_next_row(t1v, e1), e2)
             Zb.store(_to_columns(z).to(gl.float16))
-            _thread_barrier()
+            _thread_barrier()   # Zb holds z; every conv1 read of Xb is done
+            Xb.store(xn)
             fence_async_shared()
             f = _tapsum(warpgroup_mma(w2, Zb, gl.zeros([128, 128], gl.float32, ACC_Y), use_acc=False), KS)
-            xf.store(_to_rows(f).to(gl.float16))
+            XFpair.index(ip).store(_to_rows(f).to(gl.float16))
 
     @gluon.jit
     def _dape_v2_fwd(Q, K, V, W1A, W2A, T1, K0, T2, O, LSE,
@@ -355,7 +374,10 @@ if _GLUON_ERROR is None:
         PLAIN1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         NV64: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
         Qs = gl.allocate_shared_memory(gl.bfloat16, [H, BM, 64], gl.NVMMASharedLayout.get_default_for([BM, 64], gl.bfloat16))
-        ring = gl.allocate_shared_memory(gl.bfloat16, [4, 64, 64], NV64)   # 2 slots x (K, V), cp.async
+        # 2 slots x (K, V), cp.async; one allocation per tile, so the compiler sees that a copy into one
+        # does not touch the others (in one allocation it put a barrier after every copy)
+        ring = ((gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64), gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64)),
+                (gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64), gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64)))
         Pb = gl.allocate_shared_memory(gl.bfloat16, [64, BM], gl.NVMMASharedLayout.get_default_for([64, BM], gl.bfloat16))
         Xb = gl.allocate_shared_memory(gl.float16, [16, 128], gl.NVMMASharedLayout.get_default_for([16, 128], gl.float16))
         Zb = gl.allocate_shared_memory(gl.float16, [32, 128], gl.NVMMASharedLayout.get_default_for([32, 128], gl.float16))
@@ -428,16 +450,15 @@ if _GLUON_ERROR is None:
 
             # 1. scores of every head -> conv1 input (fp16, tril applied)
             for h in gl.static_range(H):
-                _thread_barrier()   # slot (h + 1) % 2 is free: its last reader (the previous item) is done
+                kb = _ready(ring, h % 2)
                 if h + 1 < H:
                     _load_kv(ring, (h + 1) % 2, k_ptr + (h + 1) * skh, 0, k_ok, False)
                 else:
                     _load_kv(ring, (h + 1) % 2, k_ptr, v_ptr, k_ok, True)
-                kb = _ready(ring, h % 2)
                 sT = warpgroup_mma(kb, Qs.index(h).permute((1, 0)), gl.zeros([64, BM], gl.float32, ACC_S), use_acc=False)
                 sT = gl.where(tril, sT * scale, 0.0)
                 x = gl.reshape(gl.permute(sT.to(gl.float16), (1, 0)), [BM, 1, 64])
-                XF.slice(h, 1, dim=1).store(gl.convert_layout(x, LF3))
+                XF.slice(h, 1, dim=1).store(x)   # in S^T's layout: a conversion costs a barrier
             _thread_barrier()
 
             # 2. per query row: conv1 -> tap sum -> t1, k0 -> LeakyReLU -> conv2 -> tap sum -> f
@@ -458,18 +479,16 @@ if _GLUON_ERROR is None:
                 t2 = t2n
                 if h + 1 < H:  # the next head's bias, a head ahead (a gather: its latency was exposed)
                     t2n = gl.load(t2_ptr + (h + 1) * (2 * T - 1), mask=valid, other=0.0)
-                _thread_barrier()
+                kb = _ready(ring, (H + h) % 2)
+                vb = ring[(H + h) % 2][1]
                 if h + 1 < H:
                     _load_kv(ring, (H + h + 1) % 2, k_ptr + (h + 1) * skh, v_ptr + (h + 1) * svh, k_ok, True)
                 else:  # the next window's first item
                     n_keys = ws + STEP + _col_key(ld_n)
                     _load_kv(ring, (H + h + 1) % 2, K + b * skb + n_keys[:, None] * skt + ld_d[None, :], 0,
                              ((n_keys >= 0) & (n_keys < T))[:, None], False)
-                kb = _ready(ring, (H + h) % 2)
-                vb = ring.index(2 * ((H + h) % 2) + 1)
                 sT = warpgroup_mma(kb, Qs.index(h).permute((1, 0)), gl.zeros([64, BM], gl.float32, ACC_S), use_acc=False)
-                f3 = XF.slice(h, 1, dim=1).load(LF3)
-                fT = gl.convert_layout(gl.permute(gl.reshape(f3, [BM, 64]), (1, 0)), ACC_S)
+                fT = _load_T(XF.slice(h, 1, dim=1), sT)   # in S^T's layout: a conversion costs a barrier
                 lg = gl.where(valid, sT * scale + t2 + fT.to(gl.float32), float("-inf"))
                 m_old = Ms.index(h).load(SROW)
                 Mx.index(h % 2).store(_warp_max(lg))
