@@ -35,36 +35,11 @@ OLOAD = "                o = Os.index(h).load(ACC_S) * alpha[None, :]"
 T2A = "            t2n = gl.load(t2_ptr, mask=valid, other=0.0)"
 T2B = "                    t2n = gl.load(t2_ptr + (h + 1) * (2 * T - 1), mask=valid, other=0.0)"
 
-# alternatives: session 11's schedule changes, each undone alone (their earlier form)
+# alternatives: the layout conversions that session 11 removed (each cost a barrier), put back
 S1_STORE = "                XF.slice(h, 1, dim=1).store(x)   # in S^T's layout: a conversion costs a barrier"
 F_LOAD = "                fT = _load_T(XF.slice(h, 1, dim=1), sT)   # in S^T's layout: a conversion costs a barrier"
-READY = "        async_copy.wait_group(0)\n        _thread_barrier()"
-RING1 = """                kb = _ready(ring, h % 2)
-                if h + 1 < H:
-                    _load_kv(ring, (h + 1) % 2, k_ptr + (h + 1) * skh, 0, k_ok, False)
-                else:
-                    _load_kv(ring, (h + 1) % 2, k_ptr, v_ptr, k_ok, True)
-"""
-RING3 = """                kb = _ready(ring, (H + h) % 2)
-                vb = ring[(H + h) % 2][1]
-                if h + 1 < H:
-                    _load_kv(ring, (H + h + 1) % 2, k_ptr + (h + 1) * skh, v_ptr + (h + 1) * svh, k_ok, True)
-                else:  # the next window's first item
-                    n_keys = ws + STEP + _col_key(ld_n)
-                    _load_kv(ring, (H + h + 1) % 2, K + b * skb + n_keys[:, None] * skt + ld_d[None, :], 0,
-                             ((n_keys >= 0) & (n_keys < T))[:, None], False)
-"""
-XB0 = "        Xb.store(_conv1_input(XFpair.index(0)))\n"
-XBTOP = "            _thread_barrier()   # Xb holds this pair's conv1 input\n"
-XN = "            xn = _conv1_input(XFpair.index((ip + 1) % (BM // 2)))\n"
-XNST = "            Xb.store(xn)\n"
 ALT_S1 = [(S1_STORE, "                XF.slice(h, 1, dim=1).store(gl.convert_layout(x, LF3))")]
 ALT_F = [(F_LOAD, "                fT = gl.convert_layout(gl.permute(gl.reshape(XF.slice(h, 1, dim=1).load(LF3), [BM, 64]), (1, 0)), ACC_S)")]
-ALT_RING = [(READY, "        async_copy.wait_group(1)\n        _thread_barrier()"),
-            (RING1, "                _thread_barrier()\n" + RING1.split("\n", 1)[1] + "                kb = _ready(ring, h % 2)\n"),
-            (RING3, "                _thread_barrier()\n" + RING3.split("\n", 2)[2]
-             + "                kb = _ready(ring, (H + h) % 2)\n                vb = ring[(H + h) % 2][1]\n")]
-ALT_XB = [(XB0, ""), (XN, ""), (XNST, ""), (XBTOP, "            Xb.store(_conv1_input(XFpair.index(ip)))\n" + XBTOP)]
 
 # name -> list of (old, new) source edits
 VARIANTS = {
@@ -82,9 +57,6 @@ VARIANTS = {
     "no max exchange": [(MAX, "                m_new = m_old + 0.0")],
     "alt: step 1 stores through a layout conversion": ALT_S1,
     "alt: step 3 loads f through a layout conversion": ALT_F,
-    "alt: two barriers per ring item, copies issued before the wait": ALT_RING,
-    "alt: step 2 copies Xb at the top of the pair loop": ALT_XB,
-    "alt: all four": ALT_S1 + ALT_F + ALT_RING + ALT_XB,
     "no O load": [(OLOAD, "                o = gl.zeros([64, BM], gl.float32, ACC_S) * alpha[None, :]")],
 }
 

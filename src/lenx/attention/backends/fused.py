@@ -71,12 +71,11 @@ class Fused(Backend):
 
 
 def _use_gluon(q, k, v, weights, table, proc) -> bool:
-    """The DAPE V2 forward goes to the Gluon kernel (lenx.ops.dape_v2.gluon: 1.36-1.42x faster than the
-    Triton one at k 3 on an H200, results/bench/h200_gluon_fwd_381ae50) where nothing needs a gradient
-    (it has no backward yet: evaluation, generation) and it covers the shape. Not for k 1 (DAPE): there
-    the two kernels tie and the Gluon one's host tables make it 2-6% slower. LENX_DAPE_V2_GLUON=0 keeps
-    the Triton kernel."""
-    if os.environ.get("LENX_DAPE_V2_GLUON", "1") == "0" or proc.kernel_size == 1:
+    """The DAPE V2 forward goes to the Gluon kernel (lenx.ops.dape_v2.gluon; on an H200 with its host
+    tables 1.5-1.6x faster than the Triton one at k 3 and 1.07-1.10x at k 1, results/bench/
+    h200_gluon_fwd_8warps) where nothing needs a gradient (it has no backward yet: evaluation,
+    generation) and it covers the shape. LENX_DAPE_V2_GLUON=0 keeps the Triton kernel."""
+    if os.environ.get("LENX_DAPE_V2_GLUON", "1") == "0":
         return False
     operands = (q, k, v, *weights) + ((table,) if table is not None else ())
     if torch.is_grad_enabled() and any(x.requires_grad for x in operands):

@@ -1,7 +1,7 @@
 """DAPE V2 causal attention forward in Gluon for Hopper (sm_90a), written against triton 3.6's Gluon
-API (notes/gluon.md lists what 3.6 accepts and refuses). One warpgroup per CTA, no warp
-specialization, synchronous wgmma; K and V stream in by cp.async one head ahead (GPU runs, profile and
-per-stage costs: notes/gluon.md, notes/kernels.md).
+API (notes/gluon.md lists what 3.6 accepts and refuses). Two warpgroups per CTA running the same code
+on different query rows (8 warps, no warp specialization), synchronous wgmma; K and V stream in by
+cp.async one head ahead (GPU runs, profile and per-stage costs: notes/gluon.md, notes/kernels.md).
 
     out = softmax_causal(S + Bias + f(tril([S; Bias]))) V,   S = Q K^T / sqrt(d)
     f = conv2(leaky_relu(conv1(.), 0.01)), both convs (1, k) along keys with zero padding k // 2
@@ -16,23 +16,25 @@ neighbouring windows (no carry between windows). Per window:
 
  0. (once) Q of all heads into shared memory. K_h (step 1) and K_h, V_h (step 3) tiles come through a
     2-slot ring of cp.async copies, each issued while the previous head is being processed.
- 1. per head: S_h^T = K_h Q_h^T (wgmma, M = 64 keys, N = BM), scaled, tril (0 above the diagonal and
-    outside [0, T)), fp16, into XF [BM, 32 slots, 64 keys] (slots 0..15: the conv1 input X_i of row i).
- 2. per query row i (a run-time loop): Y = W1A @ X_i (wgmma: A = conv1 weights from registers [128, 16], B = X_i
-    [16 heads, 64 keys]). Row 64 a + 16 w + 8 r + l of W1A holds tap 2 a + r of channel 8 w + l, so
+ 1. per head: S_h^T = K_h Q_h^T (wgmma, M = 64 keys, N = BM: warpgroup g takes query rows 8 g .. 8 g + 7,
+    the accumulators' warps are [4, 2]), scaled, tril (0 above the diagonal and outside [0, T)), fp16,
+    into XF [BM, 32 slots, 64 keys] (slots 0..15: the conv1 input X_i of row i).
+ 2. per pair of query rows i, i + 1 (a run-time loop; warpgroup p takes row i + p: the conv accumulators
+    are [128, 128], column 64 p + n): Y = W1A @ X_i (wgmma: A = conv1 weights [128, 16], B = X_i
+    [16 heads, 64 keys]; both rows' X side by side, [16, 128]). Row 64 a + 16 w + 8 r + l of W1A holds tap 2 a + r of channel 8 w + l, so
     each thread holds all taps of one channel (rows in-thread). The window's K rows are loaded in the
     permuted order  column n = 8 m + 2 q + b  <->  key ws + 16 q + 2 m + b,  so the accumulator gives
     lane q of each quad 16 consecutive keys. The tap sum y[j] = sum_t Y_t[j + t - h] is then register
     renames (reshape / permute / split / join) plus one lane shuffle per tap that crosses a 16-key run
-    (2 SHFL per channel for k = 3). + t1[c, i - j] (row i + 1's is row i's shifted one key: renames, a
-    shuffle and one load per run) - k0 at keys < h (first window only), LeakyReLU, zero outside [0, T),
+    (2 SHFL per channel for k = 3). + t1[c, i - j] (the next pair's is this one shifted two keys: renames,
+    two shuffles and two loads per run) - k0 at keys < h (first window only), LeakyReLU, zero outside [0, T),
     minus leaky(t1[c, i - j]) at every key (the residual hidden map, see below), into shared memory as
     conv2's B operand; F = W2A @ Z the same way (rows: taps x head slots), tap sum, f - g over XF[i]
     (fp16, 32 head slots).
  3. per head: S_h^T again (recomputed rather than stored: shared memory is the limit), logits =
     S + (t2 + g)[h, i - j] (read a head ahead) + (f - g), masked to the window's outputs and the causal
-    triangle, online softmax (the keys are spread over the 4 warps: the tile maxima are exchanged through
-    shared memory, the row sums are kept per warp and added in the epilogue), P^T in bf16 to shared
+    triangle, online softmax (the keys are spread over a warpgroup's 4 warps: the tile maxima are exchanged
+    through shared memory, the row sums are kept per warp and added in the epilogue), P^T in bf16 to shared
     memory, O_h^T += V_h^T P^T (wgmma, M = d). O^T of all heads lives in shared memory (fp32).
 
 Limits of this version: k in {1, 3} (4 tap rows per thread; k = 5, 7 need a second accumulator),
@@ -55,9 +57,9 @@ import math
 
 BM = 16          # query rows per CTA
 BNW = 64         # keys per window
-CS = 32          # channel / head slots of the [128, 64] conv accumulators (4 warps x 8 lane groups)
+CS = 32          # channel / head slots of a row's [128, 64] conv accumulator (4 warps x 8 lane groups)
 HP = 16          # heads padded to conv1's K (one fp16 wgmma K step)
-NUM_WARPS = 8
+NUM_WARPS = 8    # two warpgroups (at 255 registers a thread, the whole register file)
 
 
 def tap_row(t: int, c: int) -> int:
@@ -281,11 +283,11 @@ if _GLUON_ERROR is None:
 
     @gluon.jit
     def _ready(ring, slot: gl.constexpr):
-        """Wait for this item's tiles (the only commit group in flight) and make every thread's copies
-        visible to the tensor cores. The barrier also frees the other slot (its last reader, the previous
-        item, is done), so the caller issues the next item's copies into it right after: one barrier per
-        item."""
-        async_copy.wait_group(0)
+        """Wait for the second-newest commit group (this item's tiles; the next item's stay in flight)
+        and make every thread's copies visible to the tensor cores. (Waiting first and issuing the next
+        item's copies after this barrier saves a barrier per item but was 1-2% slower: the copies start
+        later.)"""
+        async_copy.wait_group(1)
         _thread_barrier()
         fence_async_shared()
         return ring[slot][0]
@@ -314,19 +316,16 @@ if _GLUON_ERROR is None:
         dist = rows - key
         t1v = gl.load(T1 + (cc * (2 * T - 1) + T - 1 - key) + rows,
                       mask=(cc < D) & (dist < T) & (dist > -T), other=0.0)
-        Xb.store(_conv1_input(XFpair.index(0)))
         for ip in range(BM // 2):  # a run-time loop: unrolled, its code overflowed the instruction cache
             row = q0 + 2 * ip + pp
             # the next pair's t1 at the window's first key and the one after (the only new distances)
             ne = q0 + 2 * ip + pp2 + 1 - ws
             e1 = gl.load(T1 + cc2 * (2 * T - 1) + T - 1 + ne + q2 * 0, mask=(cc2 < D) & (ne < T), other=0.0)
             e2 = gl.load(T1 + cc2 * (2 * T - 1) + T + ne + q2 * 0, mask=(cc2 < D) & (ne + 1 < T), other=0.0)
-            _thread_barrier()   # Xb holds this pair's conv1 input
+            Xb.store(_conv1_input(XFpair.index(ip)))
+            _thread_barrier()
             fence_async_shared()
             y = _tapsum(warpgroup_mma(w1, Xb, gl.zeros([128, 128], gl.float32, ACC_Y), use_acc=False), KS)
-            # the next pair's conv1 input (the last pair reads pair 0 again, unused), read before the
-            # barrier below and stored after it: no barrier is then needed around f's store to XF
-            xn = _conv1_input(XFpair.index((ip + 1) % (BM // 2)))
             y += t1v
             if WITH_K0:
                 y -= gl.load(K0 + (key * D + cc) * T + row, mask=(cc < D) & (row < T) & (key >= 0) & (key < HALF),
@@ -337,8 +336,7 @@ if _GLUON_ERROR is None:
             z = gl.where((key >= 0) & (key < T), z, 0.0) - gl.where(t1v > 0, t1v, 0.01 * t1v)
             t1v = _next_row(_next_row(t1v, e1), e2)
             Zb.store(_to_columns(z).to(gl.float16))
-            _thread_barrier()   # Zb holds z; every conv1 read of Xb is done
-            Xb.store(xn)
+            _thread_barrier()
             fence_async_shared()
             f = _tapsum(warpgroup_mma(w2, Zb, gl.zeros([128, 128], gl.float32, ACC_Y), use_acc=False), KS)
             XFpair.index(ip).store(_to_rows(f).to(gl.float16))
@@ -450,11 +448,12 @@ if _GLUON_ERROR is None:
 
             # 1. scores of every head -> conv1 input (fp16, tril applied)
             for h in gl.static_range(H):
-                kb = _ready(ring, h % 2)
+                _thread_barrier()   # slot (h + 1) % 2 is free: its last reader (the previous item) is done
                 if h + 1 < H:
                     _load_kv(ring, (h + 1) % 2, k_ptr + (h + 1) * skh, 0, k_ok, False)
                 else:
                     _load_kv(ring, (h + 1) % 2, k_ptr, v_ptr, k_ok, True)
+                kb = _ready(ring, h % 2)
                 sT = warpgroup_mma(kb, Qs.index(h).permute((1, 0)), gl.zeros([64, BM], gl.float32, ACC_S), use_acc=False)
                 sT = gl.where(tril, sT * scale, 0.0)
                 x = gl.reshape(gl.permute(sT.to(gl.float16), (1, 0)), [BM, 1, 64])
@@ -479,14 +478,15 @@ if _GLUON_ERROR is None:
                 t2 = t2n
                 if h + 1 < H:  # the next head's bias, a head ahead (a gather: its latency was exposed)
                     t2n = gl.load(t2_ptr + (h + 1) * (2 * T - 1), mask=valid, other=0.0)
-                kb = _ready(ring, (H + h) % 2)
-                vb = ring[(H + h) % 2][1]
+                _thread_barrier()
                 if h + 1 < H:
                     _load_kv(ring, (H + h + 1) % 2, k_ptr + (h + 1) * skh, v_ptr + (h + 1) * svh, k_ok, True)
                 else:  # the next window's first item
                     n_keys = ws + STEP + _col_key(ld_n)
                     _load_kv(ring, (H + h + 1) % 2, K + b * skb + n_keys[:, None] * skt + ld_d[None, :], 0,
                              ((n_keys >= 0) & (n_keys < T))[:, None], False)
+                kb = _ready(ring, (H + h) % 2)
+                vb = ring[(H + h) % 2][1]
                 sT = warpgroup_mma(kb, Qs.index(h).permute((1, 0)), gl.zeros([64, BM], gl.float32, ACC_S), use_acc=False)
                 fT = _load_T(XF.slice(h, 1, dim=1), sT)   # in S^T's layout: a conversion costs a barrier
                 lg = gl.where(valid, sT * scale + t2 + fT.to(gl.float32), float("-inf"))
