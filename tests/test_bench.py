@@ -73,16 +73,47 @@ def test_train_step_bench_cpu():
     assert "| dapev2-kerple | chunked |" in md and "| 1.00 |" in md
 
 
-def test_train_step_bench_failure_is_a_row_and_no_reference():
-    # a backend that cannot run this method fails for that method only
+def test_train_step_bench_failure_is_a_row_and_no_reference(monkeypatch):
+    # a method that fails while it is timed (out of memory, say) fails alone: the others still run
+    import lenx.bench as bench_module
+
+    real = bench_module._train_step_row
+
+    def row(method, *args):
+        if method == "kerple":
+            raise RuntimeError("the step failed")
+        return real(method, *args)
+
+    monkeypatch.setattr(bench_module, "_train_step_row", row)
     res = train_step_bench(["rope", "kerple"], preset="tiny", seq_len=8, batch_size=1, vocab_size=32, steps=1,
-                           warmup=0, device="cpu", backend_overrides={"kerple": "triton"}, log=None)
+                           warmup=0, device="cpu", log=None)
     rows = {r["method"]: r for r in res["rows"]}
     assert "error" in rows["kerple"] and "median_ms" in rows["rope"]
     assert rows["rope"]["ratio"] is None  # dapev2-kerple was not measured
     buf = io.StringIO()
     print_train_step_table(res, Console(file=buf, width=200))
     assert "error" in buf.getvalue() and "rope" in buf.getvalue()
+
+
+def test_train_step_forced_backends_are_checked_before_any_timing():
+    """A forced backend that cannot run its method here, an unknown one, or one for a method not
+    benchmarked is a ConfigError before the first model is built; a valid one is used by every layer."""
+    from lenx.config import ConfigError
+
+    def run(forced, log=None):
+        return train_step_bench(["rope", "kerple"], preset="tiny", seq_len=8, batch_size=1, vocab_size=32, steps=1,
+                                warmup=0, device="cpu", backend_overrides=forced, log=log)
+
+    timed = []
+    for forced, words in [({"kerple": "triton"}, "CUDA devices only"), ({"kerple": "nope"}, "unknown backend"),
+                          ({"alibi": "dense"}, "not among the methods")]:
+        with pytest.raises(ConfigError, match=words):
+            run(forced, log=timed.append)
+    assert timed == []  # nothing was timed
+    res = run({"kerple": "dense"})
+    rows = {r["method"]: r for r in res["rows"]}
+    assert rows["kerple"]["backends"] == ["dense", "dense"] and rows["rope"]["backends"] == ["sdpa", "sdpa"]
+    assert res["settings"]["backend_overrides"] == {"kerple": "dense"}
 
 
 def test_train_step_cli_cpu(tmp_path):
@@ -103,3 +134,17 @@ def test_train_step_cli_cpu(tmp_path):
     # the kernel benchmark itself still refuses the CPU
     proc = subprocess.run([sys.executable, "-m", "lenx", "bench", "--device", "cpu"], capture_output=True, text=True)
     assert proc.returncode == 2 and "--train-step" in proc.stderr
+    # --backend-for: forced backends, from another working directory with a relative output path
+    proc = subprocess.run([sys.executable, "-m", "lenx", "bench", "--train-step", "--device", "cpu", "--preset", "tiny",
+                           "--methods", "kerple", "--seq-len", "8", "--batch", "1", "--steps", "1", "--warmup", "0",
+                           "--backend-for", "kerple=dense", "-o", "forced.json"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "forced.json").read_text())["rows"][0]["backends"] == ["dense", "dense"]
+    for bad, words in [("kerple=triton", "CUDA devices only"), ("kerple", "METHOD=BACKEND"),
+                       ("kerple=dense,kerple=chunked", "twice")]:
+        proc = subprocess.run([sys.executable, "-m", "lenx", "bench", "--train-step", "--device", "cpu", "--preset",
+                               "tiny", "--methods", "kerple", "--backend-for", bad, "-o", "bad.json"],
+                              capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad.json").exists()

@@ -336,6 +336,22 @@ def _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, ste
     return row
 
 
+def _check_backend_overrides(backend_overrides: dict, methods, model_cfg, device) -> None:
+    """A forced backend must name a benchmarked method and a backend that runs it here: checked on one
+    attention layer before any model is timed (ConfigError with the planner's reason)."""
+    from .attention import Attention
+    from .config import ConfigError
+
+    for method, backend in backend_overrides.items():
+        if method not in methods:
+            raise ConfigError(f"backend override for {method!r}, which is not among the methods ({', '.join(methods)})")
+        layer_cfg = replace(model_cfg, method="nope" if method == "sdpa" else method, backend=backend)
+        try:
+            Attention(layer_cfg, model_cfg.n_head, model_cfg.d_model).backend_for(device)
+        except ValueError as e:
+            raise ConfigError(f"{method}={backend}: {e}") from None
+
+
 def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 512, batch_size: int = 32,
                      vocab_size: int = 16384, steps: int = 20, warmup: int = 5, device: str = "cuda",
                      reference: str = "dapev2-kerple", backend_overrides: dict[str, str] | None = None,
@@ -358,6 +374,7 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
     backend_overrides = backend_overrides or {}
     for method in methods:  # a typo is an error now, not a row after minutes of benchmarking
         parse_method("nope" if method == "sdpa" else method)
+    _check_backend_overrides(backend_overrides, methods, cfg.model, dev)
     env = environment(dev)
     result = {
         "benchmark": "train_step",

@@ -644,6 +644,21 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
     return result
 
 
+def _parse_backend_for(text: str) -> dict[str, str]:
+    """'m1=b1,m2=b2' -> {m1: b1, m2: b2} (ConfigError on a malformed or repeated entry)."""
+    from .config import ConfigError
+
+    forced = {}
+    for item in text.split(","):
+        method, sep, backend = item.partition("=")
+        if not sep or not method.strip() or not backend.strip():
+            raise ConfigError(f"--backend-for takes METHOD=BACKEND pairs separated by commas, not {item!r}")
+        if method.strip() in forced:
+            raise ConfigError(f"--backend-for names {method.strip()!r} twice")
+        forced[method.strip()] = backend.strip()
+    return forced
+
+
 @_command("bench")
 def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: sdpa,kerple,dapev2-kerple,stickbreaking; "
                                           "with --train-step: rope,alibi,kerple,fire,dape-kerple,dapev2-kerple)"),
@@ -657,6 +672,9 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
               train_step: bool = typer.Option(False, "--train-step",
                                               help="time whole training steps of the --preset model per method "
                                                    "(the DAPE V2 paper's table 7) instead of the attention kernels"),
+              backend_for: str = typer.Option(None, "--backend-for",
+                                              help="--train-step: force attention backends, comma-separated "
+                                                   "METHOD=BACKEND (e.g. dapev2-kerple=chunked); default: the planner's"),
               preset: str = typer.Option("125m", help="--train-step: the model preset"),
               seq_len: int = typer.Option(512, help="--train-step: training sequence length"),
               steps: int = typer.Option(20, help="--train-step: timed steps per method"),
@@ -681,6 +699,9 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
         if device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("lenx bench needs a CUDA device (it times GPU kernels; --train-step also runs with --device cpu)")
         length_list = _parse_ints(lengths, "--lengths")
+        forced = _parse_backend_for(backend_for) if backend_for else {}
+        if forced and not train_step:
+            raise ConfigError("--backend-for applies to --train-step (the kernel benchmark takes --backends)")
     except _user_errors() as e:
         _fail(e)
     if train_step:
@@ -688,7 +709,8 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
         try:
             result = train_step_bench((methods or ",".join(TRAIN_STEP_METHODS)).split(","), preset=preset,
                                       seq_len=seq_len, batch_size=batch or 32, steps=steps, warmup=warmup, device=device,
-                                      commit=commit, command=" ".join(sys.argv), out_path=str(out))
+                                      backend_overrides=forced, commit=commit, command=" ".join(sys.argv),
+                                      out_path=str(out))
         except _user_errors() as e:
             _fail(e)
         print_train_step_table(result)
