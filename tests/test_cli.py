@@ -167,7 +167,8 @@ def test_prepare_allow_missing_sources(tmp_path):
 
 def test_new_options_are_in_the_help():
     for cmd, option in (("sweep", "--seeds"), ("sweep", "--force"), ("eval", "--step"),
-                        ("prepare", "--allow-missing-sources")):
+                        ("prepare", "--allow-missing-sources"), ("prepare", "--no-progress"),
+                        ("bench", "--backend-for")):
         out = lenx(cmd, "--help", columns=200)
         assert re.search(rf"{option}\b", out.stdout), (cmd, option)
 
@@ -230,3 +231,7 @@ def test_prepare_passes_allow_missing_sources(monkeypatch):
     assert invoke("prepare", "tech", "--allow-missing-sources").exit_code == 0
     assert invoke("prepare", "tech").exit_code == 0
     assert seen[0]["allow_missing_sources"] is True and seen[1]["allow_missing_sources"] is False
+    # progress bars: off when stderr is not a terminal (as here), unless forced either way
+    assert seen[1]["progress"] is False
+    assert invoke("prepare", "tech", "--progress").exit_code == 0 and seen[2]["progress"] is True
+    assert invoke("prepare", "tech", "--no-progress").exit_code == 0 and seen[3]["progress"] is False

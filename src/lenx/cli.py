@@ -148,7 +148,8 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
                                                  help="the size in tokens of a document that --long-test reserves"),
             force: bool = typer.Option(False, help="rebuild even if the corpus is already prepared with these settings"),
             allow_missing_sources: bool = typer.Option(False, help="build the corpus from the sources that could be "
-                                                       "fetched when some cannot (the manifest lists the missing ones)")):
+                                                       "fetched when some cannot (the manifest lists the missing ones)"),
+            progress: Optional[bool] = ProgressOpt):
     """Build a corpus: fetch, extract, dedupe, split by document, tokenize, pack.
 
     Prints the manifest (without its sources) as JSON on stdout, and one line per split (documents,
@@ -159,7 +160,7 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
     try:
         manifest = prepare_corpus(corpus, root, from_path=from_path, tokenizer=tokenizer, vocab_size=vocab_size,
                                   seed=seed, force=force, allow_missing_sources=allow_missing_sources,
-                                  long_test=long_test, long_test_tokens=long_test_tokens)
+                                  long_test=long_test, long_test_tokens=long_test_tokens, progress=_progress(progress))
     except _user_errors() as e:
         _fail(e)
     summary = {k: v for k, v in manifest.items() if k not in ("sources",)}
