@@ -35,7 +35,7 @@ OLOAD = "                o = Os.index(h).load(ACC_S) * alpha[None, :]"
 T2A = "            t2n = gl.load(t2_ptr, mask=valid, other=0.0)"
 T2B = "                    t2n = gl.load(t2_ptr + (h + 1) * (2 * T - 1), mask=valid, other=0.0)"
 
-# alternatives: the layout conversions that session 11 removed (each cost a barrier), put back
+# alternatives: the direct S^T-layout store (step 1) and load (step 3) put back through a layout conversion (each costs a barrier)
 S1_STORE = "                XF.slice(h, 1, dim=1).store(x)   # in S^T's layout: a conversion costs a barrier"
 F_LOAD = "                fT = _load_T(XF.slice(h, 1, dim=1), sT)   # in S^T's layout: a conversion costs a barrier"
 ALT_S1 = [(S1_STORE, "                XF.slice(h, 1, dim=1).store(gl.convert_layout(x, LF3))")]
