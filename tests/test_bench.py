@@ -20,6 +20,8 @@ def fake_result():
         {"method": "kerple", "backend": "dense", "T": 512, "status": "ok", "fwd_status": "oom",
          "fwdbwd_status": "oom"},
         {"method": "kerple", "backend": "sdpa", "T": 512, "status": "unsupported: no bias"},
+        {"method": "dapev2-kerple", "backend": "triton", "T": 512, "status": "ok", "fwd_ms": 2.0, "fwdbwd_ms": 8.0,
+         "fwd_peak_mib": 10.0, "fwdbwd_peak_mib": 30.0, "fwd_kernel": "gluon"},
     ]
     return {"device": "test", "torch": "x", "triton": "y", "cuda": "z", "git_commit": "abc",
             "args": {"batch": 1, "heads": 2, "head_dim": 16, "dtype": "bfloat16"}, "rows": rows}
@@ -39,6 +41,9 @@ def test_ratios_and_table():
     assert "unsupported" not in text
     md = bench_markdown(res)
     assert "| kerple | triton | 512 | 0.200 | 2.00 | 1.000 | 2.50 | 30 | 1.50 |" in md
+    # a forward that ran another kernel than the backend's own (DAPE V2's Gluon forward) says so
+    assert "| dapev2-kerple | triton (gluon fwd) | 512 | 2.000 | 20.00 |" in md
+    assert "triton (gluon fwd)" in text
 
 
 @pytest.mark.gpu

@@ -97,6 +97,23 @@ def test_dape_v2_forward_only_work_picks_gluon_only_where_it_can(monkeypatch):
         assert reason is not None and not fused._use_gluon(q.detach(), q, q, w, None, proc)
 
 
+def test_forward_kernel_names_what_run_would_use(monkeypatch):
+    """fused.forward_kernel (what `lenx bench` records as fwd_kernel) follows _use_gluon: "gluon" for
+    DAPE V2 under no_grad where the Gluon forward runs, "triton" with gradients and for compositions
+    without a processor."""
+    from lenx.attention.backends import fused
+    from lenx.ops.dape_v2 import gluon
+
+    monkeypatch.setattr(gluon, "unsupported_reason", lambda *a: None)  # as on an H100/H200 with triton 3.6
+    q = torch.randn(1, 12, 8, 64).to(torch.bfloat16).requires_grad_()
+    dape = Attention(AttentionConfig(method="dapev2-kerple"), 12, 768).parts
+    kerple = Attention(AttentionConfig(method="kerple"), 12, 768).parts
+    with torch.no_grad():
+        assert fused.forward_kernel(q, q, q, dape) == "gluon"
+        assert fused.forward_kernel(q, q, q, kerple) == "triton"
+    assert fused.forward_kernel(q, q, q, dape) == "triton"  # q and the conv weights need gradients
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["dapev2-kerple", "dape-alibi"])
 def test_gpu_attention_module_eval_uses_gluon(method, monkeypatch):

@@ -7,6 +7,9 @@ batches); each row also records the median of calls timed one at a time (`*_sync
 are taken against fused causal SDPA measured in the same run. Out-of-memory is caught and recorded as such; a call slower
 than `max_call_s` (median) skips the longer lengths of that (method, backend).
 
+The triton backend's rows record `fwd_kernel`: its forward-only calls of DAPE V2 run the Gluon kernel
+on sm_90 (attention/backends/fused.py), and the table then names it ("triton (gluon fwd)").
+
 Library use: run_bench(...) -> dict (also written as JSON), print_bench_table(result).
 Whole training steps per method (the DAPE V2 paper's table 7): train_step_bench(...),
 print_train_step_table(result), train_step_markdown(result); `lenx bench --train-step`.
@@ -96,6 +99,11 @@ def _measure(method, backend, T, *, batch, heads, head_dim, dtype, device, chunk
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
     g = torch.randn(shape, device=device, dtype=dtype)
     leaves = [q, k, v] + params
+    if backend == "triton":  # forward-only DAPE V2 work may run the Gluon kernel (fused._use_gluon)
+        from .attention.backends.fused import forward_kernel
+
+        with torch.no_grad(), torch.autocast(device.type, dtype=dtype):
+            row["fwd_kernel"] = forward_kernel(q, k, v, parts)
 
     def fwd():
         # autocast as in mixed-precision training: the dense/chunked paths' convs and matmuls run
@@ -244,7 +252,8 @@ def _cells(result):
     for r in result["rows"]:
         if r["status"].startswith("unsupported"):
             continue
-        head = [r["method"], r["backend"], str(r["T"])]
+        backend = r["backend"] + (f" ({r['fwd_kernel']} fwd)" if r.get("fwd_kernel", r["backend"]) != r["backend"] else "")
+        head = [r["method"], backend, str(r["T"])]
         if r["status"] != "ok":
             yield head + [r["status"].split(":")[0]] + [""] * 5
             continue

@@ -70,6 +70,15 @@ class Fused(Backend):
         return biased_attention(q, k, v, table, **parts.bias.fused_grad_args() if parts.bias is not None else {}), None
 
 
+def forward_kernel(q, k, v, parts) -> str:
+    """Which kernel this backend's run() would use for these operands ("gluon" or "triton"), so that a
+    benchmark can say what its forward timed (call it under the same grad mode as run())."""
+    if parts.processor is None or parts.normaliser.name == "stickbreaking":
+        return "triton"
+    table = parts.bias.table(q.shape[-2], q.device) if parts.bias is not None else None
+    return "gluon" if _use_gluon(q, k, v, parts.processor.conv_weights(), table, parts.processor) else "triton"
+
+
 def _use_gluon(q, k, v, weights, table, proc) -> bool:
     """The DAPE V2 forward goes to the Gluon kernel (lenx.ops.dape_v2.gluon; on an H200 with its host
     tables 1.5-1.6x faster than the Triton one at k 3 and 1.07-1.10x at k 1, results/bench/
