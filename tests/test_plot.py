@@ -100,9 +100,11 @@ def test_axes_read_as_plain_numbers(tmp_path, monkeypatch):
     narrow = [eval_result("rope", {64: 8.22, 128: 8.35, 256: 8.47, 512: 8.57}, {128: -0.18, 512: -0.41}),
               eval_result("kerple", {64: 6.92, 128: 6.93, 256: 6.95, 512: 6.96})]
     wide = [eval_result("rope", {128: 12.0, 1024: 200.0, 8192: 9000.0})]
+    decade = [eval_result("rope", {128: 5.0, 1024: 18.0, 8192: 60.0})]   # 12x: one power of ten inside
     plot.plot_perplexity(narrow, tmp_path / "a.png")
     plot.plot_delta_p(narrow, tmp_path / "b.png")
     plot.plot_perplexity(wide, tmp_path / "c.png")
+    plot.plot_perplexity(decade, tmp_path / "d.png")
 
     def labels(axis):
         """The tick labels shown: those with text, inside the axis' view."""
@@ -113,11 +115,12 @@ def test_axes_read_as_plain_numbers(tmp_path, monkeypatch):
 
     axes = [fig.axes[0] for fig in figures]
     assert [labels(ax.xaxis) for ax in axes] == [["64", "128", "256", "512"], ["128", "512"],
-                                                 ["128", "1024", "8192"]]
-    for ax in (axes[0], axes[2]):
+                                                 ["128", "1024", "8192"], ["128", "1024", "8192"]]
+    for ax in (axes[0], axes[2], axes[3]):
         ys = labels(ax.yaxis)
         assert len(ys) >= 2 and all(re.fullmatch(r"[0-9.]+", y) for y in ys), ys
     assert set(labels(axes[2].yaxis)) >= {"100", "1000"}
+    assert set(labels(axes[3].yaxis)) >= {"10", "20", "50"}  # 1-2-5 steps, not "10" alone
 
 
 def test_loss_curves(tmp_path, monkeypatch):

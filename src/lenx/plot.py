@@ -96,13 +96,20 @@ def _length_axis(ax, series: dict[str, dict]):
 
 def _plain_log_y(ax):
     """A log y axis labelled with plain numbers (the default writes 7×10⁰): within a decade evenly
-    chosen values (6.5, 7, 7.5, ...), over several decades its powers of ten (10, 100, 1000)."""
+    chosen values (6.5, 7, 7.5, ...), over one to three decades 1, 2, 5 times its powers of ten (20,
+    50, 100, 200: powers of ten alone left a range like 20-150 with one label), beyond that the powers
+    of ten."""
     ax.set_yscale("log")
     low, high = ax.get_ylim()
+    plain = ticker.FuncFormatter(lambda y, _: f"{y:g}")
     if high / low < 10:
         ax.yaxis.set_major_locator(ticker.MaxNLocator(nbins=6))
         ax.yaxis.set_minor_locator(ticker.NullLocator())
-        ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+        ax.yaxis.set_major_formatter(plain)
+    elif high / low < 1000:
+        ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_minor_locator(ticker.NullLocator())
+        ax.yaxis.set_major_formatter(plain)
     else:
         ax.yaxis.set_major_formatter(ticker.LogFormatter())
         ax.yaxis.set_minor_formatter(ticker.NullFormatter())
