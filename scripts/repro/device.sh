@@ -6,11 +6,13 @@
 # On a fresh machine: unpack the corpora, write the plan and start run_jobs.py detached (setsid), so
 # the jobs outlive this call. Every call then waits SECONDS, reporting progress, and packs every
 # finished file except checkpoints into $OUT/$PLAN.tar.gz. The next call (same machine) picks up where
-# this one left; on a fresh machine the jobs listed in $SKIP (default carry/done.txt; pack_data.sh
-# writes it from results/repro/status.json) are skipped, and CHE jobs resume from the logs committed
+# this one left; on a fresh machine the jobs listed in $SKIP (default for PLAN=repro: carry/done.txt,
+# which pack_data.sh writes from results/repro/status.json; for controls: none) are skipped, and CHE jobs resume from the logs committed
 # under results/repro/che/runs/. LM_SLOTS: training runs sharing one GPU (default 1).
 set -u
 PLAN=${PLAN:-repro}
+# the repro plan's finished jobs (carry/done.txt) are not the controls'
+default_skip=$([ "$PLAN" = repro ] && echo carry/done.txt || echo "")
 R=runs/$PLAN
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 export LENX_GIT_COMMIT=${COMMIT:-$(cat carry/commit.txt)}
@@ -37,7 +39,7 @@ if ! { [ -f $pid_file ] && kill -0 "$(cat $pid_file)" 2>/dev/null; }; then
     > $R/machine.txt 2>&1
   # REPRO_GPUS: use only the first N GPUs (the others stay free for other work of the same call)
   setsid nohup python3 scripts/repro/run_jobs.py $R/plan.json --gpus "${REPRO_GPUS:-$(nvidia-smi -L | wc -l)}" \
-    --lm-slots "${LM_SLOTS:-1}" --status $R/status.json --skip "${SKIP:-carry/done.txt}" \
+    --lm-slots "${LM_SLOTS:-1}" --status $R/status.json --skip "${SKIP:-$default_skip}" \
     > $R/scheduler.log 2>&1 < /dev/null &
   echo $! > $pid_file
   echo "started the scheduler (pid $(cat $pid_file))"
