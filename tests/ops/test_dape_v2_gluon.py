@@ -84,12 +84,12 @@ def test_gpu_gluon_forward(T, ks, kind):
     assert err < 1e-2, f"T {T} k {ks} {kind}: rel err {err:.3g}"
 
 
-def _weights(H, D, ks, with_bias, seed=0):
+def _weights(H, D, ks, with_bias, seed=0, device="cuda", dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
     C = 2 * H if with_bias else H
     w1, b1 = torch.randn(D, C, 1, ks, generator=g) * 0.3, torch.randn(D, generator=g) * 0.1
     w2, b2 = torch.randn(H, D, 1, ks, generator=g) * 0.3, torch.randn(H, generator=g) * 0.1
-    return [x.cuda() for x in (w1, b1, w2, b2)]
+    return [x.to(device, dtype) for x in (w1, b1, w2, b2)]
 
 
 @pytest.mark.skipif(_gluon_ready() is not None, reason=str(_gluon_ready()))
@@ -222,13 +222,6 @@ def _gluon_schedule(q, k, v, w1, b1, w2, b2, tab, half_dtype=None, p_dtype=None,
     return out, lse
 
 
-def _weights(H, D, ks, with_table, dtype=torch.float64):
-    C = 2 * H if with_table else H
-    w1, b1 = torch.randn(D, C, 1, ks, dtype=dtype) * 0.3, torch.randn(D, dtype=dtype) * 0.1
-    w2, b2 = torch.randn(H, D, 1, ks, dtype=dtype) * 0.3, torch.randn(H, dtype=dtype) * 0.1
-    return w1, b1, w2, b2
-
-
 @pytest.mark.parametrize("T,H,D,ks,kind", [(1, 3, 4, 3, "kerple"), (17, 12, 32, 3, "kerple"), (63, 5, 10, 3, "alibi"),
                                            (111, 7, 21, 1, "alibi"), (111, 16, 8, 3, None), (1000, 3, 4, 3, "kerple"),
                                            (1000, 2, 3, 1, None)])
@@ -240,7 +233,7 @@ def test_schedule_matches_reference(T, H, D, ks, kind):
     q, k, v = (torch.randn(1, H, T, 8, dtype=torch.float64) for _ in range(3))
     tab = bias_table(kind, H, T)
     tab = tab.detach().cpu().double() if tab is not None else None
-    w = _weights(H, D, ks, tab is not None)
+    w = _weights(H, D, ks, tab is not None, device="cpu", dtype=torch.float64)
     out, lse = _gluon_schedule(q, k, v, *w, tab)
     ref = dape_v2_reference(q, k, v, *w, tab)
     assert rel_err(out, ref) < 1e-6
@@ -254,7 +247,7 @@ def test_schedule_needs_the_whole_halo():
     H, T = 3, 130
     q, k, v = (torch.randn(1, H, T, 8, dtype=torch.float64) for _ in range(3))
     tab = bias_table("kerple", H, T).detach().cpu().double()
-    w = _weights(H, 4, 3, True)
+    w = _weights(H, 4, 3, True, device="cpu", dtype=torch.float64)
     ref = dape_v2_reference(q, k, v, *w, tab)
     assert rel_err(_gluon_schedule(q, k, v, *w, tab, halo=1)[0], ref) > 1e-3
 
@@ -266,7 +259,7 @@ def test_schedule_is_causal(t):
     H, T = 3, 130
     q, k, v = (torch.randn(1, H, T, 8, dtype=torch.float64) for _ in range(3))
     tab = bias_table("alibi", H, T).detach().cpu().double()
-    w = _weights(H, 4, 3, True)
+    w = _weights(H, 4, 3, True, device="cpu", dtype=torch.float64)
     a, la = _gluon_schedule(q, k, v, *w, tab)
     q2, k2, v2 = (x.clone() for x in (q, k, v))
     for x in (q2, k2, v2):
