@@ -293,6 +293,17 @@ if _GLUON_ERROR is None:
         return ring[slot][0]
 
     @gluon.jit
+    def _minus_k0(y, K0, rows, cc2, q2, D: gl.constexpr, T):
+        """y [2, 32, 4, 16] of the first window minus the key-0 correction k0[0, c, row] (k 3: h = 1). The
+        first window starts at key -2, so key 0 is lane q 0's entry u = 2 of every slot: one load per
+        (row, slot) there instead of a masked load of every entry."""
+        kv = gl.load(K0 + (cc2 * T + rows) + q2 * 0, mask=(cc2 < D) & (rows < T) & (q2 == 0), other=0.0)
+        a = _unpack16(y)
+        out = _pack16((a[0], a[1], a[2] - kv, a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12],
+                       a[13], a[14], a[15]))
+        return gl.convert_layout(out, y.type.layout)
+
+    @gluon.jit
     def _conv1_input(xf):
         """Conv1's B operand [16, 128] (registers) from a row pair's XF rows xf [64, 64]: their head
         slots 0..15 side by side."""
@@ -317,7 +328,6 @@ if _GLUON_ERROR is None:
         t1v = gl.load(T1 + (cc * (2 * T - 1) + T - 1 - key) + rows,
                       mask=(cc < D) & (dist < T) & (dist > -T), other=0.0)
         for ip in range(BM // 2):  # a run-time loop: unrolled, its code overflowed the instruction cache
-            row = q0 + 2 * ip + pp
             # the next pair's t1 at the window's first key and the one after (the only new distances)
             ne = q0 + 2 * ip + pp2 + 1 - ws
             e1 = gl.load(T1 + cc2 * (2 * T - 1) + T - 1 + ne + q2 * 0, mask=(cc2 < D) & (ne < T), other=0.0)
@@ -328,8 +338,7 @@ if _GLUON_ERROR is None:
             y = _tapsum(warpgroup_mma(w1, Xb, gl.zeros([128, 128], gl.float32, ACC_Y), use_acc=False), KS)
             y += t1v
             if WITH_K0:
-                y -= gl.load(K0 + (key * D + cc) * T + row, mask=(cc < D) & (row < T) & (key >= 0) & (key < HALF),
-                             other=0.0)
+                y = _minus_k0(y, K0, q0 + 2 * ip + pp2, cc2, q2, D, T)
             z = gl.where(y > 0, y, 0.01 * y)
             # residual hidden map: minus leaky(t1) at every key (its conv2 is the host's g, in T2),
             # so the fp16 z and f stay small when the bias table is large (ALiBi at long T)
