@@ -157,3 +157,26 @@ def test_importing_evaluation_plotting_and_the_cli_loads_no_trainer():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def _redefined(stmts) -> list[str]:
+    """Functions and classes defined twice in one block (module level, or inside an if / try there):
+    the second silently replaces the first for every caller."""
+    seen, twice = set(), []
+    for node in stmts:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name in seen:
+                twice.append(node.name)
+            seen.add(node.name)
+        for block in ("body", "orelse", "finalbody"):
+            if isinstance(node, (ast.If, ast.Try)) and getattr(node, block, None):
+                twice += _redefined(getattr(node, block))
+    return twice
+
+
+def test_no_function_is_defined_twice_in_a_module():
+    """A test helper defined again further down a test file once fed GPU tests CPU tensors; CI, which
+    has no GPU, could not see it."""
+    hits = [f"{p.relative_to(ROOT)}: {name}" for folder in ("src", "tests", "scripts")
+            for p in sorted((ROOT / folder).rglob("*.py")) for name in _redefined(ast.parse(p.read_text()).body)]
+    assert not hits, hits
