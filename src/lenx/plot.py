@@ -96,9 +96,8 @@ def _length_axis(ax, series: dict[str, dict]):
 
 def _plain_log_y(ax):
     """A log y axis labelled with plain numbers (the default writes 7×10⁰): within a decade evenly
-    chosen values (6.5, 7, 7.5, ...), over one to three decades 1, 2, 5 times its powers of ten (20,
-    50, 100, 200: powers of ten alone left a range like 20-150 with one label), beyond that the powers
-    of ten."""
+    chosen values (6.5, 7, 7.5, ...), over one to three decades 1, 2, 5 times its powers of ten (5, 10,
+    20, 50: powers of ten alone left a range like 5-60 with one label), beyond that the powers of ten."""
     ax.set_yscale("log")
     low, high = ax.get_ylim()
     plain = ticker.FuncFormatter(lambda y, _: f"{y:g}")

@@ -81,7 +81,7 @@ def forward_kernel(q, k, v, parts) -> str:
 
 def _use_gluon(q, k, v, weights, table, proc) -> bool:
     """The DAPE V2 forward goes to the Gluon kernel (lenx.ops.dape_v2.gluon; on an H200 with its host
-    tables 1.5-1.6x faster than the Triton one at k 3 and 1.07-1.10x at k 1, results/bench/
+    tables 1.60-1.65x faster than the Triton one at k 3 and 1.01-1.12x at k 1, results/bench/
     h200_gluon_fwd_8warps) where nothing needs a gradient (it has no backward yet: evaluation,
     generation) and it covers the shape. LENX_DAPE_V2_GLUON=0 keeps the Triton kernel."""
     if os.environ.get("LENX_DAPE_V2_GLUON", "1") == "0":
