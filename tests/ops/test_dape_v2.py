@@ -84,7 +84,9 @@ pytest.importorskip("triton")
 from lenx.ops.dape_v2 import triton as kernel  # noqa: E402
 
 
-def run_dape(B, H, T, d, ks, D, kind, dtype, conv_precision="bf16", config=None):
+def run_dape(B, H, T, d, ks, D, kind, dtype, conv_precision="bf16", config=None, op=None):
+    """The fused kernel (or `op`: (q, k, v, w1, b1, w2, b2, table) -> out) against the fp32 dense
+    reference: the output and every gradient."""
     from lenx.attention import DapeV2, Softmax
     from lenx.attention.backends import Parts, dense_attention
 
@@ -95,7 +97,10 @@ def run_dape(B, H, T, d, ks, D, kind, dtype, conv_precision="bf16", config=None)
     params = list(proc.parameters())  # conv1.weight, conv1.bias, conv2.weight, conv2.bias
     do = torch.randn(B, H, T, d, device=DEVICE)
     extra = [tab] if tab is not None else []
-    out = kernel.dape_v2_triton(q, k, v, *params, tab, conv_precision, config=config)
+    if op is None:
+        out = kernel.dape_v2_triton(q, k, v, *params, tab, conv_precision, config=config)
+    else:
+        out = op(q, k, v, *params, tab)
     grads = torch.autograd.grad(out, [q, k, v] + extra + params, do.to(dtype))
     refs = [fp32_copy(x) for x in (q, k, v)]
     ref = dape_v2_reference(*refs, *params, tab)
@@ -123,7 +128,8 @@ def run_dape(B, H, T, d, ks, D, kind, dtype, conv_precision="bf16", config=None)
         tol = {n: max(tol, 1.5 * e) for n, e in zip(names, base_errs)}
         log_errors({"case": f"bf16 eager baseline of {B} {H} {T} {d} {ks} {D} {kind}",
                     "errors": dict(zip(names, base_errs))})
-    what = f"dapev2 B{B} H{H} T{T} d{d} k{ks} D{D} {kind} {dtype} conv={conv_precision}"
+    what = f"dapev2 B{B} H{H} T{T} d{d} k{ks} D{D} {kind} {dtype} " + (f"conv={conv_precision}" if op is None else
+                                                                     getattr(op, "__name__", "op"))
     compare(what, [out, *grads], [ref, *ref_grads], names, tol, floors)
 
 

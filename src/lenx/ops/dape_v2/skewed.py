@@ -118,15 +118,16 @@ def _conv_fwd(SB, FB, T1, K0, W1C, W2T, T,
 
 
 @triton.jit
-def _conv_bwd(SB, GB, DSB, T1, K0, W1C, W1T, W2T, W2C, DW1, DW2, DT1, DK0, DT2, T,
+def _conv_bwd(SB, GB, DSB, T1, K0, W1C, W1T, W2C, DW1, DW2, DT1, DK0, DT2, T,
               H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
               KSP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
     """Backward through the conv for one band of distances, walking its rows: dS = G + conv^T(G)
     restricted to the causal triangle, and this program's share of dW1, dW2 and the tables.
 
-    Every (row, distance) of conv1's output is counted once: by the tile whose own distances hold it
-    (centre 0), and the negative distances -h .. -1 (keys right of the diagonal that conv2 reads) by
-    the first band's distance-0 pairs at centres e < 0."""
+    conv1's output at (row, distance m) is counted once in the weight and table gradients: by the
+    tile whose own distances hold m (centre 0), and m = -h .. -1 (keys right of the diagonal, which
+    conv2 reads) by the first band's distance-0 pairs at centre e = m. Both weight gradients pair
+    conv1's side at m with what it met there: dW1 = X_taps(m)^T dY(m), dW2 = Z(m)^T G_taps(m)."""
     HALF: tl.constexpr = KS // 2
     band = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
@@ -139,7 +140,7 @@ def _conv_bwd(SB, GB, DSB, T1, K0, W1C, W1T, W2T, W2C, DW1, DW2, DT1, DK0, DT2, 
     uu = tl.arange(0, KSP)
     w2c = tl.load(W2C + kk[:, None] * DP + cc[None, :])
     dw1 = tl.zeros((KP, DP), tl.float32)
-    dw2 = tl.zeros((KSP, DP, HP), tl.float32)
+    dw2 = tl.zeros((DP, KP), tl.float32)
     dt1 = tl.zeros((BN, DP), tl.float32)
     dneg = tl.zeros((KSP, DP), tl.float32)  # row h + e: distance e < 0
     dt2 = tl.zeros((BN, HP), tl.float32)
@@ -147,48 +148,48 @@ def _conv_bwd(SB, GB, DSB, T1, K0, W1C, W1T, W2T, W2C, DW1, DW2, DT1, DK0, DT2, 
         i, n, j = _pairs(i0, n0, BM, BN)
         g0 = _heads(GB, plane0, i, j, T, H, HP)
         dx = tl.zeros((BM * BN, HP), tl.float32)
-        for u in tl.static_range(KS):
-            e = HALF - u  # conv2 tap u reads conv1 at centre e; conv1 tap t = h + e reads back from it
+        for t in tl.static_range(KS):
+            e = t - HALF  # dX(m) takes conv1 tap t's share of dY(m + e)
             x, y, keyok = _hidden(SB, plane0, T1, K0, W1C, i, n, j, e, T, H, HP, KS, KP, DP, CDT, PREC)
-            z = tl.where(keyok[:, None], tl.where(y > 0, y, 0.01 * y), 0.0)
-            dw2 += tl.where((uu == u)[:, None, None],
-                            tl.dot(tl.trans(z.to(CDT)), g0.to(CDT), input_precision=PREC)[None, :, :], 0.0)
             gcat = _taps(GB, plane0, i, j - e, T, -1, H, HP, KS, KP)
             dz = tl.dot(gcat.to(CDT), w2c, input_precision=PREC)
             dy = tl.where(keyok[:, None], tl.where(y > 0, dz, 0.01 * dz), 0.0)
-            w1t = tl.load(W1T + (HALF + e) * DP * HP + cc[:, None] * HP + ss[None, :])
+            w1t = tl.load(W1T + t * DP * HP + cc[:, None] * HP + ss[None, :])
             dx += tl.dot(dy.to(CDT), w1t, input_precision=PREC)
-            jc = j - e
             if e == 0:
-                own = i < T
+                z = tl.where(keyok[:, None], tl.where(y > 0, y, 0.01 * y), 0.0)
+                dw1 += tl.dot(tl.trans(x.to(CDT)), dy.to(CDT), input_precision=PREC)
+                dw2 += tl.dot(tl.trans(z.to(CDT)), gcat.to(CDT), input_precision=PREC)
+                dt1 += tl.sum(tl.reshape(dy, (BM, BN, DP)), 0)
+                if HALF > 0:
+                    near = (i < T) & (j >= 0) & (j < HALF)
+                    tl.store(DK0 + ((b * HALF + j) * T + i)[:, None] * DP + cc[None, :], -dy, mask=near[:, None])
             elif e < 0:
-                own = (n == 0) & (i < T)
-            else:
-                own = i < 0
-            dyo = tl.where(own[:, None], dy, 0.0)
-            dw1 += tl.dot(tl.trans(x.to(CDT)), dyo.to(CDT), input_precision=PREC)
-            if e == 0:
-                dt1 += tl.sum(tl.reshape(dyo, (BM, BN, DP)), 0)
-            elif e < 0:
-                dneg += tl.where((uu == HALF + e)[:, None], tl.sum(dyo, 0)[None, :], 0.0)
-            if HALF > 0:
-                near = own & (jc >= 0) & (jc < HALF)
-                tl.store(DK0 + ((b * HALF + jc) * T + i)[:, None] * DP + cc[None, :], -dy, mask=near[:, None])
+                if band == 0:  # the negative distances: pairs at distance 0 of the first band
+                    own = (n == 0) & (i < T)
+                    dyo = tl.where(own[:, None], dy, 0.0)
+                    z = tl.where((own & keyok)[:, None], tl.where(y > 0, y, 0.01 * y), 0.0)
+                    dw1 += tl.dot(tl.trans(x.to(CDT)), dyo.to(CDT), input_precision=PREC)
+                    dw2 += tl.dot(tl.trans(z.to(CDT)), gcat.to(CDT), input_precision=PREC)
+                    dneg += tl.where((uu == t)[:, None], tl.sum(dyo, 0)[None, :], 0.0)
+                    if HALF > 0:
+                        jc = j - e
+                        near = own & (jc < HALF)
+                        tl.store(DK0 + ((b * HALF + jc) * T + i)[:, None] * DP + cc[None, :], -dy, mask=near[:, None])
         causal = (n >= 0) & (n <= i) & (i < T)
         ds = g0 + tl.where(causal[:, None], dx, 0.0)
         tl.store(DSB + (plane0 + ss.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None],
                  ds.to(DSB.dtype.element_ty), mask=(ss < H)[None, :] & causal[:, None])
         dt2 += tl.sum(tl.reshape(g0.to(tl.float32), (BM, BN, HP)), 0)
     tl.store(DW1 + prog * KP * DP + kk[:, None] * DP + cc[None, :], dw1)
-    tl.store(DW2 + prog * KSP * DP * HP + uu[:, None, None] * DP * HP + cc[None, :, None] * HP + ss[None, None, :],
-             dw2)
+    tl.store(DW2 + prog * DP * KP + cc[:, None] * KP + kk[None, :], dw2)
     nn = n0 + BN - 1 - tl.arange(0, BN)
     tl.store(DT1 + (b * (2 * T - 1) + nn + T - 1)[:, None] * DP + cc[None, :], dt1, mask=(nn < T)[:, None])
     tl.store(DT2 + (b * T + nn)[:, None] * HP + ss[None, :], dt2, mask=(nn < T)[:, None])
     if band == 0:
         m = uu - HALF
         tl.store(DT1 + (b * (2 * T - 1) + m + T - 1)[:, None] * DP + cc[None, :], dneg,
-                 mask=((m < 0) & (m >= -HALF))[:, None])
+                 mask=((m < 0) & (m >= -HALF) & (m >= 1 - T))[:, None])  # the table holds |m| < T
 
 
 # --- per-head flash kernels -----------------------------------------------------------------------
@@ -455,11 +456,11 @@ class DapeV2Skewed(torch.autograd.Function):
         n_band = triton.cdiv(T, BN)
         KSP = pow2(wts.KS, 1)
         dw1 = new((B * n_band, wts.KP, wts.DP), q, torch.float32)
-        dw2 = new((B * n_band, KSP, wts.DP, wts.HP), q, torch.float32)
+        dw2 = new((B * n_band, wts.DP, wts.KP), q, torch.float32)
         dt1 = torch.zeros(B, 2 * T - 1, wts.DP, device=q.device)
         dk0 = torch.zeros(B, max(wts.KS // 2, 1), T, wts.DP, device=q.device)
         dt2 = new((B, T, wts.HP), q, torch.float32)
-        _conv_bwd[(n_band, B)](sb, gb, dsb, wts.t1, wts.k0, wts.w1c, wts.w1t, wts.w2t, wts.w2c, dw1, dw2, dt1, dk0,
+        _conv_bwd[(n_band, B)](sb, gb, dsb, wts.t1, wts.k0, wts.w1c, wts.w1t, wts.w2c, dw1, dw2, dt1, dk0,
                                dt2, T, KSP=KSP, BM=BM, BN=BN, CDT=_tl_dtype(wts.w1c.dtype), PREC=prec,
                                num_warps=nw, num_stages=ns, **wts.meta())
         del gb, sb
@@ -473,7 +474,8 @@ class DapeV2Skewed(torch.autograd.Function):
         D, KS, HP = wts.D, wts.KS, wts.HP
         g1 = dw1.sum(0)[:KS * HP].view(KS, HP, -1)[:, :H, :D]  # [t, s, c]
         g_w1s = g1.permute(2, 1, 0).unsqueeze(2)
-        g_w2 = dw2.sum(0)[:KS, :D, :H].permute(2, 1, 0).unsqueeze(2)  # [u, c, s] -> [s, c, 1, u]
+        g2 = dw2.sum(0)[:, :KS * HP].view(-1, KS, HP)[:D, :, :H]  # [c, u, s]
+        g_w2 = g2.permute(2, 0, 1).unsqueeze(2)
         g_t1 = dt1.sum(0)[:, :D].T
         g_k0 = dk0.sum(0)[:KS // 2, :, :D].permute(0, 2, 1)
         g_t2 = torch.zeros(H, 2 * T - 1, device=q.device)

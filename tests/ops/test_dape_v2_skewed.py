@@ -1,0 +1,147 @@
+"""lenx.ops.dape_v2.skewed (the training kernels over T x T buffers) against the dense reference:
+the output and every gradient (q, k, v, the bias table, both convs' weights and biases), the
+buffers themselves (the index maps), causality, bitwise repeatability and the buffer sizes.
+Without CUDA the kernels run under Triton's interpreter (fp32 and fp16); the gpu tests add bf16
+up to T = 4096 and a 125m training run against the chunked reference path."""
+
+import math
+
+import pytest
+import torch
+
+from helpers import assert_close
+from kernel_cases import CUDA, DEVICE, GPU_T, batch_for, bias_table, causal_gap
+from lenx.ops.biased_softmax.reference import table_bias
+from lenx.ops.dape_v2.reference import dape_v2_scores, dape_v2_tables
+from test_dape_v2 import conv_weights, run_dape
+
+pytest.importorskip("triton")
+from lenx.ops.dape_v2 import skewed  # noqa: E402
+
+
+def recompute(q, k, v, w1, b1, w2, b2, table):
+    """The skewed path with the buffers recomputed in the backward (the memory setting)."""
+    return skewed.dape_v2_skewed(q, k, v, w1, b1, w2, b2, table, keep=False)
+
+
+# T, H, d, k, D, bias: T over {1, 2, 3, 17, 64, 130} (one tile, tile edges, several bands and row
+# blocks), H over {1, 3, 12}, k over {1, 3, 5, 7}, D from 8 to 32, with and without a bias table.
+CASES = [
+    (1, 3, 16, 3, 8, "kerple"),
+    (2, 1, 16, 3, 8, "alibi"),
+    (3, 3, 16, 5, 8, None),
+    (17, 3, 16, 7, 8, "kerple"),
+    (17, 12, 16, 3, 32, "kerple"),
+    (64, 3, 32, 1, 16, "alibi"),
+    (64, 1, 64, 3, 8, None),
+    (130, 3, 16, 3, 8, "kerple"),
+    (40, 2, 16, 5, 8, "t5"),
+]
+
+
+@pytest.mark.parametrize("T,H,d,ks,D,kind", CASES)
+def test_skewed_fp32(T, H, d, ks, D, kind):
+    run_dape(2 if T < 100 else 1, H, T, d, ks, D, kind, torch.float32, op=skewed.dape_v2_skewed)
+
+
+@pytest.mark.parametrize("T,H,d,ks,D,kind", [(17, 3, 16, 3, 8, "kerple"), (64, 12, 16, 3, 32, "kerple"),
+                                             (33, 2, 32, 7, 8, None)])
+def test_skewed_fp16(T, H, d, ks, D, kind):
+    run_dape(1, H, T, d, ks, D, kind, torch.float16, op=skewed.dape_v2_skewed)
+
+
+def test_skewed_recompute_and_small_tiles():
+    """keep=False recomputes the buffers in the backward; small tiles put many bands and row blocks
+    (and a partial last band) into a short sequence."""
+    run_dape(2, 3, 45, 16, 3, 8, "kerple", torch.float32, op=recompute)
+    tiny = {"conv_fwd": (2, 16, 4, 1), "conv_bwd": (2, 16, 4, 1), "attn_fwd": (16, 16, 4, 1),
+            "attn_bwd": (16, 16, 4, 1), "dq": (16, 16, 4, 1), "dk": (16, 16, 4, 1), "scores": (16, 16, 4, 1)}
+
+    def small(q, k, v, w1, b1, w2, b2, table):
+        return skewed.dape_v2_skewed(q, k, v, w1, b1, w2, b2, table, config=tiny)
+
+    run_dape(1, 3, 45, 16, 5, 8, "alibi", torch.float32, op=small)
+
+
+@pytest.mark.parametrize("ks", [1, 3, 5])
+def test_buffers_hold_scores_and_residual_logits(ks):
+    """The index maps: the S buffer is Q K^T / sqrt(d) and the F buffer conv2(...) without its bias,
+    entry (b, h, i, j) on and below the diagonal, for a sequence that spans several bands."""
+    B, H, T, d, D = 2, 3, 41, 16, 8
+    q, k = (torch.randn(B, H, T, d, device=DEVICE) for _ in range(2))
+    w1, b1, w2, b2 = (x.to(DEVICE).float() for x in conv_weights(H, D, ks, True))
+    table = torch.randn(H, 2 * T - 1, device=DEVICE)
+    t1, k0, t2 = dape_v2_tables(w1, b1, b2, table, T)
+    cfg = dict(skewed.CONFIG_FP32, conv_fwd=(2, 16, 4, 1))
+    sb = skewed._scores_buffer(q, k, cfg)
+    fb = skewed._conv_buffer(sb, skewed._Weights(w1[:, :H], t1, k0, w2, q.dtype), cfg)
+    pos = torch.arange(T, device=DEVICE)
+    causal = pos[None, :] <= pos[:, None]
+    S = q @ k.transpose(-1, -2) / math.sqrt(d)
+    bias = table_bias(table, pos, pos)
+    f = dape_v2_scores(S, bias, w1, b1, w2, b2, pos, pos) - S - bias - b2[:, None, None]
+    assert_close(sb[..., causal], S[..., causal], 1e-6, "S buffer")
+    assert_close(fb[..., causal], f[..., causal], 1e-5, "F buffer")
+
+
+def test_backward_is_bitwise_repeatable():
+    B, H, T, d = 1, 3, 40, 16
+    q, k, v = (torch.randn(B, H, T, d, device=DEVICE, requires_grad=True) for _ in range(3))
+    w = [x.to(DEVICE).float().requires_grad_() for x in conv_weights(H, 8, 3, True)]
+    table = bias_table("kerple", H, T)
+    leaves = [q, k, v, table, *w]
+    g = torch.randn(B, H, T, d, device=DEVICE)
+    runs = [torch.autograd.grad(skewed.dape_v2_skewed(q, k, v, *w, table), leaves, g) for _ in range(2)]
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_causal():
+    T, t = (40, 17) if not CUDA else (300, 150)
+    tab = bias_table("kerple", 2, T)
+    w = [x.to(DEVICE).float() for x in conv_weights(2, 4, 3, True)]
+    assert causal_gap(lambda q, k, v: (skewed.dape_v2_skewed(q, k, v, *w, tab),), T, t) < 1e-6
+
+
+def test_buffer_bytes_match_the_buffers():
+    q = torch.randn(2, 3, 21, 16, device=DEVICE)
+    sb = skewed._scores_buffer(q, q, skewed.CONFIG_FP32)
+    assert sb.numel() * sb.element_size() == skewed.buffer_bytes(2, 3, 21, torch.float32)
+    assert skewed.buffer_bytes(32, 12, 512, torch.bfloat16) == 32 * 12 * 512 * 512 * 2  # 201 MB per buffer
+
+
+def test_rejects_bad_arguments():
+    q = torch.randn(1, 2, 8, 16, device=DEVICE)
+    w = [x.to(DEVICE).float() for x in conv_weights(2, 4, 3, True)]
+    with pytest.raises(ValueError, match="do not fit"):
+        skewed.dape_v2_skewed(q, q, q, *w)  # 2H input channels but no table
+    with pytest.raises(ValueError, match="bias table must be"):
+        skewed.dape_v2_skewed(q, q, q, *w, torch.zeros(2, 9, device=DEVICE))
+    with pytest.raises(ValueError, match="unknown skewed-kernel settings"):
+        skewed.dape_v2_skewed(q, q, q, *w, torch.zeros(2, 15, device=DEVICE), config={"conv": (4, 32, 4, 1)})
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", GPU_T)
+def test_gpu_skewed_kerple(T):
+    """The paper's headline setting in bf16: H = 12, d = 64, k = 3, D = 32, Kerple."""
+    run_dape(batch_for(T), 12, T, 64, 3, 32, "kerple", torch.bfloat16, op=skewed.dape_v2_skewed)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,H,d,ks,D,kind", [
+    (1000, 4, 32, 5, 16, None),
+    (128, 2, 64, 7, 8, "alibi"),
+    (1000, 3, 32, 1, 8, "t5"),
+    (1000, 16, 64, 3, 64, "kerple"),
+    (17, 16, 64, 5, 32, "kerple"),
+    (1000, 12, 64, 7, 32, "kerple"),
+    (2048, 12, 128, 3, 32, "kerple"),
+])
+def test_gpu_skewed_shapes(T, H, d, ks, D, kind):
+    run_dape(2, H, T, d, ks, D, kind, torch.bfloat16, op=skewed.dape_v2_skewed)
+
+
+@pytest.mark.gpu
+def test_gpu_skewed_recompute():
+    run_dape(2, 12, 1000, 64, 3, 32, "kerple", torch.bfloat16, op=recompute)
