@@ -25,3 +25,23 @@ def test_summary_agrees_with_the_junit_xml():
     suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
     assert sum(int(s.get("tests", 0)) for s in suites) == summary["tests"]
     assert sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites) == 0
+
+
+def test_kernel_hash_covers_kernel_code_only(tmp_path, monkeypatch):
+    """Comments, docstrings and the references do not change the hash; a kernel's code does."""
+    import shutil
+
+    import lenx.runinfo as runinfo
+
+    src = Path(runinfo.__file__).parent
+    shutil.copytree(src / "ops", tmp_path / "ops")
+    shutil.copy(src / "runinfo.py", tmp_path / "runinfo.py")
+    monkeypatch.setattr(runinfo, "__file__", str(tmp_path / "runinfo.py"))
+    before = runinfo.kernel_sources_hash()
+    kernel = tmp_path / "ops" / "dape_v2" / "skewed.py"
+    text = kernel.read_text()
+    kernel.write_text(text.replace('"""', '"""Reworded. ', 1) + "\n# a comment\n")
+    (tmp_path / "ops" / "dape_v2" / "reference.py").write_text("# a reference moved\n")
+    assert runinfo.kernel_sources_hash() == before
+    kernel.write_text(text.replace("0.01 * y", "0.02 * y", 1))
+    assert runinfo.kernel_sources_hash() != before

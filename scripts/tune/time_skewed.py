@@ -2,8 +2,9 @@
 CUDA activity, every kernel counted once), bf16, H 12, d 64: SDPA, Kerple (fused), DAPE V2-Kerple
 (k 3, D 32) on the Triton kernel and on the skewed kernels (buffers kept, and recomputed), with a
 correctness check of the skewed path against the fp32 dense reference first.
-Usage (repository root on a CUDA machine): PYTHONPATH=src python3 scripts/tune/time_skewed.py OUT.json [SHAPES]
-SHAPES: comma-separated BxT (default 32x512,8x2048,256x128)."""
+Usage (repository root on a CUDA machine): PYTHONPATH=src python3 scripts/tune/time_skewed.py OUT.json [SHAPES [sweep]]
+SHAPES: comma-separated BxT (default 32x512,8x2048,256x128); a third argument `sweep` times the conv
+kernels' tile settings at the first shape instead."""
 import json
 import sys
 
@@ -31,6 +32,25 @@ CASES = {
     "dapev2-skewed-recompute": lambda q, k, v, T: dape_v2_skewed(q, k, v, *proc.conv_weights(), kb.table(T, dev),
                                                                  keep=False),
 }
+
+
+def sweep(B, T):
+    """The conv kernels' GPU time at one shape for several tile settings (BM rows x BN distances, warps)."""
+    rows = []
+    for tiles in ((4, 32, 4, 1), (4, 32, 8, 1), (8, 32, 8, 1), (2, 64, 8, 1), (8, 16, 8, 1), (16, 16, 8, 1),
+                  (2, 32, 4, 1), (8, 32, 4, 1)):
+        cfg = {"conv_fwd": tiles, "conv_bwd": tiles}
+        CASES["sweep"] = lambda q, k, v, T: dape_v2_skewed(q, k, v, *proc.conv_weights(), kb.table(T, dev), config=cfg)
+        try:
+            row = profile("sweep", B, T)
+            row["kernels"] = {k: v for k, v in row["kernels"].items() if k.startswith("_conv")}
+        except Exception as err:  # noqa: BLE001
+            row = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+        row["tiles"] = tiles
+        print("sweep", tiles, row.get("kernels", row.get("error")), flush=True)
+        rows.append(row)
+    del CASES["sweep"]
+    return rows
 
 
 def check(B, T):
@@ -106,6 +126,11 @@ def main():
                                                            "32x512,8x2048,256x128").split(",")]
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "H": H, "d": d, "D": 32, "k": 3, "dtype": "bfloat16", "checks": [], "rows": []}
+    if "sweep" in sys.argv[3:]:
+        res["sweep"] = sweep(*shapes[0])
+        res["registers"] = registers()
+        json.dump(res, open(sys.argv[1], "w"), indent=1)
+        return
     for B, T in ((2, 1000), (1, 4096)):
         res["checks"].append(check(B, T))
     for B, T in shapes:
