@@ -98,9 +98,9 @@ def test_dape_v2_forward_only_work_picks_gluon_only_where_it_can(monkeypatch):
 
 
 def test_forward_kernel_names_what_run_would_use(monkeypatch):
-    """fused.forward_kernel (what `lenx bench` records as fwd_kernel) follows _use_gluon: "gluon" for
-    DAPE V2 under no_grad where the Gluon forward runs, "triton" with gradients and for compositions
-    without a processor."""
+    """fused.forward_kernel (what `lenx bench` records as fwd_kernel) follows _use_gluon and
+    _skewed_plan: "gluon" for DAPE V2 under no_grad where the Gluon forward runs, "skewed" with
+    gradients, "triton" for compositions without a processor."""
     from lenx.attention.backends import fused
     from lenx.ops.dape_v2 import gluon
 
@@ -111,7 +111,78 @@ def test_forward_kernel_names_what_run_would_use(monkeypatch):
     with torch.no_grad():
         assert fused.forward_kernel(q, q, q, dape) == "gluon"
         assert fused.forward_kernel(q, q, q, kerple) == "triton"
-    assert fused.forward_kernel(q, q, q, dape) == "triton"  # q and the conv weights need gradients
+    assert fused.forward_kernel(q, q, q, dape) == "skewed"  # q and the conv weights need gradients
+    monkeypatch.setenv("LENX_DAPE_V2_SKEWED", "0")
+    assert fused.forward_kernel(q, q, q, dape) == "triton"
+
+
+def test_skewed_plan_follows_free_memory(monkeypatch):
+    """Gradient work takes the skewed kernels with their buffers kept when six buffers fit in free
+    memory, recomputed when four fit, else the O(T)-memory Triton kernel; forward-only work never."""
+    from lenx.attention.backends import fused
+    from lenx.ops.dape_v2.skewed import buffer_bytes
+
+    q = torch.randn(2, 12, 64, 64).to(torch.bfloat16).requires_grad_()
+    w = DapeV2(12, 32, 3).conv_weights()
+    need = buffer_bytes(2, 12, 64, torch.bfloat16)
+    q_cuda = type("FakeCuda", (), {"shape": q.shape, "dtype": q.dtype, "device": torch.device("cuda"),
+                                   "requires_grad": True})()
+    for free, plan in ((6 * need, "keep"), (6 * need - 1, "recompute"), (4 * need, "recompute"), (4 * need - 1, None)):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev, free=free: (free - 1000, 10 * free))
+        monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev: 3000)
+        monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev: 2000)
+        assert fused._skewed_plan(q_cuda, q, q, w, None) == plan, free
+    with torch.no_grad():
+        assert fused._skewed_plan(q_cuda, q, q, w, None) is None
+    for mode in ("keep", "recompute"):
+        monkeypatch.setenv("LENX_DAPE_V2_SKEWED", mode)
+        assert fused._skewed_plan(q_cuda, q, q, w, None) == mode
+    monkeypatch.setenv("LENX_DAPE_V2_SKEWED", "0")
+    assert fused._skewed_plan(q_cuda, q, q, w, None) is None
+
+
+@pytest.mark.gpu
+def test_gpu_125m_training_matches_the_chunked_path():
+    """50 steps of the 125m model (DAPE V2-Kerple, bf16 autocast) on the skewed kernels against the
+    chunked reference path: the loss curves agree within the bf16 noise, measured as the chunked
+    path's own distance to an fp32 run of it."""
+    from dataclasses import replace
+
+    from lenx.attention.backends import fused
+    from lenx.config import load_config
+    from lenx.model import LM
+
+    cfg = load_config("125m", [])
+    B, T, V, steps = 4, 256, 512, 50
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randint(0, V, (steps, B, T // 2 + 1), generator=gen)
+    data = base.repeat_interleave(2, dim=-1)[..., : T + 1].to(DEVICE)  # each token repeats once: learnable
+
+    def curve(backend, precision):
+        torch.manual_seed(0)
+        model = LM(replace(cfg.model, method="dapev2-kerple", backend=backend, vocab_size=V)).to(DEVICE)
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+        losses = []
+        for step in range(steps):
+            x, y = data[step, :, :-1], data[step, :, 1:]
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                _, loss = model(x, y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+        return torch.tensor(losses), model
+
+    skewed, model = curve("triton", "bf16")
+    q = torch.zeros(B, 12, T, 64, device=DEVICE, dtype=torch.bfloat16, requires_grad=True)
+    assert fused.forward_kernel(q, q, q, model.blocks[0].attn.parts) == "skewed"
+    chunked, _ = curve("chunked", "bf16")
+    exact, _ = curve("chunked", "fp32")
+    noise = (chunked - exact).abs().max().item()
+    gap = (skewed - chunked).abs().max().item()
+    assert skewed[-1] < skewed[0] - 1.0, skewed  # it learns
+    assert gap <= 2 * noise + 0.02, f"loss curves differ by {gap:.4f} (bf16 noise {noise:.4f})"
 
 
 @pytest.mark.gpu

@@ -4,7 +4,9 @@ Covered (causal only): softmax + the DAPE V2 processor with or without a per-dis
 + a per-distance bias (alibi, kerple, kerple-power, t5) with no processor; stick-breaking with no
 bias or processor (any remainder mode: the module applies it). Shapes the planner cannot see
 (head dim when unknown, T) are checked again when the kernel is called. DAPE V2's forward-only work
-goes to the Gluon forward on sm_90 where it covers the shape (`_use_gluon`).
+goes to the Gluon forward on sm_90 where it covers the shape (`_use_gluon`), work that needs its
+gradient to the skewed training kernels where their buffers fit (`_skewed_plan`), the rest to the
+O(T)-memory Triton kernel.
 """
 
 import importlib.util
@@ -61,6 +63,11 @@ class Fused(Backend):
                 from ...ops.dape_v2.gluon import dape_v2_gluon_forward
 
                 return dape_v2_gluon_forward(q, k, v, *weights, table)[0], None
+            plan = _skewed_plan(q, k, v, weights, table)
+            if plan is not None:
+                from ...ops.dape_v2.skewed import dape_v2_skewed
+
+                return dape_v2_skewed(q, k, v, *weights, table, keep=plan == "keep"), None
             from ...ops.dape_v2.triton import dape_v2_triton
 
             return dape_v2_triton(q, k, v, *weights, table), None
@@ -71,12 +78,44 @@ class Fused(Backend):
 
 
 def forward_kernel(q, k, v, parts) -> str:
-    """Which kernel this backend's run() would use for these operands ("gluon" or "triton"), so that a
-    benchmark can say what its forward timed (call it under the same grad mode as run())."""
+    """Which kernel this backend's run() would use for these operands ("gluon", "skewed" or "triton"),
+    so that a benchmark can say what it timed (call it under the same grad mode as run())."""
     if parts.processor is None or parts.normaliser.name == "stickbreaking":
         return "triton"
     table = parts.bias.table(q.shape[-2], q.device) if parts.bias is not None else None
-    return "gluon" if _use_gluon(q, k, v, parts.processor.conv_weights(), table, parts.processor) else "triton"
+    weights = parts.processor.conv_weights()
+    if _use_gluon(q, k, v, weights, table, parts.processor):
+        return "gluon"
+    return "skewed" if _skewed_plan(q, k, v, weights, table) is not None else "triton"
+
+
+def _needs_grad(operands) -> bool:
+    return torch.is_grad_enabled() and any(x.requires_grad for x in operands)
+
+
+def _skewed_plan(q, k, v, weights, table) -> str | None:
+    """Work that needs DAPE V2's gradient goes to the skewed kernels (lenx.ops.dape_v2.skewed) where
+    their T x T buffers fit in the device's free memory: "keep" (the forward keeps its two buffers
+    for the backward) when six buffers fit, "recompute" when four do (the backward's peak), else
+    None (the O(T)-memory Triton kernel, 10-11x slower at the 125m training shapes: notes/kernels.md).
+    Forward-only work never takes them. LENX_DAPE_V2_SKEWED=0 keeps the Triton kernel, =keep or
+    =recompute forces that mode."""
+    mode = os.environ.get("LENX_DAPE_V2_SKEWED", "auto")
+    operands = (q, k, v, *weights) + ((table,) if table is not None else ())
+    if mode == "0" or not _needs_grad(operands):
+        return None
+    if mode in ("keep", "recompute"):
+        return mode
+    if q.device.type != "cuda":  # Triton's interpreter (the CPU tests)
+        return "keep"
+    from ...ops.dape_v2.skewed import buffer_bytes
+
+    B, H, T, _ = q.shape
+    need = buffer_bytes(B, H, T, q.dtype)
+    free = torch.cuda.mem_get_info(q.device)[0] + torch.cuda.memory_reserved(q.device) - torch.cuda.memory_allocated(q.device)
+    if 6 * need <= free:
+        return "keep"
+    return "recompute" if 4 * need <= free else None
 
 
 def _use_gluon(q, k, v, weights, table, proc) -> bool:
@@ -86,8 +125,7 @@ def _use_gluon(q, k, v, weights, table, proc) -> bool:
     generation) and it covers the shape. LENX_DAPE_V2_GLUON=0 keeps the Triton kernel."""
     if os.environ.get("LENX_DAPE_V2_GLUON", "1") == "0":
         return False
-    operands = (q, k, v, *weights) + ((table,) if table is not None else ())
-    if torch.is_grad_enabled() and any(x.requires_grad for x in operands):
+    if _needs_grad((q, k, v, *weights) + ((table,) if table is not None else ())):
         return False
     from ...ops.dape_v2 import gluon
 

@@ -49,15 +49,22 @@ def _pairs(i0, n0, BM: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def _taps(BUF, plane0, i, j, T, SIGN: tl.constexpr, H: tl.constexpr, HP: tl.constexpr,
-          KS: tl.constexpr, KP: tl.constexpr):
-    """[pairs, KP] tile: column t * HP + s holds head s of the buffer at (row i, key j + SIGN (t - h)),
-    zero outside the causal triangle (0 <= key <= i), for padded taps t >= KS and slots s >= H."""
+          KS: tl.constexpr, KP: tl.constexpr, TRANS: tl.constexpr = False):
+    """[pairs, KP] tile (TRANS: [KP, pairs]): column t * HP + s holds head s of the buffer at (row i,
+    key j + SIGN (t - h)), zero outside the causal triangle (0 <= key <= i), for padded taps t >= KS
+    and slots s >= H. TRANS loads the transposed tile from memory: a dot operand transposed in
+    registers gave wrong weight gradients on the H100 (triton 3.6) at KP 128 or hidden 64."""
     col = tl.arange(0, KP)
     t = col // HP
     s = col % HP
-    key = j[:, None] + SIGN * (t[None, :] - KS // 2)
-    ok = (t < KS)[None, :] & (s < H)[None, :] & (key >= 0) & (key <= i[:, None]) & (i < T)[:, None]
-    ptr = BUF + (plane0 + s.to(tl.int64) * T * T)[None, :] + i[:, None] * T + key
+    if TRANS:
+        key = j[None, :] + SIGN * (t[:, None] - KS // 2)
+        ok = (t < KS)[:, None] & (s < H)[:, None] & (key >= 0) & (key <= i[None, :]) & (i < T)[None, :]
+        ptr = BUF + (plane0 + s.to(tl.int64) * T * T)[:, None] + i[None, :] * T + key
+    else:
+        key = j[:, None] + SIGN * (t[None, :] - KS // 2)
+        ok = (t < KS)[None, :] & (s < H)[None, :] & (key >= 0) & (key <= i[:, None]) & (i < T)[:, None]
+        ptr = BUF + (plane0 + s.to(tl.int64) * T * T)[None, :] + i[:, None] * T + key
     return tl.load(ptr, mask=ok, other=0.0)
 
 
@@ -127,7 +134,7 @@ def _conv_bwd(SB, GB, DSB, T1, K0, W1C, W1T, W2C, DW1, DW2, DT1, DK0, DT2, T,
     conv1's output at (row, distance m) is counted once in the weight and table gradients: by the
     tile whose own distances hold m (centre 0), and m = -h .. -1 (keys right of the diagonal, which
     conv2 reads) by the first band's distance-0 pairs at centre e = m. Both weight gradients pair
-    conv1's side at m with what it met there: dW1 = X_taps(m)^T dY(m), dW2 = Z(m)^T G_taps(m)."""
+    conv1's side at m with what it met there: dW1 = X_taps(m)^T dY(m), dW2^T = G_taps(m)^T Z(m)."""
     HALF: tl.constexpr = KS // 2
     band = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
@@ -140,7 +147,7 @@ def _conv_bwd(SB, GB, DSB, T1, K0, W1C, W1T, W2C, DW1, DW2, DT1, DK0, DT2, T,
     uu = tl.arange(0, KSP)
     w2c = tl.load(W2C + kk[:, None] * DP + cc[None, :])
     dw1 = tl.zeros((KP, DP), tl.float32)
-    dw2 = tl.zeros((DP, KP), tl.float32)
+    dw2 = tl.zeros((KP, DP), tl.float32)
     dt1 = tl.zeros((BN, DP), tl.float32)
     dneg = tl.zeros((KSP, DP), tl.float32)  # row h + e: distance e < 0
     dt2 = tl.zeros((BN, HP), tl.float32)
@@ -158,8 +165,10 @@ def _conv_bwd(SB, GB, DSB, T1, K0, W1C, W1T, W2C, DW1, DW2, DT1, DK0, DT2, T,
             dx += tl.dot(dy.to(CDT), w1t, input_precision=PREC)
             if e == 0:
                 z = tl.where(keyok[:, None], tl.where(y > 0, y, 0.01 * y), 0.0)
-                dw1 += tl.dot(tl.trans(x.to(CDT)), dy.to(CDT), input_precision=PREC)
-                dw2 += tl.dot(tl.trans(z.to(CDT)), gcat.to(CDT), input_precision=PREC)
+                xt = _taps(SB, plane0, i, j, T, 1, H, HP, KS, KP, True)
+                gt = _taps(GB, plane0, i, j, T, -1, H, HP, KS, KP, True)
+                dw1 += tl.dot(xt.to(CDT), dy.to(CDT), input_precision=PREC)
+                dw2 += tl.dot(gt.to(CDT), z.to(CDT), input_precision=PREC)
                 dt1 += tl.sum(tl.reshape(dy, (BM, BN, DP)), 0)
                 if HALF > 0:
                     near = (i < T) & (j >= 0) & (j < HALF)
@@ -169,8 +178,10 @@ def _conv_bwd(SB, GB, DSB, T1, K0, W1C, W1T, W2C, DW1, DW2, DT1, DK0, DT2, T,
                     own = (n == 0) & (i < T)
                     dyo = tl.where(own[:, None], dy, 0.0)
                     z = tl.where((own & keyok)[:, None], tl.where(y > 0, y, 0.01 * y), 0.0)
-                    dw1 += tl.dot(tl.trans(x.to(CDT)), dyo.to(CDT), input_precision=PREC)
-                    dw2 += tl.dot(tl.trans(z.to(CDT)), gcat.to(CDT), input_precision=PREC)
+                    xt = _taps(SB, plane0, i, j - e, T, 1, H, HP, KS, KP, True)
+                    gt = _taps(GB, plane0, i, j - e, T, -1, H, HP, KS, KP, True)
+                    dw1 += tl.dot(xt.to(CDT), dyo.to(CDT), input_precision=PREC)
+                    dw2 += tl.dot(gt.to(CDT), z.to(CDT), input_precision=PREC)
                     dneg += tl.where((uu == t)[:, None], tl.sum(dyo, 0)[None, :], 0.0)
                     if HALF > 0:
                         jc = j - e
@@ -182,7 +193,7 @@ def _conv_bwd(SB, GB, DSB, T1, K0, W1C, W1T, W2C, DW1, DW2, DT1, DK0, DT2, T,
                  ds.to(DSB.dtype.element_ty), mask=(ss < H)[None, :] & causal[:, None])
         dt2 += tl.sum(tl.reshape(g0.to(tl.float32), (BM, BN, HP)), 0)
     tl.store(DW1 + prog * KP * DP + kk[:, None] * DP + cc[None, :], dw1)
-    tl.store(DW2 + prog * DP * KP + cc[:, None] * KP + kk[None, :], dw2)
+    tl.store(DW2 + prog * KP * DP + kk[:, None] * DP + cc[None, :], dw2)
     nn = n0 + BN - 1 - tl.arange(0, BN)
     tl.store(DT1 + (b * (2 * T - 1) + nn + T - 1)[:, None] * DP + cc[None, :], dt1, mask=(nn < T)[:, None])
     tl.store(DT2 + (b * T + nn)[:, None] * HP + ss[None, :], dt2, mask=(nn < T)[:, None])
@@ -339,9 +350,10 @@ def _dk(DSB, Q, DK, sqb, sqh, sqt, skb, skh, skt, T, scale,
 
 # --- host side ------------------------------------------------------------------------------------
 
-# (BM, BN, num_warps, num_stages) per kernel; conv tiles are BM rows x BN distances.
+# (BM, BN, num_warps, num_stages) per kernel; conv tiles are BM rows x BN distances. Conv tiles: the
+# fastest of scripts/tune/time_skewed.py's sweep on an H100 at B 32, T 512 (notes/kernels.md).
 CONFIG = {"scores": (64, 64, 4, 2), "attn_fwd": (64, 64, 4, 2), "attn_bwd": (64, 64, 4, 2),
-          "dq": (64, 64, 4, 2), "dk": (64, 64, 4, 2), "conv_fwd": (4, 32, 4, 1), "conv_bwd": (4, 32, 4, 1)}
+          "dq": (64, 64, 4, 2), "dk": (64, 64, 4, 2), "conv_fwd": (8, 16, 8, 1), "conv_bwd": (8, 16, 8, 1)}
 CONFIG_FP32 = {**CONFIG, "scores": (32, 32, 4, 1), "attn_fwd": (32, 32, 4, 1), "attn_bwd": (32, 32, 4, 1),
                "dq": (32, 32, 4, 1), "dk": (32, 32, 4, 1)}
 
@@ -456,7 +468,7 @@ class DapeV2Skewed(torch.autograd.Function):
         n_band = triton.cdiv(T, BN)
         KSP = pow2(wts.KS, 1)
         dw1 = new((B * n_band, wts.KP, wts.DP), q, torch.float32)
-        dw2 = new((B * n_band, wts.DP, wts.KP), q, torch.float32)
+        dw2 = new((B * n_band, wts.KP, wts.DP), q, torch.float32)
         dt1 = torch.zeros(B, 2 * T - 1, wts.DP, device=q.device)
         dk0 = torch.zeros(B, max(wts.KS // 2, 1), T, wts.DP, device=q.device)
         dt2 = new((B, T, wts.HP), q, torch.float32)
@@ -474,8 +486,8 @@ class DapeV2Skewed(torch.autograd.Function):
         D, KS, HP = wts.D, wts.KS, wts.HP
         g1 = dw1.sum(0)[:KS * HP].view(KS, HP, -1)[:, :H, :D]  # [t, s, c]
         g_w1s = g1.permute(2, 1, 0).unsqueeze(2)
-        g2 = dw2.sum(0)[:, :KS * HP].view(-1, KS, HP)[:D, :, :H]  # [c, u, s]
-        g_w2 = g2.permute(2, 0, 1).unsqueeze(2)
+        g2 = dw2.sum(0)[:KS * HP].view(KS, HP, -1)[:, :H, :D]  # [u, s, c]
+        g_w2 = g2.permute(1, 2, 0).unsqueeze(2)
         g_t1 = dt1.sum(0)[:, :D].T
         g_k0 = dk0.sum(0)[:KS // 2, :, :D].permute(0, 2, 1)
         g_t2 = torch.zeros(H, 2 * T - 1, device=q.device)
