@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from . import profiling
 from .backends import block_attention, plan_backend, run_backend
 from .cache import LayerCache
 from .methods import BASES, NORMALISERS, PROCESSORS, parse_method
@@ -89,9 +90,16 @@ class Attention(nn.Module):
         q, k, v = self.project(x, length=None if cache is None else cache.capacity)
         if cache is not None:
             cache.write(0, k, v)
-        out, rem = run_backend(self.backend_for(x.device), q, k, v, self.parts, self.cfg.chunk_size)
-        out = self.normaliser.finish(out, rem, v)
+        if profiling.active():  # `lenx bench --train-step`: attention's kernels marked for torch.profiler
+            out = profiling.marked(self.attend, q, k, v)
+        else:
+            out = self.attend(q, k, v)
         return self.proj(out.transpose(1, 2).reshape(B, T, C))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The attention itself: q, k, v [B, H, T, d] (q and k already rotated) -> out [B, H, T, d]."""
+        out, rem = run_backend(self.backend_for(q.device), q, k, v, self.parts, self.cfg.chunk_size)
+        return self.normaliser.finish(out, rem, v)
 
     def extend(self, x: torch.Tensor, cache: LayerCache, start: int) -> torch.Tensor:
         """Rows x [B, R, C] at positions start..start+R-1 against the cached keys and values of the
