@@ -662,7 +662,7 @@ def _parse_backend_for(text: str) -> dict[str, str]:
 
 @_command("bench")
 def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: sdpa,kerple,dapev2-kerple,stickbreaking; "
-                                          "with --train-step: rope,alibi,kerple,fire,dape-kerple,dapev2-kerple)"),
+                                          "with --train-step: sdpa,rope,alibi,kerple,fire,dape-kerple,dapev2-kerple)"),
               backends: str = typer.Option("sdpa,flex,triton,chunked,dense", help="comma-separated"),
               lengths: str = typer.Option("512,2048,8192,16384,32768", help="comma-separated sequence lengths"),
               batch: int = typer.Option(None, help="batch size (default 1; with --train-step 32)"),
@@ -680,13 +680,18 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
               seq_len: int = typer.Option(512, help="--train-step: training sequence length"),
               steps: int = typer.Option(20, help="--train-step: timed steps per method"),
               warmup: int = typer.Option(5, help="--train-step: untimed steps before them"),
+              profile_steps: int = typer.Option(4, "--profile-steps",
+                                                help="--train-step: steps profiled after the timed ones for GPU kernel "
+                                                     "times (the step's and the attention's); 0: none"),
               device: str = typer.Option("cuda", help="cuda, or cpu with --train-step only")):
     """Time attention kernels against fused SDPA on the GPU, or whole training steps.
 
     Forward and forward+backward time and peak memory per method, backend and length on the current
-    GPU, with ratios against fused causal SDPA in the same run (needs CUDA). With --train-step: time
-    per training step and peak memory of the --preset model per method, with ratios against
-    dapev2-kerple.
+    GPU, with ratios against fused causal SDPA in the same run (needs CUDA).
+
+    With --train-step: time per training step and peak memory of the --preset model per method, and
+    from torch.profiler the GPU kernel time of a step (x Kerple's) and of its attention, forward +
+    backward (X vs SDPA's): the figures that count, as wall times also count the host launching kernels.
     """
     import torch
 
@@ -710,7 +715,8 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
         try:
             result = train_step_bench((methods or ",".join(TRAIN_STEP_METHODS)).split(","), preset=preset,
                                       seq_len=seq_len, batch_size=batch or 32, steps=steps, warmup=warmup, device=device,
-                                      backend_overrides=forced, commit=commit, command=" ".join(sys.argv),
+                                      backend_overrides=forced, profile_steps=profile_steps, commit=commit,
+                                      command=" ".join(sys.argv),
                                       out_path=str(out))
         except _user_errors() as e:
             _fail(e)
