@@ -51,22 +51,37 @@ def kernel_sources_hash() -> str:
     (results/gpu-tests/summary.json records it for the last device run). Kernel files are every
     module of lenx.ops but the references, the CPU emulation and the package docstrings
     (reference.py, emulate.py, __init__.py), each hashed as its syntax tree without docstrings, so
-    that a comment, a docstring or the layout of a line does not ask for a new GPU run."""
+    that a comment, a docstring or the layout of a line does not ask for a new GPU run. The tree is
+    written out by _tree_text, not ast.dump, whose text differs between Python versions."""
     import ast
     import hashlib
-
-    def code(tree):
-        for node in ast.walk(tree):
-            body = getattr(node, "body", None)
-            if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
-                    and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
-                node.body = body[1:] or [ast.Pass()]
-        return ast.dump(tree).encode()
 
     ops = Path(__file__).parent / "ops"
     h = hashlib.sha256()
     for path in sorted(ops.rglob("*.py")):
         if path.name in ("reference.py", "emulate.py", "__init__.py"):
             continue
-        h.update(path.relative_to(ops).as_posix().encode() + b"\0" + code(ast.parse(path.read_text())) + b"\0")
+        tree = _tree_text(ast.parse(path.read_text())).encode()
+        h.update(path.relative_to(ops).as_posix().encode() + b"\0" + tree + b"\0")
     return h.hexdigest()
+
+
+def _tree_text(node) -> str:
+    """A syntax tree as text: node types and the fields every supported Python version has (empty
+    ones left out, so a field added by a later version does not change it), docstrings dropped."""
+    import ast
+
+    if isinstance(node, list):
+        return "[" + ",".join(_tree_text(x) for x in node) + "]"
+    if not isinstance(node, ast.AST):
+        return repr(node)
+    fields = []
+    for name in node._fields:
+        value = getattr(node, name, None)
+        if name in ("type_params", "type_comment", "ctx") or value is None or value == []:
+            continue
+        if name == "body" and isinstance(value, list) and isinstance(value[0], ast.Expr) \
+                and isinstance(value[0].value, ast.Constant) and isinstance(value[0].value.value, str):
+            value = value[1:]  # a docstring
+        fields.append(f"{name}={_tree_text(value)}")
+    return f"{type(node).__name__}({','.join(fields)})"
