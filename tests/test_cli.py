@@ -73,6 +73,8 @@ def test_list_marks_flex_forward_only_on_the_cpu():
     assert rows["kerple"][3] == "chunked, dense, flex (forward only)"
     assert "flex" in rows["kerple"][4] and "(forward only)" not in rows["kerple"][4]
     assert "flex" not in rows["rope"][3]
+    # the fused backend's DAPE V2 kernels depend on the work: the CUDA column says how it picks
+    assert "training: skewed" in rows["dapev2-kerple"][4] and "skewed" not in rows["kerple"][4]
 
 
 # --- progress bars --------------------------------------------------------------------------------

@@ -116,6 +116,34 @@ def test_forward_kernel_names_what_run_would_use(monkeypatch):
     assert fused.forward_kernel(q, q, q, dape) == "triton"
 
 
+def test_parts_record_the_kernel_that_ran(monkeypatch, tmp_path):
+    """The fused backend notes on the DAPE V2 processor which kernel it ran; training records the
+    first step's in meta.json (and a resume's in its entry)."""
+    import json
+
+    from lenx.train import record_kernels
+
+    torch.manual_seed(0)
+    parts = Parts(KerpleLog(2), DapeV2(2, 4, 3), Softmax(), head_dim=16)
+    q = torch.randn(1, 2, 9, 16, requires_grad=True)
+    assert parts.processor.kernel is None
+    run_backend("triton", q, q, q, parts)
+    assert parts.processor.kernel == "skewed (keep)"
+    monkeypatch.setenv("LENX_DAPE_V2_SKEWED", "0")
+    run_backend("triton", q, q, q, parts)
+    assert parts.processor.kernel == "triton"
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps({"backends": ["triton"]}))
+    record_kernels(tmp_path, [None])
+    assert "kernels" not in json.loads(meta.read_text())
+    record_kernels(tmp_path, ["skewed (keep)"])
+    assert json.loads(meta.read_text())["kernels"] == ["skewed (keep)"]
+    meta.write_text(json.dumps({"kernels": ["skewed (keep)"], "resumes": [{"step": 3}]}))
+    record_kernels(tmp_path, ["skewed (recompute)"])
+    saved = json.loads(meta.read_text())
+    assert saved["kernels"] == ["skewed (keep)"] and saved["resumes"][0]["kernels"] == ["skewed (recompute)"]
+
+
 def test_skewed_plan_follows_free_memory(monkeypatch):
     """Gradient work takes the skewed kernels with their buffers kept when six buffers fit in free
     memory, recomputed when four fit, else the O(T)-memory Triton kernel; forward-only work never."""

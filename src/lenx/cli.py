@@ -97,7 +97,8 @@ def list_methods():
     """List every method with the backends that run it, and every CHE task.
 
     A backend marked "forward only" runs there but has no backward (FlexAttention on the CPU), so it
-    can evaluate but not train. CHE tasks (`lenx che --tasks`) come with their
+    can evaluate but not train. Where the fused backend picks its kernel by the work (DAPE V2), the
+    CUDA column says how; a run's meta.json records the kernels its layers ran ("kernels"). CHE tasks (`lenx che --tasks`) come with their
     Chomsky level and chance accuracy.
     """
     import torch
@@ -117,7 +118,8 @@ def list_methods():
         for dev in (torch.device("cpu"), torch.device("cuda")):
             ok = [b for b in REGISTRY if b.unsupported(attn.parts, dev) is None]
             # the ones that cannot train there last
-            cols.append(", ".join([b.name for b in ok if b.trains(dev)]
+            cols.append(", ".join([b.name + (f" ({b.describe(attn.parts)})" if dev.type == "cuda" and b.describe(attn.parts)
+                                             else "") for b in ok if b.trains(dev)]
                                   + [f"{b.name} (forward only)" for b in ok if not b.trains(dev)]))
         table.add_row(name, attn.spec.description, *cols)
     console = Console()

@@ -161,5 +161,9 @@ class LM(nn.Module):
     def backends(self, device: torch.device) -> list[str]:
         return [block.attn.backend_for(device) for block in self.blocks]
 
+    def kernels(self) -> list[str | None]:
+        """The fused kernel each layer's DAPE V2 processor last ran (None: none, or no such choice)."""
+        return [getattr(block.attn.processor, "kernel", None) for block in self.blocks]
+
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -119,6 +119,8 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
         with StopSignals() as stop:
             for step in range(run.start_step, end):
                 loss, grad_norm = train_step(run, step)
+                if step == run.start_step and run.info.is_main:
+                    record_kernels(run.run_dir, run.raw_model.kernels())
                 done = step + 1
                 val_loss = validation_loss(run) if _validation_due(run.cfg, done) else None
                 metrics.log(done, loss, lr_at(step, run.cfg), grad_norm, val_loss)
@@ -290,6 +292,18 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM,
             "step": resumed_at, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv),
             "git_commit": git_commit(), "world_size": info.world, "parallel": cfg.train.parallel})
     write_text(run_dir / "meta.json", json.dumps(meta, indent=2))
+
+
+def record_kernels(run_dir: Path, kernels: list[str | None]) -> None:
+    """meta.json's "kernels": the fused kernel each layer ran in the first step of the run (and of
+    each resume, in its "resumes" entry), where one ran."""
+    if not any(kernels):
+        return
+    path = run_dir / "meta.json"
+    meta = json.loads(path.read_text())
+    entry = meta["resumes"][-1] if meta.get("resumes") else meta
+    entry["kernels"] = kernels
+    write_text(path, json.dumps(meta, indent=2))
 
 
 def train_step(run: TrainingRun, step: int) -> tuple[float, torch.Tensor]:

@@ -22,5 +22,9 @@ class Backend:
         """Whether it has a backward on `device` (it may still run forward only there)."""
         return True
 
+    def describe(self, parts: Parts) -> str | None:
+        """Which kernels it picks among for `parts` when that depends on the work (for `lenx list`)."""
+        return None
+
     def run(self, q, k, v, parts: Parts, chunk_size: int = 256):
         raise NotImplementedError

@@ -51,6 +51,11 @@ class Fused(Backend):
         # Through the bare op API the head dim is unknown here; the kernel checks it again when called.
         return shape_unsupported_reason(proc.num_heads, parts.head_dim or 16, proc.hidden, proc.kernel_size)
 
+    def describe(self, parts):
+        if parts.processor is not None and parts.normaliser.name == "softmax":
+            return "training: skewed where its buffers fit, else triton; forward only: gluon on sm_90, else triton"
+        return None
+
     def run(self, q, k, v, parts, chunk_size=256):
         if parts.normaliser.name == "stickbreaking":
             from ...ops.stickbreaking.triton import stickbreaking_triton
@@ -62,14 +67,17 @@ class Fused(Backend):
             if _use_gluon(q, k, v, weights, table, parts.processor):
                 from ...ops.dape_v2.gluon import dape_v2_gluon_forward
 
+                parts.processor.kernel = "gluon"
                 return dape_v2_gluon_forward(q, k, v, *weights, table)[0], None
             plan = _skewed_plan(q, k, v, weights, table)
             if plan is not None:
                 from ...ops.dape_v2.skewed import dape_v2_skewed
 
+                parts.processor.kernel = f"skewed ({plan})"
                 return dape_v2_skewed(q, k, v, *weights, table, keep=plan == "keep"), None
             from ...ops.dape_v2.triton import dape_v2_triton
 
+            parts.processor.kernel = "triton"
             return dape_v2_triton(q, k, v, *weights, table), None
         from ...ops.biased_softmax.triton import biased_attention
 
