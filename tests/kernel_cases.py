@@ -2,6 +2,7 @@
 
 LENX_KERNEL_ERRORS=path appends every measured error as a JSON line (the device runs keep them)."""
 
+import contextlib
 import json
 import os
 
@@ -81,3 +82,48 @@ def causal_gap(fn, T, t, d=16):
     with torch.no_grad():
         a, b = fn(q, k, v), fn(q2, k2, v2)
     return max(float((x[:, :, : t + 1] - y[:, :, : t + 1]).abs().max()) for x, y in zip(a, b))
+
+
+@contextlib.contextmanager
+def bounds_checked():
+    """Under Triton's interpreter: every load and store a kernel makes (its unmasked lanes) must
+    fall inside one of the tensors passed to it. The interpreter itself reads and writes raw
+    pointers, so a lane past a tensor's end goes unnoticed (a read) or corrupts the heap (a write)."""
+    import numpy as np
+    import triton.runtime.interpreter as interp
+
+    ranges = []
+    init, load, store = (interp.GridExecutor._init_args_hst, interp.InterpreterBuilder.create_masked_load,
+                         interp.InterpreterBuilder.create_masked_store)
+
+    def record(self, args, kwargs):
+        out = init(self, args, kwargs)
+        ranges[:] = [(st.data_ptr(), st.data_ptr() + st.nbytes())
+                     for st in (a.untyped_storage() for a in [*args, *kwargs.values()] if hasattr(a, "untyped_storage"))]
+        return out
+
+    def check(ptrs, mask, what):
+        addr = ptrs.data[mask.data.astype(bool)]
+        size = np.dtype(interp._get_np_dtype(ptrs.get_element_ty())).itemsize
+        inside = np.zeros(addr.shape, bool)
+        for lo, hi in ranges:
+            inside |= (addr >= lo) & (addr + size <= hi)
+        assert inside.all(), f"{what} of {int((~inside).sum())} lanes outside every argument tensor"
+
+    def checked_load(self, ptrs, mask, other, *rest):
+        check(ptrs, mask, "load")
+        return load(self, ptrs, mask, other, *rest)
+
+    def checked_store(self, ptrs, value, mask, *rest):
+        check(ptrs, mask, "store")
+        return store(self, ptrs, value, mask, *rest)
+
+    interp.GridExecutor._init_args_hst = record
+    interp.InterpreterBuilder.create_masked_load = checked_load
+    interp.InterpreterBuilder.create_masked_store = checked_store
+    try:
+        yield
+    finally:
+        interp.GridExecutor._init_args_hst = init
+        interp.InterpreterBuilder.create_masked_load = load
+        interp.InterpreterBuilder.create_masked_store = store

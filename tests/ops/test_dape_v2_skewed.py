@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import assert_close
-from kernel_cases import CUDA, DEVICE, GPU_T, batch_for, bias_table, causal_gap
+from kernel_cases import CUDA, DEVICE, GPU_T, batch_for, bias_table, bounds_checked, causal_gap
 from lenx.ops.biased_softmax.reference import table_bias
 from lenx.ops.dape_v2.reference import dape_v2_scores, dape_v2_tables
 from test_dape_v2 import conv_weights, run_dape
@@ -82,6 +82,34 @@ def test_buffers_hold_scores_and_residual_logits(ks):
     f = dape_v2_scores(S, bias, w1, b1, w2, b2, pos, pos) - S - bias - b2[:, None, None]
     assert_close(sb[..., causal], S[..., causal], 1e-6, "S buffer")
     assert_close(fb[..., causal], f[..., causal], 1e-5, "F buffer")
+
+
+@pytest.mark.skipif(CUDA, reason="checks the interpreter's memory accesses")
+@pytest.mark.parametrize("T,ks,kind", [(1, 3, "kerple"), (2, 5, "alibi"), (45, 7, None), (70, 3, "kerple")])
+def test_every_access_stays_inside_its_tensors(T, ks, kind):
+    """Loads and stores of every kernel, forward and backward, at sizes around the tile and band
+    edges (T <= h included: a store there once fell outside the table)."""
+    H = 2
+    q, k, v = (torch.randn(1, H, T, 16, requires_grad=True) for _ in range(3))
+    w = [x.float().requires_grad_() for x in conv_weights(H, 8, ks, kind is not None)]
+    table = bias_table(kind, H, T)
+    with bounds_checked():
+        skewed.dape_v2_skewed(q, k, v, *w, table).sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_bounds_check_catches_an_access_past_a_tensor():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def shifted_copy(X, Y, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(Y + i, tl.load(X + i + 1))
+
+    x = torch.randn(16)
+    with pytest.raises(Exception, match="outside every argument tensor"), bounds_checked():
+        shifted_copy[(1,)](x, torch.empty(16), N=16)
 
 
 def test_backward_is_bitwise_repeatable():
