@@ -1,0 +1,68 @@
+"""Compile the skewed DAPE V2 training kernels (src/lenx/ops/dape_v2/skewed.py, or the copy named by
+--module) for sm_90a without a GPU and print registers, stack (spills) and shared memory per kernel at
+the headline shape: bf16, H 12, d 64, D 32, k 3, the module's CONFIG tiles.
+
+Usage (repository root; triton 3.6 as on the device, torch from lenx's venv):
+  PYTHONPATH=src:/work/main/.venv/lib/python3.11/site-packages /work/venv-t36/bin/python \
+      scripts/tune/compile_skewed.py [--module lenx.ops.dape_v2.skewed]
+"""
+
+import argparse
+import importlib
+import inspect
+import json
+
+import triton
+import triton.language as tl
+
+from offline_compile import compile_one  # scripts/tune/offline_compile.py: compile + cuobjdump
+
+POINTER_BF16 = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "SB", "FB", "GB", "DSB", "ZB", "DYB", "W1C", "W2C",
+                "W2Z", "W1X", "W1T", "W2T"}
+
+
+def signature(fn, consts):
+    sig = {}
+    for name in inspect.signature(fn.fn).parameters:
+        if name in consts:
+            sig[name] = "constexpr"
+        elif name[0].isupper() and name != "T":
+            sig[name] = "*bf16" if name in POINTER_BF16 else "*fp32"
+        elif name in ("scale", "qk_scale"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--module", default="lenx.ops.dape_v2.skewed")
+    a = ap.parse_args()
+    mod = importlib.import_module(a.module)
+    import offline_compile
+
+    offline_compile.signature = signature  # the skewed kernels' argument names
+    H, HP, D, DP, KS, DH = 12, 16, 32, 32, 3, 64
+    conv = dict(H=H, HP=HP, KS=KS, DP=DP, CDT=tl.bfloat16, PREC="tf32")
+    flash = dict(H=H, DH=DH, PREC="tf32")
+    out = {"triton": triton.__version__, "module": a.module}
+    for name, tiles in mod.CONFIG.items():
+        fn = getattr(mod, "_" + name, None)
+        if fn is None:
+            continue
+        BM, BN, nw, ns = tiles
+        params = inspect.signature(fn.fn).parameters
+        consts = {k: v for k, v in {**(conv if "KS" in params else flash), "BM": BM, "BN": BN,
+                                    "KP": triton.next_power_of_2(KS * HP), "KZ": triton.next_power_of_2(KS * DP),
+                                    "KSP": triton.next_power_of_2(KS)}.items() if k in params}
+        try:
+            out[name] = {"tiles": tiles, **compile_one(fn, consts, nw, ns)}
+        except Exception as err:  # noqa: BLE001
+            out[name] = {"tiles": tiles, "error": f"{type(err).__name__}: {str(err)[:300]}"}
+        print(name, out[name], flush=True)
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
