@@ -1,7 +1,7 @@
 """lenx.ops.dape_v2.gluon (the Hopper Gluon forward) against the dense float reference. The GPU tests
 are skipped unless CUDA on an sm_90 GPU and a triton whose Gluon API the kernel was written for (3.6);
 the CPU side runs everywhere: the weight layout, the key permutation, the host tables, and the kernel's
-tile schedule emulated in PyTorch (_gluon_schedule) against the reference."""
+tile schedule emulated in PyTorch (emulate.gluon_schedule) against the reference."""
 
 import math
 
@@ -11,6 +11,7 @@ import torch
 from helpers import rel_err
 from kernel_cases import GPU_T, batch_for, bias_table
 from lenx.ops.dape_v2 import gluon as G
+from lenx.ops.dape_v2.emulate import gluon_schedule
 from lenx.ops.dape_v2.reference import dape_v2_reference
 
 
@@ -152,76 +153,6 @@ def test_gpu_gluon_is_causal(t):
     assert not torch.equal(a[:, :, t + 1:], b[:, :, t + 1:]) or t + 1 == T
 
 
-def _gluon_schedule(q, k, v, w1, b1, w2, b2, tab, half_dtype=None, p_dtype=None, halo=None):
-    """The Gluon forward emulated on the CPU with its tile schedule (gluon.py's module docstring): CTAs
-    of BM query rows; windows of BNW keys from ws = -2h stepping BNW - 4h, each keeping the outputs
-    [ws + 2h, ws + BNW - 2h) (halo: the keys each side, 2h in the kernel); S of the window's keys,
-    tril, conv1 + tap sum with the kernel's wrap-around at the window edges (its lane shuffle
-    rotates within a quad; the wrapped keys are the halo), + t1 - k0 (first window only), LeakyReLU,
-    zero outside [0, T), minus leaky(t1) (the residual hidden map), conv2 + tap sum; logits S + (t2 + g)
-    + f masked to the window's outputs; online softmax over windows in base 2 from m = -1e30. The key
-    permutation is storage order only and is left out. half_dtype rounds the conv operands and f as the
-    kernel does (fp16), p_dtype rounds P (bf16 in the kernel); None keeps q's dtype (tables: prepare's
-    fp32)."""
-    from torch.nn import functional as F
-
-    B, H, T, d = q.shape
-    dt = q.dtype
-    rnd = (lambda x: x) if half_dtype is None else (lambda x: x.to(half_dtype).to(dt))
-    rnd_p = (lambda x: x) if p_dtype is None else (lambda x: x.to(p_dtype).to(dt))
-    h = w1.shape[-1] // 2
-    halo = 2 * h if halo is None else halo
-    _, _, t1, k0, t2 = G.prepare(w1.to(dt), b1.to(dt), w2.to(dt), b2.to(dt), tab, T, H, q.device)
-    t1, k0, t2 = t1.to(dt), k0.to(dt), t2.to(dt)
-    W1, W2 = rnd(w1[:, :H, 0].to(dt)), rnd(w2[:, :, 0].to(dt))          # [D, H, k], [H, D, k]
-
-    def tap_sum(Y):  # Y [C, k, rows, keys] -> sum_t Y_t[j + t - h], circular over the window's keys
-        return sum(torch.roll(Y[:, t], h - t, dims=-1) for t in range(Y.shape[1]))
-
-    def gather(table, dist):  # table[:, dist + T - 1], 0 at |dist| >= T (as the kernel loads it)
-        return torch.where(dist.abs() < T, table[:, (dist + T - 1).clamp(0, 2 * T - 2)], 0.0)
-
-    out = torch.zeros_like(q)
-    lse = torch.zeros(B, H, T, dtype=dt)
-    cols = torch.arange(G.BNW)
-    inner = (cols >= halo) & (cols < G.BNW - halo)
-    for b in range(B):
-        for q0 in range(0, T, G.BM):
-            rows = q0 + torch.arange(G.BM)
-            r_ok = rows < T
-            Q = q[b][:, rows.clamp(max=T - 1)] * r_ok[:, None]
-            m = torch.full((H, G.BM), -1.0e30, dtype=dt)
-            l = torch.zeros(H, G.BM, dtype=dt)
-            O = torch.zeros(H, G.BM, d, dtype=dt)
-            last = min(q0 + G.BM, T) - 1
-            for ws in range(-halo, last - halo + 1, G.BNW - 2 * halo):
-                keys = ws + cols
-                k_ok = (keys >= 0) & (keys < T)
-                K, V = (x[b][:, keys.clamp(0, T - 1)] * k_ok[:, None] for x in (k, v))
-                S = Q @ K.transpose(-1, -2) / d ** 0.5                        # [H, BM, BNW]
-                tril = (keys[None, :] <= rows[:, None]) & k_ok[None, :]
-                dist = rows[:, None] - keys[None, :]
-                t1v = gather(t1, dist)                                        # [D, BM, BNW]
-                y = tap_sum(torch.einsum("cht,hij->ctij", W1, rnd(torch.where(tril, S, 0.0)))) + t1v
-                if ws < h:  # the first window holds keys 0 .. h - 1
-                    for j in range(h):
-                        y[:, :, j - ws] -= k0[j][:, rows.clamp(max=T - 1)] * r_ok
-                z = torch.where(k_ok, F.leaky_relu(y, 0.01), 0.0) - F.leaky_relu(t1v, 0.01)
-                f = rnd(tap_sum(torch.einsum("hct,cij->htij", W2, rnd(z))))
-                valid = tril & inner[None, :] & r_ok[:, None]
-                lg = torch.where(valid, S + gather(t2, dist) + f, float("-inf"))
-                m_new = torch.maximum(m, lg.amax(-1))
-                alpha = torch.exp2((m - m_new) * math.log2(math.e))
-                p = torch.exp2((lg - m_new[..., None]) * math.log2(math.e))
-                l = l * alpha + p.sum(-1)
-                O = O * alpha[..., None] + rnd_p(p) @ V
-                m = m_new
-            l = l.clamp_min(1e-30)
-            out[b][:, rows[r_ok]] = (O / l[..., None])[:, r_ok].to(dt)
-            lse[b][:, rows[r_ok]] = (m + l.log())[:, r_ok]
-    return out, lse
-
-
 @pytest.mark.parametrize("T,H,D,ks,kind", [(1, 3, 4, 3, "kerple"), (1, 3, 4, 1, "alibi"), (2, 3, 4, 3, None),
                                            (17, 12, 32, 3, "kerple"), (23, 3, 4, 1, "alibi"), (63, 5, 10, 3, "alibi"),
                                            (111, 7, 21, 1, "alibi"), (111, 16, 8, 3, None), (1000, 3, 4, 3, "kerple"),
@@ -236,7 +167,7 @@ def test_schedule_matches_reference(T, H, D, ks, kind):
     tab = bias_table(kind, H, T)
     tab = tab.detach().cpu().double() if tab is not None else None
     w = _weights(H, D, ks, tab is not None, device="cpu", dtype=torch.float64)
-    out, lse = _gluon_schedule(q, k, v, *w, tab)
+    out, lse = gluon_schedule(q, k, v, *w, tab)
     ref = dape_v2_reference(q, k, v, *w, tab)
     assert rel_err(out, ref) < 1e-6
     assert torch.isfinite(lse).all()
@@ -251,7 +182,7 @@ def test_schedule_needs_the_whole_halo():
     tab = bias_table("kerple", H, T).detach().cpu().double()
     w = _weights(H, 4, 3, True, device="cpu", dtype=torch.float64)
     ref = dape_v2_reference(q, k, v, *w, tab)
-    assert rel_err(_gluon_schedule(q, k, v, *w, tab, halo=1)[0], ref) > 1e-3
+    assert rel_err(gluon_schedule(q, k, v, *w, tab, halo=1)[0], ref) > 1e-3
 
 
 @pytest.mark.parametrize("t", [0, 40, 63, 64, 100])
@@ -262,11 +193,11 @@ def test_schedule_is_causal(t):
     q, k, v = (torch.randn(1, H, T, 8, dtype=torch.float64) for _ in range(3))
     tab = bias_table("alibi", H, T).detach().cpu().double()
     w = _weights(H, 4, 3, True, device="cpu", dtype=torch.float64)
-    a, la = _gluon_schedule(q, k, v, *w, tab)
+    a, la = gluon_schedule(q, k, v, *w, tab)
     q2, k2, v2 = (x.clone() for x in (q, k, v))
     for x in (q2, k2, v2):
         x[:, :, t + 1:] = torch.randn_like(x[:, :, t + 1:])
-    b2, lb = _gluon_schedule(q2, k2, v2, *w, tab)
+    b2, lb = gluon_schedule(q2, k2, v2, *w, tab)
     assert torch.equal(a[:, :, : t + 1], b2[:, :, : t + 1]) and torch.equal(la[:, :, : t + 1], lb[:, :, : t + 1])
 
 
@@ -281,5 +212,5 @@ def test_residual_hidden_map_keeps_fp16_accurate_with_alibi():
     w1, b1 = torch.randn(D, 2 * H, 1, ks) * 0.3, torch.randn(D) * 0.1
     w2, b2 = torch.randn(H, D, 1, ks) * 0.3, torch.randn(H) * 0.1
     ref = dape_v2_reference(q.double(), k.double(), v.double(), w1, b1, w2, b2, tab)
-    out = _gluon_schedule(q, k, v, w1, b1, w2, b2, tab, torch.float16)[0]
+    out = gluon_schedule(q, k, v, w1, b1, w2, b2, tab, torch.float16)[0]
     assert rel_err(out, ref) < 1.5e-3

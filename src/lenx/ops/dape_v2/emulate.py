@@ -1,6 +1,9 @@
-"""The planned Hopper DAPE V2 forward kernel (shared KERNEL_PLAN.md, sections 1-3), emulated in plain
-PyTorch with its exact tile schedule, so that the schedule's bookkeeping is tested on a CPU against
-reference.dape_v2_reference and the kernel has a readable definition. Nothing here is fast.
+"""Two DAPE V2 forward schedules emulated in plain PyTorch on the CPU: gluon_schedule, the Gluon
+kernel's own (gluon.py: windows with a 2h-key halo; at the end of this file), and dape_v2_emulate, the
+planned Hopper forward kernel (shared KERNEL_PLAN.md, sections 1-3) with its exact tile schedule, so
+that each schedule's bookkeeping is tested on a CPU against reference.dape_v2_reference and the
+kernel has a readable definition. Nothing here is fast. (This file is outside the kernel-source hash:
+runinfo.kernel_sources_hash.)
 
     out = softmax_causal(S + Bias + f(tril([S; Bias]))) V,   S = Q K^T / sqrt(d),  k = kernel size, h = k // 2
 
@@ -214,3 +217,73 @@ def dape_v2_emulate(q, k, v, w1, b1, w2, b2, table=None, *, block_m: int = 32, b
         o[:, :, i0:last + 1] = (acc / l[..., None])[:, :, :n].to(q.dtype)
         lse[:, :, i0:last + 1] = ((m + torch.log2(l)) / LOG2E)[:, :, :n]
     return o, lse
+
+
+def gluon_schedule(q, k, v, w1, b1, w2, b2, tab, half_dtype=None, p_dtype=None, halo=None):
+    """The Gluon forward emulated on the CPU with its tile schedule (gluon.py's module docstring): CTAs
+    of BM query rows; windows of BNW keys from ws = -2h stepping BNW - 4h, each keeping the outputs
+    [ws + 2h, ws + BNW - 2h) (halo: the keys each side, 2h in the kernel); S of the window's keys,
+    tril, conv1 + tap sum with the kernel's wrap-around at the window edges (its lane shuffle
+    rotates within a quad; the wrapped keys are the halo), + t1 - k0 (first window only), LeakyReLU,
+    zero outside [0, T), minus leaky(t1) (the residual hidden map), conv2 + tap sum; logits S + (t2 + g)
+    + f masked to the window's outputs; online softmax over windows in base 2 from m = -1e30. The key
+    permutation is storage order only and is left out. half_dtype rounds the conv operands and f as the
+    kernel does (fp16), p_dtype rounds P (bf16 in the kernel); None keeps q's dtype (tables: prepare's
+    fp32)."""
+    from . import gluon as G
+
+    B, H, T, d = q.shape
+    dt = q.dtype
+    rnd = (lambda x: x) if half_dtype is None else (lambda x: x.to(half_dtype).to(dt))
+    rnd_p = (lambda x: x) if p_dtype is None else (lambda x: x.to(p_dtype).to(dt))
+    h = w1.shape[-1] // 2
+    halo = 2 * h if halo is None else halo
+    _, _, t1, k0, t2 = G.prepare(w1.to(dt), b1.to(dt), w2.to(dt), b2.to(dt), tab, T, H, q.device)
+    t1, k0, t2 = t1.to(dt), k0.to(dt), t2.to(dt)
+    W1, W2 = rnd(w1[:, :H, 0].to(dt)), rnd(w2[:, :, 0].to(dt))          # [D, H, k], [H, D, k]
+
+    def tap_sum(Y):  # Y [C, k, rows, keys] -> sum_t Y_t[j + t - h], circular over the window's keys
+        return sum(torch.roll(Y[:, t], h - t, dims=-1) for t in range(Y.shape[1]))
+
+    def gather(table, dist):  # table[:, dist + T - 1], 0 at |dist| >= T (as the kernel loads it)
+        return torch.where(dist.abs() < T, table[:, (dist + T - 1).clamp(0, 2 * T - 2)], 0.0)
+
+    out = torch.zeros_like(q)
+    lse = torch.zeros(B, H, T, dtype=dt)
+    cols = torch.arange(G.BNW)
+    inner = (cols >= halo) & (cols < G.BNW - halo)
+    for b in range(B):
+        for q0 in range(0, T, G.BM):
+            rows = q0 + torch.arange(G.BM)
+            r_ok = rows < T
+            Q = q[b][:, rows.clamp(max=T - 1)] * r_ok[:, None]
+            m = torch.full((H, G.BM), -1.0e30, dtype=dt)
+            l = torch.zeros(H, G.BM, dtype=dt)
+            O = torch.zeros(H, G.BM, d, dtype=dt)
+            last = min(q0 + G.BM, T) - 1
+            for ws in range(-halo, last - halo + 1, G.BNW - 2 * halo):
+                keys = ws + cols
+                k_ok = (keys >= 0) & (keys < T)
+                K, V = (x[b][:, keys.clamp(0, T - 1)] * k_ok[:, None] for x in (k, v))
+                S = Q @ K.transpose(-1, -2) / d ** 0.5                        # [H, BM, BNW]
+                tril = (keys[None, :] <= rows[:, None]) & k_ok[None, :]
+                dist = rows[:, None] - keys[None, :]
+                t1v = gather(t1, dist)                                        # [D, BM, BNW]
+                y = tap_sum(torch.einsum("cht,hij->ctij", W1, rnd(torch.where(tril, S, 0.0)))) + t1v
+                if ws < h:  # the first window holds keys 0 .. h - 1
+                    for j in range(h):
+                        y[:, :, j - ws] -= k0[j][:, rows.clamp(max=T - 1)] * r_ok
+                z = torch.where(k_ok, F.leaky_relu(y, 0.01), 0.0) - F.leaky_relu(t1v, 0.01)
+                f = rnd(tap_sum(torch.einsum("hct,cij->htij", W2, rnd(z))))
+                valid = tril & inner[None, :] & r_ok[:, None]
+                lg = torch.where(valid, S + gather(t2, dist) + f, float("-inf"))
+                m_new = torch.maximum(m, lg.amax(-1))
+                alpha = torch.exp2((m - m_new) * math.log2(math.e))
+                p = torch.exp2((lg - m_new[..., None]) * math.log2(math.e))
+                l = l * alpha + p.sum(-1)
+                O = O * alpha[..., None] + rnd_p(p) @ V
+                m = m_new
+            l = l.clamp_min(1e-30)
+            out[b][:, rows[r_ok]] = (O / l[..., None])[:, r_ok].to(dt)
+            lse[b][:, rows[r_ok]] = (m + l.log())[:, r_ok]
+    return out, lse
