@@ -407,20 +407,29 @@ def test_builtin_corpus_with_missing_sources_fails_unless_allowed(tmp_path, monk
     assert [s["name"] for s in m["sources"]] == ["austen"]
     assert open_corpus("books", tmp_path).manifest == m
 
-    # The partial corpus counts as prepared only for a caller who allows missing sources.
-    with pytest.raises(DataError, match="2 of 3 sources"):
+    # The partial corpus counts as prepared only for a caller who allows missing sources; building
+    # it whole replaces it, which needs force (runs trained on it would lose their corpus).
+    before = _snapshot(tmp_path / "books")
+    with pytest.raises(DataError, match=r"built without the sources sotu, moby-dick .*pass --force"):
         prepare_corpus("books", tmp_path, **kw)
+    with pytest.raises(DataError, match="2 of 3 sources"):
+        prepare_corpus("books", tmp_path, force=True, **kw)
+    assert _snapshot(tmp_path / "books") == before
     assert prepare_corpus("books", tmp_path, allow_missing_sources=True, **kw) == m
 
     failing.clear()
-    full = prepare_corpus("books", tmp_path, **kw)
+    with pytest.raises(DataError, match="pass --force"):
+        prepare_corpus("books", tmp_path, **kw)
+    full = prepare_corpus("books", tmp_path, force=True, **kw)
     assert full["missing_sources"] == [] and [s["name"] for s in full["sources"]] == ["sotu", "austen", "moby-dick"]
     assert prepare_corpus("books", tmp_path, **kw) == full
 
     # A manifest that records fewer sources than the corpus has is partial too, whatever else it says.
     short = dict(full, sources=full["sources"][:2])
     (tmp_path / "books" / "manifest.json").write_text(json.dumps(short))
-    again = prepare_corpus("books", tmp_path, **kw)
+    with pytest.raises(DataError, match="pass --force"):
+        prepare_corpus("books", tmp_path, **kw)
+    again = prepare_corpus("books", tmp_path, force=True, **kw)
     assert len(again["sources"]) == 3 and again["created"] >= full["created"]
     assert again != short
 
@@ -511,8 +520,10 @@ def test_failed_reprepare_keeps_the_old_corpus(tmp_path, monkeypatch):
     before = _snapshot(tmp_path / "mine")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(DataError, match="no usable documents"):
+    with pytest.raises(DataError, match="already exists.*pass --force"):  # before reading anything
         prepare_corpus("mine", tmp_path, from_path=empty, progress=False)
+    with pytest.raises(DataError, match="no usable documents"):
+        prepare_corpus("mine", tmp_path, from_path=empty, progress=False, force=True)
     assert _snapshot(tmp_path / "mine") == before
     assert open_corpus("mine", tmp_path).manifest == good
 
@@ -716,13 +727,13 @@ def test_long_test_with_too_few_long_documents_is_an_error(tmp_path, long_jsonl,
     monkeypatch.setattr(corpus_mod, "train_bpe", lambda *a, **kw: pytest.fail("trained a tokenizer"))
     with pytest.raises(DataError, match=r"--long-test 21 needs 21 documents of >= 1000 tokens, but corpus 'lt' "
                                         r"has at most 20 \(only 20 .* >= 1000 bytes") as e:
-        prepare_corpus("lt", tmp_path, from_path=long_jsonl, long_test=21, **LONG_KW)
+        prepare_corpus("lt", tmp_path, from_path=long_jsonl, long_test=21, force=True, **LONG_KW)
     assert "\n" not in str(e.value)
     assert _snapshot(tmp_path / "lt") == before and _leftovers(tmp_path) == []
     monkeypatch.undo()
     # Only the token counts tell: the old corpus stays as it was.
     with pytest.raises(DataError, match=r"--long-test 18 needs .* has only 14 \(tokens counted with the BPE"):
-        prepare_corpus("lt", tmp_path, from_path=long_jsonl, long_test=18, **LONG_KW)
+        prepare_corpus("lt", tmp_path, from_path=long_jsonl, long_test=18, force=True, **LONG_KW)
     assert _snapshot(tmp_path / "lt") == before and _leftovers(tmp_path) == []
     assert open_corpus("lt", tmp_path).manifest == good
     # More reserved documents than the splits can spare.
@@ -744,18 +755,21 @@ def test_long_test_with_too_few_long_documents_is_an_error(tmp_path, long_jsonl,
 def test_prepare_again_with_another_long_test_rebuilds(tmp_path, long_jsonl):
     plain = prepare_corpus("lt", tmp_path, from_path=long_jsonl, vocab_size=400, progress=False)
     files = _snapshot(tmp_path / "lt")
-    four = prepare_corpus("lt", tmp_path, from_path=long_jsonl, long_test=4, **LONG_KW)
+    with pytest.raises(DataError, match=r"other settings: long_test None, now 4; long_test_tokens None, now 1000"):
+        prepare_corpus("lt", tmp_path, from_path=long_jsonl, long_test=4, **LONG_KW)  # replacing needs force
+    four = prepare_corpus("lt", tmp_path, from_path=long_jsonl, long_test=4, force=True, **LONG_KW)
     assert four["params"]["long_test"] == 4 and four["splits"]["test"]["docs"] > plain["splits"]["test"]["docs"]
     again = (tmp_path / "lt" / "test.bin").stat().st_mtime_ns
     assert prepare_corpus("lt", tmp_path, from_path=long_jsonl, long_test=4, **LONG_KW) == four  # a no-op
     assert (tmp_path / "lt" / "test.bin").stat().st_mtime_ns == again
-    five = prepare_corpus("lt", tmp_path, from_path=long_jsonl, long_test=5, **LONG_KW)
+    five = prepare_corpus("lt", tmp_path, from_path=long_jsonl, long_test=5, force=True, **LONG_KW)
     assert five["params"]["long_test"] == 5 and five["long_test"]["reserved_docs"] == 5
-    other = prepare_corpus("lt", tmp_path, from_path=long_jsonl, long_test=5, **dict(LONG_KW, long_test_tokens=900))
+    other = prepare_corpus("lt", tmp_path, from_path=long_jsonl, long_test=5, force=True,
+                           **dict(LONG_KW, long_test_tokens=900))
     assert other["params"]["long_test_tokens"] == 900 and other["created"] >= five["created"]
     assert "docs_ge_900_tokens" in other["splits"]["test"]
     # Back to no reservation: the very same files as the first time.
-    back = prepare_corpus("lt", tmp_path, from_path=long_jsonl, vocab_size=400, progress=False)
+    back = prepare_corpus("lt", tmp_path, from_path=long_jsonl, vocab_size=400, progress=False, force=True)
     assert "long_test" not in back and back["params"] == plain["params"]
     assert {f: b for f, b in _snapshot(tmp_path / "lt").items() if f != "manifest.json"} == \
         {f: b for f, b in files.items() if f != "manifest.json"}

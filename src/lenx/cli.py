@@ -148,7 +148,10 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
                                           "long lengths can each come from a document of their own"),
             long_test_tokens: int = typer.Option(16384, "--long-test-tokens",
                                                  help="the size in tokens of a document that --long-test reserves"),
-            force: bool = typer.Option(False, help="rebuild even if the corpus is already prepared with these settings"),
+            force: bool = typer.Option(False, help="rebuild even if the corpus is already prepared with these "
+                                       "settings, and replace a corpus of this name prepared with other settings "
+                                       "(without it, that is an error; runs trained on the old corpus refuse the "
+                                       "new one)"),
             allow_missing_sources: bool = typer.Option(False, help="build the corpus from the sources that could be "
                                                        "fetched when some cannot (the manifest lists the missing ones)"),
             progress: Optional[bool] = ProgressOpt):
@@ -247,7 +250,8 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
 
     The perplexity of the last --scored tokens of the same windows at every length (the DAPE V2
     paper's protocol); writes eval.json into the run directory. With --task, a retrieval task
-    (passkey or copy at distance) over lengths x depths instead.
+    (passkey or copy at distance) over lengths x depths instead. The run's corpus must be the one it
+    was trained on.
     """
     from dataclasses import replace
 

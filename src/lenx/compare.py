@@ -105,7 +105,9 @@ def load_run(run_dir: Path) -> dict:
              if "delta_p_window_nll" in r}
     if short is None or any(v is None for v in tails.values()):
         short, tails = None, {}
+    fingerprint = result.get("corpus_fingerprint")
     return {"run": str(run_dir), "method": result.get("label") or result.get("method"), "seed": _training_seed(run_dir),
+            "corpus_fingerprint": fingerprint if isinstance(fingerprint, dict) else None,
             "train_len": result.get("train_len"), "step": result.get("step"), "finished": result.get("finished"),
             "windows": windows, "nll": {L: nll[L] for L in lengths}, "delta_p_tokens": result.get("delta_p_tokens"),
             "short": short, "tails": tails}
@@ -130,6 +132,13 @@ def _check_same_windows(runs: list[dict]) -> None:
         listed = "; ".join(f"{run} ({', '.join(keys)})" for run, keys in differ.items())
         raise CompareError(f"runs evaluated on other windows than {first['run']}: {listed}; evaluate every run "
                            "with the same corpus, split, eval.seed, windows, scored tokens and lengths")
+    # the same corpus name prepared anew is another corpus; an eval.json from before fingerprints says nothing
+    pinned = [run for run in runs if run["corpus_fingerprint"] is not None]
+    other = [run["run"] for run in pinned[1:] if run["corpus_fingerprint"] != pinned[0]["corpus_fingerprint"]]
+    if other:
+        raise CompareError(f"runs evaluated on another version of corpus {first['windows']['corpus']!r} than "
+                           f"{pinned[0]['run']}: {', '.join(other)} (their eval.json records other corpus "
+                           "fingerprints); compare runs evaluated on the same corpus")
 
 
 def _group(runs: list[dict]) -> dict[str, list[dict]]:

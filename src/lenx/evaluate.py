@@ -26,7 +26,7 @@ from .checkpoint import weights_step
 from .config import ConfigError, resolve_device
 from .fileio import write_json
 from .model import LM
-from .runtime import autocast_for, load_model, load_run, open_training_corpus, run_config, run_weights
+from .runtime import autocast_for, load_model, open_run_corpus, run_config, run_weights
 
 
 def default_lengths(train_len: int, max_length: int, scored: int = 0) -> list[int]:
@@ -214,10 +214,11 @@ def _checkpoint(run_dir: Path, cfg, step: int | None) -> tuple[Path, int | None,
     return folder, at_step, finished
 
 
-def _header(run_dir: Path, cfg, at_step, finished, scaling: dict | None) -> dict:
+def _header(run_dir: Path, cfg, at_step, finished, scaling: dict | None, corpus) -> dict:
     """What every evaluation file says about what it evaluated."""
     head = {"run": str(run_dir), "method": cfg.model.method, "train_len": cfg.train.seq_len,
-            "corpus": cfg.data.corpus, "step": at_step, "steps": cfg.train.steps, "finished": finished}
+            "corpus": cfg.data.corpus, "corpus_fingerprint": corpus.fingerprint(), "step": at_step,
+            "steps": cfg.train.steps, "finished": finished}
     if scaling is not None:
         head |= {"label": f"{cfg.model.method}+{scaling['kind']}", "rope_scaling": scaling}
     elif run_label(cfg):
@@ -235,7 +236,8 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
              rope_scaling_factor: float | None = None) -> dict:
     """Evaluate a run's last checkpoint (or the one it kept at `step`) and write eval.json (or
     eval_step<N>.json; with rope_scaling, eval_rope-<scaling>.json). Options left None take the
-    run's eval section; every option is checked before anything is loaded. eval.json records the
+    run's eval section; every option is checked before anything is loaded, and the corpus must be
+    the one the run was trained on (lenx.runtime.check_run_corpus). eval.json records the
     checkpoint's step and whether training had finished; a warning on stderr says when it had not.
     rope_scaling: evaluate a RoPE model with a context extension (attention/rope.py) applied at every
     length, without retraining; the fused SDPA path stays in use."""
@@ -247,10 +249,10 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
     lengths, windows, scored = settings["lengths"], settings["windows"], settings["scored"]
     e, T_train = cfg.eval, cfg.train.seq_len
     dev = resolve_device(device, "device")
+    corpus = open_run_corpus(run_dir, cfg)
     folder, at_step, finished = _checkpoint(run_dir, cfg, step)
     model = load_model(cfg, folder, dev, backend)
     budget = token_budget or e.token_budget or (65536 if dev.type == "cuda" else 8192)
-    corpus = open_training_corpus(cfg)
     data, note, documents = eval_windows_with_documents(corpus, e.split, max(lengths), windows, e.seed)
     delta_k = min(T_train, lengths[0])
 
@@ -281,7 +283,7 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
         per_length[str(L)] = row
     if bar is not None:
         bar.close()
-    result = _header(run_dir, cfg, at_step, finished, scaling) | {
+    result = _header(run_dir, cfg, at_step, finished, scaling, corpus) | {
         **settings, "window_note": note, "window_documents": documents.tolist(),
         # windows are nested, so the windows of every length come from these many documents
         "window_distinct_documents": len(np.unique(documents)), "delta_p_tokens": delta_k,
@@ -319,9 +321,9 @@ def evaluate_task(run_dir: Path, task: str, lengths: list[int] | None = None, de
     e, T_train = cfg.eval, cfg.train.seq_len
     lengths = sorted(set(lengths or e.lengths or default_lengths(T_train, e.max_length)))
     dev = resolve_device(device, "device")
+    corpus = open_run_corpus(run_dir, cfg)
     folder, at_step, finished = _checkpoint(run_dir, cfg, step)
     model = load_model(cfg, folder, dev, backend)
-    corpus = open_training_corpus(cfg)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -332,7 +334,7 @@ def evaluate_task(run_dir: Path, task: str, lengths: list[int] | None = None, de
                               progress=None if bar is None else (lambda *_: bar.update(1)))
     if bar is not None:
         bar.close()
-    result = _header(run_dir, cfg, at_step, finished, scaling) | {
+    result = _header(run_dir, cfg, at_step, finished, scaling, corpus) | {
         **grid, "chance": retrieval.chance(task, corpus.vocab_size), "backends": model.backends(dev),
         "device": str(dev)}
     if write:
@@ -345,9 +347,11 @@ def attention_maps(run_dir: Path, tokens: torch.Tensor | None = None, layer: int
     """Raw scores, bias and processed scores (pre-softmax, causal part; NaN above the diagonal) of
     one head of a trained run for one input, with "method", "layer", "head" and "length". The input
     is `tokens`, by default the first `length` tokens of the run's test split. Runs on the CPU."""
-    model, cfg = load_run(run_dir, torch.device("cpu"))
+    cfg = run_config(run_dir)
+    corpus = open_run_corpus(run_dir, cfg) if tokens is None else None
+    model = load_model(cfg, run_weights(run_dir), torch.device("cpu"))
     if tokens is None:
-        tokens = torch.from_numpy(open_training_corpus(cfg).tokens("test")[:length].astype("int64"))
+        tokens = torch.from_numpy(corpus.tokens("test")[:length].astype("int64"))
     attn = model.blocks[layer].attn
     captured = {}
     handle = attn.register_forward_pre_hook(lambda mod, args: captured.setdefault("x", args[0]))

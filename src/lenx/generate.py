@@ -124,12 +124,13 @@ def generate_from_run(run_dir: Path, prompt: str, max_new_tokens: int = 100, *, 
     """Load a run, continue `prompt` and stream the text to write(str) as it is produced.
     Returns {"prompt_tokens", "new_tokens", "text", "tokens_per_s", ...}."""
     from .config import resolve_device
-    from .runtime import autocast_for, load_run, open_training_corpus
+    from .runtime import autocast_for, load_model, open_run_corpus, run_config, run_weights
 
     check_settings(max_new_tokens, temperature, top_k, top_p)
     dev = resolve_device(device, "device")
-    model, cfg = load_run(run_dir, dev, backend)
-    corpus = open_training_corpus(cfg)
+    cfg = run_config(run_dir)
+    corpus = open_run_corpus(run_dir, cfg)  # the corpus it was trained on, or a one-line error
+    model = load_model(cfg, run_weights(run_dir), dev, backend)
     ids = encode_prompt(corpus, prompt)
     if len(ids) + max_new_tokens > max_context:
         raise ConfigError(f"the prompt ({len(ids)} tokens) and {max_new_tokens} new tokens exceed the cache limit "

@@ -2,8 +2,10 @@
 optimizer's parameter groups, and loading a trained run (the device: lenx.config.resolve_device)."""
 
 from contextlib import nullcontext
+import json
 import os
 from pathlib import Path
+import sys
 
 import torch
 
@@ -25,6 +27,60 @@ def open_training_corpus(cfg: RunConfig):
     if cfg.data.corpus == "synthetic" and not (root / "synthetic" / "manifest.json").exists():
         prepare_corpus("synthetic", root, progress=False)  # embedded and generated in seconds
     return open_corpus(cfg.data.corpus, root)
+
+
+_NOTED: set[str] = set()  # runs whose missing corpus fingerprint was noted in this process
+
+
+def run_meta(run_dir: Path) -> dict:
+    """A run's meta.json, or {} when it is missing or unreadable."""
+    try:
+        meta = json.loads((Path(run_dir) / "meta.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def check_run_corpus(run_dir: Path, cfg: RunConfig, corpus) -> None:
+    """Refuse (a one-line DataError) a corpus that is not the one the run was trained on: another
+    vocabulary size than the run's model, or another fingerprint than meta.json records (what
+    changed: the tokenizer, which splits). A run trained before runs recorded fingerprints is
+    accepted with a note on stderr (once per run and process), as only its vocabulary size can be
+    checked."""
+    from .data import DataError
+    from .data.corpus import fingerprint_changes
+
+    run_dir = Path(run_dir)
+    fix = (f"prepare the corpus the run was trained on again (the same input and settings rebuild it exactly), "
+           f"or point data.root in {run_dir / 'config.toml'} at a copy of it")
+    where = f"corpus {corpus.name!r} at {corpus.root} is not the one {run_dir} was trained on"
+    if cfg.model.vocab_size and cfg.model.vocab_size != corpus.vocab_size:
+        raise DataError(f"{where}: its vocabulary has {corpus.vocab_size} tokens, the run's model "
+                        f"{cfg.model.vocab_size}; {fix}")
+    meta = run_meta(run_dir)
+    recorded = meta.get("corpus_fingerprint")
+    if not isinstance(recorded, dict):
+        key = str(run_dir.resolve())
+        if key not in _NOTED:
+            _NOTED.add(key)
+            print(f"note: {run_dir} records no corpus fingerprint (trained before lenx recorded one): lenx cannot "
+                  f"check that {corpus.root} still holds the corpus it was trained on", file=sys.stderr)
+        return
+    changed = fingerprint_changes(recorded, corpus.fingerprint())
+    if changed:
+        what = ", ".join(changed[:-1]) + " and " + changed[-1] if len(changed) > 1 else changed[0]
+        when = ""
+        if meta.get("corpus_prepared") and corpus.manifest.get("created"):
+            when = f" (the run's was prepared {meta['corpus_prepared']}, this one {corpus.manifest['created']})"
+        raise DataError(f"{where}: its {what} {'differ' if len(changed) > 1 else 'differs'}{when}; {fix}")
+
+
+def open_run_corpus(run_dir: Path, cfg: RunConfig):
+    """The corpus of a trained run (its config `cfg`), checked to be the one it was trained on
+    (check_run_corpus)."""
+    corpus = open_training_corpus(cfg)
+    check_run_corpus(run_dir, cfg, corpus)
+    return corpus
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float):

@@ -6,8 +6,9 @@ process sees one GPU (CUDA_VISIBLE_DEVICES), so N GPUs run N methods at once.
 Rerunning a sweep reuses what matches the request: a run trained with the requested [model],
 [train] and [data] sections is resumed if unfinished, and its eval.json is reused only when it is
 of the finished run with the requested evaluation settings (otherwise it is evaluated again; the
-run's [eval] section follows the request). A run trained with other settings is an error that names
-them, or with force=True is moved aside to <method>.old-<time> and trained again.
+run's [eval] section follows the request). A run trained with other settings, or on another
+version of the corpus (its fingerprint in meta.json), is an error that names them, or with
+force=True is moved aside to <method>.old-<time> and trained again.
 """
 
 import copy
@@ -22,7 +23,7 @@ import time
 from .checkpoint import weights_dir, weights_step
 from .config import RunConfig, check_device, load_config, to_toml, validate
 from .evaluate import check_options, eval_settings, evaluate
-from .runtime import absolute_root, open_training_corpus
+from .runtime import absolute_root, open_training_corpus, run_meta
 from .train import read_metrics, train
 
 TRAINING_SECTIONS = ("model", "train", "data")  # what the trained weights depend on
@@ -126,16 +127,30 @@ def _train_and_evaluate(run_cfg: RunConfig, run_dir: Path, progress: bool, eval_
     return result
 
 
-def _reconcile(out_dir: Path, cfgs: dict[str, RunConfig], vocab_size: int, force: bool) -> None:
+def _corpus_differences(run_dir: Path, corpus) -> list[str]:
+    """The corpus change since the run was trained, as config_differences words it: the parts of
+    the fingerprint that meta.json records and the corpus no longer has (none recorded: none)."""
+    from .data.corpus import fingerprint_changes
+
+    recorded = run_meta(run_dir).get("corpus_fingerprint")
+    if not isinstance(recorded, dict):
+        return []
+    changed = fingerprint_changes(recorded, corpus.fingerprint())
+    return [f"data.corpus: {corpus.name!r} was prepared anew since the run was trained ({', '.join(changed)} "
+            "changed)"] if changed else []
+
+
+def _reconcile(out_dir: Path, cfgs: dict[str, RunConfig], corpus, force: bool) -> None:
     """Check the existing runs against the request before anything trains: a run trained with other
-    training settings is an error (force: moved aside); one with other [eval] settings takes the
-    requested ones."""
+    training settings, or on another version of the corpus, is an error (force: moved aside); one
+    with other [eval] settings takes the requested ones."""
     stale, new_eval = {}, []
     for method, cfg in cfgs.items():
         saved = _saved_config(out_dir / method)
         if saved is None:
             continue
-        diffs = config_differences(saved, _as_recorded(cfg, vocab_size))
+        diffs = config_differences(saved, _as_recorded(cfg, corpus.vocab_size)) + \
+            _corpus_differences(out_dir / method, corpus)
         if diffs:
             stale[method] = diffs
         elif asdict(saved.eval) != asdict(cfg.eval):
@@ -267,9 +282,9 @@ def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = Tr
         validate(run_cfg)
         check_device(run_cfg, run_cfg.train.device)
         eval_settings(run_cfg, **_eval_options(options))
-    vocab_size = open_training_corpus(_as_recorded(cfg, 0)).vocab_size  # builds a missing synthetic corpus once
+    corpus = open_training_corpus(_as_recorded(cfg, 0))  # builds a missing synthetic corpus once
     out_dir.mkdir(parents=True, exist_ok=True)
-    _reconcile(out_dir, cfgs, vocab_size, force)
+    _reconcile(out_dir, cfgs, corpus, force)
     if jobs != 1:
         _run_parallel(cfgs, out_dir, jobs, eval_kwargs)
     results = []

@@ -20,7 +20,8 @@ from .config import ConfigError, RunConfig, resolve_device, to_toml
 from .fileio import write_text
 from .model import LM
 from .runinfo import environment, git_commit
-from .runtime import absolute_root, autocast_for, open_training_corpus, param_groups, run_config, run_weights
+from .runtime import (absolute_root, autocast_for, check_run_corpus, open_training_corpus, param_groups, run_config,
+                      run_weights)
 
 
 class TrainingDiverged(RuntimeError):
@@ -224,6 +225,8 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun
         device = torch.device("cuda", info.local_rank)
     with distributed.main_first(info):  # rank 0 builds the synthetic corpus if it is missing
         corpus = open_training_corpus(cfg)
+    if resume:  # the run goes on with the data it began with, or not at all
+        check_run_corpus(run_dir, cfg, corpus)
     cfg.model.vocab_size = corpus.vocab_size
     torch.manual_seed(cfg.train.seed)
     raw_model = LM(cfg.model)
@@ -274,7 +277,9 @@ def _check_nothing_lost(run_dir: Path, cfg: RunConfig, records: list[dict]) -> N
 def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM, corpus,
                      resumed_at: int | None) -> None:
     """config.toml, and meta.json: written when the run starts; a resume keeps its original
-    environment and command and adds an entry to its "resumes" list."""
+    environment and command and adds an entry to its "resumes" list. meta.json pins the corpus:
+    its fingerprint (lenx.data.Corpus.fingerprint) and when it was prepared, which evaluation and
+    generation check (lenx.runtime.check_run_corpus)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text(run_dir / "config.toml", to_toml(cfg))
     meta = None
@@ -286,7 +291,8 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM,
     if not isinstance(meta, dict):
         meta = {"environment": environment(device), "world_size": info.world, "parallel": cfg.train.parallel,
                 "backends": raw_model.backends(device), "params": raw_model.num_params(),
-                "corpus": corpus.name, "vocab_size": corpus.vocab_size}
+                "corpus": corpus.name, "vocab_size": corpus.vocab_size,
+                "corpus_fingerprint": corpus.fingerprint(), "corpus_prepared": corpus.manifest.get("created")}
     if resumed_at is not None:
         meta.setdefault("resumes", []).append({
             "step": resumed_at, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv),

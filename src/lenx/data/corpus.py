@@ -8,7 +8,14 @@ Layout of `<root>/<name>/`:
 
 A folder without a valid manifest.json counts as not prepared. A corpus is built in a
 hidden sibling folder `.<name>.build-<pid>` and swapped in only when complete, so a
-failed prepare leaves the previous corpus as it was.
+failed prepare leaves the previous corpus as it was. Replacing a corpus prepared with
+other settings needs force=True (`lenx prepare --force`).
+
+manifest["fingerprint"] pins the corpus's content: the SHA-256 of tokenizer.json and of
+each split (its token stream and document index). A run records it (meta.json), and
+evaluating or generating with the run refuses a corpus whose fingerprint differs
+(lenx.runtime.open_run_corpus). Corpora prepared before fingerprints existed get theirs
+computed from their files when asked (Corpus.fingerprint).
 
 `long_test=N` reserves N documents of at least `long_test_tokens` tokens for the test
 split (so evaluation windows at long lengths can each come from their own document);
@@ -34,7 +41,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from . import synthetic
-from ..fileio import write_json
+from ..fileio import sha256_file, write_json
 from .errors import DataError
 from .fetch import Registries
 from .sources import BUILTIN_SOURCES, Source
@@ -68,6 +75,7 @@ class Corpus:
         self.vocab_size: int = int(tok["vocab_size"])
         self.eos_id: int = int(tok["eos_id"])
         self._tok = None
+        self._fingerprint: dict | None = None
 
     def __repr__(self) -> str:
         toks = {s: self.manifest["splits"][s]["tokens"] for s in SPLITS}
@@ -100,6 +108,16 @@ class Corpus:
             raise _corrupt(self.name, self.root, f"{path.name} has shape {idx.shape}, manifest says ({n}, 2)")
         return idx
 
+    def fingerprint(self) -> dict:
+        """{"tokenizer": SHA-256 of tokenizer.json (None without one), "train" / "val" / "test": SHA-256 of
+        the split's tokens and document index}: the manifest's, or, for a corpus prepared before
+        manifests recorded one, computed from the files (once per Corpus)."""
+        if self._fingerprint is None:
+            recorded = self.manifest.get("fingerprint")
+            self._fingerprint = dict(recorded) if _is_fingerprint(recorded) else fingerprint_files(
+                self.root, self.manifest["tokenizer"]["kind"] != "none")
+        return dict(self._fingerprint)
+
     def tokenizer(self):
         """The HF `tokenizers.Tokenizer`, or None for the token-level synthetic corpus."""
         if self.manifest["tokenizer"]["kind"] == "none":
@@ -126,6 +144,36 @@ class Corpus:
         if tok is None:
             return " ".join("<eos>" if i == self.eos_id else str(i) for i in ids)
         return tok.decode(ids, skip_special_tokens=False)
+
+
+FINGERPRINT_PARTS = ("tokenizer",) + SPLITS
+
+
+def _is_fingerprint(value) -> bool:
+    return isinstance(value, dict) and set(value) == set(FINGERPRINT_PARTS)
+
+
+def fingerprint_files(folder: Path, has_tokenizer: bool) -> dict:
+    """The fingerprint of the corpus files in `folder` (see Corpus.fingerprint). A split hashes its
+    token stream's bytes, then its document index as little-endian int64, so the .npy header does
+    not count."""
+    folder = Path(folder)
+    out = {"tokenizer": sha256_file(folder / "tokenizer.json") if has_tokenizer else None}
+    for split in SPLITS:
+        h = hashlib.sha256()
+        with open(folder / f"{split}.bin", "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0idx\0")
+        h.update(np.ascontiguousarray(np.load(folder / f"{split}.idx.npy"), dtype="<i8").tobytes())
+        out[split] = h.hexdigest()
+    return out
+
+
+def fingerprint_changes(recorded: dict, current: dict) -> list[str]:
+    """What differs between two fingerprints, in words: "tokenizer", "train split", ..."""
+    return [part if part == "tokenizer" else f"{part} split" for part in FINGERPRINT_PARTS
+            if recorded.get(part) != current.get(part)]
 
 
 def _corrupt(name: str, folder: Path, what: str) -> DataError:
@@ -609,6 +657,34 @@ def _is_prepared(name: str, folder: Path, m: dict, params: dict, allow_missing: 
     return True
 
 
+CORPUS_FILES = re.compile(r"manifest\.json|tokenizer\.json|(train|val|test)\.(bin|idx\.npy)|\..*\.tmp-\d+")
+
+
+def _check_replace(name: str, folder: Path, old: dict | None, params: dict, allow_missing: bool) -> None:
+    """Whether preparing `name` without force may build over what `folder` holds: nothing, or a
+    corpus with these very settings whose files are damaged (a repair). A corpus prepared with
+    other settings, or a partial built-in one that would be completed, is replaced only with
+    force; a folder holding other files than a corpus's is never replaced (its files would go)."""
+    if old is None:
+        if folder.is_dir() and any(not CORPUS_FILES.fullmatch(p.name) for p in folder.iterdir()):
+            raise DataError(f"{folder} exists and is not a lenx corpus (it holds other files); lenx does not replace "
+                            f"it: choose another corpus name or --root")
+        return
+    created = old.get("created", "at an unknown time")
+    had = old.get("params") if isinstance(old.get("params"), dict) else {}
+    changed = [f"{key} {had.get(key)!r}, now {params.get(key)!r}" for key in sorted(set(had) | set(params))
+               if had.get(key) != params.get(key)]
+    if changed:
+        raise DataError(f"corpus {name!r} already exists at {folder} (prepared {created} with other settings: "
+                        f"{'; '.join(changed)}); pass --force to replace it (runs trained on it will then refuse to "
+                        "evaluate or generate with the new one), or choose another name")
+    missing = _missing_sources(name, old)
+    if missing and not allow_missing:
+        raise DataError(f"corpus {name!r} at {folder} was built without the sources {', '.join(missing)} "
+                        "(--allow-missing-sources); building it whole replaces it: pass --force (runs trained on it "
+                        "will then refuse the new one), or --allow-missing-sources to keep it as it is")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -659,7 +735,9 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
     Built-in names are in CORPORA; any other name needs `from_path` (a folder of text
     files, or a JSONL file with a "text" field). Downloads are cached in `cache_dir`
     (default `<root>/.cache`). If the corpus is already prepared with the same
-    settings it is returned as is, unless `force`.
+    settings it is returned as is, unless `force`; a corpus of that name prepared with other
+    settings is replaced only with `force` (a DataError otherwise, before any work), and a
+    folder that is not a corpus never.
 
     A built-in corpus needs every one of its sources: if one cannot be fetched this
     raises, unless `allow_missing_sources`, which builds from the rest and lists the
@@ -672,6 +750,8 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
     raised before any tokenizing when the documents' sizes in bytes already tell.
     manifest["long_test"] records the reservation; every split records its number of
     documents of >= 8192 and >= 16384 tokens (and >= `long_test_tokens`).
+
+    The manifest's "fingerprint" pins the content (see Corpus.fingerprint).
 
     On any failure the corpus that was there before is left untouched.
     """
@@ -686,6 +766,8 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
     if old is not None and not force and _is_prepared(name, folder, old, params, allow_missing_sources):
         log.info("corpus %s is already prepared at %s", name, folder)
         return old
+    if old is None or not force:
+        _check_replace(name, folder, old, params, allow_missing_sources)
 
     if name != "synthetic":  # read and check the documents before any build folder exists
         reg = Registries(Path(cache_dir) if cache_dir else root / ".cache")
@@ -711,6 +793,7 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
                                         reg, progress, long_test, long_test_tokens))
         for n in LONG:
             manifest[f"test_docs_ge_{n}_tokens"] = manifest["splits"]["test"][f"docs_ge_{n}_tokens"]
+        manifest["fingerprint"] = fingerprint_files(build, manifest["tokenizer"]["kind"] != "none")
         manifest["seconds"] = round(time.time() - t0, 1)
         write_json(build / "manifest.json", manifest)
         _swap_in(build, real)

@@ -1,0 +1,206 @@
+"""Issue 30, "data lost or silently wrong": runs pin the corpus they were trained on and refuse
+another one, and replacing a corpus needs --force. Every case runs `python -m lenx` as a user would,
+from another working directory with relative paths, and checks the one-line error (no traceback) or
+the data kept."""
+
+import json
+import os
+from pathlib import Path
+import random
+import shutil
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+REPO = SRC.parent
+TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=32", "train.batch_size=4",
+        "train.steps=2", "train.device=cpu", "data.corpus='mydata'", "eval.windows=4", "eval.scored=16",
+        "eval.max_length=64"]
+SETS = [a for s in TINY for a in ("--set", s)]
+WORDS = {"a": "alpha beta gamma delta kernel score map head token window length train".split(),
+         "b": "moby whale sea ship captain ahab white deep storm sail".split()}
+
+
+def lenx(*args, cwd):
+    # this checkout's lenx, whatever the working directory (a relative PYTHONPATH would not follow it)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "lenx", *args], capture_output=True, text=True, timeout=600,
+                          cwd=cwd, env=env)
+
+
+def ok(out):
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    return out
+
+
+def one_line_error(out, *needles) -> str:
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2, (out.returncode, out.stderr[-3000:])
+    assert "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("error:"), out.stderr[-3000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def snapshot(root: Path) -> dict:
+    """Every file under root: name -> bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def write_jsonl(path: Path, words: list[str], seed: int, docs: int = 40) -> None:
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"text": " ".join(rng.choice(words) for _ in range(rng.randint(60, 120)))
+                                        + "."}) + "\n" for _ in range(docs)))
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    """work/: inputs/a.jsonl and b.jsonl (other words), data/mydata prepared from a.jsonl, runs/r (a
+    tiny model trained on it through the CLI) evaluated at 32 and 64, and elsewhere/, the folder the
+    tests run lenx from."""
+    work = tmp_path_factory.mktemp("work")
+    write_jsonl(work / "inputs" / "a.jsonl", WORDS["a"], 0)
+    write_jsonl(work / "inputs" / "b.jsonl", WORDS["b"], 1)
+    (work / "elsewhere").mkdir()
+    ok(lenx("prepare", "mydata", "--from", "inputs/a.jsonl", "--vocab-size", "300", cwd=work))
+    ok(lenx("train", "-c", "tiny", *SETS, "-o", "runs/r", "--no-progress", cwd=work))
+    ok(lenx("eval", "runs/r", "--lengths", "32,64", "--device", "cpu", cwd=work))
+    return work
+
+
+def copy_work(work: Path, dest: Path) -> Path:
+    """A copy of the fixture's folder whose run reads the copy's corpus (config.toml's data.root is
+    absolute)."""
+    shutil.copytree(work, dest, symlinks=True)
+    config = dest / "runs" / "r" / "config.toml"
+    config.write_text(config.read_text().replace(str(work), str(dest)))
+    return dest
+
+
+# --- 1. corpus identity -----------------------------------------------------------------------------
+
+def test_the_run_records_its_corpus_fingerprint(work):
+    meta = json.loads((work / "runs" / "r" / "meta.json").read_text())
+    manifest = json.loads((work / "data" / "mydata" / "manifest.json").read_text())
+    assert meta["corpus_fingerprint"] == manifest["fingerprint"]
+    assert set(meta["corpus_fingerprint"]) == {"tokenizer", "train", "val", "test"}
+    assert meta["corpus_prepared"] == manifest["created"]
+    assert json.loads((work / "runs" / "r" / "eval.json").read_text())["corpus_fingerprint"] == manifest["fingerprint"]
+
+
+def test_replacing_a_corpus_needs_force_and_its_runs_refuse_the_new_one(work, tmp_path):
+    w = copy_work(work, tmp_path / "w")
+    here, run = w / "elsewhere", "../runs/r"
+    corpus, kept = snapshot(w / "data" / "mydata"), snapshot(w / "runs")
+
+    # over an existing corpus: a one-line error before any work, the corpus untouched
+    one_line_error(lenx("prepare", "mydata", "--from", "../inputs/b.jsonl", "--root", "../data", "--vocab-size",
+                        "300", cwd=here), "corpus 'mydata' already exists at ../data/mydata",
+                   "b.jsonl", "pass --force to replace it")
+    assert snapshot(w / "data" / "mydata") == corpus
+    # --force with input that cannot build a corpus: the old one stays as it was
+    (w / "inputs" / "empty").mkdir()
+    one_line_error(lenx("prepare", "mydata", "--from", "../inputs/empty", "--root", "../data", "--force", cwd=here),
+                   "no usable documents")
+    assert snapshot(w / "data" / "mydata") == corpus and sorted(p.name for p in (w / "data").iterdir()) == ["mydata"]
+    ok(lenx("prepare", "mydata", "--from", "../inputs/b.jsonl", "--root", "../data", "--vocab-size", "300", "--force",
+            cwd=here))
+    assert snapshot(w / "data" / "mydata") != corpus
+
+    # every command that opens the run's corpus refuses the new one in one line, writing nothing
+    what = ("is not the one ../runs/r was trained on: its tokenizer, train split, val split and test split differ",
+            "prepared")
+    for args in (["eval", run, "--device", "cpu"],
+                 ["eval", run, "--task", "copy", "--lengths", "64", "--samples", "1", "--device", "cpu"],
+                 ["generate", run, "--prompt", "alpha beta", "--max-new-tokens", "3", "--device", "cpu"],
+                 ["plot", run, "--attention", "--length", "16"],
+                 ["train", "--resume", run, "--no-progress"]):
+        one_line_error(lenx(*args, cwd=here), *what)
+        assert snapshot(w / "runs") == kept, args
+    # a sweep does not reuse (nor mix with new ones) runs trained on the old version
+    shutil.copytree(w / "runs" / "r", w / "sweep" / "rope")
+    one_line_error(lenx("sweep", "--methods", "rope", "-c", "tiny", *SETS, "--set", "data.root='../data'",
+                        "-o", "../sweep", "--no-progress", cwd=here),
+                   "data.corpus: 'mydata' was prepared anew since the run was trained (tokenizer, train split, val "
+                   "split, test split changed)", "--force")
+
+    # the corpus it was trained on, prepared again from the same input and settings, is accepted
+    ok(lenx("prepare", "mydata", "--from", "../inputs/a.jsonl", "--root", "../data", "--vocab-size", "300", "--force",
+            cwd=here))
+    assert {f: b for f, b in snapshot(w / "data" / "mydata").items() if f != "manifest.json"} == \
+        {f: b for f, b in corpus.items() if f != "manifest.json"}
+    ok(lenx("eval", run, "--lengths", "32", "--device", "cpu", cwd=here))
+
+
+def test_a_run_from_before_fingerprints_evaluates_with_a_note_and_its_vocabulary_is_checked(work, tmp_path):
+    w = copy_work(work, tmp_path / "w")
+    here, run = w / "elsewhere", "../runs/r"
+    meta_path = w / "runs" / "r" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["corpus_fingerprint"], meta["corpus_prepared"]  # meta.json as lenx wrote it before
+    meta_path.write_text(json.dumps(meta, indent=2))
+    out = ok(lenx("eval", run, "--lengths", "32", "--device", "cpu", cwd=here))
+    notes = [line for line in out.stderr.splitlines() if "fingerprint" in line]
+    assert notes == [f"note: {run} records no corpus fingerprint (trained before lenx recorded one): lenx cannot "
+                     f"check that {w / 'data' / 'mydata'} still holds the corpus it was trained on"]
+    # a corpus with another vocabulary (an IndexError deep in the model before) is refused all the same
+    ok(lenx("prepare", "mydata", "--from", "../inputs/a.jsonl", "--root", "../data", "--vocab-size", "280", "--force",
+            cwd=here))
+    kept = snapshot(w / "runs")
+    for args in (["eval", run, "--device", "cpu"], ["generate", run, "--prompt", "alpha", "--device", "cpu"]):
+        one_line_error(lenx(*args, cwd=here), "its vocabulary has 280 tokens, the run's model 300")
+    assert snapshot(w / "runs") == kept
+
+
+def test_a_committed_run_from_before_fingerprints_is_accepted_with_a_note(capsys):
+    """results/v125's runs were trained before meta.json recorded a fingerprint."""
+    from lenx.config import load_config
+    from lenx.data import DataError
+    from lenx.runtime import check_run_corpus
+
+    run = REPO / "results" / "v125" / "kerple-s0"
+    assert "corpus_fingerprint" not in json.loads((run / "meta.json").read_text())
+    cfg = load_config(str(run / "config.toml"))
+    corpus = SimpleNamespace(name="tech", root=Path("/data/tech"), vocab_size=cfg.model.vocab_size, manifest={},
+                             fingerprint=lambda: pytest.fail("no fingerprint to compare with"))
+    check_run_corpus(run, cfg, corpus)
+    check_run_corpus(run, cfg, corpus)  # the note comes once
+    assert capsys.readouterr().err.count("records no corpus fingerprint") == 1
+    corpus.vocab_size += 1
+    with pytest.raises(DataError, match=f"its vocabulary has {cfg.model.vocab_size + 1} tokens"):
+        check_run_corpus(run, cfg, corpus)
+
+
+def test_prepare_never_replaces_a_folder_that_is_not_a_corpus(work, tmp_path):
+    (tmp_path / "root" / "mine").mkdir(parents=True)
+    (tmp_path / "root" / "mine" / "thesis.tex").write_text("years of work\n")
+    before = snapshot(tmp_path / "root")
+    for force in ([], ["--force"]):
+        one_line_error(lenx("prepare", "mine", "--from", str(work / "inputs" / "a.jsonl"), "--root", "root", *force,
+                            cwd=tmp_path), "root/mine exists and is not a lenx corpus")
+        assert snapshot(tmp_path / "root") == before
+
+
+# --- 2. comparisons see the corpus's version -----------------------------------------------------
+
+def test_compare_refuses_runs_evaluated_on_another_version_of_the_corpus(work, tmp_path):
+    result = json.loads((work / "runs" / "r" / "eval.json").read_text())
+    for method, test_split in (("kerple", "0" * 64), ("rope", "1" * 64), ("alibi", None)):
+        run = tmp_path / "sweep" / f"{method}-s0"
+        run.mkdir(parents=True)
+        shutil.copy(work / "runs" / "r" / "config.toml", run)
+        fingerprint = None if test_split is None else result["corpus_fingerprint"] | {"test": test_split}
+        (run / "eval.json").write_text(json.dumps(result | {"method": method, "corpus_fingerprint": fingerprint}))
+    one_line_error(lenx("compare", "sweep", "--resamples", "100", "-o", "cmp.json", cwd=tmp_path),
+                   "runs evaluated on another version of corpus 'mydata' than sweep/kerple-s0",
+                   "sweep/rope-s0 (their eval.json records other corpus fingerprints)")
+    assert not (tmp_path / "cmp.json").exists()
+    # an eval.json from before fingerprints (alibi's) compares with either
+    shutil.rmtree(tmp_path / "sweep" / "rope-s0")
+    ok(lenx("compare", "sweep", "--resamples", "100", "-o", "cmp.json", cwd=tmp_path))
