@@ -1,7 +1,8 @@
 """Issue 30, "data lost or silently wrong": runs pin the corpus they were trained on and refuse
-another one, and replacing a corpus needs --force. Every case runs `python -m lenx` as a user would,
-from another working directory with relative paths, and checks the one-line error (no traceback) or
-the data kept."""
+another one, replacing a corpus needs --force, `lenx eval` keeps every earlier evaluation, and `lenx
+compare` never overwrites a file it did not write (nor, by default, an earlier comparison). Every
+case runs `python -m lenx` as a user would, from another working directory with relative paths, and
+checks the one-line error (no traceback) or the data kept."""
 
 import json
 import os
@@ -187,7 +188,85 @@ def test_prepare_never_replaces_a_folder_that_is_not_a_corpus(work, tmp_path):
         assert snapshot(tmp_path / "root") == before
 
 
-# --- 2. comparisons see the corpus's version -----------------------------------------------------
+# --- 2. evaluations and comparisons are kept ---------------------------------------------------------
+
+def test_eval_keeps_every_earlier_evaluation_and_plot_and_compare_read_the_latest(work, tmp_path):
+    w = copy_work(work, tmp_path / "w")
+    here, run, folder = w / "elsewhere", "../runs/r", w / "runs" / "r"
+    first = (folder / "eval.json").read_bytes()
+    key_of = lambda: sorted(p.name for p in folder.glob("eval*.json"))  # noqa: E731
+
+    out = ok(lenx("eval", run, "--lengths", "32", "--device", "cpu", cwd=here))
+    files = key_of()
+    assert len(files) == 2 and "eval.json" in files
+    kept = folder / next(f for f in files if f != "eval.json")
+    assert kept.read_bytes() == first  # the four-length evaluation, byte for byte
+    assert json.loads((folder / "eval.json").read_text())["lengths"] == [32]
+    assert f"kept it as {run}/{kept.name}" in out.stderr and "lengths 32,64, 4 windows" in out.stderr
+    # the same evaluation again replaces itself; other settings keep the one before
+    ok(lenx("eval", run, "--lengths", "32", "--device", "cpu", cwd=here))
+    assert key_of() == files
+    ok(lenx("eval", run, "--lengths", "32", "--windows", "2", "--device", "cpu", cwd=here))
+    assert len(key_of()) == 3
+    ok(lenx("eval", run, "--task", "copy", "--lengths", "64", "--samples", "1", "--device", "cpu", cwd=here))
+    ok(lenx("eval", run, "--task", "copy", "--lengths", "64", "--samples", "2", "--device", "cpu", cwd=here))
+    copies = sorted(p.name for p in folder.glob("eval_copy*.json"))
+    assert len(copies) == 2 and json.loads((folder / "eval_copy.json").read_text())["samples"] == 2
+
+    # lenx plot RUN draws the latest files only; a kept one when named
+    drawn = ok(lenx("plot", run, cwd=here)).stdout.split()
+    assert sorted(Path(p).name for p in drawn) == ["eval_copy_heatmap.png", "perplexity.png", "retrieval_copy.png"]
+    drawn = ok(lenx("plot", f"{run}/{kept.name}", cwd=here)).stdout.split()
+    assert [Path(p).name for p in drawn] == [f"{kept.stem}_perplexity.png", f"{kept.stem}_delta_p.png"]
+    # lenx compare reads the latest eval.json
+    ok(lenx("compare", run, "-o", "cmp.json", "--resamples", "100", cwd=here))
+    assert json.loads((here / "cmp.json").read_text())["lengths"] == [32]
+
+
+def test_plot_and_compare_read_committed_run_folders_with_a_single_old_eval_json(tmp_path):
+    """results/v125's runs hold one eval.json each, written before evaluations were kept or
+    recorded a corpus fingerprint."""
+    runs = tmp_path / "v125"
+    for name in ("kerple-s0", "kerple-s1", "dapev2-kerple-s0", "dapev2-kerple-s1"):
+        shutil.copytree(REPO / "results" / "v125" / name, runs / name)
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    out = ok(lenx("compare", "../v125", "--reference", "kerple", "--resamples", "100", "-o", "cmp.json", cwd=here))
+    written = json.loads((here / "cmp.json").read_text())
+    assert written["written_by"] == "lenx compare" and set(written["methods"]) == {"kerple", "dapev2-kerple"}
+    assert "wrote cmp.json" in out.stdout
+    drawn = ok(lenx("plot", "../v125/kerple-s0", cwd=here)).stdout.split()
+    assert sorted(Path(p).name for p in drawn) == ["delta_p.png", "perplexity.png"]
+
+
+def test_compare_never_overwrites_a_file_it_did_not_write_nor_an_earlier_comparison(work, tmp_path):
+    here, run = tmp_path, os.path.relpath(work / "runs" / "r", tmp_path)
+    cmp = ["compare", run, "--resamples", "100"]
+    notes = tmp_path / "notes.json"
+    notes.write_text('{"mine": 1}\n')
+    for args in (["-o", "notes.json"], ["-o", "notes.json", "--force"]):
+        one_line_error(lenx(*cmp, *args, cwd=here), "notes.json exists and was not written by lenx compare")
+        assert notes.read_text() == '{"mine": 1}\n'
+    (tmp_path / "compare.json").write_text("my own compare.json\n")
+    one_line_error(lenx(*cmp, cwd=here), "compare.json exists and was not written by lenx compare")
+    assert (tmp_path / "compare.json").read_text() == "my own compare.json\n"
+    (tmp_path / "compare.json").unlink()
+
+    # the default compare.json: written once, then replaced only with --force
+    ok(lenx(*cmp, cwd=here))
+    first = (tmp_path / "compare.json").read_bytes()
+    assert json.loads(first)["written_by"] == "lenx compare"
+    one_line_error(lenx(*cmp, "--seed", "1", cwd=here), "compare.json holds an earlier comparison; pass --force")
+    assert (tmp_path / "compare.json").read_bytes() == first
+    ok(lenx(*cmp, "--seed", "1", "--force", cwd=here))
+    assert json.loads((tmp_path / "compare.json").read_text())["seed"] == 1
+    # a file it names with --out is replaced when lenx compare wrote it, today or before the marker
+    ok(lenx(*cmp, "-o", "compare.json", cwd=here))
+    shutil.copy(REPO / "results" / "v125" / "compare.json", tmp_path / "old.json")
+    assert "written_by" not in json.loads((tmp_path / "old.json").read_text())
+    ok(lenx(*cmp, "-o", "old.json", cwd=here))
+    assert json.loads((tmp_path / "old.json").read_text())["written_by"] == "lenx compare"
+
 
 def test_compare_refuses_runs_evaluated_on_another_version_of_the_corpus(work, tmp_path):
     result = json.loads((work / "runs" / "r" / "eval.json").read_text())

@@ -249,9 +249,9 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
     """Evaluate a run: perplexity at every length, ΔP and full-sequence perplexity.
 
     The perplexity of the last --scored tokens of the same windows at every length (the DAPE V2
-    paper's protocol); writes eval.json into the run directory. With --task, a retrieval task
-    (passkey or copy at distance) over lengths x depths instead. The run's corpus must be the one it
-    was trained on.
+    paper's protocol); writes eval.json into the run directory, keeping an earlier evaluation there
+    with other settings beside it as eval.<key>.json. With --task, a retrieval task (passkey or copy
+    at distance) over lengths x depths instead. The run's corpus must be the one it was trained on.
     """
     from dataclasses import replace
 
@@ -528,9 +528,13 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
                                                        "eval.json, e.g. a sweep's --out)"),
                 reference: str = typer.Option(None, help="a method to compare every other one with (paired "
                                                          "differences of perplexity)"),
-                out: Path = typer.Option(Path("compare.json"), "--out", "-o", help="the JSON file to write"),
+                out: Path = typer.Option(None, "--out", "-o", show_default=False,
+                                         help="the JSON file to write (default compare.json); a file that lenx "
+                                              "compare did not write is never overwritten"),
                 resamples: int = typer.Option(2000, help="bootstrap resamples of documents (at least 100)"),
-                seed: int = typer.Option(0, help="seed of the bootstrap resamples")):
+                seed: int = typer.Option(0, help="seed of the bootstrap resamples"),
+                force: bool = typer.Option(False, help="replace the compare.json of an earlier comparison (the "
+                                                       "default --out); a named --out of one is replaced anyway")):
     """Compare methods over seeds: perplexity with bootstrap intervals over documents.
 
     Reads each run's eval.json (`lenx eval` writes it, with one NLL per window), groups the runs by
@@ -539,18 +543,18 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
 
     With --reference, the paired difference of every other method to it. All runs must be
     evaluated on the same windows (corpus, split, eval.seed, windows, scored and lengths). Writes
-    the numbers to --out as JSON.
+    the numbers to --out as JSON (compare.json: an earlier one there is replaced only with --force).
     """
-    from .compare import MIN_RESAMPLES, CompareError, compare_runs, find_runs
+    from .compare import MIN_RESAMPLES, CompareError, check_out, compare_runs, find_runs
     from .fileio import write_json
 
+    named, out = out is not None, out or Path("compare.json")
     try:
         if resamples < MIN_RESAMPLES:
             raise CompareError(f"--resamples must be at least {MIN_RESAMPLES}, got {resamples}")
         if seed < 0:
             raise CompareError(f"--seed must be an integer >= 0, got {seed}")
-        if out.is_dir():
-            raise CompareError(f"--out {out} is a folder; give a file name such as {out / 'compare.json'}")
+        check_out(out, named, force)
         result = compare_runs(find_runs(runs), reference, n=resamples, seed=seed)
     except CompareError as e:
         _fail(e)

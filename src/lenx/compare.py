@@ -30,8 +30,40 @@ NO_DELTA_P = ("no run's eval.json keeps ΔP's terms per window (an older lenx ev
               "`lenx eval RUN` for ΔP and in-distribution intervals")
 
 
+WRITTEN_BY = "lenx compare"  # the marker of compare's JSON: `lenx compare --out` overwrites only such a file
+
+
 class CompareError(ValueError):
     """Runs that cannot be compared; the message is one line for the user."""
+
+
+def is_compare_output(path: Path) -> bool:
+    """Whether `path` holds JSON that `lenx compare` wrote: its marker, or (before the marker) the
+    keys compare_runs always wrote."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(data, dict):
+        return False
+    return data.get("written_by") == WRITTEN_BY or {"level", "resamples", "reference", "methods", "differences",
+                                                     "runs", "windows", "documents"} <= set(data)
+
+
+def check_out(out: Path, named: bool, force: bool) -> None:
+    """Whether compare may write `out`: a new file; a file of an earlier compare when the user named
+    it (--out) or passed --force; never a file lenx compare did not write."""
+    out = Path(out)
+    if out.is_dir():
+        raise CompareError(f"--out {out} is a folder; give a file name such as {out / 'compare.json'}")
+    if not out.exists() and not out.is_symlink():
+        return
+    if not is_compare_output(out):
+        raise CompareError(f"{out} exists and was not written by lenx compare; lenx does not overwrite it: "
+                           "choose another --out, or move that file away")
+    if not named and not force:
+        raise CompareError(f"{out} holds an earlier comparison; pass --force to replace it, or --out FILE to "
+                           "write this one elsewhere")
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -252,7 +284,7 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
                 d = seed_mean_difference(inside[method], inside[reference], documents, **boot)
                 differences[method]["in_distribution"] = d | {"excludes_zero": bool(d["lo"] > 0 or d["hi"] < 0)}
 
-    return {"level": level, "resamples": n, "seed": seed, "reference": reference,
+    return {"written_by": WRITTEN_BY, "level": level, "resamples": n, "seed": seed, "reference": reference,
             "corpus": windows["corpus"], "split": windows["split"], "eval_seed": windows["eval_seed"],
             "scored": windows["scored"], "lengths": lengths, "windows": int(len(documents)), "documents": distinct,
             "runs": [{"run": r["run"], "method": r["method"], "seed": r["seed"], "step": r["step"],

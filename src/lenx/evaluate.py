@@ -24,7 +24,7 @@ from torch.nn import functional as F
 from .attention.backends import score_block
 from .checkpoint import weights_step
 from .config import ConfigError, resolve_device
-from .fileio import write_json
+from .evalfiles import describe, write_evaluation
 from .model import LM
 from .runtime import autocast_for, load_model, open_run_corpus, run_config, run_weights
 
@@ -226,6 +226,19 @@ def _header(run_dir: Path, cfg, at_step, finished, scaling: dict | None, corpus)
     return head
 
 
+def _write(run_dir: Path, name: str, result: dict) -> None:
+    """Write an evaluation file; an earlier evaluation there with other settings is kept beside it
+    (lenx.evalfiles), which a note on stderr says."""
+    kept = write_evaluation(run_dir / name, result)
+    if kept is not None:
+        try:
+            what = describe(json.loads(kept.read_text()))
+        except (OSError, ValueError, AttributeError):
+            what = "not a readable evaluation"
+        print(f"note: {run_dir / name} held an evaluation with other settings ({what}); kept it as {kept}",
+              file=sys.stderr)
+
+
 def _rounded(window_means) -> list[float]:
     return [round(x, 6) for x in window_means.tolist()]
 
@@ -235,7 +248,8 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
              progress: bool = True, write: bool = True, step: int | None = None, rope_scaling: str | None = None,
              rope_scaling_factor: float | None = None) -> dict:
     """Evaluate a run's last checkpoint (or the one it kept at `step`) and write eval.json (or
-    eval_step<N>.json; with rope_scaling, eval_rope-<scaling>.json). Options left None take the
+    eval_step<N>.json; with rope_scaling, eval_rope-<scaling>.json); an evaluation there with other
+    settings is kept beside it as eval.<key>.json (lenx.evalfiles). Options left None take the
     run's eval section; every option is checked before anything is loaded, and the corpus must be
     the one the run was trained on (lenx.runtime.check_run_corpus). eval.json records the
     checkpoint's step and whether training had finished; a warning on stderr says when it had not.
@@ -293,7 +307,7 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
                             "window_nll": _rounded(short.double().mean(1))},
         "backends": model.backends(dev), "device": str(dev), "results": per_length}
     if write:
-        write_json(run_dir / result_name(step, rope_scaling), result)
+        _write(run_dir, result_name(step, rope_scaling), result)
     return result
 
 
@@ -338,7 +352,7 @@ def evaluate_task(run_dir: Path, task: str, lengths: list[int] | None = None, de
         **grid, "chance": retrieval.chance(task, corpus.vocab_size), "backends": model.backends(dev),
         "device": str(dev)}
     if write:
-        write_json(run_dir / result_name(step, rope_scaling, task), result)
+        _write(run_dir, result_name(step, rope_scaling, task), result)
     return result
 
 

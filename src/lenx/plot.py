@@ -17,6 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
+from .evalfiles import is_kept  # noqa: E402
+
 
 class PlotError(ValueError):
     pass
@@ -327,7 +329,8 @@ def redraw(source: Path, out: Path | None = None) -> list[Path]:
     eval_<task>.json (passkey, copy) -> eval_<task>_heatmap.png, and retrieval_<task>.png in the
     folder with one curve per method. A run's eval.json
     is drawn only when it is the source itself or the source folder's own (a sweep's results.json
-    already holds it). Returns the written files; PlotError when there is nothing to draw."""
+    already holds it); the earlier evaluations kept beside it (eval.<key>.json, lenx.evalfiles) only
+    when named as the source. Returns the written files; PlotError when there is nothing to draw."""
     source = Path(source)
     if not source.exists():
         raise FileNotFoundError(f"{source} not found: pass a folder, a results.json, eval.json, che.json or "
@@ -339,6 +342,8 @@ def redraw(source: Path, out: Path | None = None) -> list[Path]:
         return written
     written, retrieval = [], {}
     for path in sorted(source.rglob("*.json")):
+        if is_kept(path):
+            continue
         folder = (Path(out) / path.parent.relative_to(source)) if out is not None else path.parent
         if path.name == "eval.json" or (path.name.startswith("eval_") and _kind(_read(path)) == "eval"):
             # a run's perplexity (eval.json, eval_rope-*.json): drawn only for the folder itself (the

@@ -480,8 +480,9 @@ def _train_state(step, optim_state, device) -> dict:
 
 
 def _drop_stale_eval(run_dir: Path, step: int) -> None:
-    """Every evaluation of the last checkpoint (eval.json, eval_<task>.json, eval_rope-*.json; not
-    those of kept steps, eval*_step<N>*.json) that is of an earlier step: what it evaluated is gone."""
+    """Every evaluation of the last checkpoint (eval.json, eval_<task>.json, eval_rope-*.json and the
+    earlier ones kept beside them, eval*.<key>.json; not those of kept steps, eval*_step<N>*.json)
+    that is of an earlier step: what it evaluated is gone."""
     for path in sorted(run_dir.glob("eval*.json")):
         if "_step" in path.stem:
             continue
