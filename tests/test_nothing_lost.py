@@ -1,8 +1,9 @@
 """Issue 30, "data lost or silently wrong": runs pin the corpus they were trained on and refuse
-another one, replacing a corpus needs --force, `lenx eval` keeps every earlier evaluation, and `lenx
-compare` never overwrites a file it did not write (nor, by default, an earlier comparison). Every
-case runs `python -m lenx` as a user would, from another working directory with relative paths, and
-checks the one-line error (no traceback) or the data kept."""
+another one, replacing a corpus needs --force, `lenx eval` keeps every earlier evaluation, `lenx
+compare` never overwrites a file it did not write (nor, by default, an earlier comparison), and a
+JSONL record whose "text" is not a string stops `lenx prepare`. Every case runs `python -m lenx` as a
+user would, from another working directory with relative paths, and checks the one-line error (no
+traceback) or the data kept."""
 
 import json
 import os
@@ -283,3 +284,55 @@ def test_compare_refuses_runs_evaluated_on_another_version_of_the_corpus(work, t
     # an eval.json from before fingerprints (alibi's) compares with either
     shutil.rmtree(tmp_path / "sweep" / "rope-s0")
     ok(lenx("compare", "sweep", "--resamples", "100", "-o", "cmp.json", cwd=tmp_path))
+
+
+# --- 3. JSONL records whose "text" is not a string ----------------------------------------------------
+
+BAD = [
+    pytest.param('{"text": null}', '"text" is null, not a string', id="null"),
+    pytest.param('{"text": 12345}', '"text" is a number (12345), not a string', id="int"),
+    pytest.param('{"text": 1.5}', '"text" is a number (1.5), not a string', id="float"),
+    pytest.param('{"text": ["a", "b"]}', '"text" is a list (["a", "b"]), not a string', id="list"),
+    pytest.param('{"text": {"body": "x"}}', '"text" is an object ({"body": "x"}), not a string', id="object"),
+    pytest.param('{"text": true}', '"text" is a boolean (true), not a string', id="boolean"),
+    pytest.param('{"body": "no text"}', 'has no "text" field', id="missing"),
+    pytest.param('["text"]', 'is a list, not a JSON object with a "text" field', id="not-an-object"),
+]
+
+
+@pytest.mark.parametrize("record, needle", BAD)
+def test_a_record_whose_text_is_not_a_string_is_a_one_line_error_naming_the_line(tmp_path, record, needle):
+    inputs, here = tmp_path / "inputs", tmp_path / "elsewhere"
+    inputs.mkdir()
+    here.mkdir()
+    (inputs / "docs.jsonl").write_text('{"text": "one document"}\n\n{"text": "another"}\n' + record + "\n")
+    line = one_line_error(lenx("prepare", "mine", "--from", "../inputs/docs.jsonl", "--root", "../data", cwd=here),
+                          "../inputs/docs.jsonl line 4: " + needle, "--skip-bad-records")
+    assert line.endswith("fix or remove that line, or pass --skip-bad-records to leave such lines out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "inputs"]  # nothing written
+
+
+def test_skip_bad_records_leaves_them_out_and_counts_them(tmp_path):
+    good = [json.dumps({"text": f"document {i} " + "word " * 20}) for i in range(6)]
+    bad = [record.values[0] for record in BAD]
+    lines = [good[0], bad[0], good[1], bad[1], bad[2], good[2], good[3], *bad[3:], good[4], good[5]]
+    (tmp_path / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    out = ok(lenx("prepare", "mine", "--from", "../docs.jsonl", "--root", "../data", "--vocab-size", "300",
+                  "--skip-bad-records", cwd=here))
+    manifest = json.loads((tmp_path / "data" / "mine" / "manifest.json").read_text())
+    source = manifest["sources"][0]
+    numbers = [i + 1 for i, line in enumerate(lines) if line in bad]
+    assert source["bad_records_skipped"] == len(bad) == 8 and source["bad_record_lines"] == numbers
+    assert source["lines"] == manifest["cleaning"]["docs_read"] == 6
+    assert f"skipped 8 bad records of {tmp_path / 'docs.jsonl'} (--skip-bad-records; lines " \
+           f"{', '.join(map(str, numbers))})" in out.stderr
+    # a clean file records that nothing was skipped
+    (tmp_path / "clean.jsonl").write_text("\n".join(good) + "\n")
+    ok(lenx("prepare", "clean", "--from", "../clean.jsonl", "--root", "../data", "--vocab-size", "300", cwd=here))
+    assert json.loads((tmp_path / "data" / "clean" / "manifest.json").read_text())["sources"][0][
+        "bad_records_skipped"] == 0
+    # the option is for JSONL input
+    one_line_error(lenx("prepare", "texts", "--from", "..", "--root", "../data", "--skip-bad-records", cwd=here),
+                   "--skip-bad-records applies to a JSONL file")

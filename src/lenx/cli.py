@@ -154,6 +154,10 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
                                        "new one)"),
             allow_missing_sources: bool = typer.Option(False, help="build the corpus from the sources that could be "
                                                        "fetched when some cannot (the manifest lists the missing ones)"),
+            skip_bad_records: bool = typer.Option(False, "--skip-bad-records",
+                                                  help="--from a JSONL file: leave out the lines that are not a JSON "
+                                                       "object with a string \"text\" (the manifest counts them) "
+                                                       "instead of stopping at the first"),
             progress: Optional[bool] = ProgressOpt):
     """Build a corpus: fetch, extract, dedupe, split by document, tokenize, pack.
 
@@ -165,13 +169,22 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
     try:
         manifest = prepare_corpus(corpus, root, from_path=from_path, tokenizer=tokenizer, vocab_size=vocab_size,
                                   seed=seed, force=force, allow_missing_sources=allow_missing_sources,
-                                  long_test=long_test, long_test_tokens=long_test_tokens, progress=_progress(progress))
+                                  long_test=long_test, long_test_tokens=long_test_tokens, progress=_progress(progress),
+                                  skip_bad_records=skip_bad_records)
     except _user_errors() as e:
         _fail(e)
     summary = {k: v for k, v in manifest.items() if k not in ("sources",)}
     print(json.dumps(summary, indent=2))
     for line in split_summary(manifest):
         typer.echo(line, err=True)
+    for source in manifest.get("sources", []):
+        skipped = source.get("bad_records_skipped", 0)
+        if skipped:
+            lines = source.get("bad_record_lines", [])
+            more = ", ..." if skipped > len(lines) else ""
+            typer.echo(f"skipped {skipped:,} bad record{'s' if skipped != 1 else ''} of {source.get('path')} "
+                       f"(--skip-bad-records; line{'s' if skipped != 1 else ''} {', '.join(map(str, lines))}{more})",
+                       err=True)
 
 
 def split_summary(manifest: dict) -> list[str]:

@@ -382,8 +382,13 @@ def _write_split(folder: Path, split: str, docs: Iterator[np.ndarray], eos_id: i
     return stats
 
 
-def _read_user_data(path: Path) -> tuple[list, dict]:
-    """Documents from a folder of text files (recursive) or a JSONL file with a "text" field."""
+def _read_user_data(path: Path, skip_bad_records: bool = False) -> tuple[list, dict]:
+    """Documents from a folder of text files (recursive) or a JSONL file with a "text" field.
+
+    A JSONL line that is not a JSON object with a string "text" (not JSON, no "text", or a text that
+    is null, a number, a list, an object or a boolean) is a one-line DataError naming the file and
+    line, unless `skip_bad_records`: then it is left out and counted in the source's record
+    ("bad_records_skipped", the first lines in "bad_record_lines")."""
     path = Path(path).expanduser()
     docs, skipped = [], 0
     if path.is_dir():
@@ -405,21 +410,60 @@ def _read_user_data(path: Path) -> tuple[list, dict]:
         import gzip
 
         opener = gzip.open if path.name.endswith(".gz") else open
+        bad = []
         with opener(path, "rt", encoding="utf-8", errors="replace") as f:
             for i, line in enumerate(f):
                 if not line.strip():
                     continue
-                try:
-                    text = json.loads(line)["text"]
-                except (ValueError, KeyError, TypeError) as e:
-                    msg = f"{path} line {i + 1} is not JSON with a \"text\" field ({e}); fix or remove it"
-                    raise DataError(msg) from e
-                docs.append((f"{path.name}:{i + 1}", str(text)))
-        record = {"name": "user", "path": str(path.resolve()), "lines": len(docs)}
+                problem = _bad_record(line)
+                if problem is None:
+                    docs.append((f"{path.name}:{i + 1}", json.loads(line)["text"]))
+                elif skip_bad_records:
+                    bad.append(i + 1)
+                else:
+                    raise DataError(f"{path} line {i + 1}: {problem}; fix or remove that line, or pass "
+                                    "--skip-bad-records to leave such lines out")
+        record = {"name": "user", "path": str(path.resolve()), "lines": len(docs), "bad_records_skipped": len(bad)}
+        if bad:
+            record["bad_record_lines"] = bad[:20]  # the first ones
     else:
         raise DataError(f"--from path {path} is neither a folder nor a .jsonl file; "
                         "give a folder of text files or a JSONL file")
     return docs, record
+
+
+def _bad_record(line: str) -> str | None:
+    """Why a JSONL line is not a document (a JSON object with a string "text"), or None."""
+    try:
+        record = json.loads(line)
+    except ValueError as e:
+        return f"is not JSON ({e})"
+    if not isinstance(record, dict):
+        return f"is {_json_type(record)}, not a JSON object with a \"text\" field"
+    if "text" not in record:
+        return "has no \"text\" field"
+    text = record["text"]
+    if not isinstance(text, str):
+        if text is None:
+            return "\"text\" is null, not a string"
+        shown = json.dumps(text, ensure_ascii=False)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        return f"\"text\" is {_json_type(text)} ({shown}), not a string"
+    return None
+
+
+def _json_type(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return "a string"
 
 
 def _gather_builtin(name: str, sources: list[Source], reg: Registries, progress: bool,
@@ -495,7 +539,7 @@ def _check_long_test(name: str, long_test, long_test_tokens) -> None:
 
 
 def _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, root, long_test=0,
-                long_test_tokens=LONG_TEST_TOKENS) -> None:
+                long_test_tokens=LONG_TEST_TOKENS, skip_bad_records=False) -> None:
     _check_name(name)
     _check_long_test(name, long_test, long_test_tokens)
     if from_path is None and name not in CORPORA:
@@ -512,6 +556,9 @@ def _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, roo
                         "(256 bytes + EOS + 1)")
     if from_path is not None and not Path(from_path).expanduser().exists():
         raise DataError(f"--from path {from_path} does not exist; give a folder of text files or a .jsonl file")
+    if skip_bad_records and (from_path is None or Path(from_path).expanduser().is_dir()):
+        raise DataError("--skip-bad-records applies to a JSONL file given with --from (its lines that are not "
+                        "a JSON object with a string \"text\")")
     if not (0 <= val_frac < 1 and 0 <= test_frac < 1 and val_frac + test_frac < 1):
         raise DataError(f"val_frac={val_frac} and test_frac={test_frac} must be in [0, 1) and sum to less than 1")
 
@@ -527,11 +574,12 @@ def _build_synthetic(folder: Path, seed: int, val_frac: float, test_frac: float)
             "splits": splits}
 
 
-def _read_docs(name: str, from_path, reg: Registries, progress: bool, allow_missing: bool):
+def _read_docs(name: str, from_path, reg: Registries, progress: bool, allow_missing: bool,
+               skip_bad_records: bool = False):
     """The corpus's documents, read, normalised and deduplicated: (docs, source records,
     missing sources, cleaning stats)."""
     if from_path is not None:
-        raw, record = _read_user_data(Path(from_path))
+        raw, record = _read_user_data(Path(from_path), skip_bad_records)
         records, missing = [record], []
     else:
         raw, records, missing = _gather_builtin(name, BUILTIN_SOURCES[name](), reg, progress, allow_missing)
@@ -729,7 +777,8 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
                    tokenizer: str = "bpe", vocab_size: int = 16384, seed: int = 0,
                    val_frac: float = 0.02, test_frac: float = 0.05, cache_dir: Path | None = None,
                    progress: bool = True, force: bool = False, allow_missing_sources: bool = False,
-                   long_test: int = 0, long_test_tokens: int = LONG_TEST_TOKENS) -> dict:
+                   long_test: int = 0, long_test_tokens: int = LONG_TEST_TOKENS,
+                   skip_bad_records: bool = False) -> dict:
     """Build `<root>/<name>/` and return its manifest.
 
     Built-in names are in CORPORA; any other name needs `from_path` (a folder of text
@@ -751,13 +800,17 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
     manifest["long_test"] records the reservation; every split records its number of
     documents of >= 8192 and >= 16384 tokens (and >= `long_test_tokens`).
 
+    `skip_bad_records` (a JSONL `from_path`): leave out the lines that are not a JSON object with a
+    string "text" and count them in the manifest's source record, instead of failing on the first.
+
     The manifest's "fingerprint" pins the content (see Corpus.fingerprint).
 
     On any failure the corpus that was there before is left untouched.
     """
     t0 = time.time()
     root = Path(root)
-    _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, root, long_test, long_test_tokens)
+    _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, root, long_test, long_test_tokens,
+                skip_bad_records)
     params = _params(from_path, tokenizer, vocab_size, seed, val_frac, test_frac, long_test, long_test_tokens)
     if name == "synthetic":
         params.update(tokenizer="none", vocab_size=synthetic.VOCAB)
@@ -771,7 +824,8 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
 
     if name != "synthetic":  # read and check the documents before any build folder exists
         reg = Registries(Path(cache_dir) if cache_dir else root / ".cache")
-        docs, records, missing, cleaning = _read_docs(name, from_path, reg, progress, allow_missing_sources)
+        docs, records, missing, cleaning = _read_docs(name, from_path, reg, progress, allow_missing_sources,
+                                                      skip_bad_records)
         _check_docs(name, docs, val_frac, test_frac, long_test, long_test_tokens)
 
     # Build next to the real folder (through a symlink, if `folder` is one), so the
