@@ -134,7 +134,9 @@ def test_a_constant_shift_is_a_difference_that_excludes_zero(tmp_path, template)
     assert math.isclose(shift["hi"], shift["diff"], rel_tol=1e-6)
     assert shift["excludes_zero"]
     same = out["differences"]["worse"]["64"]
-    assert same == {"diff": 0.0, "lo": 0.0, "hi": 0.0, "excludes_zero": False}
+    assert {k: same[k] for k in ("diff", "lo", "hi", "excludes_zero")} == {"diff": 0.0, "lo": 0.0, "hi": 0.0,
+                                                                           "excludes_zero": False}
+    assert same["covers"] == "documents only" and same["seed_sd"] is None  # one seed each
     # varying windows, all shifted alike: up at 32, down at 64, never straddling 0
     paired = compare_runs(runs, reference="noisy", n=500)["differences"]["noisier"]
     up, down = paired["32"], paired["64"]
@@ -223,7 +225,13 @@ def test_the_command_from_another_folder(tmp_path, template):
     assert written["methods"]["kerple"]["lengths"] == expected["methods"]["kerple"]["lengths"]
     assert written["differences"] == expected["differences"]
     assert written["methods"]["kerple"]["runs"] == ["../runs/sweep/kerple-s0", "../runs/sweep/kerple-s1"]
-    assert written["differences"]["dapev2-kerple"]["64"]["excludes_zero"]
+    # two seeds a method: the interval covers seeds too, and it is wider than the documents alone
+    d = written["differences"]["dapev2-kerple"]["64"]
+    docs_only = seed_mean_difference(np.stack([noisy(template, 5 + s, -0.6) for s in (0, 1)]),
+                                     np.stack([noisy(template, 5 + s) for s in (0, 1)]),
+                                     template[0]["window_documents"], n=300, seed=2)
+    assert d["covers"] == "seeds and documents" and d["seed_sd"] > 0 and d["reference_seed_sd"] > 0
+    assert d["hi"] - d["lo"] > docs_only["hi"] - docs_only["lo"] and d["diff"] < 0
     cell = expected["methods"]["kerple"]["lengths"]["32"]
     assert f"{cell['ppl']:.2f} [{cell['lo']:.2f}, {cell['hi']:.2f}]" in out.stdout
     assert "perplexity minus kerple's" in out.stdout and "kerple (2 seeds)" in out.stdout

@@ -523,16 +523,37 @@ def print_compare_tables(result: dict):
         console.print(f"ΔP left out ({', '.join(methods)}): {note}", highlight=False)
 
     if result["reference"] is not None and result["differences"]:
-        diff = table(f"perplexity minus {result['reference']}'s, mean over seeds [{pct} paired interval]",
-                     "bold: the interval excludes 0 (negative: better than the reference)")
+        diff = table(f"perplexity minus {result['reference']}'s, mean over seeds [{pct} interval over seeds and "
+                     f"documents]",
+                     "bold: the interval excludes 0 (negative: better than the reference); †: a method with one "
+                     "seed, so the interval covers documents only (not a claim about the method)")
+
+        def cell(d: dict) -> str:
+            text = _interval_cell(d["diff"], d["lo"], d["hi"], "+") + ("†" if d.get("covers") == "documents only" else "")
+            return f"[bold]{text}[/bold]" if d["excludes_zero"] else text
+
+        decided = []  # (method, column, verdict, the documents whose removal alone changes it)
         for method, rows in result["differences"].items():
-            cells = inside_cell(rows.get("in_distribution"), "diff", "+")
+            entry = rows.get("in_distribution")
+            cells = ([""] if entry is None else [cell(entry)]) if inside else []
             for L in lengths:
-                d = rows[L]
-                text = _interval_cell(d["diff"], d["lo"], d["hi"], "+")
-                cells.append(f"[bold]{text}[/bold]" if d["excludes_zero"] else text)
+                cells.append(cell(rows[L]))
             diff.add_row(method, *cells)
+            for column, d in rows.items():
+                flips = d.get("decided_by") or []
+                if flips:
+                    ids = ", ".join(str(f["document"]) for f in flips[:5]) + (", ..." if len(flips) > 5 else "")
+                    decided.append((method, column, d["verdict"], f"{len(flips)}: {ids}"))
         console.print(diff)
+        if decided:
+            one = Table(title="verdicts that one document can change (dropping it alone changes the verdict)",
+                        caption="the verdict with every document; the documents whose removal alone changes it "
+                                "(compare.json: each one's difference and interval without it)")
+            for col in ("method", "length", "verdict", "documents"):
+                one.add_column(col, no_wrap=col == "method")
+            for row in decided:
+                one.add_row(*row)
+            console.print(one)
 
 
 @_command("compare")
@@ -548,13 +569,17 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
                 seed: int = typer.Option(0, help="seed of the bootstrap resamples"),
                 force: bool = typer.Option(False, help="replace the compare.json of an earlier comparison (the "
                                                        "default --out); a named --out of one is replaced anyway")):
-    """Compare methods over seeds: perplexity with bootstrap intervals over documents.
+    """Compare methods over seeds: perplexity with intervals over seeds and documents.
 
     Reads each run's eval.json (`lenx eval` writes it, with one NLL per window), groups the runs by
     method (each run one training seed) and prints per method and length the mean perplexity over
     seeds with its 95% percentile bootstrap interval (documents resampled, one draw for all).
 
-    With --reference, the paired difference of every other method to it. All runs must be
+    With --reference, the paired difference of every other method to it, with an interval over both
+    the documents and each method's seeds (marked † where a method has one seed: documents only),
+    and the verdicts that a single document decides.
+
+    All runs must be
     evaluated on the same windows (corpus, split, eval.seed, windows, scored and lengths). Writes
     the numbers to --out as JSON (compare.json: an earlier one there is replaced only with --force).
     """

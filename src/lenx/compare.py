@@ -7,7 +7,10 @@ the very same windows: a method's seeds are pooled window by window, and two met
 pairwise on the same resamples of documents (lenx.stats).
 
 Per method and length the point estimate is the seed-mean perplexity, the mean over seeds of each
-seed's exp(mean window NLL). ΔP (P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluate.py) and
+seed's exp(mean window NLL). Differences to a reference method get intervals over both the documents
+and each method's seeds (stats.method_difference: two seeds of one method can differ by more than a
+document-only interval allows), with the seed-to-seed spreads, the document win rate, the documents
+that carry most of the difference and those whose removal alone changes the verdict. ΔP (P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluate.py) and
 the in-distribution perplexity (its first term) get intervals from the seeds whose eval.json keeps
 both terms per window ("in_distribution" and each length's "delta_p_window_nll"); where no seed's
 does (an older lenx eval), the method's "delta_p_note" says so.
@@ -22,7 +25,8 @@ import tomllib
 
 import numpy as np
 
-from .stats import seed_mean_difference, seed_mean_interval
+from .stats import (document_shares, document_win_rate, leave_one_document_out, method_difference,
+                    seed_mean_difference, seed_mean_interval)
 
 MIN_RESAMPLES = 100
 WINDOW_KEYS = ("corpus", "split", "eval_seed", "scored", "lengths", "window_documents")  # what fixes the windows
@@ -210,7 +214,24 @@ def _delta_p_windows(members: list[dict], lengths: list[int]) -> tuple[np.ndarra
 
 def _interval_entry(window_nll: np.ndarray, documents: np.ndarray, boot: dict) -> dict:
     interval = seed_mean_interval(window_nll, documents, **boot)
-    return {"ppl": interval["ppl"], "lo": interval["lo"], "hi": interval["hi"], "per_seed": interval["per_seed"]}
+    return {"ppl": interval["ppl"], "lo": interval["lo"], "hi": interval["hi"], "per_seed": interval["per_seed"],
+            "median_nll": float(np.median(window_nll))}
+
+
+def _difference(a: np.ndarray, b: np.ndarray, documents: np.ndarray, boot: dict) -> dict:
+    """Method a minus the reference b ([seeds, windows] each): the seed-mean perplexity difference with
+    its interval over seeds and documents (stats.method_difference; "covers": "documents only" when
+    either has one seed), each one's seed-to-seed spread, the share of documents on which a is
+    better, the three documents with the largest share of the mean-NLL difference, and the documents
+    whose removal alone changes the verdict."""
+    d = method_difference(a, b, documents, **boot)
+    loo = leave_one_document_out(a, b, documents, **boot)
+    words = {"a lower": "lower than the reference", "b lower": "higher than the reference",
+             "no difference": "no difference"}
+    return {"diff": d["diff"], "lo": d["lo"], "hi": d["hi"], "excludes_zero": bool(d["lo"] > 0 or d["hi"] < 0),
+            "covers": d["covers"], "seed_sd": d["seed_sd_a"], "reference_seed_sd": d["seed_sd_b"],
+            "document_win_rate": document_win_rate(a, b, documents), "top_documents": document_shares(a, b, documents)[:3],
+            "verdict": words[loo["verdict"]], "decided_by": [f | {"verdict": words[f["verdict"]]} for f in loo["flips"]]}
 
 
 def _checked_options(n, seed, level) -> None:
@@ -227,7 +248,7 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
     """Seed-mean perplexity of every method at every length with its percentile bootstrap interval
     over documents (n resamples, drawn by `seed`, the same draw for every method and length), ΔP
     likewise where the window NLLs allow it, and with `reference` (a method name) each other
-    method's paired difference to it. All of it JSON-ready; see the module docstring. A CompareError
+    method's paired difference to it over seeds and documents (_difference). All of it JSON-ready; see the module docstring. A CompareError
     (one line) when the runs cannot be compared: no per-window NLLs, other windows, a seed twice, an
     unknown reference."""
     _checked_options(n, seed, level)
@@ -277,12 +298,10 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
                 continue
             differences[method] = {}
             for L in lengths:
-                d = seed_mean_difference(stacked[method][L], stacked[reference][L], documents, **boot)
-                differences[method][str(L)] = d | {"excludes_zero": bool(d["lo"] > 0 or d["hi"] < 0)}
+                differences[method][str(L)] = _difference(stacked[method][L], stacked[reference][L], documents, boot)
             if "in_distribution" in methods[method] and "in_distribution" in methods[reference]:
                 # seed means over the seeds that kept the point (they may be fewer than the method's)
-                d = seed_mean_difference(inside[method], inside[reference], documents, **boot)
-                differences[method]["in_distribution"] = d | {"excludes_zero": bool(d["lo"] > 0 or d["hi"] < 0)}
+                differences[method]["in_distribution"] = _difference(inside[method], inside[reference], documents, boot)
 
     return {"written_by": WRITTEN_BY, "level": level, "resamples": n, "seed": seed, "reference": reference,
             "corpus": windows["corpus"], "split": windows["split"], "eval_seed": windows["eval_seed"],
