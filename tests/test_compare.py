@@ -323,3 +323,23 @@ def test_delta_p_from_the_seeds_that_keep_its_terms(tmp_path, template):
     assert m["delta_p_seeds"] == [1] and m["in_distribution"]["seeds"] == [1]
     assert math.isclose(m["lengths"]["64"]["delta_p"]["value"], math.exp(2.5) - math.exp(2.4), rel_tol=1e-9)
     assert m["lengths"]["64"]["seeds"] == 2
+
+
+def test_windows_above_uniform_guessing_are_flagged(tmp_path, template):
+    """A window whose mean NLL is above ln(vocabulary) (the run's meta.json) is counted per method
+    and length with its document, and the command warns; runs without meta.json are not checked."""
+    docs = template[0]["window_documents"]
+    nll = np.full(len(docs), 2.0)
+    nll[3] = 9.9  # above ln 16384 = 9.70
+    run = fake_run(tmp_path / "runs" / "a-s0", template, "a", 0, {32: nll, 64: 2.0})
+    (run / "meta.json").write_text(json.dumps({"vocab_size": 16384}))
+    entry = compare_runs([run], n=200)["methods"]["a"]["lengths"]
+    assert entry["32"]["above_uniform_windows"] == 1 and entry["32"]["above_uniform_documents"] == [docs[3]]
+    assert entry["64"]["above_uniform_windows"] == 0
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), "COLUMNS": "200"}
+    out = subprocess.run([sys.executable, "-m", "lenx", "compare", "runs", "--out", "c.json", "--resamples", "200"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "above ln(vocabulary)" in out.stdout and str(docs[3]) in out.stdout
+    (run / "meta.json").unlink()
+    assert "above_uniform_windows" not in compare_runs([run], n=200)["methods"]["a"]["lengths"]["32"]

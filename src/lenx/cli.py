@@ -39,8 +39,9 @@ def _user_errors(*extra: type[Exception]) -> tuple[type[Exception], ...]:
     from .checkpoint import CheckpointError
     from .config import ConfigError
     from .data import DataError
+    from .fileio import OutputError
 
-    return (ConfigError, DataError, CheckpointError, UnknownMethodError, FileNotFoundError, *extra)
+    return (ConfigError, DataError, CheckpointError, UnknownMethodError, FileNotFoundError, OutputError, *extra)
 
 
 def _fail(e: Exception):
@@ -165,8 +166,11 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
     tokens, documents of >= 8192 and >= 16384 tokens) on stderr.
     """
     from .data import prepare_corpus
+    from .fileio import check_writable_dir
 
     try:
+        check_writable_dir(root, "--root")
+        check_writable_dir(root / corpus, "the corpus folder")
         manifest = prepare_corpus(corpus, root, from_path=from_path, tokenizer=tokenizer, vocab_size=vocab_size,
                                   seed=seed, force=force, allow_missing_sources=allow_missing_sources,
                                   long_test=long_test, long_test_tokens=long_test_tokens, progress=_progress(progress),
@@ -216,6 +220,7 @@ def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
     """
     from . import distributed
     from .config import ConfigError, check_device, load_config
+    from .fileio import check_writable_dir
     from .train import TrainingDiverged, train
 
     # Under torchrun a failing rank reports its error and exits non-zero; torchrun then stops the
@@ -228,11 +233,13 @@ def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
                                   f"(edit {resume / 'config.toml'} instead, e.g. train.parallel)")
             resumed = _run_config(resume)
             check_device(resumed, resumed.train.device)
+            check_writable_dir(resume, "the run folder")
             summary = train(None, resume, resume=True, progress=_progress(progress))
         else:
             cfg = load_config(config, set_ or [])
             check_device(cfg, cfg.train.device)
             run_dir = out or Path("runs") / f"{cfg.data.corpus}-{cfg.model.method}-T{cfg.train.seq_len}"
+            check_writable_dir(run_dir, "--out" if out else "the run folder")
             summary = train(cfg, run_dir, progress=_progress(progress))
     except _user_errors(TrainingDiverged) as e:
         _fail(e)
@@ -270,9 +277,13 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
 
     from .config import ConfigError, check_device, validate
     from .evaluate import evaluate, evaluate_task, result_name
+    from .fileio import check_writable_dir, check_writable_file
 
     try:
         cfg = _run_config(run)
+        # before any work: an evaluation that cannot be saved is not started
+        check_writable_dir(run, "the run folder")
+        check_writable_file(Path(run) / result_name(step, rope_scaling, task), "the evaluation file")
         if backend:
             cfg = replace(cfg, model=replace(cfg.model, backend=backend))
             validate(cfg)
@@ -441,6 +452,7 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
     not trained again and a partial one resumes. Writes results.json, results.md and the figures.
     """
     from .config import ConfigError, load_config
+    from .fileio import check_writable_dir
     from .sweep import SweepError, sweep
     from .train import TrainingDiverged
 
@@ -450,6 +462,8 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
         if seed_list and len(set(seed_list)) < len(seed_list):
             raise ConfigError(f"--seeds names a seed more than once: {seeds!r}")
         cfg = load_config(config, set_ or [])  # sweep() checks every run's config before the first trains
+        check_writable_dir(out or Path("runs") / f"sweep-{cfg.data.corpus}-T{cfg.train.seq_len}",
+                           "--out" if out else "the sweep folder")
         out = out or Path("runs") / f"sweep-{cfg.data.corpus}-T{cfg.train.seq_len}"
         result = sweep(names, cfg, out, progress=_progress(progress), jobs=jobs, force=force, seeds=seed_list)
     except _user_errors(TrainingDiverged, SweepError) as e:
@@ -515,6 +529,15 @@ def print_compare_tables(result: dict):
             cells = ["" if e is None else _interval_cell(e["value"], e["lo"], e["hi"], "+") for e in entries]
             dp.add_row(f"{method} (seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))})", *cells)
         console.print(dp)
+    above = {(method, L): m["lengths"][L] for method, m in result["methods"].items() for L in lengths
+             if m["lengths"][L].get("above_uniform_windows")}
+    if above:
+        docs = sorted({d for e in above.values() for d in e["above_uniform_documents"]}, key=str)
+        console.print(f"warning: {len(above)} (method, length) cells have windows whose mean NLL is above ln(vocabulary) "
+                      f"(worse than uniform guessing: text the model cannot read), from documents "
+                      f"{', '.join(map(str, docs[:10]))}{', ...' if len(docs) > 10 else ''}; compare.json lists them "
+                      "(above_uniform_windows); the verdict table shows whether one decides a difference",
+                      highlight=False)
     notes: dict[str, list[str]] = {}  # why ΔP is left out -> the methods it applies to
     for method, m in result["methods"].items():
         if m["delta_p_note"]:
@@ -626,8 +649,11 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
     """
     from . import plot
     from .config import ConfigError, check_device
+    from .fileio import check_writable_dir
 
     try:
+        if out is not None:
+            check_writable_dir(out, "--out")
         if attention:
             from .evaluate import attention_maps, save_attention_maps
 
@@ -641,6 +667,8 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
             if length < 1:
                 raise ConfigError(f"--length must be >= 1, got {length}")
             check_device(cfg, "cpu", training=False)  # the maps are computed on the CPU
+            if out is None:
+                check_writable_dir(source, "the run folder")
             # the checkpoint is read once, into JSON; the figure is drawn from that file, as
             # `lenx plot FOLDER` re-draws it later without the checkpoint
             maps = attention_maps(source, layer=layer, head=head, length=length)
@@ -649,6 +677,8 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
             print(saved)
             print(plot.draw_attention_maps(plot.load_attention_maps(saved), png))
             return
+        if out is None and source.exists():  # the figures go next to their JSON
+            check_writable_dir(source if source.is_dir() else source.parent, "the figures' folder")
         for path in plot.redraw(source, out):
             print(path)
     except (*_user_errors(), plot.PlotError) as e:
@@ -677,8 +707,11 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
     from .che import CHEError, make_config, merge_che, run_che
     from .tasks import UnknownTaskError
 
+    from .fileio import check_writable_dir
+
     split = lambda text: [x for x in text.split(",") if x] if text else None  # noqa: E731
     try:
+        check_writable_dir(out, "--out")
         if merge:
             result = merge_che([Path(p) for p in split(merge)], out)
         else:
@@ -745,6 +778,7 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
 
     from .bench import TRAIN_STEP_METHODS, print_bench_table, print_train_step_table, run_bench, train_step_bench
     from .config import ConfigError
+    from .fileio import check_writable_file
     from .runinfo import git_commit
 
     try:
@@ -756,10 +790,12 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
         forced = _parse_backend_for(backend_for) if backend_for else {}
         if forced and not train_step:
             raise ConfigError("--backend-for applies to --train-step (the kernel benchmark takes --backends)")
+        # before any timing: results that cannot be saved are not measured
+        out = out or Path("bench_train_step.json" if train_step else "bench.json")
+        check_writable_file(out, "--out")
     except _user_errors() as e:
         _fail(e)
     if train_step:
-        out = out or Path("bench_train_step.json")
         try:
             result = train_step_bench((methods or ",".join(TRAIN_STEP_METHODS)).split(","), preset=preset,
                                       seq_len=seq_len, batch_size=batch or 32, steps=steps, warmup=warmup, device=device,
@@ -771,7 +807,6 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
         print_train_step_table(result)
         print(f"wrote {out}")
         return
-    out = out or Path("bench.json")
     result = run_bench(methods=(methods or "sdpa,kerple,dapev2-kerple,stickbreaking").split(","),
                        lengths=length_list, batch=batch or 1,
                        heads=heads, head_dim=head_dim, backends=backends.split(","), out_path=str(out),

@@ -26,7 +26,7 @@ import tomllib
 import numpy as np
 
 from .stats import (document_shares, document_win_rate, leave_one_document_out, method_difference,
-                    seed_mean_difference, seed_mean_interval)
+                    seed_mean_difference, seed_mean_interval, window_summary)
 
 MIN_RESAMPLES = 100
 WINDOW_KEYS = ("corpus", "split", "eval_seed", "scored", "lengths", "window_documents")  # what fixes the windows
@@ -142,7 +142,11 @@ def load_run(run_dir: Path) -> dict:
     if short is None or any(v is None for v in tails.values()):
         short, tails = None, {}
     fingerprint = result.get("corpus_fingerprint")
-    return {"run": str(run_dir), "method": result.get("label") or result.get("method"), "seed": _training_seed(run_dir),
+    try:
+        vocab = json.loads((run_dir / "meta.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        vocab = None  # a run folder without meta.json: no ln(vocabulary) check
+    return {"run": str(run_dir), "vocab_size": vocab if isinstance(vocab, int) and vocab > 1 else None, "method": result.get("label") or result.get("method"), "seed": _training_seed(run_dir),
             "corpus_fingerprint": fingerprint if isinstance(fingerprint, dict) else None,
             "train_len": result.get("train_len"), "step": result.get("step"), "finished": result.get("finished"),
             "windows": windows, "nll": {L: nll[L] for L in lengths}, "delta_p_tokens": result.get("delta_p_tokens"),
@@ -274,8 +278,13 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
         terms = _delta_p_windows(members, lengths)
         note = None if terms is not None else NO_DELTA_P
         per_length = {}
+        vocab = members[0]["vocab_size"]
         for L in lengths:
             entry = _interval_entry(stacked[method][L], documents, boot) | {"seeds": len(members), "documents": distinct}
+            if vocab:  # windows whose mean NLL is above uniform guessing's: text the model cannot read
+                summary = window_summary(stacked[method][L], documents, vocab)
+                entry["above_uniform_windows"] = summary["above_uniform_windows"]
+                entry["above_uniform_documents"] = summary["above_uniform_documents"]
             if terms is not None and L > T:
                 # per seed: exp(mean NLL read with T_train tokens) - exp(mean NLL of the same tokens at L)
                 short, tail = terms[0], terms[1][L]
