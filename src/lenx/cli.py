@@ -649,7 +649,7 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
     """
     from . import plot
     from .config import ConfigError, check_device
-    from .fileio import check_writable_dir
+    from .fileio import OutputError, check_writable_dir
 
     try:
         if out is not None:
@@ -683,6 +683,8 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
             print(path)
     except (*_user_errors(), plot.PlotError) as e:
         _fail(e)
+    except OSError as e:  # a figure's own path taken (e.g. by a folder): one line, not a traceback
+        _fail(OutputError(f"cannot write a figure: {e}"))
 
 
 @_command("che")

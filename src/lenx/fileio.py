@@ -45,3 +45,43 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+class OutputError(Exception):
+    """An output path that cannot be written; the CLI reports it in one line before any work."""
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def check_writable_dir(path: Path, what: str) -> None:
+    """Raise OutputError unless `path` is a folder that can be written, or one that can be created
+    (its nearest existing ancestor is a writable folder). Creates nothing."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{what} {path} is a file, not a folder")
+    _check_base(path, what)
+
+
+def _check_base(path: Path, what: str, shown: Path | None = None) -> None:
+    """`path` (a folder, existing or not; the one of `shown`) can be created or written."""
+    base, path = _nearest_existing(path), shown or path
+    if not base.is_dir():
+        raise OutputError(f"cannot write {what} {path}: {base} is a file, not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise OutputError(f"cannot write {what} {path}: {base} is not writable (permission denied)")
+
+
+def check_writable_file(path: Path, what: str) -> None:
+    """Raise OutputError unless `path` is a file that can be written (an existing writable file, or a
+    new one in a folder that can be written or created). Creates nothing."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{what} {path} is a folder, not a file")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise OutputError(f"cannot write {what} {path}: the file is not writable (permission denied)")
+    _check_base(path.parent, what, shown=path)

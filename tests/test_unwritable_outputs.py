@@ -1,0 +1,119 @@
+"""Issue 30, "tracebacks where the README promises one line": an output path that cannot be written
+(an existing file where a folder is expected or a folder where a file is, a path under a regular
+file, a read-only folder) is one line on stderr, exit code 2, checked before any work starts, and
+nothing is created. Every case runs `python -m lenx` as a user would, from another working
+directory with relative paths."""
+
+import os
+from pathlib import Path
+import shutil
+import time
+
+import pytest
+
+from test_nothing_lost import SETS, copy_work, lenx, one_line_error, snapshot, work  # noqa: F401 (the fixture)
+
+ROOT = os.geteuid() == 0
+ROOT_REASON = "running as root: a read-only folder (chmod 555) does not stop root from writing"
+TINY_CPU = ["--set", "train.device=cpu", "--set", "train.steps=2"]
+
+
+@pytest.fixture
+def here(tmp_path) -> Path:
+    """tmp/elsewhere (lenx runs from it) with a regular file `afile` and a folder `adir`."""
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    (here / "afile").write_text("not a folder\n")
+    (here / "adir").mkdir()
+    return here
+
+
+def unchanged(here: Path, before: dict, args, *needles):
+    out = lenx(*args, cwd=here)
+    line = one_line_error(out, *needles)
+    assert snapshot(here) == before, "something was written"
+    assert sorted(p.name for p in here.iterdir()) == ["adir", "afile"], "something was created"
+    return line
+
+
+CASES = [  # (args, the path named in the error)
+    (["train", "-c", "tiny", *TINY_CPU, "-o", "afile"], "afile"),
+    (["train", "-c", "tiny", *TINY_CPU, "-o", "afile/run"], "afile/run"),
+    (["sweep", "--methods", "rope", "-c", "tiny", *TINY_CPU, "-o", "afile"], "afile"),
+    (["sweep", "--methods", "rope", "-c", "tiny", *TINY_CPU, "-o", "afile/sweep"], "afile/sweep"),
+    (["che", "--tasks", "parity_check", "--methods", "rope", "--steps", "2", "-o", "afile"], "afile"),
+    (["che", "--tasks", "parity_check", "--methods", "rope", "--steps", "2", "-o", "afile/che"], "afile/che"),
+    (["prepare", "synthetic", "--root", "afile"], "afile"),
+    (["prepare", "synthetic", "--root", "afile/data"], "afile/data"),
+    (["prepare", "afile", "--root", "."], "afile"),  # the corpus folder is a regular file
+    (["bench", "--train-step", "--device", "cpu", "--preset", "tiny", "--methods", "rope", "-o", "adir"], "adir"),
+    (["bench", "--train-step", "--device", "cpu", "--preset", "tiny", "--methods", "rope", "-o", "afile/b.json"],
+     "afile/b.json"),
+]
+
+
+@pytest.mark.parametrize("args,needle", CASES, ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_an_unwritable_output_is_one_line_and_creates_nothing(here, args, needle):
+    unchanged(here, snapshot(here), args, needle)
+
+
+def test_plot_to_an_unwritable_folder_is_one_line(work, tmp_path):  # noqa: F811
+    w = copy_work(work, tmp_path / "w")
+    here, run = w / "elsewhere", w / "runs" / "r"
+    (here / "afile").write_text("not a folder\n")
+    before = snapshot(w)
+    for out in ("afile", "afile/figs"):
+        for args in (["plot", "../runs/r/eval.json", "-o", out], ["plot", "../runs/r", "--attention", "-o", out]):
+            one_line_error(lenx(*args, cwd=here), out)
+            assert snapshot(w) == before, args
+    (run / "perplexity.png").mkdir()  # without -o the figure goes next to its JSON: a folder is there
+    one_line_error(lenx("plot", "../runs/r/eval.json", cwd=here), "perplexity.png")
+
+
+def test_eval_of_an_unwritable_run_folder_fails_before_any_work(work, tmp_path):  # noqa: F811
+    w = copy_work(work, tmp_path / "w")
+    run = w / "runs" / "r"
+    os.replace(run / "eval.json", run / "kept.json")
+    (run / "eval.json").mkdir()  # a folder where the evaluation file goes
+    before = snapshot(run)
+    start = time.monotonic()
+    out = lenx("eval", "../runs/r", "--lengths", "32,64,128,256,512,1024,2048", "--windows", "64",
+               "--device", "cpu", cwd=w / "elsewhere")
+    one_line_error(out, "eval.json", "folder")
+    assert time.monotonic() - start < 60
+    assert snapshot(run) == before, "the evaluation wrote something"
+    assert not list(run.glob("eval.*.json")), "an earlier evaluation was moved"
+
+
+def test_eval_task_to_a_folder_is_one_line(work, tmp_path):  # noqa: F811
+    w = copy_work(work, tmp_path / "w")
+    run = w / "runs" / "r"
+    (run / "eval_passkey.json").mkdir()
+    before = snapshot(run)
+    out = lenx("eval", "../runs/r", "--task", "passkey", "--device", "cpu", cwd=w / "elsewhere")
+    one_line_error(out, "eval_passkey.json")
+    assert snapshot(run) == before
+
+
+@pytest.mark.skipif(ROOT, reason=ROOT_REASON)
+def test_a_read_only_folder_is_one_line(work, here, tmp_path):  # noqa: F811
+    ro = here / "adir"
+    ro.chmod(0o555)
+    try:
+        before = snapshot(here)
+        for args in (["train", "-c", "tiny", *TINY_CPU, "-o", "adir/run"],
+                     ["che", "--tasks", "parity_check", "--methods", "rope", "--steps", "2", "-o", "adir/che"],
+                     ["prepare", "synthetic", "--root", "adir"],
+                     ["bench", "--train-step", "--device", "cpu", "--preset", "tiny", "--methods", "rope",
+                      "-o", "adir/b.json"]):
+            unchanged(here, before, args, "not writable")
+        w = copy_work(work, tmp_path / "w")
+        run = w / "runs" / "r"
+        run.chmod(0o555)
+        try:
+            out = lenx("eval", "../runs/r", "--lengths", "32", "--device", "cpu", cwd=w / "elsewhere")
+            one_line_error(out, "not writable")
+        finally:
+            run.chmod(0o755)
+    finally:
+        ro.chmod(0o755)
