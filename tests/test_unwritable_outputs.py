@@ -117,3 +117,29 @@ def test_a_read_only_folder_is_one_line(work, here, tmp_path):  # noqa: F811
             run.chmod(0o755)
     finally:
         ro.chmod(0o755)
+
+
+# --- "silently ignored": options that would change nothing are one-line errors -----------------------
+
+@pytest.mark.parametrize("args,needle", [
+    (["che", "--tasks", "parity_check", "--methods", "rope", "--steps", "2", "--seeds", "0,0", "-o", "che"],
+     "more than once"),
+    (["che", "--tasks", "parity_check", "--methods", "rope", "--steps", "2", "--seeds", "1,2,1", "-o", "che"],
+     "more than once"),
+], ids=["che-seeds-0,0", "che-seeds-1,2,1"])
+def test_che_refuses_a_seed_named_twice(here, args, needle):
+    unchanged(here, snapshot(here), args, "--seeds", needle)
+
+
+@pytest.mark.parametrize("args,needles", [
+    (["--rope-scaling-factor", "4"], ("--rope-scaling-factor", "not given")),
+    (["--rope-scaling-factor", "auto"], ("--rope-scaling-factor", "not given")),
+    (["--rope-scaling", "dynamic-ntk", "--rope-scaling-factor", "4"], ("dynamic-ntk", "does not apply")),
+], ids=["factor-without-scaling", "auto-without-scaling", "factor-with-dynamic-ntk"])
+def test_a_rope_scaling_factor_that_would_be_ignored_is_one_line(work, tmp_path, args, needles):  # noqa: F811
+    w = copy_work(work, tmp_path / "w")
+    run = w / "runs" / "r"
+    before = snapshot(run)
+    one_line_error(lenx("eval", "../runs/r", "--lengths", "32", "--device", "cpu", *args, cwd=w / "elsewhere"),
+                   *needles)
+    assert snapshot(run) == before

@@ -72,6 +72,17 @@ def _parse_ints(text: str | None, option: str, low: int = 1) -> list[int] | None
     return values
 
 
+def _parse_seeds(text: str | None) -> list[int] | None:
+    """--seeds of sweep and che: integers >= 0, each once (a seed named twice would run twice and
+    count as two), or None when not given."""
+    from .config import ConfigError
+
+    seeds = _parse_ints(text, "--seeds", low=0)
+    if seeds and len(set(seeds)) < len(seeds):
+        raise ConfigError(f"--seeds names a seed more than once: {text!r}")
+    return seeds
+
+
 def _parse_methods(text: str) -> list[str]:
     """Canonical method names of a comma-separated list; each once, at least one."""
     from .attention import parse_method
@@ -259,8 +270,9 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
                                                  "instead of the last checkpoint"),
              rope_scaling: str = typer.Option(None, help="evaluate a RoPE model with a context extension: pi, ntk, "
                                                          "dynamic-ntk or yarn (writes eval_rope-<scaling>.json)"),
-             rope_scaling_factor: str = typer.Option("auto", help="the scale s of --rope-scaling: auto (evaluation "
-                                                                  "length / training length) or a number >= 1"),
+             rope_scaling_factor: str = typer.Option(None, help="the scale s of --rope-scaling: auto (evaluation "
+                                                                "length / training length, the default) or a number "
+                                                                ">= 1; not with dynamic-ntk, which sets its own"),
              task: str = typer.Option(None, help="a retrieval task instead of perplexity: passkey or copy "
                                                  "(writes eval_<task>.json)"),
              depths: str = typer.Option(None, help="--task: comma-separated depths in [0, 1] (default 0,0.25,0.5,0.75,1)"),
@@ -288,7 +300,13 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
             cfg = replace(cfg, model=replace(cfg.model, backend=backend))
             validate(cfg)
         check_device(cfg, device, key="--device", training=False)
-        factor = _parse_factor(rope_scaling_factor)
+        if rope_scaling_factor is not None:  # rather than ignoring it silently
+            if rope_scaling is None:
+                raise ConfigError("--rope-scaling-factor applies to --rope-scaling (pi, ntk or yarn), which is not given")
+            if rope_scaling == "dynamic-ntk":
+                raise ConfigError("--rope-scaling dynamic-ntk sets its scale from each input's length; "
+                                  "--rope-scaling-factor does not apply to it")
+        factor = _parse_factor(rope_scaling_factor or "auto")
         if task is not None:
             if windows is not None or scored is not None:
                 raise ConfigError("--windows and --scored belong to the perplexity evaluation, not to --task")
@@ -451,16 +469,14 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
     Every method gets the same data, seed, token budget and evaluation windows; a finished run is
     not trained again and a partial one resumes. Writes results.json, results.md and the figures.
     """
-    from .config import ConfigError, load_config
+    from .config import load_config
     from .fileio import check_writable_dir
     from .sweep import SweepError, sweep
     from .train import TrainingDiverged
 
     try:
         names = _parse_methods(methods)
-        seed_list = _parse_ints(seeds, "--seeds", low=0)
-        if seed_list and len(set(seed_list)) < len(seed_list):
-            raise ConfigError(f"--seeds names a seed more than once: {seeds!r}")
+        seed_list = _parse_seeds(seeds)
         cfg = load_config(config, set_ or [])  # sweep() checks every run's config before the first trains
         check_writable_dir(out or Path("runs") / f"sweep-{cfg.data.corpus}-T{cfg.train.seq_len}",
                            "--out" if out else "the sweep folder")
@@ -718,7 +734,7 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
             result = merge_che([Path(p) for p in split(merge)], out)
         else:
             cfg = make_config(preset, tasks=split(tasks), methods=split(methods), steps=steps,
-                              seeds=_parse_ints(seeds, "--seeds", low=0), test_max_length=test_max_length,
+                              seeds=_parse_seeds(seeds), test_max_length=test_max_length,
                               test_length_step=test_length_step, test_samples=test_samples)
             result = run_che(cfg, out, progress=_progress(progress))
     except (*_user_errors(), UnknownTaskError, CHEError) as e:
