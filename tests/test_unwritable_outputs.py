@@ -6,12 +6,11 @@ directory with relative paths."""
 
 import os
 from pathlib import Path
-import shutil
 import time
 
 import pytest
 
-from test_nothing_lost import SETS, copy_work, lenx, one_line_error, snapshot, work  # noqa: F401 (the fixture)
+from test_nothing_lost import copy_work, lenx, one_line_error, snapshot, work  # noqa: F401 (the fixture)
 
 ROOT = os.geteuid() == 0
 ROOT_REASON = "running as root: a read-only folder (chmod 555) does not stop root from writing"
@@ -143,3 +142,19 @@ def test_a_rope_scaling_factor_that_would_be_ignored_is_one_line(work, tmp_path,
     one_line_error(lenx("eval", "../runs/r", "--lengths", "32", "--device", "cpu", *args, cwd=w / "elsewhere"),
                    *needles)
     assert snapshot(run) == before
+
+
+def test_a_folder_without_write_permission_is_refused_in_process(tmp_path, monkeypatch):
+    """The read-only case as root too: os.access answering as it does for another user."""
+    from lenx import fileio
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real = os.access
+    monkeypatch.setattr(fileio.os, "access", lambda p, mode: False if Path(p) == ro else real(p, mode))
+    for check, path in ((fileio.check_writable_dir, ro), (fileio.check_writable_dir, ro / "new" / "deeper"),
+                        (fileio.check_writable_file, ro / "out.json")):
+        with pytest.raises(fileio.OutputError, match="not writable"):
+            check(path, "--out")
+    fileio.check_writable_dir(tmp_path / "new" / "deeper", "--out")  # creatable: fine, and nothing created
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ro"]
