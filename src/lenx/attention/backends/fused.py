@@ -64,20 +64,17 @@ class Fused(Backend):
         table = parts.bias.table(q.shape[-2], q.device) if parts.bias is not None else None
         if parts.processor is not None:
             weights = parts.processor.conv_weights()
-            if _use_gluon(q, k, v, weights, table, parts.processor):
+            kernel = parts.processor.kernel = _dape_v2_kernel(q, k, v, weights, table, parts.processor)
+            if kernel == "gluon":
                 from ...ops.dape_v2.gluon import dape_v2_gluon_forward
 
-                parts.processor.kernel = "gluon"
                 return dape_v2_gluon_forward(q, k, v, *weights, table)[0], None
-            plan = _skewed_plan(q, k, v, weights, table)
-            if plan is not None:
+            if kernel.startswith("skewed"):
                 from ...ops.dape_v2.skewed import dape_v2_skewed
 
-                parts.processor.kernel = f"skewed ({plan})"
-                return dape_v2_skewed(q, k, v, *weights, table, keep=plan == "keep"), None
+                return dape_v2_skewed(q, k, v, *weights, table, keep=kernel == "skewed (keep)"), None
             from ...ops.dape_v2.triton import dape_v2_triton
 
-            parts.processor.kernel = "triton"
             return dape_v2_triton(q, k, v, *weights, table), None
         from ...ops.biased_softmax.triton import biased_attention
 
@@ -91,10 +88,16 @@ def forward_kernel(q, k, v, parts) -> str:
     if parts.processor is None or parts.normaliser.name == "stickbreaking":
         return "triton"
     table = parts.bias.table(q.shape[-2], q.device) if parts.bias is not None else None
-    weights = parts.processor.conv_weights()
-    if _use_gluon(q, k, v, weights, table, parts.processor):
+    return _dape_v2_kernel(q, k, v, parts.processor.conv_weights(), table, parts.processor).split(" ")[0]
+
+
+def _dape_v2_kernel(q, k, v, weights, table, proc) -> str:
+    """The kernel for DAPE V2 work: "gluon" (forward only, _use_gluon), "skewed (keep)" or "skewed
+    (recompute)" (work that needs a gradient, where the buffers fit: _skewed_plan), else "triton"."""
+    if _use_gluon(q, k, v, weights, table, proc):
         return "gluon"
-    return "skewed" if _skewed_plan(q, k, v, weights, table) is not None else "triton"
+    plan = _skewed_plan(q, k, v, weights, table)
+    return "triton" if plan is None else f"skewed ({plan})"
 
 
 def _needs_grad(operands) -> bool:
