@@ -17,22 +17,8 @@ import triton.language as tl
 
 from offline_compile import compile_one  # scripts/tune/offline_compile.py: compile + cuobjdump
 
-POINTER_BF16 = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "SB", "FB", "GB", "DSB", "ZB", "DYB", "W1C", "W2C",
-                "W2Z", "W1X", "W1T", "W2T"}
-
-
-def signature(fn, consts):
-    sig = {}
-    for name in inspect.signature(fn.fn).parameters:
-        if name in consts:
-            sig[name] = "constexpr"
-        elif name[0].isupper() and name != "T":
-            sig[name] = "*bf16" if name in POINTER_BF16 else "*fp32"
-        elif name in ("scale", "qk_scale"):
-            sig[name] = "fp32"
-        else:
-            sig[name] = "i32"
-    return sig
+BF16 = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "SB", "FB", "GB", "DSB", "ZB", "DYB", "W1C", "W2C", "W2Z", "W1X",
+        "W1T", "W2T"}  # the buffers and packed conv weights too
 
 
 def main():
@@ -40,9 +26,6 @@ def main():
     ap.add_argument("--module", default="lenx.ops.dape_v2.skewed")
     a = ap.parse_args()
     mod = importlib.import_module(a.module)
-    import offline_compile
-
-    offline_compile.signature = signature  # the skewed kernels' argument names
     H, HP, D, DP, KS, DH = 12, 16, 32, 32, 3, 64
     conv = dict(H=H, HP=HP, KS=KS, DP=DP, CDT=tl.bfloat16, PREC="tf32")
     flash = dict(H=H, DH=DH, PREC="tf32")
@@ -57,7 +40,7 @@ def main():
                                     "KP": triton.next_power_of_2(KS * HP), "KZ": triton.next_power_of_2(KS * DP),
                                     "KSP": triton.next_power_of_2(KS)}.items() if k in params}
         try:
-            out[name] = {"tiles": tiles, **compile_one(fn, consts, nw, ns)}
+            out[name] = {"tiles": tiles, **compile_one(fn, consts, nw, ns, BF16)}
         except Exception as err:  # noqa: BLE001
             out[name] = {"tiles": tiles, "error": f"{type(err).__name__}: {str(err)[:300]}"}
         print(name, out[name], flush=True)

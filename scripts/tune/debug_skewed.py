@@ -1,6 +1,7 @@
 """Localise a GPU-only mismatch of the skewed conv kernels: each raw output of _conv_fwd/_conv_bwd
 (F buffer, dS buffer, dW1, dW2, dt1, dk0, dt2) against autograd of reference.dape_v2_scores_tabled, fed
-the kernel's own S and G buffers. Usage: PYTHONPATH=src python3 scripts/tune/debug_skewed.py [cases]"""
+the kernel's own S and G buffers (SKEWED_MODULE: another copy of the module to check).
+Usage: PYTHONPATH=src python3 scripts/tune/debug_skewed.py"""
 import os
 import sys
 
@@ -39,8 +40,7 @@ def run(B, H, T, D, ks, dtype, tiles):
     KSP = pow2(ks, 1)
     dsb = torch.full_like(sb, float("nan"))
     dw1 = torch.full((B * n_band, wts.KP, wts.DP), float("nan"), device=dev)
-    old = "old" in skewed.__name__  # the version with dW2 as [DP, KP]
-    dw2 = torch.full((B * n_band, wts.DP, wts.KP) if old else (B * n_band, wts.KP, wts.DP), float("nan"), device=dev)
+    dw2 = torch.full((B * n_band, wts.KP, wts.DP), float("nan"), device=dev)
     dt1 = torch.zeros(B, 2 * T - 1, wts.DP, device=dev)
     dk0 = torch.zeros(B, max(ks // 2, 1), T, wts.DP, device=dev)
     dt2 = torch.full((B, T, wts.HP), float("nan"), device=dev)
@@ -60,10 +60,7 @@ def run(B, H, T, D, ks, dtype, tiles):
     dS = dS + g
     D_, HP, KS = wts.D, wts.HP, ks
     got_w1 = dw1.sum(0)[:KS * HP].view(KS, HP, -1)[:, :H, :D_].permute(2, 1, 0).unsqueeze(2)
-    if old:
-        got_w2 = dw2.sum(0)[:, :KS * HP].view(-1, KS, HP)[:D_, :, :H].permute(2, 0, 1).unsqueeze(2)
-    else:
-        got_w2 = dw2.sum(0)[:KS * HP].view(KS, HP, -1)[:, :H, :D_].permute(1, 2, 0).unsqueeze(2)
+    got_w2 = dw2.sum(0)[:KS * HP].view(KS, HP, -1)[:, :H, :D_].permute(1, 2, 0).unsqueeze(2)
     got_t1 = dt1.sum(0)[:, :D_].T
     got_k0 = dk0.sum(0)[:ks // 2, :, :D_].permute(0, 2, 1)
 

@@ -24,23 +24,27 @@ from lenx.ops.dape_v2 import triton as dk
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
-def signature(fn, consts: dict) -> dict:
-    """Triton's signature of a kernel: constexprs as such, capitalised names (but T) pointers."""
+BF16 = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
+
+
+def signature(fn, consts: dict, bf16=BF16) -> dict:
+    """Triton's signature of a kernel: constexprs as such, capitalised names (but T) pointers (to bf16
+    for the names in `bf16`, else fp32)."""
     sig = {}
     for name in inspect.signature(fn.fn).parameters:
         if name in consts:
             sig[name] = "constexpr"
         elif name[0].isupper() and name != "T":  # T is the length
-            sig[name] = "*bf16" if name in ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV") else "*fp32"
-        elif name == "scale":
+            sig[name] = "*bf16" if name in bf16 else "*fp32"
+        elif name in ("scale", "qk_scale"):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
     return sig
 
 
-def compile_one(fn, consts, num_warps, num_stages):
-    src = ASTSource(fn, signature(fn, consts), constexprs=dict(consts))
+def compile_one(fn, consts, num_warps, num_stages, bf16=BF16):
+    src = ASTSource(fn, signature(fn, consts, bf16), constexprs=dict(consts))
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": num_warps, "num_stages": num_stages})
     with tempfile.TemporaryDirectory() as tmp:
