@@ -21,7 +21,7 @@ from .fileio import write_text
 from .model import LM
 from .runinfo import environment, git_commit
 from .runtime import (absolute_root, autocast_for, check_run_corpus, open_training_corpus, param_groups, run_config,
-                      run_weights)
+                      run_meta, run_weights)
 
 
 class TrainingDiverged(RuntimeError):
@@ -303,13 +303,12 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM,
 def record_kernels(run_dir: Path, kernels: list[str | None]) -> None:
     """meta.json's "kernels": the fused kernel each layer ran in the first step of the run (and of
     each resume, in its "resumes" entry), where one ran."""
-    if not any(kernels):
+    meta = run_meta(run_dir)
+    if not any(kernels) or not meta:
         return
-    path = run_dir / "meta.json"
-    meta = json.loads(path.read_text())
     entry = meta["resumes"][-1] if meta.get("resumes") else meta
     entry["kernels"] = kernels
-    write_text(path, json.dumps(meta, indent=2))
+    write_text(run_dir / "meta.json", json.dumps(meta, indent=2))
 
 
 def train_step(run: TrainingRun, step: int) -> tuple[float, torch.Tensor]:
