@@ -153,9 +153,11 @@ def test_skewed_plan_follows_free_memory(monkeypatch):
     q = torch.randn(2, 12, 64, 64).to(torch.bfloat16).requires_grad_()
     w = DapeV2(12, 32, 3).conv_weights()
     need = buffer_bytes(2, 12, 64, torch.bfloat16)
+    hidden = buffer_bytes(2, 12, 64, torch.bfloat16, channels=32)
     q_cuda = type("FakeCuda", (), {"shape": q.shape, "dtype": q.dtype, "device": torch.device("cuda"),
                                    "requires_grad": True})()
-    for free, plan in ((6 * need, "keep"), (6 * need - 1, "recompute"), (4 * need, "recompute"), (4 * need - 1, None)):
+    for free, plan in ((6 * need + hidden, "keep"), (6 * need + hidden - 1, "recompute"),
+                       (4 * need + hidden, "recompute"), (4 * need + hidden - 1, None)):
         monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev, free=free: (free - 1000, 10 * free))
         monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev: 3000)
         monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev: 2000)

@@ -54,7 +54,8 @@ def test_skewed_recompute_and_small_tiles():
     """keep=False recomputes the buffers in the backward; small tiles put many bands and row blocks
     (and a partial last band) into a short sequence."""
     run_dape(2, 3, 45, 16, 3, 8, "kerple", torch.float32, op=recompute)
-    tiny = {"conv_fwd": (2, 16, 4, 1), "conv_bwd": (2, 16, 4, 1), "attn_fwd": (16, 16, 4, 1),
+    tiny = {"conv_z": (2, 16, 4, 1), "conv_f": (4, 16, 4, 1), "conv_dy": (2, 16, 4, 1), "conv_dx": (4, 16, 4, 1),
+            "attn_fwd": (16, 16, 4, 1),
             "attn_bwd": (16, 16, 4, 1), "dq": (16, 16, 4, 1), "dk": (16, 16, 4, 1), "scores": (16, 16, 4, 1)}
 
     def small(q, k, v, w1, b1, w2, b2, table):
@@ -72,7 +73,7 @@ def test_buffers_hold_scores_and_residual_logits(ks):
     w1, b1, w2, b2 = (x.to(DEVICE).float() for x in conv_weights(H, D, ks, True))
     table = torch.randn(H, 2 * T - 1, device=DEVICE)
     t1, k0, t2 = dape_v2_tables(w1, b1, b2, table, T)
-    cfg = dict(skewed.CONFIG_FP32, conv_fwd=(2, 16, 4, 1))
+    cfg = dict(skewed.CONFIG_FP32, conv_z=(2, 16, 4, 1), conv_f=(2, 16, 4, 1))
     sb = skewed._scores_buffer(q, k, cfg)
     fb = skewed._conv_buffer(sb, skewed._Weights(w1[:, :H], t1, k0, w2, q.dtype), cfg)
     pos = torch.arange(T, device=DEVICE)
@@ -146,7 +147,7 @@ def test_rejects_bad_arguments():
     with pytest.raises(ValueError, match="bias table must be"):
         skewed.dape_v2_skewed(q, q, q, *w, torch.zeros(2, 9, device=DEVICE))
     with pytest.raises(ValueError, match="unknown skewed-kernel settings"):
-        skewed.dape_v2_skewed(q, q, q, *w, torch.zeros(2, 15, device=DEVICE), config={"conv": (4, 32, 4, 1)})
+        skewed.dape_v2_skewed(q, q, q, *w, torch.zeros(2, 15, device=DEVICE), config={"conv_fwd": (4, 32, 4, 1)})
 
 
 @pytest.mark.gpu

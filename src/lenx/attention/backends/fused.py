@@ -123,10 +123,11 @@ def _skewed_plan(q, k, v, weights, table) -> str | None:
 
     B, H, T, _ = q.shape
     need = buffer_bytes(B, H, T, q.dtype)
+    hidden = buffer_bytes(B, H, T, q.dtype, channels=1 << max(0, weights[0].shape[0] - 1).bit_length())
     free = torch.cuda.mem_get_info(q.device)[0] + torch.cuda.memory_reserved(q.device) - torch.cuda.memory_allocated(q.device)
-    if 6 * need <= free:
+    if 6 * need + hidden <= free:
         return "keep"
-    return "recompute" if 4 * need <= free else None
+    return "recompute" if 4 * need + hidden <= free else None
 
 
 def _use_gluon(q, k, v, weights, table, proc) -> bool:

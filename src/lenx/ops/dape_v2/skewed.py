@@ -10,20 +10,23 @@ sees only the H score channels: with m = i - j the distance,
 
 Kernels, one job each (every product a plain tl.dot):
   _scores     S -> S buffer [B, H, T, T] (per head, causal tiles only)
-  _conv_fwd   S buffer -> F buffer: a program owns a band of BN distances and walks the query rows;
-              a tile is BM rows x BN distances ("pairs"), all heads at once: conv1 at centre e is
-              [pairs, taps x head slots] @ [taps x slots, hidden] over the S buffer read at key
-              offsets (a tap is an address offset, no register shifts); conv2 reads conv1 at the
-              2h + 1 centres it needs (recomputed: conv1 is cheap)
+  _conv_z     S buffer -> hidden buffer Z = LeakyReLU(conv1(X)) [B, T, T, D]: a program owns a band of
+              BN distances (the first from -h: conv2 reads h keys right of the diagonal) and walks
+              the query rows; a tile is BM rows x BN distances ("pairs"), all heads at once: conv1
+              is [pairs, taps x head slots] @ [taps x slots, hidden] over the S buffer read at key
+              offsets (a tap is an address offset, no register shifts)
+  _conv_f     Z -> F buffer: conv2 as one dot over its concatenated taps, each pair's taps one
+              contiguous run of Z
   _attn_fwd   flash attention with logits Q K^T / sqrt(d) + F + t2 -> out, lse
   _attn_bwd   key owner: G = dL/dlogits -> G buffer, dV
-  _conv_bwd   G and S buffers -> dS buffer (G plus the conv's gradient to S), and the gradients of
-              W1, W2 and the tables: per-distance sums are column sums that the band's program
-              keeps in registers while it walks the rows; no atomics, partials summed on the host
+  _conv_dy    G and S buffers -> hidden buffer dY = LeakyReLU'(Y) conv2^T(G), and the gradients of W1,
+              W2 and the tables: per-distance sums are column sums that the band's program keeps in
+              registers while it walks the rows; no atomics, partials summed on the host
+  _conv_dx    dY, G -> dS buffer: G plus conv1^T(dY), one dot over concatenated taps
   _dq, _dk    dQ = dS K, dK = dS^T Q from the dS buffer (query owner and key owner: deterministic)
 Tiles are indexed (row, distance) but a tile's distances run in descending order, so its keys
 ascend and every row of a tile is one contiguous run of each buffer. The buffers hold only the
-causal triangle (the rest is never written or read). The forward may keep the S and F buffers
+causal triangle (the hidden buffers also h keys right of it). The forward may keep the S and F buffers
 for the backward (keep=True) or the backward recomputes them (memory).
 """
 
@@ -77,174 +80,238 @@ def _heads(BUF, plane0, i, j, T, H: tl.constexpr, HP: tl.constexpr):
 
 
 @triton.jit
-def _hidden(SB, plane0, T1, K0, W1C, i, n, j, e, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
+def _hidden(SB, plane0, T1, K0, W1C, i, n, j, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
             KP: tl.constexpr, DP: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
-    """conv1 at centre e (pairs (i, n + e), keys j - e): X [pairs, KP] (its input), y [pairs, DP]
-    (pre-activation) and where its key lies in [0, T) (conv2's zero padding elsewhere)."""
+    """conv1 at pairs (i, n), keys j = i - n: y [pairs, DP] (pre-activation) and where the key lies
+    in [0, T) (conv2's zero padding elsewhere)."""
     HALF: tl.constexpr = KS // 2
-    jc = j - e
-    m = n + e
     cc = tl.arange(0, DP)
-    x = _taps(SB, plane0, i, jc, T, 1, H, HP, KS, KP)
+    x = _taps(SB, plane0, i, j, T, 1, H, HP, KS, KP)
     w1 = tl.load(W1C + tl.arange(0, KP)[:, None] * DP + cc[None, :])
     y = tl.dot(x.to(CDT), w1, input_precision=PREC)
-    inside = (m >= 1 - T) & (m <= T - 1)  # t1 holds distances -(T - 1) .. T - 1; others are never used
-    y += tl.load(T1 + (m + T - 1)[:, None] * DP + cc[None, :], mask=inside[:, None], other=0.0)
+    inside = (n >= 1 - T) & (n <= T - 1)  # t1 holds distances -(T - 1) .. T - 1; others are never used
+    y += tl.load(T1 + (n + T - 1)[:, None] * DP + cc[None, :], mask=inside[:, None], other=0.0)
     if HALF > 0:
         # keys j < h read conv1's zero padding where the table t1 assumed bias entries
-        near = (jc >= 0) & (jc < HALF) & (i < T)
-        y -= tl.load(K0 + (jc * T + i)[:, None] * DP + cc[None, :], mask=near[:, None], other=0.0)
-    keyok = (jc >= 0) & (jc < T)
-    return x, y, keyok
+        near = (j >= 0) & (j < HALF) & (i < T)
+        y -= tl.load(K0 + (j * T + i)[:, None] * DP + cc[None, :], mask=near[:, None], other=0.0)
+    keyok = (j >= 0) & (j < T) & (i < T)
+    return y, keyok
 
 
 @triton.jit
-def _conv_fwd(SB, FB, T1, K0, W1C, W2T, T,
-              H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
-    """F = conv2(LeakyReLU(conv1(X))) for one band of BN distances, walking its rows."""
+def _hidden_taps(HB, b, i, j, T, KS: tl.constexpr, DP: tl.constexpr, KZ: tl.constexpr):
+    """[pairs, KZ] tile of a hidden buffer [B, T, T, DP]: column u DP + c holds channel c at (row i,
+    key j - h + u), zero outside keys [0, T) and for padded columns u >= KS: for each pair one
+    contiguous run of the buffer."""
+    col = tl.arange(0, KZ)
+    key = j[:, None] - KS // 2 + col[None, :] // DP
+    ok = (col < KS * DP)[None, :] & (key >= 0) & (key < T) & (i < T)[:, None]
+    base = HB + (b * T + i).to(tl.int64) * T * DP
+    return tl.load(base[:, None] + key * DP + (col % DP)[None, :], mask=ok, other=0.0)
+
+
+@triton.jit
+def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, KP: tl.constexpr,
+            DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
+    """Z = LeakyReLU(conv1(X)) into the hidden buffer, for one band of BN distances walking its rows.
+    Bands start at distance -h, so the first one also covers the keys right of the diagonal that
+    conv2 reads (distances -h .. -1)."""
     HALF: tl.constexpr = KS // 2
     band = tl.num_programs(0) - 1 - tl.program_id(0)  # low distances (long walks) first
     b = tl.program_id(1)
-    n0 = band * BN
+    n0 = band * BN - HALF
     plane0 = (b * H).to(tl.int64) * T * T
     cc = tl.arange(0, DP)
+    for i0 in range((tl.maximum(n0, 0) // BM) * BM, T, BM):
+        i, n, j = _pairs(i0, n0, BM, BN)
+        y, keyok = _hidden(SB, plane0, T1, K0, W1C, i, n, j, T, H, HP, KS, KP, DP, CDT, PREC)
+        z = tl.where(y > 0, y, 0.01 * y)
+        ok = keyok & (n >= -HALF)
+        ptr = ZB + (b * T + i).to(tl.int64)[:, None] * T * DP + (j * DP)[:, None] + cc[None, :]
+        tl.store(ptr, z.to(ZB.dtype.element_ty), mask=ok[:, None])
+
+
+@triton.jit
+def _conv_f(ZB, FB, W2Z, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, DP: tl.constexpr,
+            KZ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
+    """F = conv2(Z): one dot over conv2's concatenated taps per tile, into the F buffer."""
+    band = tl.num_programs(0) - 1 - tl.program_id(0)
+    b = tl.program_id(1)
+    n0 = band * BN
+    plane0 = (b * H).to(tl.int64) * T * T
     ss = tl.arange(0, HP)
+    w2 = tl.load(W2Z + tl.arange(0, KZ)[:, None] * HP + ss[None, :])
     for i0 in range((n0 // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
-        f = tl.zeros((BM * BN, HP), tl.float32)
-        for u in tl.static_range(KS):
-            e = HALF - u
-            x, y, keyok = _hidden(SB, plane0, T1, K0, W1C, i, n, j, e, T, H, HP, KS, KP, DP, CDT, PREC)
-            z = tl.where(keyok[:, None], tl.where(y > 0, y, 0.01 * y), 0.0)
-            w2 = tl.load(W2T + u * DP * HP + cc[:, None] * HP + ss[None, :])
-            f += tl.dot(z.to(CDT), w2, input_precision=PREC)
+        z = _hidden_taps(ZB, b, i, j, T, KS, DP, KZ)
+        f = tl.dot(z.to(CDT), w2, input_precision=PREC)
         ok = (ss < H)[None, :] & ((n >= 0) & (n <= i) & (i < T))[:, None]
         tl.store(FB + (plane0 + ss.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None],
                  f.to(FB.dtype.element_ty), mask=ok)
 
 
 @triton.jit
-def _conv_bwd(SB, GB, DSB, T1, K0, W1C, W1T, W2C, DW1, DW2, DT1, DK0, DT2, T,
-              H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
-              KSP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
-    """Backward through the conv for one band of distances, walking its rows: dS = G + conv^T(G)
-    restricted to the causal triangle, and this program's share of dW1, dW2 and the tables.
-
-    conv1's output at (row, distance m) is counted once in the weight and table gradients: by the
-    tile whose own distances hold m (centre 0), and m = -h .. -1 (keys right of the diagonal, which
-    conv2 reads) by the first band's distance-0 pairs at centre e = m. Both weight gradients pair
-    conv1's side at m with what it met there: dW1 = X_taps(m)^T dY(m), dW2^T = G_taps(m)^T Z(m)."""
+def _conv_dy(SB, GB, DYB, T1, K0, W1C, W2C, DW1, DW2, DT1, DK0, DT2, T,
+             H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
+             BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
+    """Backward through conv2 and the activation for one band of distances (from -h, as _conv_z),
+    walking its rows: dY = LeakyReLU'(Y) conv2^T(G) into the hidden buffer, and this program's
+    share of dW1 = X_taps^T dY, dW2^T = G_taps^T Z and the table gradients (column sums: each
+    (row, distance) belongs to one band)."""
     HALF: tl.constexpr = KS // 2
     band = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
     prog = b * tl.num_programs(0) + band
-    n0 = band * BN
+    n0 = band * BN - HALF
     plane0 = (b * H).to(tl.int64) * T * T
     cc = tl.arange(0, DP)
     ss = tl.arange(0, HP)
     kk = tl.arange(0, KP)
-    uu = tl.arange(0, KSP)
     w2c = tl.load(W2C + kk[:, None] * DP + cc[None, :])
     dw1 = tl.zeros((KP, DP), tl.float32)
     dw2 = tl.zeros((KP, DP), tl.float32)
     dt1 = tl.zeros((BN, DP), tl.float32)
-    dneg = tl.zeros((KSP, DP), tl.float32)  # row h + e: distance e < 0
     dt2 = tl.zeros((BN, HP), tl.float32)
-    for i0 in range((n0 // BM) * BM, T, BM):
+    for i0 in range((tl.maximum(n0, 0) // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
+        y, keyok = _hidden(SB, plane0, T1, K0, W1C, i, n, j, T, H, HP, KS, KP, DP, CDT, PREC)
+        keyok = keyok & (n >= -HALF)
+        z = tl.where(keyok[:, None], tl.where(y > 0, y, 0.01 * y), 0.0)
+        gcat = _taps(GB, plane0, i, j, T, -1, H, HP, KS, KP)
+        dz = tl.dot(gcat.to(CDT), w2c, input_precision=PREC)
+        dy = tl.where(keyok[:, None], tl.where(y > 0, dz, 0.01 * dz), 0.0)
+        tl.store(DYB + (b * T + i).to(tl.int64)[:, None] * T * DP + (j * DP)[:, None] + cc[None, :],
+                 dy.to(DYB.dtype.element_ty), mask=keyok[:, None])
+        # transposed operands loaded from memory, not tl.trans of registers (wrong on the H100 at
+        # KP 128 or hidden 64 with triton 3.6: notes/kernels.md "Session 12")
+        xt = _taps(SB, plane0, i, j, T, 1, H, HP, KS, KP, True)
+        gt = _taps(GB, plane0, i, j, T, -1, H, HP, KS, KP, True)
+        dw1 += tl.dot(xt.to(CDT), dy.to(CDT), input_precision=PREC)
+        dw2 += tl.dot(gt.to(CDT), z.to(CDT), input_precision=PREC)
+        dt1 += tl.sum(tl.reshape(dy, (BM, BN, DP)), 0)
+        if HALF > 0:
+            near = keyok & (j < HALF)
+            tl.store(DK0 + ((b * HALF + j) * T + i)[:, None] * DP + cc[None, :], -dy, mask=near[:, None])
         g0 = _heads(GB, plane0, i, j, T, H, HP)
-        dx = tl.zeros((BM * BN, HP), tl.float32)
-        for t in tl.static_range(KS):
-            e = t - HALF  # dX(m) takes conv1 tap t's share of dY(m + e)
-            x, y, keyok = _hidden(SB, plane0, T1, K0, W1C, i, n, j, e, T, H, HP, KS, KP, DP, CDT, PREC)
-            gcat = _taps(GB, plane0, i, j - e, T, -1, H, HP, KS, KP)
-            dz = tl.dot(gcat.to(CDT), w2c, input_precision=PREC)
-            dy = tl.where(keyok[:, None], tl.where(y > 0, dz, 0.01 * dz), 0.0)
-            w1t = tl.load(W1T + t * DP * HP + cc[:, None] * HP + ss[None, :])
-            dx += tl.dot(dy.to(CDT), w1t, input_precision=PREC)
-            if e == 0:
-                z = tl.where(keyok[:, None], tl.where(y > 0, y, 0.01 * y), 0.0)
-                xt = _taps(SB, plane0, i, j, T, 1, H, HP, KS, KP, True)
-                gt = _taps(GB, plane0, i, j, T, -1, H, HP, KS, KP, True)
-                dw1 += tl.dot(xt.to(CDT), dy.to(CDT), input_precision=PREC)
-                dw2 += tl.dot(gt.to(CDT), z.to(CDT), input_precision=PREC)
-                dt1 += tl.sum(tl.reshape(dy, (BM, BN, DP)), 0)
-                if HALF > 0:
-                    near = (i < T) & (j >= 0) & (j < HALF)
-                    tl.store(DK0 + ((b * HALF + j) * T + i)[:, None] * DP + cc[None, :], -dy, mask=near[:, None])
-            elif e < 0:
-                if band == 0:  # the negative distances: pairs at distance 0 of the first band
-                    own = (n == 0) & (i < T)
-                    dyo = tl.where(own[:, None], dy, 0.0)
-                    z = tl.where((own & keyok)[:, None], tl.where(y > 0, y, 0.01 * y), 0.0)
-                    xt = _taps(SB, plane0, i, j - e, T, 1, H, HP, KS, KP, True)
-                    gt = _taps(GB, plane0, i, j - e, T, -1, H, HP, KS, KP, True)
-                    dw1 += tl.dot(xt.to(CDT), dyo.to(CDT), input_precision=PREC)
-                    dw2 += tl.dot(gt.to(CDT), z.to(CDT), input_precision=PREC)
-                    dneg += tl.where((uu == t)[:, None], tl.sum(dyo, 0)[None, :], 0.0)
-                    if HALF > 0:
-                        jc = j - e
-                        near = own & (jc < HALF)
-                        tl.store(DK0 + ((b * HALF + jc) * T + i)[:, None] * DP + cc[None, :], -dy, mask=near[:, None])
-        causal = (n >= 0) & (n <= i) & (i < T)
-        ds = g0 + tl.where(causal[:, None], dx, 0.0)
-        tl.store(DSB + (plane0 + ss.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None],
-                 ds.to(DSB.dtype.element_ty), mask=(ss < H)[None, :] & causal[:, None])
         dt2 += tl.sum(tl.reshape(g0.to(tl.float32), (BM, BN, HP)), 0)
     tl.store(DW1 + prog * KP * DP + kk[:, None] * DP + cc[None, :], dw1)
     tl.store(DW2 + prog * KP * DP + kk[:, None] * DP + cc[None, :], dw2)
     nn = n0 + BN - 1 - tl.arange(0, BN)
-    tl.store(DT1 + (b * (2 * T - 1) + nn + T - 1)[:, None] * DP + cc[None, :], dt1, mask=(nn < T)[:, None])
-    tl.store(DT2 + (b * T + nn)[:, None] * HP + ss[None, :], dt2, mask=(nn < T)[:, None])
-    if band == 0:
-        m = uu - HALF
-        tl.store(DT1 + (b * (2 * T - 1) + m + T - 1)[:, None] * DP + cc[None, :], dneg,
-                 mask=((m < 0) & (m >= -HALF) & (m >= 1 - T))[:, None])  # the table holds |m| < T
+    ok = (nn >= 1 - T) & (nn < T)  # the table holds |distance| < T
+    tl.store(DT1 + (b * (2 * T - 1) + nn + T - 1)[:, None] * DP + cc[None, :], dt1, mask=ok[:, None])
+    tl.store(DT2 + (b * T + nn)[:, None] * HP + ss[None, :], dt2, mask=((nn >= 0) & (nn < T))[:, None])
+
+
+@triton.jit
+def _conv_dx(GB, DYB, DSB, W1X, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, DP: tl.constexpr,
+             KZ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
+    """dS = G + conv1^T(dY) on the causal triangle: one dot over conv1's concatenated taps per tile."""
+    band = tl.num_programs(0) - 1 - tl.program_id(0)
+    b = tl.program_id(1)
+    n0 = band * BN
+    plane0 = (b * H).to(tl.int64) * T * T
+    ss = tl.arange(0, HP)
+    w1 = tl.load(W1X + tl.arange(0, KZ)[:, None] * HP + ss[None, :])
+    for i0 in range((n0 // BM) * BM, T, BM):
+        i, n, j = _pairs(i0, n0, BM, BN)
+        dyc = _hidden_taps(DYB, b, i, j, T, KS, DP, KZ)
+        dx = tl.dot(dyc.to(CDT), w1, input_precision=PREC)
+        causal = (n >= 0) & (n <= i) & (i < T)
+        ds = _heads(GB, plane0, i, j, T, H, HP) + dx
+        tl.store(DSB + (plane0 + ss.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None],
+                 ds.to(DSB.dtype.element_ty), mask=(ss < H)[None, :] & causal[:, None])
 
 
 # --- per-head flash kernels -----------------------------------------------------------------------
 
 @triton.jit
+def _score_tile(q, K, SB, b, h, rows, n0, skb, skh, skt, T, scale, DH: tl.constexpr, BN: tl.constexpr,
+                MASK: tl.constexpr, PREC: tl.constexpr):
+    cols = n0 + tl.arange(0, BN)
+    dd = tl.arange(0, DH)
+    if MASK:
+        k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dd[None, :], mask=(cols < T)[:, None], other=0.0)
+        ok = (rows < T)[:, None] & (cols[None, :] <= rows[:, None])
+    else:  # a tile below the diagonal block: every key is before every row
+        k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dd[None, :])
+        ok = (rows < T)[:, None]
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
+    tl.store(SB + rows[:, None] * T + cols[None, :], s.to(SB.dtype.element_ty), mask=ok)
+
+
+@triton.jit
 def _scores(Q, K, SB, sqb, sqh, sqt, skb, skh, skt, T, scale,
             H: tl.constexpr, DH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
-    """S = Q K^T / sqrt(d) into the S buffer, tiles on or below the diagonal only."""
+    """S = Q K^T / sqrt(d) into the S buffer, tiles on or below the diagonal only (BM a multiple of
+    BN: key tiles before the diagonal block need no mask)."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
     h = bh % H
-    rows = pid_m * BM + tl.arange(0, BM)
+    m0 = pid_m * BM
+    rows = m0 + tl.arange(0, BM)
     dd = tl.arange(0, DH)
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=(rows < T)[:, None], other=0.0)
-    base = SB + bh.to(tl.int64) * T * T
-    for n0 in range(0, tl.minimum(pid_m * BM + BM, T), BN):
-        cols = n0 + tl.arange(0, BN)
-        k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dd[None, :], mask=(cols < T)[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-        ok = (rows < T)[:, None] & (cols[None, :] <= rows[:, None])
-        tl.store(base + rows[:, None] * T + cols[None, :], s.to(SB.dtype.element_ty), mask=ok)
+    sb = SB + bh.to(tl.int64) * T * T
+    for n0 in range(0, m0, BN):
+        _score_tile(q, K, sb, b, h, rows, n0, skb, skh, skt, T, scale, DH, BN, False, PREC)
+    for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
+        _score_tile(q, K, sb, b, h, rows, n0, skb, skh, skt, T, scale, DH, BN, True, PREC)
 
 
 @triton.jit
-def _logits2(q, k, fb, T2H, rows, cols, T, qk_scale, PREC: tl.constexpr):
-    """Logits in base 2 of a [rows, keys] tile (-inf outside the causal triangle): q k^T scale + F + t2."""
-    ok = (rows < T)[:, None] & (cols[None, :] <= rows[:, None])
-    f = tl.load(fb + rows[:, None] * T + cols[None, :], mask=ok, other=0.0).to(tl.float32)
-    t2 = tl.load(T2H + rows[:, None] - cols[None, :], mask=ok, other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale + (f + t2) * 1.4426950408889634
-    return tl.where(ok, s, float("-inf"))
+def _logits2(q, k, fb, T2H, rows, cols, T, qk_scale, MASK: tl.constexpr, PREC: tl.constexpr):
+    """Logits in base 2 of a [rows, keys] tile: q k^T scale + F + t2. MASK (tiles that cross the
+    diagonal): -inf outside the causal triangle; else every key is before every row, and rows past
+    T read row T - 1 (finite values that are never used)."""
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    if MASK:
+        ok = (rows < T)[:, None] & (cols[None, :] <= rows[:, None])
+        f = tl.load(fb + rows[:, None] * T + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        t2 = tl.load(T2H + rows[:, None] - cols[None, :], mask=ok, other=0.0)
+        s = tl.where(ok, s + (f + t2) * 1.4426950408889634, float("-inf"))
+    else:
+        rows_c = tl.minimum(rows, T - 1)
+        f = tl.load(fb + rows_c[:, None] * T + cols[None, :]).to(tl.float32)
+        t2 = tl.load(T2H + rows_c[:, None] - cols[None, :])
+        s += (f + t2) * 1.4426950408889634
+    return s
+
+
+@triton.jit
+def _fwd_tile(q, K, V, fb, t2h, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb, svh, svt, T, qk_scale,
+              DH: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
+    cols = n0 + tl.arange(0, BN)
+    dd = tl.arange(0, DH)
+    kp = K + b * skb + h * skh + cols[:, None] * skt + dd[None, :]
+    vp = V + b * svb + h * svh + cols[:, None] * svt + dd[None, :]
+    if MASK:
+        k = tl.load(kp, mask=(cols < T)[:, None], other=0.0)
+        v = tl.load(vp, mask=(cols < T)[:, None], other=0.0)
+    else:
+        k = tl.load(kp)
+        v = tl.load(vp)
+    s = _logits2(q, k, fb, t2h, rows, cols, T, qk_scale, MASK, PREC)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc
 
 
 @triton.jit
 def _attn_fwd(Q, K, V, FB, T2, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
               T, qk_scale, H: tl.constexpr, DH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               PREC: tl.constexpr):
-    """Online softmax over the logits of _logits2; lse in base 2."""
+    """Online softmax over the logits of _logits2; lse in base 2. BM a multiple of BN."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
     h = bh % H
-    rows = pid_m * BM + tl.arange(0, BM)
+    m0 = pid_m * BM
+    rows = m0 + tl.arange(0, BM)
     dd = tl.arange(0, DH)
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=(rows < T)[:, None], other=0.0)
     fb = FB + bh.to(tl.int64) * T * T
@@ -252,17 +319,12 @@ def _attn_fwd(Q, K, V, FB, T2, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, s
     m_i = tl.full([BM], -1e30, tl.float32)  # finite: padding rows see no key
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DH], tl.float32)
-    for n0 in range(0, tl.minimum(pid_m * BM + BM, T), BN):
-        cols = n0 + tl.arange(0, BN)
-        k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dd[None, :], mask=(cols < T)[:, None], other=0.0)
-        v = tl.load(V + b * svb + h * svh + cols[:, None] * svt + dd[None, :], mask=(cols < T)[:, None], other=0.0)
-        s = _logits2(q, k, fb, t2h, rows, cols, T, qk_scale, PREC)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+    for n0 in range(0, m0, BN):
+        m_i, l_i, acc = _fwd_tile(q, K, V, fb, t2h, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb, svh, svt,
+                                  T, qk_scale, DH, BN, False, PREC)
+    for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
+        m_i, l_i, acc = _fwd_tile(q, K, V, fb, t2h, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb, svh, svt,
+                                  T, qk_scale, DH, BN, True, PREC)
     l_i = tl.maximum(l_i, 1e-30)
     tl.store(O + b * sob + h * soh + rows[:, None] * sot + dd[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
              mask=(rows < T)[:, None])
@@ -270,15 +332,37 @@ def _attn_fwd(Q, K, V, FB, T2, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, s
 
 
 @triton.jit
+def _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, b, h, bh, cols, m0, dv, sqb, sqh, sqt, sdb, sdh, sdt, T,
+              qk_scale, DH: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
+    rows = m0 + tl.arange(0, BM)
+    rok = rows < T
+    dd = tl.arange(0, DH)
+    q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=rok[:, None], other=0.0)
+    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdt + dd[None, :], mask=rok[:, None], other=0.0)
+    lse = tl.load(LSE + bh * T + rows, mask=rok, other=float("inf"))  # padding rows: p = 0
+    delta = tl.load(DELTA + bh * T + rows, mask=rok, other=0.0)
+    s = _logits2(q, k, fb, t2h, rows, cols, T, qk_scale, MASK, PREC)  # [rows, keys]
+    p = tl.exp2(s - lse[:, None])  # 0 outside the triangle (s = -inf there) and on padding rows
+    dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    g = p * (dp - delta[:, None])
+    ok = rok[:, None] & (cols[None, :] <= rows[:, None]) if MASK else rok[:, None]
+    tl.store(gb + rows[:, None] * T + cols[None, :], g.to(gb.dtype.element_ty), mask=ok)
+    return dv
+
+
+@triton.jit
 def _attn_bwd(Q, K, V, FB, T2, DO, LSE, DELTA, GB, DV, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
               sdb, sdh, sdt, T, qk_scale, H: tl.constexpr, DH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               PREC: tl.constexpr):
-    """Key owner: G = P (dO V^T - delta) into the G buffer (the gradient of the logits), and dV."""
+    """Key owner: G = P (dO V^T - delta) into the G buffer (the gradient of the logits), and dV. BN a
+    multiple of BM: row blocks past the key block need no mask."""
     bh = tl.program_id(0)
     pid_n = tl.program_id(1)
     b = bh // H
     h = bh % H
-    cols = pid_n * BN + tl.arange(0, BN)
+    n0 = pid_n * BN
+    cols = n0 + tl.arange(0, BN)
     dd = tl.arange(0, DH)
     k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dd[None, :], mask=(cols < T)[:, None], other=0.0)
     v = tl.load(V + b * svb + h * svh + cols[:, None] * svt + dd[None, :], mask=(cols < T)[:, None], other=0.0)
@@ -286,20 +370,13 @@ def _attn_bwd(Q, K, V, FB, T2, DO, LSE, DELTA, GB, DV, sqb, sqh, sqt, skb, skh, 
     gb = GB + bh.to(tl.int64) * T * T
     t2h = T2 + h * (2 * T - 1) + T - 1
     dv = tl.zeros([BN, DH], tl.float32)
-    for m0 in range((pid_n * BN // BM) * BM, T, BM):
-        rows = m0 + tl.arange(0, BM)
-        rok = rows < T
-        q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=rok[:, None], other=0.0)
-        do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdt + dd[None, :], mask=rok[:, None], other=0.0)
-        lse = tl.load(LSE + bh * T + rows, mask=rok, other=0.0)
-        delta = tl.load(DELTA + bh * T + rows, mask=rok, other=0.0)
-        s = _logits2(q, k, fb, t2h, rows, cols, T, qk_scale, PREC)  # [rows, keys]
-        p = tl.exp2(s - lse[:, None])  # 0 outside the triangle (s = -inf there)
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-        g = p * (dp - delta[:, None])
-        ok = rok[:, None] & (cols[None, :] <= rows[:, None])
-        tl.store(gb + rows[:, None] * T + cols[None, :], g.to(GB.dtype.element_ty), mask=ok)
+    hi = tl.minimum(n0 + BN, T)
+    for m0 in range(n0, hi, BM):
+        dv = _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, b, h, bh, cols, m0, dv, sqb, sqh, sqt, sdb, sdh, sdt,
+                       T, qk_scale, DH, BM, True, PREC)
+    for m0 in range(hi, T, BM):
+        dv = _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, b, h, bh, cols, m0, dv, sqb, sqh, sqt, sdb, sdh, sdt,
+                       T, qk_scale, DH, BM, False, PREC)
     tl.store(DV + b * svb + h * svh + cols[:, None] * svt + dd[None, :], dv.to(DV.dtype.element_ty),
              mask=(cols < T)[:, None])
 
@@ -350,46 +427,50 @@ def _dk(DSB, Q, DK, sqb, sqh, sqt, skb, skh, skt, T, scale,
 
 # --- host side ------------------------------------------------------------------------------------
 
-# (BM, BN, num_warps, num_stages) per kernel; conv tiles are BM rows x BN distances. Conv tiles: the
-# fastest of scripts/tune/time_skewed.py's sweep on an H100 at B 32, T 512 (notes/kernels.md).
-CONFIG = {"scores": (64, 64, 4, 2), "attn_fwd": (64, 64, 4, 2), "attn_bwd": (64, 64, 4, 2),
-          "dq": (64, 64, 4, 2), "dk": (64, 64, 4, 2), "conv_fwd": (8, 16, 8, 1), "conv_bwd": (8, 16, 8, 1)}
+# (BM, BN, num_warps, num_stages) per kernel; conv tiles are BM rows x BN distances. attn_fwd 64 x 32: at
+# 64 x 64 it spilled 1,072 bytes in an offline sm_90a compile (scripts/tune/compile_skewed.py), 64 x 32 none.
+CONFIG = {"scores": (64, 64, 4, 2), "attn_fwd": (64, 32, 4, 2), "attn_bwd": (64, 64, 4, 2),
+          "dq": (64, 64, 4, 2), "dk": (64, 64, 4, 2), "conv_z": (8, 16, 8, 1), "conv_f": (8, 16, 8, 1),
+          "conv_dy": (8, 16, 8, 1), "conv_dx": (8, 16, 8, 1)}
 CONFIG_FP32 = {**CONFIG, "scores": (32, 32, 4, 1), "attn_fwd": (32, 32, 4, 1), "attn_bwd": (32, 32, 4, 1),
                "dq": (32, 32, 4, 1), "dk": (32, 32, 4, 1)}
 
 
-def buffer_bytes(B: int, H: int, T: int, dtype=torch.bfloat16) -> int:
-    """Bytes of one T x T buffer (S, F, G or dS): B H T^2 elements of the input dtype. The forward
-    holds S and F; the backward S, F, G and dS at its peak."""
-    return B * H * T * T * torch.finfo(dtype).bits // 8
+def buffer_bytes(B: int, H: int, T: int, dtype=torch.bfloat16, channels: int | None = None) -> int:
+    """Bytes of one T x T buffer: B H T^2 elements of the input dtype for a score-shaped one (S, F, G,
+    dS), B T^2 channels for a hidden one (Z in the forward, dY in the backward; channels = the
+    hidden width padded to a power of two). The forward holds S, Z and F at its peak, the backward S,
+    G, dY and dS."""
+    return B * (H if channels is None else channels) * T * T * torch.finfo(dtype).bits // 8
 
 
 class _Weights:
-    """The conv weights in the kernels' layouts (zero padded to HP head slots, DP hidden channels,
-    KP = pow2(k HP) tap-slot columns):
-      w1c [KP, DP]       conv1 over concatenated taps: row t HP + s = W1[:, s, 0, t]
-      w1t [KS, DP, HP]   conv1 tap t transposed (dX = dY W1_t^T)
-      w2t [KS, DP, HP]   conv2 tap u (F += Z W2_u^T)
-      w2c [KP, DP]       conv2 transposed over concatenated taps: row u HP + s = W2[s, :, 0, u]
+    """The conv weights in the kernels' layouts (zero padded to HP head slots, DP hidden channels;
+    KP = pow2(k HP) tap x slot columns, KZ = pow2(k DP) tap x channel columns):
+      w1c [KP, DP]   conv1 over its concatenated taps: row t HP + s = W1[:, s, 0, t]
+      w2c [KP, DP]   conv2 transposed over its concatenated taps: row u HP + s = W2[s, :, 0, u]
+      w2z [KZ, HP]   conv2 over concatenated hidden taps: row u DP + c = W2[:, c, 0, u]
+      w1x [KZ, HP]   conv1 transposed over concatenated hidden taps: row u DP + c = W1[c, :, 0, k - 1 - u]
       t1 [2T - 1, DP], k0 [h, T, DP] fp32."""
 
     def __init__(self, w1s, t1, k0, w2, cdt):
         D, H, _, KS = w1s.shape
         self.H, self.D, self.KS = H, D, KS
         self.HP, self.DP = pow2(H), pow2(D)
-        self.KP = pow2(KS * self.HP)
+        self.KP, self.KZ = pow2(KS * self.HP), pow2(KS * self.DP)
         dev = w1s.device
         w1 = w1s.detach().float()[:, :, 0, :]  # [D, H, KS]
         w2f = w2.detach().float()[:, :, 0, :]  # [H, D, KS]
-        w1c = torch.zeros(self.KP, self.DP, device=dev)
-        w1c[:KS * self.HP].view(KS, self.HP, self.DP)[:, :H, :D] = w1.permute(2, 1, 0)
-        w1t = torch.zeros(KS, self.DP, self.HP, device=dev)
-        w1t[:, :D, :H] = w1.permute(2, 0, 1)
-        w2t = torch.zeros(KS, self.DP, self.HP, device=dev)
-        w2t[:, :D, :H] = w2f.permute(2, 1, 0)
-        w2c = torch.zeros(self.KP, self.DP, device=dev)
-        w2c[:KS * self.HP].view(KS, self.HP, self.DP)[:, :H, :D] = w2f.permute(2, 0, 1)
-        self.w1c, self.w1t, self.w2t, self.w2c = (w.to(cdt).contiguous() for w in (w1c, w1t, w2t, w2c))
+
+        def packed(rows, block, cols, value):
+            out = torch.zeros(rows, cols, device=dev)
+            out[:KS * block].view(KS, block, cols)[:, :value.shape[1], :value.shape[2]] = value
+            return out.to(cdt).contiguous()
+
+        self.w1c = packed(self.KP, self.HP, self.DP, w1.permute(2, 1, 0))
+        self.w2c = packed(self.KP, self.HP, self.DP, w2f.permute(2, 0, 1))
+        self.w2z = packed(self.KZ, self.DP, self.HP, w2f.permute(2, 1, 0))
+        self.w1x = packed(self.KZ, self.DP, self.HP, w1.permute(2, 0, 1).flip(0))
         T = k0.shape[-1]
         self.t1 = torch.zeros(2 * T - 1, self.DP, device=dev)
         self.t1[:, :D] = t1.detach().float().T
@@ -397,7 +478,7 @@ class _Weights:
         self.k0[:KS // 2, :, :D] = k0.detach().float().permute(0, 2, 1)
 
     def meta(self):
-        return dict(H=self.H, HP=self.HP, KS=self.KS, KP=self.KP, DP=self.DP)
+        return dict(H=self.H, HP=self.HP, KS=self.KS, DP=self.DP)
 
 
 def _tl_dtype(dtype):
@@ -414,12 +495,17 @@ def _scores_buffer(q, k, cfg):
 
 
 def _conv_buffer(sb, wts, cfg):
+    """The F buffer: conv1 and the activation into a hidden buffer Z (freed here), then conv2."""
     B, H, T, _ = sb.shape
+    cdt, prec = _tl_dtype(wts.w1c.dtype), dot_precision(sb.dtype)
+    zb = new((B, T, T, wts.DP), sb)
+    BM, BN, nw, ns = cfg["conv_z"]
+    _conv_z[(triton.cdiv(T + wts.KS // 2, BN), B)](sb, zb, wts.t1, wts.k0, wts.w1c, T, KP=wts.KP, BM=BM, BN=BN,
+                                                   CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
     fb = new(sb.shape, sb)
-    BM, BN, nw, ns = cfg["conv_fwd"]
-    _conv_fwd[(triton.cdiv(T, BN), B)](sb, fb, wts.t1, wts.k0, wts.w1c, wts.w2t, T, BM=BM, BN=BN,
-                                       CDT=_tl_dtype(wts.w1c.dtype), PREC=dot_precision(sb.dtype),
-                                       num_warps=nw, num_stages=ns, **wts.meta())
+    BM, BN, nw, ns = cfg["conv_f"]
+    _conv_f[(triton.cdiv(T, BN), B)](zb, fb, wts.w2z, T, KZ=wts.KZ, BM=BM, BN=BN, CDT=cdt, PREC=prec,
+                                     num_warps=nw, num_stages=ns, **wts.meta())
     return fb
 
 
@@ -463,19 +549,23 @@ class DapeV2Skewed(torch.autograd.Function):
                                                *strides(v), *strides(dout), T, scale * LOG2E, H=H, DH=DH, BM=BM,
                                                BN=BN, PREC=prec, num_warps=nw, num_stages=ns)
         del fb
-        dsb = new(sb.shape, sb)
-        BM, BN, nw, ns = cfg["conv_bwd"]
-        n_band = triton.cdiv(T, BN)
-        KSP = pow2(wts.KS, 1)
+        cdt = _tl_dtype(wts.w1c.dtype)
+        dyb = new((B, T, T, wts.DP), sb)
+        BM, BN, nw, ns = cfg["conv_dy"]
+        n_band = triton.cdiv(T + wts.KS // 2, BN)
         dw1 = new((B * n_band, wts.KP, wts.DP), q, torch.float32)
         dw2 = new((B * n_band, wts.KP, wts.DP), q, torch.float32)
         dt1 = torch.zeros(B, 2 * T - 1, wts.DP, device=q.device)
         dk0 = torch.zeros(B, max(wts.KS // 2, 1), T, wts.DP, device=q.device)
         dt2 = new((B, T, wts.HP), q, torch.float32)
-        _conv_bwd[(n_band, B)](sb, gb, dsb, wts.t1, wts.k0, wts.w1c, wts.w1t, wts.w2c, dw1, dw2, dt1, dk0,
-                               dt2, T, KSP=KSP, BM=BM, BN=BN, CDT=_tl_dtype(wts.w1c.dtype), PREC=prec,
-                               num_warps=nw, num_stages=ns, **wts.meta())
-        del gb, sb
+        _conv_dy[(n_band, B)](sb, gb, dyb, wts.t1, wts.k0, wts.w1c, wts.w2c, dw1, dw2, dt1, dk0, dt2, T, KP=wts.KP,
+                              BM=BM, BN=BN, CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
+        del sb
+        dsb = new(gb.shape, gb)
+        BM, BN, nw, ns = cfg["conv_dx"]
+        _conv_dx[(triton.cdiv(T, BN), B)](gb, dyb, dsb, wts.w1x, T, KZ=wts.KZ, BM=BM, BN=BN, CDT=cdt, PREC=prec,
+                                          num_warps=nw, num_stages=ns, **wts.meta())
+        del gb, dyb
         BM, BN, nw, ns = cfg["dq"]
         _dq[(B * H, triton.cdiv(T, BM))](dsb, k, dq, *strides(k), *strides(q), T, scale, H=H, DH=DH, BM=BM, BN=BN,
                                          PREC=prec, num_warps=nw, num_stages=ns)
@@ -522,4 +612,9 @@ def dape_v2_skewed(q, k, v, w1, b1, w2, b2, table=None, keep: bool = True, confi
     if unknown:
         raise ValueError(f"unknown skewed-kernel settings {sorted(unknown)}; known: {sorted(cfg)}")
     cfg.update({key: tuple(val) for key, val in (config or {}).items()})
+    for name in ("scores", "attn_fwd", "attn_bwd"):
+        rows, keys = cfg[name][:2]
+        if (rows % keys if name != "attn_bwd" else keys % rows) != 0:
+            raise ValueError(f"{name} tiles {rows} x {keys}: the {'rows' if name != 'attn_bwd' else 'keys'} must be a "
+                             f"multiple of the {'keys' if name != 'attn_bwd' else 'rows'} (unmasked off-diagonal tiles)")
     return DapeV2Skewed.apply(q, k, v, w1[:, :H], t1, k0, w2, t2, keep, cfg)
