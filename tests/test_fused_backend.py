@@ -124,8 +124,9 @@ def test_parts_record_the_kernel_that_ran(monkeypatch, tmp_path):
     from lenx.train import record_kernels
 
     torch.manual_seed(0)
-    parts = Parts(KerpleLog(2), DapeV2(2, 4, 3), Softmax(), head_dim=16)
-    q = torch.randn(1, 2, 9, 16, requires_grad=True)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter runs the kernels on CPU
+    parts = Parts(KerpleLog(2).to(dev), DapeV2(2, 4, 3).to(dev), Softmax(), head_dim=16)
+    q = torch.randn(1, 2, 9, 16, device=dev, requires_grad=True)
     assert parts.processor.kernel is None
     run_backend("triton", q, q, q, parts)
     assert parts.processor.kernel == "skewed (keep)"

@@ -3,8 +3,8 @@ CUDA activity, every kernel counted once), bf16, H 12, d 64: SDPA, Kerple (fused
 (k 3, D 32) on the Triton kernel and on the skewed kernels (buffers kept, and recomputed), with a
 correctness check of the skewed path against the fp32 dense reference first.
 Usage (repository root on a CUDA machine): PYTHONPATH=src python3 scripts/tune/time_skewed.py OUT.json [SHAPES [sweep]]
-SHAPES: comma-separated BxT (default 32x512,8x2048,256x128); a third argument `sweep` times the conv
-kernels' tile settings at the first shape instead."""
+SHAPES: comma-separated BxT (default 32x512,8x2048,256x128); a third argument `sweep` times each conv
+kernel's tile settings at the first shape instead."""
 import json
 import sys
 
@@ -35,20 +35,29 @@ CASES = {
 
 
 def sweep(B, T):
-    """The conv kernels' GPU time at one shape for several tile settings (BM rows x BN distances, warps)."""
+    """One kernel's GPU time at one shape for several tile settings (BM rows x BN distances, warps,
+    stages), the other kernels at their defaults."""
+    settings = {
+        "conv_dy": ((8, 16, 8, 1), (4, 16, 4, 1), (8, 16, 4, 1), (16, 16, 8, 1), (4, 32, 8, 1), (8, 32, 8, 1),
+                    (2, 32, 4, 1), (8, 32, 4, 1), (16, 32, 8, 1), (8, 16, 8, 2)),
+        "conv_z": ((8, 16, 8, 1), (16, 16, 8, 1), (8, 32, 8, 1), (16, 32, 8, 1)),
+        "conv_f": ((8, 16, 8, 1), (16, 16, 8, 1), (8, 32, 8, 1), (16, 32, 8, 1)),
+        "conv_dx": ((8, 16, 8, 1), (16, 16, 8, 1), (8, 32, 8, 1), (16, 32, 8, 1)),
+    }
     rows = []
-    for tiles in ((4, 32, 4, 1), (4, 32, 8, 1), (8, 32, 8, 1), (2, 64, 8, 1), (8, 16, 8, 1), (16, 16, 8, 1),
-                  (2, 32, 4, 1), (8, 32, 4, 1)):
-        cfg = {"conv_fwd": tiles, "conv_bwd": tiles}
-        CASES["sweep"] = lambda q, k, v, T: dape_v2_skewed(q, k, v, *proc.conv_weights(), kb.table(T, dev), config=cfg)
-        try:
-            row = profile("sweep", B, T)
-            row["kernels"] = {k: v for k, v in row["kernels"].items() if k.startswith("_conv")}
-        except Exception as err:  # noqa: BLE001
-            row = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
-        row["tiles"] = tiles
-        print("sweep", tiles, row.get("kernels", row.get("error")), flush=True)
-        rows.append(row)
+    for kernel, options in settings.items():
+        for tiles in options:
+            cfg = {kernel: tiles}
+            CASES["sweep"] = lambda q, k, v, T, cfg=cfg: dape_v2_skewed(q, k, v, *proc.conv_weights(),
+                                                                         kb.table(T, dev), config=cfg)
+            try:
+                row = profile("sweep", B, T)
+                row["kernel_ms"] = row["kernels"].get("_" + kernel)
+            except Exception as err:  # noqa: BLE001
+                row = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+            row.update(kernel=kernel, tiles=tiles)
+            print("sweep", kernel, tiles, row.get("kernel_ms", row.get("error")), flush=True)
+            rows.append(row)
     del CASES["sweep"]
     return rows
 
@@ -107,7 +116,7 @@ def registers():
     from lenx.ops.dape_v2 import skewed
 
     out = {}
-    for name in ("_scores", "_conv_fwd", "_attn_fwd", "_attn_bwd", "_conv_bwd", "_dq", "_dk"):
+    for name in ("_scores", "_conv_z", "_conv_f", "_attn_fwd", "_attn_bwd", "_conv_dy", "_conv_dx", "_dq", "_dk"):
         fn = getattr(skewed, name)
         try:
             for cache in fn.device_caches.values():
