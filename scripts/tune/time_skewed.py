@@ -4,7 +4,7 @@ CUDA activity, every kernel counted once), bf16, H 12, d 64: SDPA, Kerple (fused
 correctness check of the skewed path against the fp32 dense reference first.
 Usage (repository root on a CUDA machine): PYTHONPATH=src python3 scripts/tune/time_skewed.py OUT.json [SHAPES [sweep]]
 SHAPES: comma-separated BxT (default 32x512,8x2048,256x128); a third argument `sweep` times each conv
-kernel's tile settings at the first shape instead."""
+kernel's tile settings at the first shape instead (`sweep KERNEL BM,BN,WARPS,STAGES`: one setting)."""
 import json
 import sys
 
@@ -34,10 +34,11 @@ CASES = {
 }
 
 
-def sweep(B, T):
+def sweep(B, T, only=None):
     """One kernel's GPU time at one shape for several tile settings (BM rows x BN distances, warps,
-    stages), the other kernels at their defaults."""
-    settings = {
+    stages), the other kernels at their defaults. only: (kernel, tiles), one setting (an illegal
+    address poisons the CUDA context: run each setting in its own process)."""
+    settings = {only[0]: (only[1],)} if only else {
         "conv_dy": ((8, 16, 8, 1), (4, 16, 4, 1), (8, 16, 4, 1), (16, 16, 8, 1), (4, 32, 8, 1), (8, 32, 8, 1),
                     (2, 32, 4, 1), (8, 32, 4, 1), (16, 32, 8, 1), (8, 16, 8, 2)),
         "conv_z": ((8, 16, 8, 1), (16, 16, 8, 1), (8, 32, 8, 1), (16, 32, 8, 1)),
@@ -136,7 +137,8 @@ def main():
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "H": H, "d": d, "D": 32, "k": 3, "dtype": "bfloat16", "checks": [], "rows": []}
     if "sweep" in sys.argv[3:]:
-        res["sweep"] = sweep(*shapes[0])
+        only = (sys.argv[4], tuple(int(x) for x in sys.argv[5].split(","))) if len(sys.argv) > 5 else None
+        res["sweep"] = sweep(*shapes[0], only)
         res["registers"] = registers()
         json.dump(res, open(sys.argv[1], "w"), indent=1)
         return
