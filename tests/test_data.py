@@ -19,20 +19,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lenx.data import CORPORA, DataError, open_corpus, prepare_corpus
-from lenx.data import corpus as corpus_mod
-from lenx.data import fetch as fetch_mod
-from lenx.data import tokenizer as tok_mod
+from lenx.data import CORPORA, DataError, open_corpus
+from lenx.data.build import prepare_corpus
+from lenx.data.build import fetch as fetch_mod
+from lenx.data.build import sources as sources_mod
+from lenx.data.build import text as text_mod
+from lenx.data.build import tokenizing as tok_mod
 from lenx.fileio import atomic_path
-from lenx.data.archives import (
+from lenx.data.build.archives import (
     iter_deb,
     iter_deb_nested_tarball,
     iter_tarball,
     read_r_lazyload,
 )
-from lenx.data.corpus import clean_docs, normalise, split_docs
-from lenx.data.fetch import Registries, run_cmd
-from lenx.data.sources import (
+from lenx.data.build.clean import clean_docs, normalise
+from lenx.data.build.fetch import Registries, run_cmd
+from lenx.data.build.sources import (
     Source,
     clean_diatheke,
     want_linux_doc,
@@ -44,6 +46,7 @@ from lenx.data.sources import (
     want_sotu,
     want_tex,
 )
+from lenx.data.build.splits import split_docs, split_docs_reserving
 
 FIXTURES = Path(__file__).parent / "fixtures" / "data"
 TEXTS = FIXTURES / "texts"
@@ -387,7 +390,7 @@ def fake_books(monkeypatch, failing: set[str]) -> None:
                                 "check that the registry is reachable")
             return [], [(f"{label}:{i}", f"{label} text number {i}. " * (30 * i)) for i in range(1, 6)]
         return Source(label, get)
-    monkeypatch.setitem(corpus_mod.BUILTIN_SOURCES, "books",
+    monkeypatch.setitem(sources_mod.BUILTIN_SOURCES, "books",
                         lambda: [source(n) for n in ("sotu", "austen", "moby-dick")])
 
 
@@ -482,7 +485,7 @@ def test_atomic_path_leaves_nothing_on_failure(tmp_path):
 def test_interrupted_prepare_keeps_the_old_corpus(tmp_path, monkeypatch):
     good = prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=300, progress=False)
     before = _snapshot(tmp_path / "mine")
-    real = corpus_mod.encode_docs
+    real = text_mod.encode_docs
     calls = []
 
     def dying(tok, texts, **kw):  # dies while writing the second split (train is done)
@@ -492,7 +495,7 @@ def test_interrupted_prepare_keeps_the_old_corpus(tmp_path, monkeypatch):
                 raise KeyboardInterrupt
             yield ids
 
-    monkeypatch.setattr(corpus_mod, "encode_docs", dying)
+    monkeypatch.setattr(text_mod, "encode_docs", dying)
     with pytest.raises(KeyboardInterrupt):
         prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=300, progress=False, force=True)
     assert _snapshot(tmp_path / "mine") == before and _leftovers(tmp_path) == []
@@ -501,7 +504,7 @@ def test_interrupted_prepare_keeps_the_old_corpus(tmp_path, monkeypatch):
     stale = tmp_path / ".mine.build-999999999"
     stale.mkdir()
     (stale / "train.bin").write_bytes(b"junk")
-    monkeypatch.setattr(corpus_mod, "encode_docs", real)
+    monkeypatch.setattr(text_mod, "encode_docs", real)
     prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=300, progress=False, force=True)
     assert _leftovers(tmp_path) == []
     open_corpus("mine", tmp_path)
@@ -639,13 +642,13 @@ def _docs_of(jsonl: Path) -> list[str]:
 
 def _spy_reservation(monkeypatch) -> list[np.ndarray]:
     picked = []
-    real = corpus_mod.reserve_long_docs
+    real = text_mod.reserve_long_docs
 
     def spy(*args, **kwargs):
         picked.append(real(*args, **kwargs))
         return picked[-1]
 
-    monkeypatch.setattr(corpus_mod, "reserve_long_docs", spy)
+    monkeypatch.setattr(text_mod, "reserve_long_docs", spy)
     return picked
 
 
@@ -661,7 +664,7 @@ def test_default_split_is_the_one_it_always_was(tmp_path, long_jsonl):
     for i, split in enumerate(("train", "val", "test")):
         assert _split_texts(c, split) == [texts[j] for j in rng.permutation(np.flatnonzero(assign == i))]
     lengths = np.array([len(t) for t in texts])
-    assert (corpus_mod.split_docs_reserving(lengths, np.zeros(0, dtype=np.int64), 0, 0.02, 0.05) == assign).all()
+    assert (split_docs_reserving(lengths, np.zeros(0, dtype=np.int64), 0, 0.02, 0.05) == assign).all()
     # A threshold without a reservation is no setting: the corpus counts as prepared.
     before = (tmp_path / "lt" / "train.bin").stat().st_mtime_ns
     assert prepare_corpus("lt", tmp_path, from_path=long_jsonl, long_test=0, **LONG_KW) == m
@@ -677,7 +680,7 @@ def test_long_test_reserves_long_documents_for_test(tmp_path, long_jsonl, monkey
     split_texts = {s: _split_texts(c, s) for s in ("train", "val", "test")}
     assert len(reserved) == len(set(reserved)) == 6 and {texts[i] for i in reserved} <= set(split_texts["test"])
     # The rest is split as usual, by the same seed: the reserved ones are in test besides.
-    assign = corpus_mod.split_docs_reserving(np.array([len(t) for t in texts]), reserved, 0, 0.02, 0.05)
+    assign = split_docs_reserving(np.array([len(t) for t in texts]), reserved, 0, 0.02, 0.05)
     rest = np.setdiff1d(np.arange(len(texts)), reserved)
     assert (assign[rest] == split_docs(np.array([len(texts[i]) for i in rest]), 0, 0.02, 0.05)).all()
     for i, split in enumerate(("train", "val", "test")):
@@ -724,7 +727,7 @@ def test_long_test_with_too_few_long_documents_is_an_error(tmp_path, long_jsonl,
     good = prepare_corpus("lt", tmp_path, from_path=long_jsonl, vocab_size=400, progress=False)
     before = _snapshot(tmp_path / "lt")
     # Byte sizes tell already: no tokenizer is trained.
-    monkeypatch.setattr(corpus_mod, "train_bpe", lambda *a, **kw: pytest.fail("trained a tokenizer"))
+    monkeypatch.setattr(tok_mod, "train_bpe", lambda *a, **kw: pytest.fail("trained a tokenizer"))
     with pytest.raises(DataError, match=r"--long-test 21 needs 21 documents of >= 1000 tokens, but corpus 'lt' "
                                         r"has at most 20 \(only 20 .* >= 1000 bytes") as e:
         prepare_corpus("lt", tmp_path, from_path=long_jsonl, long_test=21, force=True, **LONG_KW)
