@@ -159,6 +159,24 @@ def test_importing_evaluation_plotting_and_the_cli_loads_no_trainer():
     assert out.stdout.strip() == "[]"
 
 
+# The corpus builder's only callers: `lenx prepare`, and the synthetic corpus generated on first use.
+BUILDER_CALLERS = {("cli.py", "prepare"), ("runtime.py", "open_training_corpus")}
+
+
+def test_only_prepare_imports_the_corpus_builder():
+    """lenx.data (the reader) never imports lenx.data.build (the builder); outside lenx.data, training,
+    evaluation and every other module open corpora through the reader only, except the callers above."""
+    build = SRC / "data" / "build"
+    wrong = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.is_relative_to(build):
+            continue
+        where = path.relative_to(SRC).as_posix()
+        wrong += [f"{where}:{line} imports {name} in {function}" for name, line, function in imported_modules(path)
+                  if is_within(name, ("lenx.data.build",)) and (where, function) not in BUILDER_CALLERS]
+    assert wrong == [], wrong
+
+
 def _redefined(stmts) -> list[str]:
     """Functions and classes defined twice in one block (module level, or inside an if / try there):
     the second silently replaces the first for every caller."""
