@@ -3,6 +3,7 @@ bench out of the product, plotting reads files only, only what trains imports th
 effects on import."""
 
 import ast
+import fnmatch
 import re
 from pathlib import Path
 import subprocess
@@ -175,6 +176,15 @@ def test_only_prepare_imports_the_corpus_builder():
         wrong += [f"{where}:{line} imports {name} in {function}" for name, line, function in imported_modules(path)
                   if is_within(name, ("lenx.data.build",)) and (where, function) not in BUILDER_CALLERS]
     assert wrong == [], wrong
+
+
+def test_pytest_collects_every_test_folder(pytestconfig):
+    """pytest does not enter a folder that matches norecursedirs (its default list has `build`): no
+    folder of tests may match, or its tests would silently never run."""
+    patterns = pytestconfig.getini("norecursedirs")
+    folders = {p.parent.relative_to(ROOT / "tests") for p in (ROOT / "tests").rglob("test_*.py")}
+    skipped = [str(f) for f in folders if any(fnmatch.fnmatch(part, pattern) for part in f.parts for pattern in patterns)]
+    assert skipped == []
 
 
 def _redefined(stmts) -> list[str]:
