@@ -115,6 +115,7 @@ def _prepared_names(root: Path) -> list[str]:
 
 
 def unknown_corpus(name: str, root: Path) -> DataError:
+    """The error for a name that is neither built in nor prepared under `root`: the nearest one."""
     known = sorted(set(CORPORA) | set(_prepared_names(root)))
     near = difflib.get_close_matches(name, known, n=1)
     hint = f"did you mean {near[0]!r}? " if near else ""
@@ -125,6 +126,7 @@ def unknown_corpus(name: str, root: Path) -> DataError:
 
 
 def check_name(name: str) -> None:
+    """A corpus name is a plain folder name."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", name or ""):
         raise DataError(f"bad corpus name {name!r}; use letters, digits, '_', '-' or '.'")
 

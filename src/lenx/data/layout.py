@@ -40,6 +40,7 @@ def index_file(folder: Path, split: str) -> Path:
 
 
 def corrupt(name: str, folder: Path, what: str) -> DataError:
+    """The error for a damaged corpus: `what` is wrong, and how to prepare it again."""
     return DataError(f"corpus {name!r} at {folder} is corrupt: {what}; "
                      f"delete that folder and run `lenx prepare {name}` again")
 

@@ -1,6 +1,8 @@
 """The built-in corpora's sources: which files of each package they keep, and how they tidy them."""
 
+from lenx.data import CORPORA
 from lenx.data.build.sources import (
+    BUILTIN_SOURCES,
     clean_diatheke,
     want_moby,
     want_pod,
@@ -26,3 +28,7 @@ def test_clean_diatheke_output():
     raw = ("Psalms 1:1: Psalm 1 OVERVIEW\n  * This Psalm may be regarded as * THE PREFACE PSALM.\n"
            "Psalms 1:2: \nPsalms 1:3: \n(TDavid)\n")
     assert clean_diatheke(raw) == "Psalm 1 OVERVIEW\nThis Psalm may be regarded as THE PREFACE PSALM.\n"
+
+
+def test_the_reader_names_the_corpora_the_builder_builds():
+    assert set(CORPORA) == set(BUILTIN_SOURCES) | {"synthetic"}

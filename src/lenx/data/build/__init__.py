@@ -6,8 +6,9 @@ It owns everything that makes a corpus: the built-in sources and the registries 
 from (sources, fetch, archives), the user's own files (inputs), cleaning, document splits,
 tokenizer training and encoding, the synthetic generator, the writers and the swap of a finished
 build into place (prepare, staging). It may import the reader (lenx.data's corpus, layout,
-tokenizer and errors modules) for the format it writes; nothing in the reader, training or
-evaluation imports it.
+tokenizer and errors modules) for the format it writes. The reader never imports it; elsewhere
+only `lenx prepare` and lenx.runtime, which generates the synthetic corpus on first use, do
+(tests/test_layout.py).
 """
 
 from .prepare import prepare_corpus
