@@ -226,10 +226,10 @@ def test_eval_passes_the_step(tmp_path, monkeypatch):
 
 
 def test_prepare_passes_allow_missing_sources(monkeypatch):
-    import lenx.data
+    import lenx.data.build
 
     seen = []
-    monkeypatch.setattr(lenx.data, "prepare_corpus", lambda *a, **kw: seen.append(kw) or {"name": "x"})
+    monkeypatch.setattr(lenx.data.build, "prepare_corpus", lambda *a, **kw: seen.append(kw) or {"name": "x"})
     assert invoke("prepare", "tech", "--allow-missing-sources").exit_code == 0
     assert invoke("prepare", "tech").exit_code == 0
     assert seen[0]["allow_missing_sources"] is True and seen[1]["allow_missing_sources"] is False

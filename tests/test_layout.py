@@ -3,6 +3,7 @@ bench out of the product, plotting reads files only, only what trains imports th
 effects on import."""
 
 import ast
+import fnmatch
 import re
 from pathlib import Path
 import subprocess
@@ -157,6 +158,33 @@ def test_importing_evaluation_plotting_and_the_cli_loads_no_trainer():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# The corpus builder's only callers: `lenx prepare`, and the synthetic corpus generated on first use.
+BUILDER_CALLERS = {("cli.py", "prepare"), ("runtime.py", "open_training_corpus")}
+
+
+def test_only_prepare_imports_the_corpus_builder():
+    """lenx.data (the reader) never imports lenx.data.build (the builder); outside lenx.data, training,
+    evaluation and every other module open corpora through the reader only, except the callers above."""
+    build = SRC / "data" / "build"
+    wrong = []
+    for path in sorted(SRC.rglob("*.py")):
+        if path.is_relative_to(build):
+            continue
+        where = path.relative_to(SRC).as_posix()
+        wrong += [f"{where}:{line} imports {name} in {function}" for name, line, function in imported_modules(path)
+                  if is_within(name, ("lenx.data.build",)) and (where, function) not in BUILDER_CALLERS]
+    assert wrong == [], wrong
+
+
+def test_pytest_collects_every_test_folder(pytestconfig):
+    """pytest does not enter a folder that matches norecursedirs (its default list has `build`): no
+    folder of tests may match, or its tests would silently never run."""
+    patterns = pytestconfig.getini("norecursedirs")
+    folders = {p.parent.relative_to(ROOT / "tests") for p in (ROOT / "tests").rglob("test_*.py")}
+    skipped = [str(f) for f in folders if any(fnmatch.fnmatch(part, pattern) for part in f.parts for pattern in patterns)]
+    assert skipped == []
 
 
 def _redefined(stmts) -> list[str]:

@@ -9,7 +9,7 @@ import torch
 
 from lenx import retrieval
 from lenx.config import ConfigError
-from lenx.data import prepare_corpus
+from lenx.data.build import prepare_corpus
 from test_decode import model_for
 
 WORDS = "river stone light north garden paper silver window market orchard".split()

@@ -176,7 +176,7 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
     Prints the manifest (without its sources) as JSON on stdout, and one line per split (documents,
     tokens, documents of >= 8192 and >= 16384 tokens) on stderr.
     """
-    from .data import prepare_corpus
+    from .data.build import prepare_corpus
     from .fileio import check_writable_dir
 
     try:

@@ -21,7 +21,8 @@ def autocast_for(device: torch.device, precision: str):
 
 
 def open_training_corpus(cfg: RunConfig):
-    from .data import open_corpus, prepare_corpus
+    from .data import open_corpus
+    from .data.build import prepare_corpus
 
     root = Path(cfg.data.root)
     if cfg.data.corpus == "synthetic" and not (root / "synthetic" / "manifest.json").exists():
@@ -48,7 +49,7 @@ def check_run_corpus(run_dir: Path, cfg: RunConfig, corpus) -> None:
     accepted with a note on stderr (once per run and process), as only its vocabulary size can be
     checked."""
     from .data import DataError
-    from .data.corpus import fingerprint_changes
+    from .data.layout import fingerprint_changes
 
     run_dir = Path(run_dir)
     fix = (f"prepare the corpus the run was trained on again (the same input and settings rebuild it exactly), "

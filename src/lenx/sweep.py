@@ -131,7 +131,7 @@ def _train_and_evaluate(run_cfg: RunConfig, run_dir: Path, progress: bool, eval_
 def _corpus_differences(run_dir: Path, corpus) -> list[str]:
     """The corpus change since the run was trained, as config_differences words it: the parts of
     the fingerprint that meta.json records and the corpus no longer has (none recorded: none)."""
-    from .data.corpus import fingerprint_changes
+    from .data.layout import fingerprint_changes
 
     recorded = run_meta(run_dir).get("corpus_fingerprint")
     if not isinstance(recorded, dict):

@@ -22,7 +22,7 @@ from .archives import (
     read_r_lazyload,
     unpack_deb,
 )
-from .errors import DataError
+from ..errors import DataError
 from .fetch import Fetched, Registries
 
 Doc = tuple[str, "str | bytes"]

@@ -12,7 +12,12 @@ chains, so ~2.5M tokens take about a second.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+
+from ..layout import SPLITS
+from .writer import write_split
 
 VOCAB = 256
 EOS = 255
@@ -108,3 +113,16 @@ def describe() -> dict:
         "copy_every_tokens": COPY_EVERY,
         "copy_span": list(COPY_SPAN),
     }
+
+
+def build_synthetic(folder: Path, seed: int, val_frac: float, test_frac: float) -> dict:
+    """Write the corpus's splits into `folder`; return the manifest's "sources", "missing_sources",
+    "tokenizer" and "splits" entries."""
+    docs = generate(seed, val_frac, test_frac)
+    splits = {}
+    for split in SPLITS:
+        splits[split] = write_split(folder, split, iter(docs[split]), EOS)
+        splits[split]["chars"] = None
+    return {"sources": [describe()], "missing_sources": [],
+            "tokenizer": {"kind": "none", "vocab_size": VOCAB, "eos_id": EOS, "eos_token": None},
+            "splits": splits}

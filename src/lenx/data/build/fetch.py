@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote
 
-from ..fileio import sha256_file
-from .errors import DataError
+from ...fileio import sha256_file
+from ..errors import DataError
 
 log = logging.getLogger("lenx.data")
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import DataError
+from ..errors import DataError
 
 Want = Callable[[str], bool]
 

@@ -1,0 +1,83 @@
+"""Building a text corpus from its cleaned documents: split by document, train its tokenizer on the
+train split, encode and write every split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..layout import SPLITS, index_file
+from .fetch import Registries
+from .splits import (
+    LONG_TEST_TOKENS,
+    reserve_long_docs,
+    split_docs,
+    split_docs_reserving,
+    split_members,
+    too_few_long,
+)
+from .tokenizing import count_tokens, encode_docs, make_tokenizer
+from .writer import LONG, write_split
+
+
+def build_text(folder: Path, name: str, docs: list, tokenizer: str, vocab_size: int, seed: int,
+               val_frac: float, test_frac: float, reg: Registries, progress: bool, long_test: int = 0,
+               long_test_tokens: int = LONG_TEST_TOKENS) -> dict:
+    """Write the tokenizer and the splits of the (doc_id, text) documents `docs` into `folder`; return
+    the manifest's "tokenizer", "splits" and (with `long_test`) "long_test" entries."""
+    # 1. Reserve long documents for test (by tokens). BPE is trained on the train split, which
+    # the reservation changes, so tokens are first counted with the BPE of the split without a
+    # reservation (GPT-2's tokenizer is fixed: its counts are final), and the final counts are
+    # checked after packing.
+    lengths = np.array([len(t) for _, t in docs])
+    reserved, counter, extra = np.zeros(0, dtype=np.int64), None, {}
+    if long_test:
+        unreserved = split_members(split_docs(lengths, seed, val_frac, test_frac), seed)
+        counter = make_tokenizer(tokenizer, docs, unreserved["train"], vocab_size, reg, progress)
+        counted_with = ("tokens counted with GPT-2's tokenizer" if tokenizer == "gpt2" else
+                        "tokens counted with the BPE of the split without --long-test")
+        counts = count_tokens(counter[0], docs, progress)
+        reserved = reserve_long_docs(name, counts, long_test, long_test_tokens, seed, counted_with)
+        extra = {"reserved_docs": int(long_test), "min_tokens": int(long_test_tokens),
+                 "corpus_docs_ge_min_tokens": int((counts >= long_test_tokens).sum()), "counted_with": counted_with}
+
+    # 2. Split by document; within a split, a seeded random order mixes the stream.
+    assign = split_docs_reserving(lengths, reserved, seed, val_frac, test_frac)
+    members = split_members(assign, seed)
+
+    # 3. Tokenizer: trained on the train split only (or GPT-2's).
+    if counter is not None and (tokenizer == "gpt2" or np.array_equal(members["train"], unreserved["train"])):
+        tok, tok_record = counter
+    else:
+        tok, tok_record = make_tokenizer(tokenizer, docs, members["train"], vocab_size, reg, progress)
+    eos_id = tok_record["eos_id"]
+    tok.save(str(folder / "tokenizer.json"))
+
+    # 4. Encode and pack every split.
+    long = LONG + ((int(long_test_tokens),) if long_test and long_test_tokens not in LONG else ())
+    splits = {}
+    with tqdm(total=int(lengths.sum()), desc="encoding", unit="char", unit_scale=True, disable=not progress) as bar:
+        for split in SPLITS:
+            texts = [docs[i][1] for i in members[split]]
+
+            def counted(ids_iter, texts=texts):
+                for text, ids in zip(texts, ids_iter, strict=True):
+                    bar.update(len(text))
+                    yield ids
+
+            splits[split] = write_split(folder, split, counted(encode_docs(tok, texts)), eos_id, long)
+            splits[split]["chars"] = int(sum(len(t) for t in texts))
+    out = {"tokenizer": tok_record, "splits": splits}
+    if long_test:
+        # 5. With the final tokenizer's counts, test must hold long_test documents that long.
+        test_lens = np.load(index_file(folder, "test"))[:, 1]
+        reached = int((test_lens[np.isin(members["test"], reserved)] >= long_test_tokens).sum())
+        have = int((test_lens >= long_test_tokens).sum())
+        if have < long_test:
+            raise too_few_long(name, long_test, long_test_tokens,
+                               f"has only {have} in its test split with the tokenizer trained on the final "
+                               f"train split ({reached} of the reserved ones reach it there; try another --seed)")
+        out["long_test"] = extra | {"reserved_docs_ge_min_tokens": reached}
+    return out

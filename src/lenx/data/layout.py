@@ -1,0 +1,97 @@
+"""The files of a prepared corpus, as the reader opens them and the builder writes them.
+
+Layout of `<root>/<name>/`:
+  manifest.json             what was built, from what, and how big (written last)
+  tokenizer.json            HF tokenizer (absent for `synthetic`)
+  {train,val,test}.bin      uint16 token stream; each document's tokens then one EOS
+  {train,val,test}.idx.npy  int64 [n_docs, 2]: start offset, length (without the EOS)
+
+A folder without a valid manifest.json counts as not prepared.
+
+manifest["fingerprint"] pins the corpus's content: the SHA-256 of tokenizer.json and of
+each split (its token stream and document index). A run records it (meta.json), and
+evaluating or generating with the run refuses a corpus whose fingerprint differs
+(lenx.runtime.open_run_corpus). Corpora prepared before fingerprints existed get theirs
+computed from their files when asked (Corpus.fingerprint).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ..fileio import sha256_file
+from .errors import DataError
+
+SPLITS = ("train", "val", "test")
+FORMAT = "lenx-corpus-v1"
+FINGERPRINT_PARTS = ("tokenizer",) + SPLITS
+
+
+def tokens_file(folder: Path, split: str) -> Path:
+    return Path(folder) / f"{split}.bin"
+
+
+def index_file(folder: Path, split: str) -> Path:
+    return Path(folder) / f"{split}.idx.npy"
+
+
+def corrupt(name: str, folder: Path, what: str) -> DataError:
+    """The error for a damaged corpus: `what` is wrong, and how to prepare it again."""
+    return DataError(f"corpus {name!r} at {folder} is corrupt: {what}; "
+                     f"delete that folder and run `lenx prepare {name}` again")
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """The manifest, or None when the folder is missing or holds no valid one."""
+    try:
+        m = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(m, dict) or m.get("format") != FORMAT or not all(s in m.get("splits", {}) for s in SPLITS):
+        return None
+    return m
+
+
+def check_files(name: str, folder: Path, m: dict) -> None:
+    """Cheap consistency checks: every file there, .bin sizes as the manifest says."""
+    for split in SPLITS:
+        for path in (tokens_file(folder, split), index_file(folder, split)):
+            if not path.is_file():
+                raise corrupt(name, folder, f"{path.name} is missing")
+        want = 2 * m["splits"][split]["tokens"]
+        have = tokens_file(folder, split).stat().st_size
+        if have != want:
+            raise corrupt(name, folder, f"{split}.bin has {have} bytes, manifest says {want}")
+    if m["tokenizer"]["kind"] != "none" and not (folder / "tokenizer.json").is_file():
+        raise corrupt(name, folder, "tokenizer.json is missing")
+
+
+def is_fingerprint(value) -> bool:
+    return isinstance(value, dict) and set(value) == set(FINGERPRINT_PARTS)
+
+
+def fingerprint_files(folder: Path, has_tokenizer: bool) -> dict:
+    """The fingerprint of the corpus files in `folder` (see Corpus.fingerprint). A split hashes its
+    token stream's bytes, then its document index as little-endian int64, so the .npy header does
+    not count."""
+    folder = Path(folder)
+    out = {"tokenizer": sha256_file(folder / "tokenizer.json") if has_tokenizer else None}
+    for split in SPLITS:
+        h = hashlib.sha256()
+        with open(tokens_file(folder, split), "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0idx\0")
+        h.update(np.ascontiguousarray(np.load(index_file(folder, split)), dtype="<i8").tobytes())
+        out[split] = h.hexdigest()
+    return out
+
+
+def fingerprint_changes(recorded: dict, current: dict) -> list[str]:
+    """What differs between two fingerprints, in words: "tokenizer", "train split", ..."""
+    return [part if part == "tokenizer" else f"{part} split" for part in FINGERPRINT_PARTS
+            if recorded.get(part) != current.get(part)]
