@@ -184,7 +184,7 @@ def _conv_dy(SB, GB, DYB, T1, K0, W1C, W2C, DW1, DW2, DT1, DK0, DT2, T,
         tl.store(DYB + (b * T + i).to(tl.int64)[:, None] * T * DP + (j * DP)[:, None] + cc[None, :],
                  dy.to(DYB.dtype.element_ty), mask=keyok[:, None])
         # transposed operands loaded from memory, not tl.trans of registers (wrong on the H100 at
-        # KP 128 or hidden 64 with triton 3.6: notes/kernels.md "Session 12")
+        # KP 128 or hidden 64 with triton 3.6; notes/kernels.md has the case)
         xt = _taps(SB, plane0, i, j, T, 1, H, HP, KS, KP, True)
         gt = _taps(GB, plane0, i, j, T, -1, H, HP, KS, KP, True)
         dw1 += tl.dot(xt.to(CDT), dy.to(CDT), input_precision=PREC)
