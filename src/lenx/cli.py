@@ -397,8 +397,7 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
     evaluated on the same windows (corpus, split, eval.seed, windows, scored and lengths). Writes
     the numbers to --out as JSON (compare.json: an earlier one there is replaced only with --force).
     """
-    from .compare import MIN_RESAMPLES, CompareError, check_out, compare_runs, find_runs
-    from .fileio import write_json
+    from .compare import MIN_RESAMPLES, CompareError, compare_to_file
     from .report.compare_tables import compare_report, unfinished_runs
     from .report.tables import show
 
@@ -408,15 +407,9 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
             raise CompareError(f"--resamples must be at least {MIN_RESAMPLES}, got {resamples}")
         if seed < 0:
             raise CompareError(f"--seed must be an integer >= 0, got {seed}")
-        check_out(out, named, force)
-        result = compare_runs(find_runs(runs), reference, n=resamples, seed=seed)
+        result = compare_to_file(runs, out, named, force, reference, n=resamples, seed=seed)
     except CompareError as e:
         _fail(e)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_json(out, result)
-    except OSError as e:
-        _fail(CompareError(f"cannot write --out {out}: {e}"))
     for line in unfinished_runs(result):
         print(line, file=sys.stderr)
     show(compare_report(result))
@@ -439,32 +432,15 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
     saved as JSON and drawn from that file.
     """
     from . import plot
-    from .config import ConfigError, check_device
     from .fileio import OutputError, check_writable_dir
 
     try:
         if out is not None:
             check_writable_dir(out, "--out")
         if attention:
-            from .evaluate import attention_maps, save_attention_maps
+            from .evaluate import save_run_attention
 
-            cfg = _run_config(source)
-            m = cfg.model
-            for option, value, count, what in (("--layer", layer, m.n_layer, "layers"),
-                                               ("--head", head, m.n_head, "heads")):
-                if not 0 <= value < count:
-                    raise ConfigError(f"{option} {value} does not exist: the model of {source} has {count} {what} "
-                                      f"({option} 0 to {count - 1})")
-            if length < 1:
-                raise ConfigError(f"--length must be >= 1, got {length}")
-            check_device(cfg, "cpu", training=False)  # the maps are computed on the CPU
-            if out is None:
-                check_writable_dir(source, "the run folder")
-            # the checkpoint is read once, into JSON; the figure is drawn from that file, as
-            # `lenx plot FOLDER` re-draws it later without the checkpoint
-            maps = attention_maps(source, layer=layer, head=head, length=length)
-            png = (out or source) / f"attention_L{layer}_H{head}.png"
-            saved = save_attention_maps(maps, png.with_suffix(".json"))
+            saved, png = save_run_attention(source, out, layer=layer, head=head, length=length)
             print(saved)
             print(plot.draw_attention_maps(plot.load_attention_maps(saved), png))
             return
