@@ -9,6 +9,10 @@ def _interval(value: float, lo: float, hi: float, sign: str = "") -> str:
     return f"{value:{sign}.2f} [{lo:{sign}.2f}, {hi:{sign}.2f}]"
 
 
+def _ppl(entry: dict) -> str:
+    return _interval(entry["ppl"], entry["lo"], entry["hi"])
+
+
 def _plural(word: str, n: int) -> str:
     return word if n == 1 else word + "s"
 
@@ -19,6 +23,11 @@ def _by_length(title: str, lengths: list[str], inside: bool, caption: str | None
                  + [Column(L, "right") for L in (["in distribution"] if inside else []) + lengths], caption=caption)
 
 
+def _inside_cells(inside: bool, entry: dict | None, text) -> list[str]:
+    """The in-distribution cell of a row, where the table has that column: text(entry), or empty."""
+    return [] if not inside else [""] if entry is None else [text(entry)]
+
+
 def compare_report(result: dict) -> list[Table | str]:
     """The tables and notes (strings) of a compare_runs result, in print order (tables.show)."""
     lengths = [str(L) for L in result["lengths"]]
@@ -27,25 +36,22 @@ def compare_report(result: dict) -> list[Table | str]:
              f"documents ({result['resamples']} resamples, seed {result['seed']})")
     # the in-distribution point (each window's last T_train tokens read alone) where eval.json kept it
     inside = any("in_distribution" in m for m in result["methods"].values())
-
     if inside:
         where += ("; in distribution: the last T_train tokens of each window read with T_train tokens of input "
                   "(ΔP's first term), over the seeds whose eval.json keeps it (the ΔP table's)")
     ppl = _by_length(f"perplexity of the last {result['scored']} tokens, mean over seeds [{pct} interval]", lengths,
                      inside, where)
     for method, m in result["methods"].items():
-        entry = m.get("in_distribution")
-        cells = ([] if not inside else [""] if entry is None else [_interval(entry["ppl"], entry["lo"], entry["hi"])])
-        cells += [_interval(e["ppl"], e["lo"], e["hi"]) for e in (m["lengths"][L] for L in lengths)]
-        ppl.add_row(f"{method} ({len(m['seeds'])} {_plural('seed', len(m['seeds']))})", *cells)
+        ppl.add_row(f"{method} ({len(m['seeds'])} {_plural('seed', len(m['seeds']))})",
+                    *_inside_cells(inside, m.get("in_distribution"), _ppl), *(_ppl(m["lengths"][L]) for L in lengths))
     items: list[Table | str] = [ppl]
 
     with_dp = {method: m for method, m in result["methods"].items()
                if any("delta_p" in m["lengths"][L] for L in lengths)}
     if with_dp:  # at the lengths beyond a training length only
         dp_lengths = [L for L in lengths if any("delta_p" in m["lengths"][L] for m in with_dp.values())]
-        dp = Table(f"ΔP, mean over seeds [{pct} interval] (positive: context beyond the training length helps)",
-                   [Column("method", no_wrap=True)] + [Column(L, "right") for L in dp_lengths])
+        dp = _by_length(f"ΔP, mean over seeds [{pct} interval] (positive: context beyond the training length helps)",
+                        dp_lengths, inside=False)
         for method, m in with_dp.items():
             entries = [m["lengths"][L].get("delta_p") for L in dp_lengths]
             seeds = m["delta_p_seeds"]
@@ -94,9 +100,7 @@ def _difference_tables(result: dict, lengths: list[str], pct: str, inside: bool)
                     caption="the verdict with every document; the documents whose removal alone changes it "
                             "(compare.json: each one's difference and interval without it)")
     for method, rows in result["differences"].items():
-        entry = rows.get("in_distribution")
-        cells = ([""] if entry is None else [cell(entry)]) if inside else []
-        diff.add_row(method, *cells, *(cell(rows[L]) for L in lengths))
+        diff.add_row(method, *_inside_cells(inside, rows.get("in_distribution"), cell), *(cell(rows[L]) for L in lengths))
         for column, d in rows.items():
             flips = d.get("decided_by") or []
             if flips:
