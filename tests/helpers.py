@@ -36,3 +36,12 @@ def stick_loop(q, k, v, attend_current):
                     left = left * (1 - beta)
                 rem[b, h, i] = left
     return out, rem
+
+
+def eval_result(method, ppl: dict, delta_p: dict, seed=None, train_len=64) -> dict:
+    """An eval.json-like result: perplexity per length, ΔP where given; with `seed`, one seed's."""
+    rows = {str(L): {"ppl": p} for L, p in ppl.items()}
+    for L, d in delta_p.items():
+        rows[str(L)]["delta_p"] = d
+    r = {"method": method, "train_len": train_len, "scored": 32, "window_note": "16 windows", "results": rows}
+    return r if seed is None else {**r, "seed": seed}

@@ -8,8 +8,9 @@ import pytest
 import torch
 from rich.console import Console
 
-from lenx.bench import (PROFILE_KEYS, _add_ratios, _add_train_step_ratios, bench_markdown, print_bench_table,
-                        print_train_step_table, run_bench, train_step_bench, train_step_markdown)
+from lenx.bench import PROFILE_KEYS, _add_ratios, _add_train_step_ratios, run_bench, train_step_bench
+from lenx.report.bench_tables import bench_table, train_step_table
+from lenx.report.tables import show, to_markdown
 
 
 def fake_result():
@@ -36,11 +37,11 @@ def test_ratios_and_table():
     assert row["fwdbwd_x_sdpa"] == pytest.approx(2.5)
     assert row["fwdbwd_mem_x_sdpa"] == pytest.approx(1.5)
     buf = io.StringIO()
-    print_bench_table(res, Console(file=buf, width=200))
+    show([bench_table(res)], Console(file=buf, width=200))
     text = buf.getvalue()
     assert "triton" in text and "oom" in text and "2.50" in text
     assert "unsupported" not in text
-    md = bench_markdown(res)
+    md = to_markdown(bench_table(res))
     assert "| kerple | triton | 512 | 0.200 | 2.00 | 1.000 | 2.50 | 30 | 1.50 |" in md
     # a forward that ran another kernel than the backend's own (DAPE V2's Gluon forward) says so
     assert "| dapev2-kerple | triton (gluon fwd) | 512 | 2.000 | 20.00 |" in md
@@ -78,7 +79,7 @@ def test_train_step_bench_cpu():
     # profile_steps=0: no profile, its keys present and None, as are the ratios built on them
     assert all(rope[k] is None for k in PROFILE_KEYS + ("attn_x_sdpa", "step_gpu_x_kerple", "wall_x_kerple"))
     assert res["sdpa_reference"] is None and res["profiled_time"] is None
-    md = train_step_markdown(res)
+    md = to_markdown(train_step_table(res))
     assert "| dapev2-kerple | chunked |" in md and "no torch.profiler figures" in md
 
 
@@ -107,10 +108,10 @@ def test_train_step_bench_profiles_attention_cpu():
     assert rows["sdpa"]["attn_x_sdpa"] == 1.0 and rows["kerple"]["step_gpu_x_kerple"] == 1.0
     assert any("scaled_dot_product" in k["name"] for k in rows["sdpa"]["attn_kernels"])
     buf = io.StringIO()
-    print_train_step_table(res, Console(file=buf, width=250))
+    show([train_step_table(res)], Console(file=buf, width=250))
     text = buf.getvalue()
     assert "GPU times from torch.profiler kernel time" in text and "host-bound" in text and "CPU op self time" in text
-    md = train_step_markdown(res)
+    md = to_markdown(train_step_table(res))
     assert "| method | backend(s) | wall ms/step | step GPU ms | x Kerple (GPU) | attn GPU ms (fwd+bwd) | X vs SDPA |" in md
     assert "| sdpa | sdpa |" in md and "| 1.00 |" in md
 
@@ -161,7 +162,7 @@ def test_train_step_bench_failure_is_a_row_and_no_reference(monkeypatch):
     assert rows["rope"]["ratio"] is None  # dapev2-kerple was not measured
     assert rows["rope"]["wall_x_kerple"] is None  # nor was kerple
     buf = io.StringIO()
-    print_train_step_table(res, Console(file=buf, width=200))
+    show([train_step_table(res)], Console(file=buf, width=200))
     assert "error" in buf.getvalue() and "rope" in buf.getvalue()
 
 

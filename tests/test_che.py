@@ -12,7 +12,7 @@ import torch
 
 from lenx.attention import DapeV2, all_methods, parse_method
 import lenx.che as che
-from lenx.che import Encoder, che_table, make_config, merge_che, redraw_che, run_che, runs_causally
+from lenx.che import Encoder, make_config, merge_che, redraw_che, run_che, runs_causally
 from lenx.ops import dape_v2_attention
 from lenx.tasks import TASKS, sample_recall
 
@@ -76,12 +76,6 @@ def test_bad_input():
         run_che(make_config("smoke", tasks=["parity_chek"]), "/tmp/unused", progress=False)
     with pytest.raises(ValueError, match=">= 1"):
         make_config("smoke", test_min_length=0)
-
-
-def test_table_reports_max_mean_std():
-    summary = {"parity_check": {"rope": {"mean": 0.6, "std": 0.1, "max": 0.7, "seeds": 2}}}
-    cfg = make_config("smoke", tasks=["parity_check"], methods=["rope"])
-    assert "70.0 (60.0 ± 10.0)" in che_table(summary, cfg)
 
 
 # --- resuming, merging, redrawing ----------------------------------------------------------------
@@ -169,14 +163,6 @@ def test_merge_gives_the_union(tmp_path):
         merge_che([tmp_path / "a", tmp_path / "c"], tmp_path / "m2")
     with pytest.raises(ValueError, match="of its own"):  # would overwrite a training folder's results
         merge_che([tmp_path / "a"], tmp_path / "c")
-
-
-def test_table_marks_missing_cells():
-    summary = {"parity_check": {"rope": {"mean": 0.6, "std": 0.1, "max": 0.7, "seeds": 2}}}
-    cfg = make_config("smoke", tasks=["parity_check", "even_pairs"], methods=["rope", "alibi"])
-    table = che_table(summary, cfg)
-    assert "| parity_check | 50.0 | 70.0 (60.0 ± 10.0) | – |" in table
-    assert "| even_pairs | 50.0 | – | – |" in table
 
 
 def test_per_length_figure_title_fits(tmp_path, monkeypatch):

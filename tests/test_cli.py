@@ -1,7 +1,6 @@
 """The CLI as users see it: help that reads in whole sentences, `lenx list`, progress bars only on a
-terminal, the results table (training length marked, seeds as mean ± std), and the options that
-call the library's newer keywords (sweep --seeds / --force, eval --step, prepare
---allow-missing-sources)."""
+terminal, and the options that call the library's newer keywords (sweep --seeds / --force, eval
+--step, prepare --allow-missing-sources). The tables it prints: tests/report/."""
 
 import inspect
 import json
@@ -13,7 +12,8 @@ import sys
 
 import pytest
 
-from lenx.cli import app, eval_table
+from helpers import eval_result
+from lenx.cli import app
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 COMMANDS = ("list", "prepare", "train", "eval", "generate", "sweep", "compare", "plot", "che", "bench", "demo")
@@ -93,40 +93,6 @@ def test_demo_has_the_progress_option():
     assert "--no-progress" in out.stdout
 
 
-# --- the results table ----------------------------------------------------------------------------
-
-def result(method, ppl: dict, delta_p: dict, seed=None, train_len=64):
-    rows = {str(L): {"ppl": p} for L, p in ppl.items()}
-    for L, d in delta_p.items():
-        rows[str(L)]["delta_p"] = d
-    r = {"method": method, "train_len": train_len, "scored": 32, "window_note": "16 windows", "results": rows}
-    return r if seed is None else {**r, "seed": seed}
-
-
-def test_table_marks_the_training_length():
-    title, columns, rows = eval_table([result("rope", {64: 8.22, 128: 8.35}, {128: -0.18}),
-                                       result("kerple", {64: 6.92, 128: 6.93}, {128: 0.04})])
-    assert columns == ["method", "64 (train)", "128"]
-    assert rows == [["rope", "8.22", "8.35 (-0.18)"], ["kerple", "6.92", "6.93 (+0.04)"]]
-    assert "seeds" not in title
-
-
-def test_table_over_seeds_shows_mean_and_sample_std():
-    results = [result("rope", {64: 8.0, 128: 9.0}, {128: -1.0}, seed=0),
-               result("rope", {64: 10.0, 128: 11.0}, {128: 1.0}, seed=1),
-               result("rope", {64: 12.0, 128: 13.0}, {128: 3.0}, seed=2),
-               result("kerple", {64: 7.0, 128: 7.0}, {128: 0.5}, seed=0),
-               result("kerple", {64: 7.5, 128: 7.0}, {128: 0.5}, seed=1),
-               result("kerple", {64: 8.0, 128: 7.0}, {128: 0.5}, seed=2)]
-    title, columns, rows = eval_table(results)
-    assert "mean ± sample std over 3 seeds" in title
-    assert rows == [["rope", "10.00 ± 2.00", "11.00 ± 2.00 (+1.00 ± 2.00)"],
-                    ["kerple", "7.50 ± 0.50", "7.00 ± 0.00 (+0.50 ± 0.00)"]]
-    # methods with different seed counts say how many each has
-    _, _, rows = eval_table(results[:4])
-    assert [row[0] for row in rows] == ["rope (3 seeds)", "kerple (1 seeds)"]
-
-
 # --- options that call the library's newer keywords -----------------------------------------------
 
 def test_sweep_over_seeds(tmp_path):
@@ -190,7 +156,7 @@ def test_sweep_passes_seeds_and_force_and_prints_mean_and_std(tmp_path, monkeypa
 
     def fake_sweep(methods, cfg, out_dir, progress=True, eval_kwargs=None, jobs=1, **kwargs):
         calls.append((methods, cfg.train.seed, kwargs))
-        results = [result(m, {64: 8.0 + s, 128: 9.0 + s}, {128: 0.1 * s}, seed=s)
+        results = [eval_result(m, {64: 8.0 + s, 128: 9.0 + s}, {128: 0.1 * s}, seed=s)
                    for m in methods for s in kwargs["seeds"] or [cfg.train.seed]]
         return {"results": results, "figures": []}
 
@@ -216,7 +182,7 @@ def test_eval_passes_the_step(tmp_path, monkeypatch):
 
     def fake_evaluate(run_dir, lengths=None, windows=None, scored=None, device="auto", backend=None, **kwargs):
         seen.append(kwargs)
-        return result("rope", {64: 8.0}, {})
+        return eval_result("rope", {64: 8.0}, {})
 
     monkeypatch.setattr(lenx.evaluate, "evaluate", fake_evaluate)
     assert invoke("eval", str(tmp_path / "run"), "--step", "200", "--no-progress").exit_code == 0

@@ -1,6 +1,6 @@
 """The house rules, checked: kernels on the ground floor, a reference beside every kernel, the lab
-bench out of the product, plotting reads files only, only what trains imports the trainer, no side
-effects on import."""
+bench out of the product, plotting and reports read files only, the CLI builds no tables, only what
+trains imports the trainer, no side effects on import."""
 
 import ast
 import fnmatch
@@ -131,6 +131,22 @@ def test_no_session_history_in_code(path):
 def test_plot_does_not_load_checkpoints_or_models():
     forbidden = ("lenx.checkpoint", "lenx.evaluate", "lenx.model", "lenx.runtime", "lenx.train", "torch")
     assert [i for i in imported_modules(SRC / "plot.py") if is_within(i[0], forbidden)] == []
+
+
+def test_report_reads_results_only():
+    """lenx.report renders results: it loads no model, checkpoint, corpus or trainer, and imports
+    nothing heavy when imported (torch and the attention registry only inside lenx list's function)."""
+    forbidden = ("lenx.checkpoint", "lenx.data", "lenx.evaluate", "lenx.model", "lenx.runtime", "lenx.sweep",
+                 "lenx.train")
+    for path in sorted((SRC / "report").glob("*.py")):
+        found = imported_modules(path)
+        assert [i for i in found if is_within(i[0], forbidden)] == [], path.name
+        assert [m for m, _, function in found if function is None
+                and not is_within(m, ("lenx.report", "dataclasses", "json", "statistics"))] == [], path.name
+
+
+def test_cli_builds_no_tables():
+    assert [i for i in imported_modules(SRC / "cli.py") if is_within(i[0], ("rich",))] == []
 
 
 def training_commands() -> set[str]:

@@ -18,6 +18,8 @@ import shutil
 import statistics
 import tomllib
 
+from lenx.report.tables import Table, columns, to_markdown
+
 KEEP = ("config.toml", "meta.json", "metrics.jsonl", "eval.json", "command.txt", "job.log")
 LM_EXPERIMENTS = ("tech-T128", "tech-T512", "books-T128", "kernel-size", "leak",
                   "capacity", "sb-remainder", "T2048", "tech-T512-b64")  # the last four: plan.py controls
@@ -103,7 +105,7 @@ def mean_std(values: list[float]) -> str:
 def ppl_table(runs: list[dict], key: str = "ppl", order: list[str] | None = None) -> str:
     lengths = sorted({int(L) for r in runs for L in r["results"] if key in r["results"][L]})
     labels = order or list(dict.fromkeys(r["label"] for r in runs))
-    lines = [f"| method | seeds | " + " | ".join(map(str, lengths)) + " |", "|---|---|" + "---|" * len(lengths)]
+    table = Table(None, columns("method", "seeds", *map(str, lengths)))
     for lab in labels:
         group = [r for r in runs if r["label"] == lab and r["results"]]
         if not group:
@@ -112,8 +114,8 @@ def ppl_table(runs: list[dict], key: str = "ppl", order: list[str] | None = None
         for L in lengths:
             vals = [r["results"][str(L)][key] for r in group if key in r["results"].get(str(L), {})]
             cells.append(mean_std(vals) if vals and all(math.isfinite(v) for v in vals) else "")
-        lines.append(f"| {lab} | {len(group)} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        table.add_row(lab, str(len(group)), *cells)
+    return to_markdown(table)
 
 
 DEVICE_FILES = ("plan.json", "status.json", "machine.txt", "scheduler.log")
@@ -165,13 +167,13 @@ def main():
                 (out / "figures" / fig).mkdir(parents=True, exist_ok=True)
                 (out / "figures" / fig / "results.json").write_text(json.dumps(
                     {"experiment": f"tech-T128 ({fig})", "runs": chosen}, indent=1))
-        tables += [f"## {exp}: perplexity of the last 256 tokens (mean ± std over seeds)", "", ppl_table(runs), "",
-                   f"## {exp}: ΔP", "", ppl_table(runs, "delta_p"), "",
+        training = Table(None, columns("run", "seed", "final loss", "tokens/s"))
+        for r in runs:
+            training.add_row(r["label"], str(r["seed"]), f"{r['final_train_loss']:.4f}", f"{r['tokens_per_s'] or 0:,.0f}")
+        tables += [f"## {exp}: perplexity of the last 256 tokens (mean ± std over seeds)", "", ppl_table(runs),
+                   f"## {exp}: ΔP", "", ppl_table(runs, "delta_p"),
                    f"## {exp}: final training loss, training tokens/s (median over logging intervals)", "",
-                   "| run | seed | final loss | tokens/s |", "|---|---|---|---|"]
-        tables += [f"| {r['label']} | {r['seed']} | {r['final_train_loss']:.4f} | {r['tokens_per_s'] or 0:,.0f} |"
-                   for r in runs]
-        tables.append("")
+                   to_markdown(training)]
 
     che_all = {}  # name -> its folders with runs.jsonl, in source order (a resumed run has several)
     for src in sources:
@@ -210,10 +212,10 @@ def main():
         for name in ("train_step.json", "command.txt", "job.log"):
             if (timing[-1] / name).exists():
                 shutil.copy(timing[-1] / name, out / "timing" / name)
-        from lenx.bench import train_step_markdown
+        from lenx.report.bench_tables import train_step_table
 
         tables += ["## Time per training step (125m, length 512)", "",
-                   train_step_markdown(json.loads((timing[-1] / "train_step.json").read_text())), ""]
+                   to_markdown(train_step_table(json.loads((timing[-1] / "train_step.json").read_text()))), ""]
 
     for src in sources:
         maps = [(m, f"{m.parent.name}_{m.name}") for m in src.glob("tech-T128/*/attention_*.json")]

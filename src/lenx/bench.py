@@ -10,10 +10,10 @@ than `max_call_s` (median) skips the longer lengths of that (method, backend).
 The triton backend's rows record `fwd_kernel`: its forward-only calls of DAPE V2 run the Gluon kernel
 on sm_90 (attention/backends/fused.py), and the table then names it ("triton (gluon fwd)").
 
-Library use: run_bench(...) -> dict (also written as JSON), print_bench_table(result).
-Whole training steps per method (the DAPE V2 paper's table 7): train_step_bench(...),
-print_train_step_table(result), train_step_markdown(result); `lenx bench --train-step`. Besides the
-wall time of a step it profiles a few more steps with torch.profiler and reports GPU kernel time: of
+Library use: run_bench(...) -> dict (also written as JSON). Whole training steps per method (the
+DAPE V2 paper's table 7): train_step_bench(...); `lenx bench --train-step`. Their tables:
+lenx.report.bench_tables. Besides the wall time of a step it profiles a few more steps with
+torch.profiler and reports GPU kernel time: of
 the whole step, and of the attention's kernels (forward and backward, marked by
 lenx.attention.profiling), with ratios against Kerple and SDPA. Wall times also count the host
 launching the kernels (host-bound where kernels are short, as the attention's are at training
@@ -238,66 +238,6 @@ def _row_line(r):
     if r["status"] != "ok":
         return f"{r['method']:>15} {r['backend']:>8} T={r['T']:>6}  {r['status']}"
     return f"{r['method']:>15} {r['backend']:>8} T={r['T']:>6}  {cell('fwd')} | {cell('fwdbwd')}"
-
-
-COLUMNS = ("method", "backend", "T", "fwd ms", "x SDPA", "fwd+bwd ms", "x SDPA", "peak MiB (f+b)", "x SDPA")
-
-
-def _header(result) -> str:
-    a = result["args"]
-    return (f"{result['device']} | torch {result['torch']} | triton {result['triton']} | CUDA {result['cuda']} | "
-            f"B={a['batch']} H={a['heads']} d={a['head_dim']} {a['dtype']} | commit {result.get('git_commit')}")
-
-
-def _cells(result):
-    """One list of strings per measured row (unsupported combinations left out), in COLUMNS order."""
-
-    def num(r, key, fmt):
-        return format(r[key], fmt) if key in r else ""
-
-    for r in result["rows"]:
-        if r["status"].startswith("unsupported"):
-            continue
-        backend = r["backend"] + (f" ({r['fwd_kernel']} fwd)" if r.get("fwd_kernel", r["backend"]) != r["backend"] else "")
-        head = [r["method"], backend, str(r["T"])]
-        if r["status"] != "ok":
-            yield head + [r["status"].split(":")[0]] + [""] * 5
-            continue
-        fwd = num(r, "fwd_ms", ".3f") or r.get("fwd_status", "")
-        fb = num(r, "fwdbwd_ms", ".3f") or r.get("fwdbwd_status", "")
-        yield head + [fwd, num(r, "fwd_x_sdpa", ".2f"), fb, num(r, "fwdbwd_x_sdpa", ".2f"),
-                      num(r, "fwdbwd_peak_mib", ".0f"), num(r, "fwdbwd_mem_x_sdpa", ".2f")]
-
-
-def _print_table(title: str, columns: tuple[str, ...], rows, console=None, caption: str | None = None):
-    """A rich table whose first two columns (names) are left-aligned and the rest (numbers) right."""
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=title, caption=caption)
-    for i, col in enumerate(columns):
-        table.add_column(col, justify="left" if i < 2 else "right")
-    for cells in rows:
-        table.add_row(*cells)
-    (console or Console()).print(table)
-
-
-def _markdown_table(title: str, columns: tuple[str, ...], rows, caption: str | None = None) -> str:
-    lines = [title.replace(" | ", "; "), "", "| " + " | ".join(columns) + " |", "|---|---|" + "--:|" * (len(columns) - 2)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-    if caption:
-        lines += ["", caption]
-    return "\n".join(lines) + "\n"
-
-
-def print_bench_table(result, console=None):
-    """A rich table of a run_bench result: time and peak memory, and their ratios to SDPA."""
-    _print_table(_header(result), COLUMNS, _cells(result), console)
-
-
-def bench_markdown(result) -> str:
-    """The same table as print_bench_table, as GitHub markdown (for results/bench/README.md)."""
-    return _markdown_table(_header(result), COLUMNS, _cells(result))
 
 
 # --- whole training steps (the DAPE V2 paper's table 7) ------------------------------------------
@@ -527,57 +467,3 @@ def _train_step_line(r) -> str:
         line += (f"  profiled: step {r['step_gpu_ms']:.3f} ms, attention {r['attn_gpu_ms']:.3f} ms "
                  f"({r['attn_fwd_gpu_ms']:.3f} fwd + {r['attn_bwd_gpu_ms']:.3f} bwd)")
     return line
-
-
-TRAIN_STEP_COLUMNS = ("method", "backend(s)", "wall ms/step", "step GPU ms", "x Kerple (GPU)",
-                      "attn GPU ms (fwd+bwd)", "X vs SDPA", "tokens/s", "peak GiB")
-
-
-def _train_step_header(result) -> str:
-    s = result["settings"]
-    return (f"{result['device']} | torch {result['torch']} | triton {result['triton']} | CUDA {result['cuda']} | "
-            f"preset {s['preset']} B={s['batch_size']} T={s['seq_len']} V={s['vocab_size']} "
-            f"{s['steps']} steps | ref {s['reference']} | commit {result.get('git_commit')}")
-
-
-def _train_step_caption(result) -> str:
-    s = result["settings"]
-    if not s.get("profile_steps"):
-        return "Wall: median of synchronized steps (no torch.profiler figures in this result)."
-    text = (f"GPU times from torch.profiler kernel time, per step (mean of {s['profile_steps']} profiled steps): "
-            f"the figures that compare GPU cost. Wall times (median of synchronized steps) also count the host "
-            f"launching the kernels: host-bound wherever kernels are short, as the attention's are at training "
-            f"shapes. attn = the kernels of the attention's forward and backward ranges, every layer; X vs SDPA = "
-            f"attn over {result.get('sdpa_reference')}'s.")
-    if s["device"] != "cuda":
-        text += " No GPU here: the GPU columns hold torch.profiler's CPU op self time."
-    return text
-
-
-def _train_step_cells(result):
-    """One list of strings per row, in TRAIN_STEP_COLUMNS order."""
-    def num(value, fmt):
-        return "" if value is None else format(value, fmt)
-
-    for r in result["rows"]:
-        if "error" in r:
-            yield [r["method"], "", r.get("status", "error")] + [""] * 6
-            continue
-        backends = ",".join(dict.fromkeys(r["backends"]))  # one name when every layer uses the same backend
-        attn = "" if r.get("attn_gpu_ms") is None else (
-            f"{r['attn_gpu_ms']:.3f} ({r['attn_fwd_gpu_ms']:.3f}+{r['attn_bwd_gpu_ms']:.3f})")
-        yield [r["method"], backends, f"{r['median_ms']:.2f}", num(r.get("step_gpu_ms"), ".3f"),
-               num(r.get("step_gpu_x_kerple"), ".2f"), attn, num(r.get("attn_x_sdpa"), ".2f"),
-               f"{r['tokens_per_s']:.0f}", num(r["peak_gib"], ".2f")]
-
-
-def print_train_step_table(result, console=None):
-    """A rich table of a train_step_bench result (its caption says which times are kernel times)."""
-    _print_table(_train_step_header(result), TRAIN_STEP_COLUMNS, _train_step_cells(result), console,
-                 caption=_train_step_caption(result))
-
-
-def train_step_markdown(result) -> str:
-    """The same table as print_train_step_table, as GitHub markdown."""
-    return _markdown_table(_train_step_header(result), TRAIN_STEP_COLUMNS, _train_step_cells(result),
-                           caption=_train_step_caption(result))

@@ -27,6 +27,8 @@ from torch.nn import functional as F
 
 from .attention.methods import UnknownMethodError, parse_method
 from .model import Block, LMConfig
+from .report.che_tables import che_table
+from .report.tables import to_markdown
 from .runinfo import git_commit
 from .tasks import TASKS, get_task
 
@@ -249,7 +251,7 @@ def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True) -> dict:
 def _write_outputs(result: dict, cfg: CHEConfig, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "che.json").write_text(json.dumps(result, indent=2))
-    (out_dir / "che.md").write_text(che_table(result["summary"], cfg))
+    (out_dir / "che.md").write_text(to_markdown(che_table(result["summary"], cfg)))
     plot_per_length(result["runs"], out_dir / "che_per_length.png")
     return result
 
@@ -309,7 +311,7 @@ def redraw_che(che_json: Path, out_dir: Path | None = None) -> list[Path]:
     cfg = _config_from_dict(saved["config"])
     runs = [_from_json(r) for r in saved["runs"]]
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "che.md").write_text(che_table(summarise(runs), cfg))
+    (out_dir / "che.md").write_text(to_markdown(che_table(summarise(runs), cfg)))
     plot_per_length(runs, out_dir / "che_per_length.png")
     return [out_dir / "che.md", out_dir / "che_per_length.png"]
 
@@ -322,25 +324,6 @@ def summarise(runs: list[dict]) -> dict:
         out.setdefault(r["task"], {}).setdefault(r["method"], []).append(r["accuracy"])
     return {t: {m: {"mean": float(np.mean(a)), "std": float(np.std(a, ddof=1)) if len(a) > 1 else 0.0, "max": float(np.max(a)), "seeds": len(a)}
                 for m, a in ms.items()} for t, ms in out.items()}
-
-
-def che_table(summary: dict, cfg: CHEConfig) -> str:
-    """Markdown table like the paper's table 6: tasks x methods, accuracy in %, max over seeds (mean ± std)."""
-    lines = [f"CHE accuracy (%), test lengths {cfg.test_min_length}..{cfg.test_max_length}, "
-             f"{cfg.steps} steps, seeds {cfg.seeds}: max over seeds (mean ± sample std).", "",
-             "| level | task | chance | " + " | ".join(cfg.methods) + " |",
-             "|---|---|---|" + "---|" * len(cfg.methods)]
-    for task in cfg.tasks:
-        t = get_task(task)
-        cells = []
-        for m in cfg.methods:
-            s = summary.get(task, {}).get(m)
-            if s is None:  # merged folders need not cover every task x method
-                cells.append("–")
-                continue
-            cells.append(f"{100 * s['max']:.1f} ({100 * s['mean']:.1f} ± {100 * s['std']:.1f})")
-        lines.append(f"| {t.level} | {task} | {100 * t.chance:.1f} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
 
 
 def plot_per_length(runs: list[dict], out: Path) -> Path:

@@ -7,7 +7,6 @@ line on stderr with exit code 2.
 import inspect
 from pathlib import Path
 import json
-import statistics
 import sys
 from typing import Optional
 
@@ -113,39 +112,11 @@ def list_methods():
     CUDA column says how; a run's meta.json records the kernels its layers ran ("kernels"). CHE tasks (`lenx che --tasks`) come with their
     Chomsky level and chance accuracy.
     """
-    import torch
-    from rich.console import Console
-    from rich.table import Table
-
-    from .attention import Attention, AttentionConfig, all_methods
-    from .attention.backends import REGISTRY
+    from .report.list_tables import method_backends, methods_table, tasks_table
+    from .report.tables import show
     from .tasks import TASKS
 
-    table = Table(title="lenx methods: names read \\[processor-]\\[normaliser-]base")
-    for col in ("method", "description", "backends (CPU)", "backends (CUDA)"):
-        table.add_column(col)
-    for name in all_methods():
-        attn = Attention(AttentionConfig(method=name), 4, 64)
-        cols = []
-        for dev in (torch.device("cpu"), torch.device("cuda")):
-            ok = [b for b in REGISTRY if b.unsupported(attn.parts, dev) is None]
-            # the ones that cannot train there last
-            cols.append(", ".join([b.name + (f" ({b.describe(attn.parts)})" if dev.type == "cuda" and b.describe(attn.parts)
-                                             else "") for b in ok if b.trains(dev)]
-                                  + [f"{b.name} (forward only)" for b in ok if not b.trains(dev)]))
-        table.add_row(name, attn.spec.description, *cols)
-    console = Console()
-    console.print(table)
-
-    tasks = Table(title="CHE tasks for `lenx che --tasks`",
-                  caption="level (Chomsky hierarchy): R regular, DCF deterministic context-free, CS "
-                          "context-sensitive; chance: the accuracy of uniform guessing")
-    tasks.add_column("task", no_wrap=True)  # a name cut short could not be typed back
-    tasks.add_column("level")
-    tasks.add_column("chance", justify="right")
-    for name, task in TASKS.items():
-        tasks.add_row(name, task.level, f"{task.chance:.3g}")
-    console.print(tasks)
+    show([methods_table(method_backends()), tasks_table(TASKS)])
 
 
 @_command()
@@ -178,6 +149,7 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
     """
     from .data.build import prepare_corpus
     from .fileio import check_writable_dir
+    from .report.corpus_summary import manifest_json, skipped_records, split_summary
 
     try:
         check_writable_dir(root, "--root")
@@ -188,35 +160,9 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
                                   skip_bad_records=skip_bad_records)
     except _user_errors() as e:
         _fail(e)
-    summary = {k: v for k, v in manifest.items() if k not in ("sources",)}
-    print(json.dumps(summary, indent=2))
-    for line in split_summary(manifest):
+    print(manifest_json(manifest))
+    for line in split_summary(manifest) + skipped_records(manifest):
         typer.echo(line, err=True)
-    for source in manifest.get("sources", []):
-        skipped = source.get("bad_records_skipped", 0)
-        if skipped:
-            lines = source.get("bad_record_lines", [])
-            more = ", ..." if skipped > len(lines) else ""
-            typer.echo(f"skipped {skipped:,} bad record{'s' if skipped != 1 else ''} of {source.get('path')} "
-                       f"(--skip-bad-records; line{'s' if skipped != 1 else ''} {', '.join(map(str, lines))}{more})",
-                       err=True)
-
-
-def split_summary(manifest: dict) -> list[str]:
-    """One line per split of a corpus manifest: documents, tokens and long documents."""
-    lines = []
-    reserved = manifest.get("long_test")
-    for split, stats in manifest.get("splits", {}).items():
-        line = f"{split}: {stats['docs']:,} documents, {stats['tokens']:,} tokens"
-        long = [f"{v:,} of >= {k.split('_')[2]} tokens" for k, v in stats.items()
-                if k.startswith("docs_ge_") and k.endswith("_tokens")]
-        if long:
-            line += "; " + ", ".join(long)
-        if split == "test" and reserved:
-            line += (f" ({reserved['reserved_docs']:,} reserved by --long-test, "
-                     f"{reserved['reserved_docs_ge_min_tokens']:,} of them >= {reserved['min_tokens']} tokens)")
-        lines.append(line)
-    return lines
 
 
 @_command("train")
@@ -290,6 +236,8 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
     from .config import ConfigError, check_device, validate
     from .evaluate import evaluate, evaluate_task, result_name
     from .fileio import check_writable_dir, check_writable_file
+    from .report.eval_tables import eval_table, task_table
+    from .report.tables import show
 
     try:
         cfg = _run_config(run)
@@ -320,10 +268,7 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
                               rope_scaling_factor=factor)
     except _user_errors() as e:
         _fail(e)
-    if task is not None:
-        print_task_table(result)
-    else:
-        print_eval_table([result])
+    show([task_table(result) if task is not None else eval_table([result])])
     print(f"wrote {Path(run) / result_name(step, rope_scaling, task)}")
 
 
@@ -388,71 +333,6 @@ def _parse_floats(text: str | None, option: str) -> list[float] | None:
         raise ConfigError(f"{option} must be comma-separated numbers, got {text!r}") from None
 
 
-def print_task_table(result: dict):
-    """A retrieval grid as a rich table: lengths x depths of its main score."""
-    from rich.console import Console
-    from rich.table import Table
-
-    key = "exact" if result["task"] == "passkey" else "accuracy"
-    table = Table(title=f"{result['task']} {key} of {result.get('label', result['method'])} (trained at "
-                        f"{result['train_len']}; {result['samples']} inputs per cell; chance {result['chance']:.2g})")
-    table.add_column("length")
-    for d in result["depths"]:
-        table.add_column(f"depth {d:g}", justify="right")
-    for L, row in zip(result["lengths"], result[key]):
-        table.add_row(str(L), *(f"{v:.2f}" for v in row))
-    Console().print(table)
-
-
-def eval_table(results: list[dict]) -> tuple[str, list[str], list[list[str]]]:
-    """(title, column headers, rows) of methods x lengths, the training length's column marked.
-    Results that share a method (one per seed) make one row of mean ± sample standard deviation."""
-    by_method: dict[str, list[dict]] = {}
-    for r in results:
-        by_method.setdefault(r["method"], []).append(r)
-    counts = {len(runs) for runs in by_method.values()}
-    lengths = sorted({int(L) for r in results for L in r["results"]})
-    train_lens = {r["train_len"] for r in results}
-    title = f"perplexity of the last {results[0]['scored']} tokens (ΔP in brackets); {results[0]['window_note']}"
-    if max(counts) > 1:
-        title += f"; mean ± sample std over {max(counts)} seeds" if len(counts) == 1 else "; mean ± sample std over seeds"
-    columns = ["method"] + [f"{L} (train)" if L in train_lens else str(L) for L in lengths]
-    rows = []
-    for method, runs in by_method.items():
-        name = f"{method} ({len(runs)} seeds)" if len(counts) > 1 else method
-        rows.append([name] + [_cell([r["results"].get(str(L)) for r in runs]) for L in lengths])
-    return title, columns, rows
-
-
-def _cell(rows: list[dict | None]) -> str:
-    """Perplexity (ΔP), or the mean ± std of each over the seeds that have this length."""
-    rows = [row for row in rows if row is not None]
-    if not rows:
-        return ""
-
-    def stat(values: list[float], sign: str = "") -> str:
-        text = f"{statistics.mean(values):{sign}.2f}"
-        return text + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
-
-    text = stat([row["ppl"] for row in rows])
-    delta = [row["delta_p"] for row in rows if "delta_p" in row]
-    return text + (f" ({stat(delta, '+')})" if delta else "")
-
-
-def print_eval_table(results: list[dict]):
-    from rich.console import Console
-    from rich.table import Table
-
-    title, columns, rows = eval_table(results)
-    table = Table(title=title)
-    table.add_column(columns[0])
-    for col in columns[1:]:
-        table.add_column(col, justify="right")
-    for row in rows:
-        table.add_row(*row)
-    Console().print(table)
-
-
 @_command("sweep")
 def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method names"), config: str = ConfigOpt,
               set_: list[str] = SetOpt, out: Path = typer.Option(None, "--out", "-o", help="sweep directory"),
@@ -471,6 +351,8 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
     """
     from .config import load_config
     from .fileio import check_writable_dir
+    from .report.eval_tables import eval_table
+    from .report.tables import show
     from .sweep import SweepError, sweep
     from .train import TrainingDiverged
 
@@ -484,115 +366,8 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
         result = sweep(names, cfg, out, progress=_progress(progress), jobs=jobs, force=force, seeds=seed_list)
     except _user_errors(TrainingDiverged, SweepError) as e:
         _fail(e)
-    print_eval_table(result["results"])
+    show([eval_table(result["results"])])
     print("figures: " + ", ".join(result["figures"]))
-
-
-def _interval_cell(value: float, lo: float, hi: float, sign: str = "") -> str:
-    return f"{value:{sign}.2f} [{lo:{sign}.2f}, {hi:{sign}.2f}]"
-
-
-def print_compare_tables(result: dict):
-    """The tables of `lenx compare`: seed-mean perplexity [interval] per method and length, ΔP where
-    it could be recomputed, and the differences to the reference method."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    lengths = [str(L) for L in result["lengths"]]
-    pct = f"{100 * result['level']:g}%"
-    where = (f"{result['windows']} windows from {result['documents']} documents; {pct} bootstrap intervals over "
-             f"documents ({result['resamples']} resamples, seed {result['seed']})")
-
-    # the in-distribution point (each window's last T_train tokens read alone) where eval.json kept it
-    inside = any("in_distribution" in m for m in result["methods"].values())
-
-    def table(title: str, caption: str | None = None) -> Table:
-        t = Table(title=title, caption=caption)
-        t.add_column("method", no_wrap=True)
-        if inside:
-            t.add_column("in distribution", justify="right")
-        for L in lengths:
-            t.add_column(L, justify="right")
-        return t
-
-    def inside_cell(entry: dict | None, value: str, sign: str = "") -> list[str]:
-        if not inside:
-            return []
-        return [""] if entry is None else [_interval_cell(entry[value], entry["lo"], entry["hi"], sign)]
-
-    if inside:
-        where += ("; in distribution: the last T_train tokens of each window read with T_train tokens of input "
-                  "(ΔP's first term), over the seeds whose eval.json keeps it (the ΔP table's)")
-    ppl = table(f"perplexity of the last {result['scored']} tokens, mean over seeds [{pct} interval]", where)
-    for method, m in result["methods"].items():
-        cells = [_interval_cell(e["ppl"], e["lo"], e["hi"]) for e in (m["lengths"][L] for L in lengths)]
-        ppl.add_row(f"{method} ({len(m['seeds'])} seed{'s' if len(m['seeds']) != 1 else ''})",
-                    *inside_cell(m.get("in_distribution"), "ppl"), *cells)
-    console.print(ppl)
-
-    with_dp = {method: m for method, m in result["methods"].items()
-               if any("delta_p" in m["lengths"][L] for L in lengths)}
-    if with_dp:  # at the lengths beyond a training length only
-        dp_lengths = [L for L in lengths if any("delta_p" in m["lengths"][L] for m in with_dp.values())]
-        dp = Table(title=f"ΔP, mean over seeds [{pct} interval] (positive: context beyond the training length helps)")
-        dp.add_column("method", no_wrap=True)
-        for L in dp_lengths:
-            dp.add_column(L, justify="right")
-        for method, m in with_dp.items():
-            entries = [m["lengths"][L].get("delta_p") for L in dp_lengths]
-            seeds = m["delta_p_seeds"]
-            cells = ["" if e is None else _interval_cell(e["value"], e["lo"], e["hi"], "+") for e in entries]
-            dp.add_row(f"{method} (seed{'s' if len(seeds) != 1 else ''} {', '.join(map(str, seeds))})", *cells)
-        console.print(dp)
-    above = {(method, L): m["lengths"][L] for method, m in result["methods"].items() for L in lengths
-             if m["lengths"][L].get("above_uniform_windows")}
-    if above:
-        docs = sorted({d for e in above.values() for d in e["above_uniform_documents"]}, key=str)
-        console.print(f"warning: {len(above)} (method, length) cells have windows whose mean NLL is above ln(vocabulary) "
-                      f"(worse than uniform guessing: text the model cannot read), from documents "
-                      f"{', '.join(map(str, docs[:10]))}{', ...' if len(docs) > 10 else ''}; compare.json lists them "
-                      "(above_uniform_windows); the verdict table shows whether one decides a difference",
-                      highlight=False)
-    notes: dict[str, list[str]] = {}  # why ΔP is left out -> the methods it applies to
-    for method, m in result["methods"].items():
-        if m["delta_p_note"]:
-            notes.setdefault(m["delta_p_note"], []).append(method)
-    for note, methods in notes.items():
-        console.print(f"ΔP left out ({', '.join(methods)}): {note}", highlight=False)
-
-    if result["reference"] is not None and result["differences"]:
-        diff = table(f"perplexity minus {result['reference']}'s, mean over seeds [{pct} interval over seeds and "
-                     f"documents]",
-                     "bold: the interval excludes 0 (negative: better than the reference); †: a method with one "
-                     "seed, so the interval covers documents only (not a claim about the method)")
-
-        def cell(d: dict) -> str:
-            text = _interval_cell(d["diff"], d["lo"], d["hi"], "+") + ("†" if d.get("covers") == "documents only" else "")
-            return f"[bold]{text}[/bold]" if d["excludes_zero"] else text
-
-        decided = []  # (method, column, verdict, the documents whose removal alone changes it)
-        for method, rows in result["differences"].items():
-            entry = rows.get("in_distribution")
-            cells = ([""] if entry is None else [cell(entry)]) if inside else []
-            for L in lengths:
-                cells.append(cell(rows[L]))
-            diff.add_row(method, *cells)
-            for column, d in rows.items():
-                flips = d.get("decided_by") or []
-                if flips:
-                    ids = ", ".join(str(f["document"]) for f in flips[:5]) + (", ..." if len(flips) > 5 else "")
-                    decided.append((method, column, d["verdict"], f"{len(flips)}: {ids}"))
-        console.print(diff)
-        if decided:
-            one = Table(title="verdicts that one document can change (dropping it alone changes the verdict)",
-                        caption="the verdict with every document; the documents whose removal alone changes it "
-                                "(compare.json: each one's difference and interval without it)")
-            for col in ("method", "length", "verdict", "documents"):
-                one.add_column(col, no_wrap=col == "method")
-            for row in decided:
-                one.add_row(*row)
-            console.print(one)
 
 
 @_command("compare")
@@ -622,8 +397,9 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
     evaluated on the same windows (corpus, split, eval.seed, windows, scored and lengths). Writes
     the numbers to --out as JSON (compare.json: an earlier one there is replaced only with --force).
     """
-    from .compare import MIN_RESAMPLES, CompareError, check_out, compare_runs, find_runs
-    from .fileio import write_json
+    from .compare import MIN_RESAMPLES, CompareError, compare_to_file
+    from .report.compare_tables import compare_report, unfinished_runs
+    from .report.tables import show
 
     named, out = out is not None, out or Path("compare.json")
     try:
@@ -631,20 +407,12 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
             raise CompareError(f"--resamples must be at least {MIN_RESAMPLES}, got {resamples}")
         if seed < 0:
             raise CompareError(f"--seed must be an integer >= 0, got {seed}")
-        check_out(out, named, force)
-        result = compare_runs(find_runs(runs), reference, n=resamples, seed=seed)
+        result = compare_to_file(runs, out, named, force, reference, n=resamples, seed=seed)
     except CompareError as e:
         _fail(e)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        write_json(out, result)
-    except OSError as e:
-        _fail(CompareError(f"cannot write --out {out}: {e}"))
-    for run in result["runs"]:
-        if run["finished"] is not True:
-            print(f"warning: {run['run']}/eval.json is of a model that had not finished training (step "
-                  f"{run['step']})", file=sys.stderr)
-    print_compare_tables(result)
+    for line in unfinished_runs(result):
+        print(line, file=sys.stderr)
+    show(compare_report(result))
     print(f"wrote {out}")
 
 
@@ -664,32 +432,15 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
     saved as JSON and drawn from that file.
     """
     from . import plot
-    from .config import ConfigError, check_device
     from .fileio import OutputError, check_writable_dir
 
     try:
         if out is not None:
             check_writable_dir(out, "--out")
         if attention:
-            from .evaluate import attention_maps, save_attention_maps
+            from .evaluate import save_run_attention
 
-            cfg = _run_config(source)
-            m = cfg.model
-            for option, value, count, what in (("--layer", layer, m.n_layer, "layers"),
-                                               ("--head", head, m.n_head, "heads")):
-                if not 0 <= value < count:
-                    raise ConfigError(f"{option} {value} does not exist: the model of {source} has {count} {what} "
-                                      f"({option} 0 to {count - 1})")
-            if length < 1:
-                raise ConfigError(f"--length must be >= 1, got {length}")
-            check_device(cfg, "cpu", training=False)  # the maps are computed on the CPU
-            if out is None:
-                check_writable_dir(source, "the run folder")
-            # the checkpoint is read once, into JSON; the figure is drawn from that file, as
-            # `lenx plot FOLDER` re-draws it later without the checkpoint
-            maps = attention_maps(source, layer=layer, head=head, length=length)
-            png = (out or source) / f"attention_L{layer}_H{head}.png"
-            saved = save_attention_maps(maps, png.with_suffix(".json"))
+            saved, png = save_run_attention(source, out, layer=layer, head=head, length=length)
             print(saved)
             print(plot.draw_attention_maps(plot.load_attention_maps(saved), png))
             return
@@ -794,9 +545,11 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     """
     import torch
 
-    from .bench import TRAIN_STEP_METHODS, print_bench_table, print_train_step_table, run_bench, train_step_bench
+    from .bench import TRAIN_STEP_METHODS, run_bench, train_step_bench
     from .config import ConfigError
     from .fileio import check_writable_file
+    from .report.bench_tables import bench_table, train_step_table
+    from .report.tables import show
     from .runinfo import git_commit
 
     try:
@@ -822,14 +575,14 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
                                       out_path=str(out))
         except _user_errors() as e:
             _fail(e)
-        print_train_step_table(result)
+        show([train_step_table(result)])
         print(f"wrote {out}")
         return
     result = run_bench(methods=(methods or "sdpa,kerple,dapev2-kerple,stickbreaking").split(","),
                        lengths=length_list, batch=batch or 1,
                        heads=heads, head_dim=head_dim, backends=backends.split(","), out_path=str(out),
                        commit=commit or git_commit(), command=" ".join(sys.argv))
-    print_bench_table(result)
+    show([bench_table(result)])
     print(f"wrote {out}")
 
 
@@ -843,6 +596,8 @@ def demo(out: Path = typer.Option(Path("runs/demo"), "--out", "-o"),
     plot paths are printed.
     """
     from .config import load_config
+    from .report.eval_tables import eval_table
+    from .report.tables import show
     from .sweep import SweepError, sweep
     from .train import TrainingDiverged
 
@@ -851,7 +606,7 @@ def demo(out: Path = typer.Option(Path("runs/demo"), "--out", "-o"),
         result = sweep(["rope", "kerple", "dapev2-kerple"], cfg, out, progress=_progress(progress))
     except _user_errors(TrainingDiverged, SweepError) as e:
         _fail(e)
-    print_eval_table(result["results"])
+    show([eval_table(result["results"])])
     print(f"table: {out / 'results.md'}")
     print("figures: " + ", ".join(result["figures"]))
 

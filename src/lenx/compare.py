@@ -25,6 +25,7 @@ import tomllib
 
 import numpy as np
 
+from .fileio import write_json
 from .stats import (document_shares, document_win_rate, leave_one_document_out, method_difference,
                     seed_mean_difference, seed_mean_interval, window_summary)
 
@@ -318,3 +319,17 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
             "runs": [{"run": r["run"], "method": r["method"], "seed": r["seed"], "step": r["step"],
                       "finished": r["finished"]} for r in runs],
             "methods": methods, "differences": differences}
+
+
+def compare_to_file(paths: list[Path], out: Path, named: bool, force: bool, reference: str | None = None,
+                    n: int = 2000, seed: int = 0) -> dict:
+    """compare_runs over the runs that `paths` name (find_runs), written to `out` as JSON; whether
+    `out` may be written (check_out: `named` by the user, `force`) is checked before any work."""
+    check_out(out, named, force)
+    result = compare_runs(find_runs(paths), reference, n=n, seed=seed)
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        write_json(out, result)
+    except OSError as e:
+        raise CompareError(f"cannot write --out {out}: {e}") from None
+    return result

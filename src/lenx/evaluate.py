@@ -9,7 +9,8 @@ The windows depend only on the corpus, the split and eval.seed, never on the met
 DeltaP (seed appendix A) at L > T_train: P(M(x[-T_train:]), T_train) - P(M(x), T_train), where
 P(M(x), K) is the perplexity of the last K tokens after reading x. Positive: the extra context helps.
 
-Also here: the attention maps of one input (`attention_maps`), saved as JSON that `lenx plot` draws.
+Also here: the attention maps of one input (`attention_maps`, `save_run_attention`), saved as JSON
+that `lenx plot` draws.
 """
 
 import json
@@ -23,8 +24,9 @@ from torch.nn import functional as F
 
 from .attention.backends import score_block
 from .checkpoint import weights_step
-from .config import ConfigError, resolve_device
+from .config import ConfigError, check_device, resolve_device
 from .evalfiles import describe, write_evaluation
+from .fileio import check_writable_dir
 from .model import LM
 from .runtime import autocast_for, load_model, open_run_corpus, run_config, run_weights
 
@@ -398,3 +400,25 @@ def save_attention_maps(maps: dict, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data))
     return path
+
+
+def save_run_attention(run_dir: Path, out_dir: Path | None = None, layer: int = 0, head: int = 0,
+                       length: int = 64) -> tuple[Path, Path]:
+    """The attention maps of one head of a run for one input (attention_maps), computed on the CPU
+    and saved as JSON into out_dir (default: the run folder), after checking the layer, head and
+    length against the run's model: (the JSON file, the figure to draw from it). The checkpoint is
+    read once, into JSON; `lenx plot` draws the figure from that file, as it re-draws it later."""
+    cfg = run_config(run_dir)
+    m = cfg.model
+    for option, value, count, what in (("--layer", layer, m.n_layer, "layers"), ("--head", head, m.n_head, "heads")):
+        if not 0 <= value < count:
+            raise ConfigError(f"{option} {value} does not exist: the model of {run_dir} has {count} {what} "
+                              f"({option} 0 to {count - 1})")
+    if length < 1:
+        raise ConfigError(f"--length must be >= 1, got {length}")
+    check_device(cfg, "cpu", training=False)
+    if out_dir is None:
+        check_writable_dir(run_dir, "the run folder")
+    png = Path(out_dir or run_dir) / f"attention_L{layer}_H{head}.png"
+    maps = attention_maps(run_dir, layer=layer, head=head, length=length)
+    return save_attention_maps(maps, png.with_suffix(".json")), png

@@ -24,6 +24,7 @@ import time
 from .checkpoint import weights_dir, weights_step
 from .config import RunConfig, check_device, load_config, to_toml, validate
 from .evaluate import check_options, eval_settings, evaluate
+from .report.eval_tables import sweep_markdown
 from .runtime import absolute_root, open_training_corpus, run_meta
 from .train import read_metrics, train
 
@@ -32,18 +33,6 @@ TRAINING_SECTIONS = ("model", "train", "data")  # what the trained weights depen
 
 class SweepError(RuntimeError):
     pass
-
-
-def results_table(results: list[dict], key: str = "ppl") -> str:
-    """Markdown table: methods x lengths."""
-    lengths = sorted({int(L) for r in results for L in r["results"]})
-    head = "| method | " + " | ".join(str(L) for L in lengths) + " |"
-    rule = "|---|" + "---|" * len(lengths)
-    rows = []
-    for r in results:
-        cells = [f"{r['results'][str(L)][key]:.2f}" if key in r["results"].get(str(L), {}) else "" for L in lengths]
-        rows.append(f"| {r['method']} | " + " | ".join(cells) + " |")
-    return "\n".join([head, rule] + rows)
 
 
 def _run_configs(methods: list[str], cfg: RunConfig, seeds: list[int] | None) -> dict[str, RunConfig]:
@@ -296,12 +285,8 @@ def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = Tr
     summary = {"methods": methods, "seeds": seeds, "config": to_toml(cfg), "runs": results, "curves": curves,
                "val_curves": val_curves}
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
-    md = ["# Sweep results", "", f"Perplexity of the last {results[0]['scored']} tokens, trained at "
-          f"{results[0]['train_len']} on `{results[0]['corpus']}`; {results[0]['window_note']}.", "",
-          results_table(results, "ppl"), "", "ΔP (positive: context beyond the training length helps):", "",
-          results_table(results, "delta_p"), ""]
-    (out_dir / "results.md").write_text("\n".join(md))
+    (out_dir / "results.md").write_text(sweep_markdown(results))
     figures = [plot_perplexity(results, out_dir / "perplexity.png"), plot_delta_p(results, out_dir / "delta_p.png"),
                plot_loss_curves(curves, out_dir / "loss.png", val_curves=val_curves)]
-    return {"results": results, "table": results_table(results), "figures": [str(f) for f in figures],
+    return {"results": results, "figures": [str(f) for f in figures],
             "out_dir": str(out_dir)}

@@ -181,7 +181,8 @@ def test_prepare_again_with_another_long_test_rebuilds(tmp_path, long_jsonl):
 def test_prepare_prints_a_line_per_split(tmp_path, long_jsonl):
     from typer.testing import CliRunner
 
-    from lenx.cli import app, split_summary
+    from lenx.cli import app
+    from lenx.report.corpus_summary import split_summary
 
     out = CliRunner().invoke(app, ["prepare", "lt", "--from", str(long_jsonl), "--root", str(tmp_path),
                                    "--vocab-size", "400", "--long-test", "3", "--long-test-tokens", "1000"])

@@ -1,0 +1,69 @@
+"""Tables of `lenx bench`: attention kernels against fused SDPA, and whole training steps."""
+
+from .tables import Table, columns
+
+BENCH_COLUMNS = ("method", "backend", "T", "fwd ms", "x SDPA", "fwd+bwd ms", "x SDPA", "peak MiB (f+b)", "x SDPA")
+TRAIN_STEP_COLUMNS = ("method", "backend(s)", "wall ms/step", "step GPU ms", "x Kerple (GPU)",
+                      "attn GPU ms (fwd+bwd)", "X vs SDPA", "tokens/s", "peak GiB")
+
+
+def _versions(result: dict) -> str:
+    return f"{result['device']} | torch {result['torch']} | triton {result['triton']} | CUDA {result['cuda']}"
+
+
+def _num(value, fmt: str) -> str:
+    return "" if value is None else format(value, fmt)
+
+
+def bench_table(result: dict) -> Table:
+    """A run_bench result: time and peak memory, and their ratios to SDPA, per method, backend and
+    length (unsupported combinations left out)."""
+    a = result["args"]
+    table = Table(f"{_versions(result)} | B={a['batch']} H={a['heads']} d={a['head_dim']} {a['dtype']} | "
+                  f"commit {result.get('git_commit')}", columns(*BENCH_COLUMNS, right_from=2))
+    for r in result["rows"]:
+        if r["status"].startswith("unsupported"):
+            continue
+        backend = r["backend"] + (f" ({r['fwd_kernel']} fwd)" if r.get("fwd_kernel", r["backend"]) != r["backend"] else "")
+        head = [r["method"], backend, str(r["T"])]
+        if r["status"] != "ok":
+            table.add_row(*head, r["status"].split(":")[0], *[""] * 5)
+            continue
+        fwd = _num(r.get("fwd_ms"), ".3f") or r.get("fwd_status", "")
+        fb = _num(r.get("fwdbwd_ms"), ".3f") or r.get("fwdbwd_status", "")
+        table.add_row(*head, fwd, _num(r.get("fwd_x_sdpa"), ".2f"), fb, _num(r.get("fwdbwd_x_sdpa"), ".2f"),
+                      _num(r.get("fwdbwd_peak_mib"), ".0f"), _num(r.get("fwdbwd_mem_x_sdpa"), ".2f"))
+    return table
+
+
+def train_step_table(result: dict) -> Table:
+    """A train_step_bench result, one row per method; its caption says which times are kernel times."""
+    s = result["settings"]
+    table = Table(f"{_versions(result)} | preset {s['preset']} B={s['batch_size']} T={s['seq_len']} "
+                  f"V={s['vocab_size']} {s['steps']} steps | ref {s['reference']} | commit {result.get('git_commit')}",
+                  columns(*TRAIN_STEP_COLUMNS, right_from=2), caption=_train_step_caption(result))
+    for r in result["rows"]:
+        if "error" in r:
+            table.add_row(r["method"], "", r.get("status", "error"), *[""] * 6)
+            continue
+        backends = ",".join(dict.fromkeys(r["backends"]))  # one name when every layer uses the same backend
+        attn = "" if r.get("attn_gpu_ms") is None else (
+            f"{r['attn_gpu_ms']:.3f} ({r['attn_fwd_gpu_ms']:.3f}+{r['attn_bwd_gpu_ms']:.3f})")
+        table.add_row(r["method"], backends, f"{r['median_ms']:.2f}", _num(r.get("step_gpu_ms"), ".3f"),
+                      _num(r.get("step_gpu_x_kerple"), ".2f"), attn, _num(r.get("attn_x_sdpa"), ".2f"),
+                      f"{r['tokens_per_s']:.0f}", _num(r["peak_gib"], ".2f"))
+    return table
+
+
+def _train_step_caption(result: dict) -> str:
+    s = result["settings"]
+    if not s.get("profile_steps"):
+        return "Wall: median of synchronized steps (no torch.profiler figures in this result)."
+    text = (f"GPU times from torch.profiler kernel time, per step (mean of {s['profile_steps']} profiled steps): "
+            f"the figures that compare GPU cost. Wall times (median of synchronized steps) also count the host "
+            f"launching the kernels: host-bound wherever kernels are short, as the attention's are at training "
+            f"shapes. attn = the kernels of the attention's forward and backward ranges, every layer; X vs SDPA = "
+            f"attn over {result.get('sdpa_reference')}'s.")
+    if s["device"] != "cuda":
+        text += " No GPU here: the GPU columns hold torch.profiler's CPU op self time."
+    return text

@@ -1,0 +1,115 @@
+"""What `lenx compare` prints: seed-mean perplexity [interval] per method and length, ΔP where it
+could be recomputed, the differences to the reference method, the verdicts one document decides,
+and the notes between them."""
+
+from .tables import Column, Strong, Table
+
+
+def _interval(value: float, lo: float, hi: float, sign: str = "") -> str:
+    return f"{value:{sign}.2f} [{lo:{sign}.2f}, {hi:{sign}.2f}]"
+
+
+def _ppl(entry: dict) -> str:
+    return _interval(entry["ppl"], entry["lo"], entry["hi"])
+
+
+def _plural(word: str, n: int) -> str:
+    return word if n == 1 else word + "s"
+
+
+def _by_length(title: str, lengths: list[str], inside: bool, caption: str | None = None) -> Table:
+    """A table of methods x lengths, after an in-distribution column where there is one."""
+    return Table(title, [Column("method", no_wrap=True)]
+                 + [Column(L, "right") for L in (["in distribution"] if inside else []) + lengths], caption=caption)
+
+
+def _inside_cells(inside: bool, entry: dict | None, text) -> list[str]:
+    """The in-distribution cell of a row, where the table has that column: text(entry), or empty."""
+    return [] if not inside else [""] if entry is None else [text(entry)]
+
+
+def compare_report(result: dict) -> list[Table | str]:
+    """The tables and notes (strings) of a compare_runs result, in print order (tables.show)."""
+    lengths = [str(L) for L in result["lengths"]]
+    pct = f"{100 * result['level']:g}%"
+    where = (f"{result['windows']} windows from {result['documents']} documents; {pct} bootstrap intervals over "
+             f"documents ({result['resamples']} resamples, seed {result['seed']})")
+    # the in-distribution point (each window's last T_train tokens read alone) where eval.json kept it
+    inside = any("in_distribution" in m for m in result["methods"].values())
+    if inside:
+        where += ("; in distribution: the last T_train tokens of each window read with T_train tokens of input "
+                  "(ΔP's first term), over the seeds whose eval.json keeps it (the ΔP table's)")
+    ppl = _by_length(f"perplexity of the last {result['scored']} tokens, mean over seeds [{pct} interval]", lengths,
+                     inside, where)
+    for method, m in result["methods"].items():
+        ppl.add_row(f"{method} ({len(m['seeds'])} {_plural('seed', len(m['seeds']))})",
+                    *_inside_cells(inside, m.get("in_distribution"), _ppl), *(_ppl(m["lengths"][L]) for L in lengths))
+    items: list[Table | str] = [ppl]
+
+    with_dp = {method: m for method, m in result["methods"].items()
+               if any("delta_p" in m["lengths"][L] for L in lengths)}
+    if with_dp:  # at the lengths beyond a training length only
+        dp_lengths = [L for L in lengths if any("delta_p" in m["lengths"][L] for m in with_dp.values())]
+        dp = _by_length(f"ΔP, mean over seeds [{pct} interval] (positive: context beyond the training length helps)",
+                        dp_lengths, inside=False)
+        for method, m in with_dp.items():
+            entries = [m["lengths"][L].get("delta_p") for L in dp_lengths]
+            seeds = m["delta_p_seeds"]
+            dp.add_row(f"{method} ({_plural('seed', len(seeds))} {', '.join(map(str, seeds))})",
+                       *("" if e is None else _interval(e["value"], e["lo"], e["hi"], "+") for e in entries))
+        items.append(dp)
+    items += _notes(result, lengths)
+
+    if result["reference"] is not None and result["differences"]:
+        items += _difference_tables(result, lengths, pct, inside)
+    return items
+
+
+def _notes(result: dict, lengths: list[str]) -> list[str]:
+    """Windows worse than uniform guessing, and why ΔP is left out where it is."""
+    notes = []
+    above = {(method, L): m["lengths"][L] for method, m in result["methods"].items() for L in lengths
+             if m["lengths"][L].get("above_uniform_windows")}
+    if above:
+        docs = sorted({d for e in above.values() for d in e["above_uniform_documents"]}, key=str)
+        notes.append(f"warning: {len(above)} (method, length) cells have windows whose mean NLL is above "
+                     f"ln(vocabulary) (worse than uniform guessing: text the model cannot read), from documents "
+                     f"{', '.join(map(str, docs[:10]))}{', ...' if len(docs) > 10 else ''}; compare.json lists them "
+                     "(above_uniform_windows); the verdict table shows whether one decides a difference")
+    why: dict[str, list[str]] = {}  # why ΔP is left out -> the methods it applies to
+    for method, m in result["methods"].items():
+        if m["delta_p_note"]:
+            why.setdefault(m["delta_p_note"], []).append(method)
+    notes += [f"ΔP left out ({', '.join(methods)}): {note}" for note, methods in why.items()]
+    return notes
+
+
+def _difference_tables(result: dict, lengths: list[str], pct: str, inside: bool) -> list[Table]:
+    """Each method minus the reference, and the verdicts that one document can change."""
+    diff = _by_length(f"perplexity minus {result['reference']}'s, mean over seeds [{pct} interval over seeds and "
+                      "documents]", lengths, inside,
+                      "bold: the interval excludes 0 (negative: better than the reference); †: a method with one "
+                      "seed, so the interval covers documents only (not a claim about the method)")
+
+    def cell(d: dict) -> str:
+        text = _interval(d["diff"], d["lo"], d["hi"], "+") + ("†" if d.get("covers") == "documents only" else "")
+        return Strong(text) if d["excludes_zero"] else text
+
+    decided = Table("verdicts that one document can change (dropping it alone changes the verdict)",
+                    [Column("method", no_wrap=True), Column("length"), Column("verdict"), Column("documents")],
+                    caption="the verdict with every document; the documents whose removal alone changes it "
+                            "(compare.json: each one's difference and interval without it)")
+    for method, rows in result["differences"].items():
+        diff.add_row(method, *_inside_cells(inside, rows.get("in_distribution"), cell), *(cell(rows[L]) for L in lengths))
+        for column, d in rows.items():
+            flips = d.get("decided_by") or []
+            if flips:
+                ids = ", ".join(str(f["document"]) for f in flips[:5]) + (", ..." if len(flips) > 5 else "")
+                decided.add_row(method, column, d["verdict"], f"{len(flips)}: {ids}")
+    return [diff, decided] if decided.rows else [diff]
+
+
+def unfinished_runs(result: dict) -> list[str]:
+    """A warning per run whose eval.json is of a model that had not finished training."""
+    return [f"warning: {run['run']}/eval.json is of a model that had not finished training (step {run['step']})"
+            for run in result["runs"] if run["finished"] is not True]

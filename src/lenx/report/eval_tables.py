@@ -1,0 +1,72 @@
+"""Tables of `lenx eval` and `lenx sweep`: perplexity per method and length, retrieval grids, and
+a sweep's results.md."""
+
+import statistics
+
+from .tables import Column, Table, columns, to_markdown
+
+
+def eval_table(results: list[dict]) -> Table:
+    """Methods x lengths of eval results, the training length's column marked: perplexity (ΔP).
+    Results that share a method (one per seed) make one row of mean ± sample standard deviation."""
+    by_method: dict[str, list[dict]] = {}
+    for r in results:
+        by_method.setdefault(r["method"], []).append(r)
+    counts = {len(runs) for runs in by_method.values()}
+    lengths = sorted({int(L) for r in results for L in r["results"]})
+    train_lens = {r["train_len"] for r in results}
+    title = f"perplexity of the last {results[0]['scored']} tokens (ΔP in brackets); {results[0]['window_note']}"
+    if max(counts) > 1:
+        title += f"; mean ± sample std over {max(counts)} seeds" if len(counts) == 1 else "; mean ± sample std over seeds"
+    table = Table(title, columns("method", *(f"{L} (train)" if L in train_lens else str(L) for L in lengths),
+                                 right_from=1))
+    for method, runs in by_method.items():
+        name = f"{method} ({len(runs)} seeds)" if len(counts) > 1 else method
+        table.add_row(name, *(_cell([r["results"].get(str(L)) for r in runs]) for L in lengths))
+    return table
+
+
+def _cell(rows: list[dict | None]) -> str:
+    """Perplexity (ΔP), or the mean ± std of each over the seeds that have this length."""
+    rows = [row for row in rows if row is not None]
+    if not rows:
+        return ""
+
+    def stat(values: list[float], sign: str = "") -> str:
+        text = f"{statistics.mean(values):{sign}.2f}"
+        return text + (f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else "")
+
+    text = stat([row["ppl"] for row in rows])
+    delta = [row["delta_p"] for row in rows if "delta_p" in row]
+    return text + (f" ({stat(delta, '+')})" if delta else "")
+
+
+def task_table(result: dict) -> Table:
+    """A retrieval grid (`lenx eval --task`): lengths x depths of its main score."""
+    key = "exact" if result["task"] == "passkey" else "accuracy"
+    table = Table(f"{result['task']} {key} of {result.get('label', result['method'])} (trained at "
+                  f"{result['train_len']}; {result['samples']} inputs per cell; chance {result['chance']:.2g})",
+                  [Column("length")] + [Column(f"depth {d:g}", "right") for d in result["depths"]])
+    for L, row in zip(result["lengths"], result[key]):
+        table.add_row(str(L), *(f"{v:.2f}" for v in row))
+    return table
+
+
+def results_table(results: list[dict], key: str = "ppl") -> Table:
+    """One figure (`key`: ppl or delta_p) of each result, methods x lengths, with no title."""
+    lengths = sorted({int(L) for r in results for L in r["results"]})
+    table = Table(None, columns("method", *map(str, lengths)))
+    for r in results:
+        table.add_row(r["method"], *(f"{r['results'][str(L)][key]:.2f}" if key in r["results"].get(str(L), {}) else ""
+                                     for L in lengths))
+    return table
+
+
+def sweep_markdown(results: list[dict]) -> str:
+    """A sweep's results.md: its perplexity and ΔP tables."""
+    first = results[0]
+    return "\n".join(["# Sweep results", "", f"Perplexity of the last {first['scored']} tokens, trained at "
+                      f"{first['train_len']} on `{first['corpus']}`; {first['window_note']}.", "",
+                      to_markdown(results_table(results, "ppl")),
+                      "ΔP (positive: context beyond the training length helps):", "",
+                      to_markdown(results_table(results, "delta_p"))])
