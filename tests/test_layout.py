@@ -159,6 +159,37 @@ def test_importing_evaluation_plotting_and_the_cli_loads_no_trainer():
     assert out.stdout.strip() == "[]"
 
 
+def backward_calls() -> set[tuple[str, str]]:
+    """(file, outermost function) of every call of .backward() or torch.autograd.backward in src/lenx
+    outside the kernels (ops/)."""
+    found = set()
+
+    def visit(node, path, function):
+        for child in ast.iter_child_nodes(node):
+            inner = function
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inner = function or child.name
+            elif isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and child.func.attr == "backward":
+                found.add((str(path.relative_to(SRC)), function))
+            visit(child, path, inner)
+
+    for path in sorted(SRC.rglob("*.py")):
+        if not path.is_relative_to(OPS):
+            visit(ast.parse(path.read_text()), path, None)
+    return found
+
+
+def test_one_training_step():
+    """lenx train, lenx bench --train-step and lenx che take their optimizer steps in one function; the
+    one other backward() is lenx bench's timing of a single attention call's forward and backward."""
+    assert backward_calls() == {("training/step.py", "train_step"), ("bench.py", "_measure")}
+
+
+def test_the_training_step_imports_nothing_from_lenx():
+    """So that every command that trains can share it: it knows no run, no config and no model."""
+    assert [m for m, _, _ in imported_modules(SRC / "training" / "step.py") if m.startswith("lenx")] == []
+
+
 def _redefined(stmts) -> list[str]:
     """Functions and classes defined twice in one block (module level, or inside an if / try there):
     the second silently replaces the first for every caller."""

@@ -1,5 +1,5 @@
-"""What training, evaluation, benchmarking and the CLI share: autocast, the corpus of a config, the
-optimizer's parameter groups, and loading a trained run (the device: lenx.config.resolve_device)."""
+"""What training, evaluation, benchmarking and the CLI share: autocast, the corpus of a config and
+of a run, and loading a trained run (the device: lenx.config.resolve_device)."""
 
 from contextlib import nullcontext
 import json
@@ -81,15 +81,6 @@ def open_run_corpus(run_dir: Path, cfg: RunConfig):
     corpus = open_training_corpus(cfg)
     check_run_corpus(run_dir, cfg, corpus)
     return corpus
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float):
-    """Decay matrices and embeddings; leave biases, norms and the position parts' scalars alone."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def absolute_root(root: str) -> str:

@@ -3,7 +3,6 @@
 import copy
 from dataclasses import dataclass, field
 import json
-import math
 from pathlib import Path
 import signal
 import sys
@@ -20,8 +19,10 @@ from .config import ConfigError, RunConfig, resolve_device, to_toml
 from .fileio import write_text
 from .model import LM
 from .runinfo import environment, git_commit
-from .runtime import (absolute_root, autocast_for, check_run_corpus, open_training_corpus, param_groups, run_config,
-                      run_meta, run_weights)
+from .runtime import (absolute_root, autocast_for, check_run_corpus, open_training_corpus, run_config, run_meta,
+                      run_weights)
+from .training.optim import adamw, lr_at
+from .training.step import NonFiniteLoss, train_step
 
 
 class TrainingDiverged(RuntimeError):
@@ -35,17 +36,6 @@ class TrainingInterrupted(SystemExit):
     def __init__(self, signum: int, step: int):
         super().__init__(128 + signum)
         self.signum, self.step = signum, step
-
-
-def lr_at(step: int, cfg) -> float:
-    """Linear warmup, then cosine from lr down to lr * min_lr_ratio at the last step."""
-    t = cfg.train
-    warmup = max(1, int(t.warmup_frac * t.steps))
-    if step < warmup:
-        return t.lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, t.steps - warmup)
-    floor = t.lr * t.min_lr_ratio
-    return floor + 0.5 * (t.lr - floor) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 class Batches:
@@ -119,7 +109,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     try:
         with StopSignals() as stop:
             for step in range(run.start_step, end):
-                loss, grad_norm = train_step(run, step)
+                loss, grad_norm = run_step(run, step)
                 if step == run.start_step and run.info.is_main:
                     record_kernels(run.run_dir, run.raw_model.kernels())
                 done = step + 1
@@ -243,8 +233,7 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun
     start_step = state["step"] if state is not None else 0
     raw_model.to(device)
     model = distributed.parallelize(raw_model, cfg.train.parallel, info)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.train.lr,
-                                  betas=(cfg.train.beta1, cfg.train.beta2), fused=device.type == "cuda")
+    optimizer = adamw(model, cfg.train, device)
     if state is not None:
         distributed.load_optimizer_state(model, optimizer, state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
@@ -311,32 +300,26 @@ def record_kernels(run_dir: Path, kernels: list[str | None]) -> None:
     write_text(run_dir / "meta.json", json.dumps(meta, indent=2))
 
 
-def train_step(run: TrainingRun, step: int) -> tuple[float, torch.Tensor]:
-    """One optimizer step over train.grad_accum micro-batches. Returns the loss (the mean over ranks)
-    and the gradient norm before clipping; raises TrainingDiverged on a non-finite loss, before the
-    optimizer can apply it."""
+def run_step(run: TrainingRun, step: int) -> tuple[float, torch.Tensor]:
+    """Optimizer step `step` (from 0) over train.grad_accum micro-batches, at its learning rate.
+    Returns the loss (the mean over ranks) and the gradient norm before clipping; raises
+    TrainingDiverged on a non-finite loss, before the optimizer can apply it."""
     cfg, device = run.cfg, run.device
-    accum = cfg.train.grad_accum
     for group in run.optimizer.param_groups:
         group["lr"] = lr_at(step, cfg)
-    loss_sum = torch.zeros((), device=device)
-    for micro in range(accum):
-        x, y = run.batches.get(step, micro, device)
-        sync = distributed.grad_sync(run.model, cfg.train.parallel, run.info, micro == accum - 1)
-        with sync, autocast_for(device, cfg.train.precision):
-            _, loss = run.step_fn(x, y)
-        (loss / accum).backward()
-        loss_sum += loss.detach() / accum
-    loss_val = float(distributed.mean_across_ranks(loss_sum, run.info))
-    if not math.isfinite(loss_val):
+    batches = [run.batches.get(step, micro, device) for micro in range(cfg.train.grad_accum)]
+    try:
+        loss, grad_norm = train_step(
+            run.model, run.optimizer, batches, lambda x, y: run.step_fn(x, y)[1], clip=cfg.train.grad_clip,
+            autocast=lambda: autocast_for(device, cfg.train.precision),
+            grad_sync=lambda last: distributed.grad_sync(run.model, cfg.train.parallel, run.info, last),
+            reduce=lambda loss: distributed.mean_across_ranks(loss, run.info), check_finite=True)
+    except NonFiniteLoss as e:
         last = checkpoint_dir(run.run_dir)
         raise TrainingDiverged(
-            f"loss became {loss_val} at step {step + 1}; stopped without saving. Last good checkpoint: "
-            f"{last if last else 'none'} (lower train.lr or check the data)")
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.train.grad_clip)
-    run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    return loss_val, grad_norm
+            f"loss became {e.loss} at step {step + 1}; stopped without saving. Last good checkpoint: "
+            f"{last if last else 'none'} (lower train.lr or check the data)") from None
+    return float(loss), grad_norm
 
 
 def _validation_due(cfg: RunConfig, done: int) -> bool:
