@@ -25,7 +25,8 @@ from .checkpoint import weights_dir, weights_step
 from .config import RunConfig, check_device, load_config, to_toml, validate
 from .evaluate import check_options, eval_settings, evaluate
 from .runtime import absolute_root, open_training_corpus, run_meta
-from .train import read_metrics, train
+from .train import train
+from .training.metrics import read_metrics
 
 TRAINING_SECTIONS = ("model", "train", "data")  # what the trained weights depend on
 
