@@ -159,6 +159,32 @@ def test_importing_evaluation_plotting_and_the_cli_loads_no_trainer():
     assert out.stdout.strip() == "[]"
 
 
+def lenx_imports(path: Path) -> list[tuple[str, int]]:
+    return [(m, line) for m, line, _ in imported_modules(path) if m == "lenx" or m.startswith("lenx.")]
+
+
+def module_file(name: str) -> Path:
+    """The file of the lenx module `name`, or of the module that holds it when it names a function or class."""
+    while "." in name:
+        path = SRC.parent.joinpath(*name.split("."))
+        for file in (path / "__init__.py", path.with_suffix(".py")):
+            if file.is_file():
+                return file
+        name = name.rsplit(".", 1)[0]
+    return SRC / "__init__.py"
+
+
+def test_config_is_a_leaf():
+    """lenx.config imports nothing from lenx, at any depth, but leaf utilities (modules that import
+    nothing from lenx themselves): the [model] section is checked next to the model
+    (lenx.model.check_config), so anything can read a config without loading the model."""
+    wrong = []
+    for name, line in lenx_imports(SRC / "config.py"):
+        if lenx_imports(module_file(name)):
+            wrong.append(f"src/lenx/config.py:{line} imports {name}")
+    assert wrong == [], wrong
+
+
 def backward_calls() -> set[tuple[str, str]]:
     """(file, outermost function) of every call of .backward() or torch.autograd.backward in src/lenx
     outside the kernels (ops/)."""

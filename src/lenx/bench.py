@@ -435,6 +435,7 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
     backend_overrides: {method: backend} forces an attention backend for that method."""
     from .attention.methods import parse_method
     from .config import ConfigError, load_config
+    from .model import check_config
     from .runinfo import environment
 
     dev = torch.device(device)
@@ -443,6 +444,7 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
     if profile_steps < 0:
         raise ConfigError(f"profile_steps must be 0 (no profile) or more, not {profile_steps}")
     cfg = load_config(preset, overrides or [])
+    check_config(cfg)
     backend_overrides = backend_overrides or {}
     for method in methods:  # a typo is an error now, not a row after minutes of benchmarking
         parse_method("nope" if method == "sdpa" else method)

@@ -11,7 +11,7 @@ import torch
 
 from .checkpoint import CheckpointError, kept_dir, load_weights, weights_dir
 from .config import ConfigError, RunConfig, load_config
-from .model import LM
+from .model import LM, check_config
 
 
 def autocast_for(device: torch.device, precision: str):
@@ -88,15 +88,16 @@ def absolute_root(root: str) -> str:
 
 
 def run_config(run_dir: Path) -> RunConfig:
-    """A run's config.toml, its data.root absolute. Runs recorded a relative root before roots were
-    stored absolute; it meant the folder they were trained from, most likely the current one, which
-    counts only where the corpus folder exists there (never a synthetic corpus generated anew in
-    another place)."""
+    """A run's config.toml, checked (lenx.model.check_config), its data.root absolute. Runs recorded
+    a relative root before roots were stored absolute; it meant the folder they were trained from,
+    most likely the current one, which counts only where the corpus folder exists there (never a
+    synthetic corpus generated anew in another place)."""
     run_dir = Path(run_dir)
     path = run_dir / "config.toml"
     if not path.is_file():
         raise CheckpointError(f"{run_dir} is not a lenx run directory (no config.toml); train one with `lenx train`")
     cfg = load_config(path)
+    check_config(cfg)
     root = Path(cfg.data.root).expanduser()
     if not root.is_absolute():
         here = Path.cwd() / root / cfg.data.corpus
