@@ -14,6 +14,7 @@ after the whole input, so a causal model still reads all of it.
 """
 
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import partial
 import json
 import math
 import os
@@ -106,7 +107,7 @@ def train_and_test(task_name: str, method: str, seed: int, cfg: CHEConfig, progr
     rng = np.random.default_rng(seed)
     model = Encoder(method, task.input_vocab + 1, task.output_vocab, cfg).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    amp = lambda: autocast_for(device, "auto")  # noqa: E731  (bf16 on CUDA)
+    amp = partial(autocast_for, device, "auto")  # bf16 on CUDA
 
     def masked_loss(x, y, mask):
         return F.cross_entropy(model(x)[mask].float(), y[mask])
