@@ -1,5 +1,7 @@
-"""lenx.config.validate: every field's range or choices and a build of the model on the meta device,
-checked when a config is loaded; check_device: what depends on the machine."""
+"""A run config's checks: lenx.config.validate ([train], [eval], [data], when a config is loaded),
+lenx.model.check_config (every field's range or choices, with [model] against the attention
+registries, and a build of the model on the meta device) and lenx.model.check_device (then what
+depends on the machine)."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -10,7 +12,8 @@ import pytest
 import torch
 
 from lenx.attention import all_methods
-from lenx.config import ConfigError, check_device, load_config, validate
+from lenx.config import ConfigError, load_config
+from lenx.model import check_config, check_device
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +65,16 @@ ROOT = Path(__file__).resolve().parents[1]
 ])
 def test_every_bad_value_names_its_key(overrides, key):
     with pytest.raises(ConfigError, match="^" + re.escape(key)):
-        load_config("tiny", [overrides] if isinstance(overrides, str) else overrides)
+        check_config(load_config("tiny", [overrides] if isinstance(overrides, str) else overrides))
+
+
+def test_loading_checks_every_section_but_the_model():
+    """lenx.config imports nothing from the model: [model] is check_config's."""
+    with pytest.raises(ConfigError, match="^train.lr"):
+        load_config("tiny", ["train.lr=-1"])
+    cfg = load_config("tiny", ["model.method=kerpel"])
+    with pytest.raises(ConfigError, match="^model.method"):
+        check_config(cfg)
 
 
 def test_new_train_fields_default_to_off():
@@ -85,13 +97,13 @@ def test_every_method_builds_at_350m_in_no_time():
     cfg = load_config("350m")
     start = time.perf_counter()
     for method in all_methods():
-        validate(replace(cfg, model=replace(cfg.model, method=method)))
+        check_config(replace(cfg, model=replace(cfg.model, method=method)))
     assert time.perf_counter() - start < 60
 
 
 def test_validation_leaves_the_random_state_alone():
     state = torch.get_rng_state()
-    load_config("small", ["model.method=dapev2-t5"])  # T5 is built on the CPU, not on meta
+    check_config(load_config("small", ["model.method=dapev2-t5"]))  # T5 is built on the CPU, not on meta
     assert torch.equal(torch.get_rng_state(), state)
 
 
@@ -100,7 +112,7 @@ def test_every_saved_run_config_still_loads():
     paths = sorted(ROOT.glob("results/**/config.toml"))
     assert paths
     for path in paths:
-        load_config(path)
+        check_config(load_config(path))
 
 
 def test_check_device_judges_the_machine():

@@ -201,6 +201,61 @@ def test_pytest_collects_every_test_folder(pytestconfig):
     folders = {p.parent.relative_to(ROOT / "tests") for p in (ROOT / "tests").rglob("test_*.py")}
     skipped = [str(f) for f in folders if any(fnmatch.fnmatch(part, pattern) for part in f.parts for pattern in patterns)]
     assert skipped == []
+def lenx_imports(path: Path) -> list[tuple[str, int]]:
+    return [(m, line) for m, line, _ in imported_modules(path) if m == "lenx" or m.startswith("lenx.")]
+
+
+def module_file(name: str) -> Path:
+    """The file of the lenx module `name`, or of the module that holds it when it names a function or class."""
+    while "." in name:
+        path = SRC.parent.joinpath(*name.split("."))
+        for file in (path / "__init__.py", path.with_suffix(".py")):
+            if file.is_file():
+                return file
+        name = name.rsplit(".", 1)[0]
+    return SRC / "__init__.py"
+
+
+def test_config_is_a_leaf():
+    """lenx.config imports nothing from lenx, at any depth, but leaf utilities (modules that import
+    nothing from lenx themselves): the [model] section is checked next to the model
+    (lenx.model.check_config), so anything can read a config without loading the model."""
+    wrong = []
+    for name, line in lenx_imports(SRC / "config.py"):
+        if lenx_imports(module_file(name)):
+            wrong.append(f"src/lenx/config.py:{line} imports {name}")
+    assert wrong == [], wrong
+
+
+def backward_calls() -> set[tuple[str, str]]:
+    """(file, outermost function) of every call of .backward() or torch.autograd.backward in src/lenx
+    outside the kernels (ops/)."""
+    found = set()
+
+    def visit(node, path, function):
+        for child in ast.iter_child_nodes(node):
+            inner = function
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inner = function or child.name
+            elif isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and child.func.attr == "backward":
+                found.add((str(path.relative_to(SRC)), function))
+            visit(child, path, inner)
+
+    for path in sorted(SRC.rglob("*.py")):
+        if not path.is_relative_to(OPS):
+            visit(ast.parse(path.read_text()), path, None)
+    return found
+
+
+def test_one_training_step():
+    """lenx train, lenx bench --train-step and lenx che take their optimizer steps in one function; the
+    one other backward() is lenx bench's timing of a single attention call's forward and backward."""
+    assert backward_calls() == {("training/step.py", "train_step"), ("bench.py", "_measure")}
+
+
+def test_the_training_step_imports_nothing_from_lenx():
+    """So that every command that trains can share it: it knows no run, no config and no model."""
+    assert [m for m, _, _ in imported_modules(SRC / "training" / "step.py") if m.startswith("lenx")] == []
 
 
 def _redefined(stmts) -> list[str]:

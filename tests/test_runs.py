@@ -322,17 +322,17 @@ def test_tensorboard_purges_steps_after_the_checkpoint_on_resume(data_root, tmp_
 
     run = tmp_path / "run"
     cfg = tiny(data_root, "train.steps=8", "train.ckpt_every=3")
-    real = train_module.train_step
+    real = train_module.run_step
 
     def dies_at_5(run_, step):
         if step == 4:
             raise RuntimeError("killed")
         return real(run_, step)
 
-    monkeypatch.setattr(train_module, "train_step", dies_at_5)
+    monkeypatch.setattr(train_module, "run_step", dies_at_5)
     with pytest.raises(RuntimeError, match="killed"):
         train(cfg, run, progress=False)
-    monkeypatch.setattr(train_module, "train_step", real)
+    monkeypatch.setattr(train_module, "run_step", real)
     train(None, run, resume=True, progress=False)
     newest = max((run / "tb").glob("events.out.tfevents.*"), key=lambda p: p.stat().st_mtime_ns)
     starts = [e.step for e in EventFileLoader(str(newest)).Load() if e.HasField("session_log")

@@ -255,25 +255,23 @@ def _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, ste
     """Build one model and time `steps` full optimizer steps after `warmup` untimed ones, then
     profile `profile_steps` more (see _profile_steps)."""
     from .model import LM
-    from .runtime import autocast_for, param_groups
+    from .runtime import autocast_for
+    from .training.optim import adamw
+    from .training.step import train_step
 
     torch.manual_seed(0)
     model = LM(model_cfg).to(device)
     row = {"method": method, "backends": model.backends(device), "params": model.num_params()}
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.train.lr,
-                                  betas=(cfg.train.beta1, cfg.train.beta2), fused=device.type == "cuda")
+    optimizer = adamw(model, cfg.train, device)
     # one fixed batch: the step's cost does not depend on the token values, and no data loading is timed
     tokens = torch.randint(0, vocab_size, (batch_size, seq_len + 1), device=device)
-    x, y = tokens[:, :-1], tokens[:, 1:]
+    batch = tokens[:, :-1], tokens[:, 1:]
     cuda = device.type == "cuda"
 
     def step():
-        with autocast_for(device, "auto"):  # bf16 autocast on CUDA, fp32 on CPU, as in training
-            _, loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        # bf16 autocast on CUDA, fp32 on CPU, as in training; the loss stays on the device (no sync)
+        loss, _ = train_step(model, optimizer, [batch], lambda x, y: model(x, y)[1], clip=1.0,
+                             autocast=lambda: autocast_for(device, "auto"))
         return loss
 
     model.train()
@@ -377,6 +375,7 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
     backend_overrides: {method: backend} forces an attention backend for that method."""
     from .attention.methods import parse_method
     from .config import ConfigError, load_config
+    from .model import check_config
     from .runinfo import environment
 
     dev = torch.device(device)
@@ -385,6 +384,7 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
     if profile_steps < 0:
         raise ConfigError(f"profile_steps must be 0 (no profile) or more, not {profile_steps}")
     cfg = load_config(preset, overrides or [])
+    check_config(cfg)
     backend_overrides = backend_overrides or {}
     for method in methods:  # a typo is an error now, not a row after minutes of benchmarking
         parse_method("nope" if method == "sdpa" else method)

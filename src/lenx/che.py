@@ -14,6 +14,7 @@ after the whole input, so a causal model still reads all of it.
 """
 
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import partial
 import json
 import math
 import os
@@ -26,11 +27,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from .attention.methods import UnknownMethodError, parse_method
+from .config import resolve_device
 from .model import Block, LMConfig
 from .report.che_tables import che_table
 from .report.tables import to_markdown
 from .runinfo import git_commit
+from .runtime import autocast_for
 from .tasks import TASKS, get_task
+from .training.step import train_step
 
 
 class CHEError(ValueError):
@@ -97,33 +101,25 @@ class Encoder(nn.Module):
         return self.head(self.norm(x))
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def train_and_test(task_name: str, method: str, seed: int, cfg: CHEConfig, progress=None) -> dict:
     """Train one model on one task with one seed; return per-length test accuracy."""
     task = get_task(task_name)
-    device = _device(cfg.device)
+    device = resolve_device(cfg.device, "device")
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     model = Encoder(method, task.input_vocab + 1, task.output_vocab, cfg).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+    amp = partial(autocast_for, device, "auto")  # bf16 on CUDA
+
+    def masked_loss(x, y, mask):
+        return F.cross_entropy(model(x)[mask].float(), y[mask])
+
     t0 = time.perf_counter()
     model.train()
     for step in range(cfg.steps):
         length = int(rng.integers(1, cfg.train_max_length + 1))
-        x, y, mask = (t.to(device) for t in task.sample(cfg.batch_size, length, rng))
-        with amp:
-            logits = model(x)
-        loss = F.cross_entropy(logits[mask].float(), y[mask])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
+        batch = tuple(t.to(device) for t in task.sample(cfg.batch_size, length, rng))
+        loss, _ = train_step(model, opt, [batch], masked_loss, clip=cfg.grad_clip, autocast=amp)
         if progress is not None:
             progress(1)
     if device.type == "cuda":  # the GPU runs ahead of the host: wait for it before reading the clock
@@ -140,14 +136,14 @@ def train_and_test(task_name: str, method: str, seed: int, cfg: CHEConfig, progr
         for start in range(0, cfg.test_samples, 128):
             n = min(128, cfg.test_samples - start)
             x, y, mask = (t.to(device) for t in task.sample(n, length, test_rng))
-            with torch.no_grad(), amp:
+            with torch.no_grad(), amp():
                 pred = model(x).argmax(-1)
             scored = task.accuracy_mask(y, mask)
             correct += int(((pred == y) & scored).sum())
             total += int(scored.sum())
         per_length[length] = correct / total
     test_time = time.perf_counter() - t0  # .sum() above already synchronises with the GPU
-    return {"task": task_name, "method": method, "seed": seed, "final_train_loss": float(loss.detach()),
+    return {"task": task_name, "method": method, "seed": seed, "final_train_loss": float(loss),
             "accuracy": float(np.mean(list(per_length.values()))), "per_length": per_length,
             "train_time_s": train_time, "test_time_s": test_time}
 

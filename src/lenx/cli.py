@@ -176,8 +176,9 @@ def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
     `--set train.parallel=fsdp` for FSDP2).
     """
     from . import distributed
-    from .config import ConfigError, check_device, load_config
+    from .config import ConfigError, load_config
     from .fileio import check_writable_dir
+    from .model import check_device
     from .train import TrainingDiverged, train
 
     # Under torchrun a failing rank reports its error and exits non-zero; torchrun then stops the
@@ -233,11 +234,12 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
     """
     from dataclasses import replace
 
-    from .config import ConfigError, check_device, validate
+    from .config import ConfigError, validate
     from .evaluate import evaluate, evaluate_task, result_name
     from .fileio import check_writable_dir, check_writable_file
     from .report.eval_tables import eval_table, task_table
     from .report.tables import show
+    from .model import check_device
 
     try:
         cfg = _run_config(run)
@@ -290,8 +292,9 @@ def generate_cmd(run: Path = typer.Argument(..., help="a run directory"),
     The prompt is read with the run's attention backends; each new token then costs one row of
     attention per layer against the cached keys and values. Prints tokens/s at the end (on stderr).
     """
-    from .config import ConfigError, check_device
+    from .config import ConfigError
     from .generate import generate_from_run
+    from .model import check_device
 
     try:
         if (prompt is None) == (prompt_file is None):

@@ -3,9 +3,13 @@
 A run is configured by one TOML file with the sections [model], [train], [data] and [eval], then
 `--set section.key=value` overrides (values parse as TOML: `train.lr=3e-4`, `model.method=kerple`,
 `eval.lengths=[128,256]`). Unknown sections and keys are errors that suggest the nearest name.
+
+This module imports nothing from lenx: it checks the values of [train], [data] and [eval]
+(`validate`); the [model] section is judged next to the model, with the attention registries and
+a build on the meta device (lenx.model.check_config).
 """
 
-from dataclasses import asdict, dataclass, field, fields, is_dataclass, replace
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 import difflib
 import math
 from pathlib import Path
@@ -13,8 +17,6 @@ import re
 import typing
 
 import torch
-
-from .model import LM, LMConfig
 
 try:
     import tomllib
@@ -26,6 +28,47 @@ PRESET_DIR = Path(__file__).parent / "configs"
 
 class ConfigError(ValueError):
     pass
+
+
+@dataclass
+class AttentionConfig:
+    """Every knob of every attention part; a part reads only its own."""
+
+    method: str = "rope"
+    backend: str = "auto"  # auto | dense | chunked | sdpa | flex | triton
+    chunk_size: int = 256  # query rows per block on the chunked path
+    causal: bool = True  # False for encoders (CHE): biases use |i - j|, DAPE V2 drops the tril
+    rope_base: float = 10000.0
+    # RoPE context extension (attention/rope.py): none | pi | ntk | dynamic-ntk | yarn
+    rope_scaling: str = "none"
+    rope_scaling_factor: float = 0.0  # s; 0 = auto: the length processed / rope_train_len (at least 1)
+    rope_train_len: int = 0  # the length the scaling extends from (0: none set; evaluation fills it in)
+    rope_yarn_beta_fast: float = 32.0
+    rope_yarn_beta_slow: float = 1.0
+    dape_hidden: int = 32  # D
+    dape_kernel: int = 3  # k for dapev2 (dape is always k = 1)
+    dape_leak: bool = False  # drop the tril: the paper's information-leakage experiment only
+    fire_width: int = 32
+    fire_L_init: float = 512.0
+    fire_activation: str = "auto"  # auto: relu alone, leaky_relu under a DAPE processor
+    t5_buckets: int = 32
+    t5_max_distance: int = 128
+    cope_npos: int = 64
+    sb_attend_current: bool = False
+    sb_remainder: str = "value"  # value | head | drop
+
+
+@dataclass
+class LMConfig(AttentionConfig):
+    """The [model] section: the decoder LM (lenx.model.LM) and its attention."""
+
+    vocab_size: int = 256
+    n_layer: int = 2
+    n_head: int = 4
+    d_model: int = 128
+    mlp_ratio: int = 4
+    activation: str = "gelu"  # gelu | relu (the CHE encoder uses ReLU)
+    dropout: float = 0.0
 
 
 @dataclass
@@ -181,128 +224,67 @@ SPLITS = ("train", "val", "test")
 
 
 def validate(cfg: RunConfig) -> None:
-    """Check every field's range or choices, then build the model on the meta device (no memory and
-    no time, even for 350m) so that what a run builds is known to build. Raises a one-line
-    ConfigError that names the key. What depends on the machine is check_device's."""
-    _validate_model(cfg.model)
+    """Check every field of [train], [eval] and [data] against its range or choices; raises a one-line
+    ConfigError that names the key. [model] is lenx.model.check_config's, and what depends on the
+    machine lenx.model.check_device's."""
     _validate_train(cfg.train)
     _validate_eval(cfg.eval)
-    _check(cfg.data.corpus.strip() != "", "data.corpus", "a corpus name", cfg.data.corpus)
-    _check(cfg.data.root.strip() != "", "data.root", "a folder", cfg.data.root)
-    try:
-        model = _build_meta(replace(cfg.model, backend="auto"))
-    except (ValueError, AssertionError) as e:
-        raise ConfigError(f"model: {cfg.model.method} cannot be built with these settings: {e}") from None
-    if cfg.model.backend != "auto":
-        # judged where the backend runs at all (triton: CUDA); check_device judges the device in use
-        _check_backend(model, cfg.model.backend, torch.device("cuda" if cfg.model.backend == "triton" else "cpu"))
+    check(cfg.data.corpus.strip() != "", "data.corpus", "a corpus name", cfg.data.corpus)
+    check(cfg.data.root.strip() != "", "data.root", "a folder", cfg.data.root)
 
 
-def check_device(cfg: RunConfig, device: str, key: str = "train.device", training: bool = True) -> torch.device:
-    """What validate() cannot know: `device` (auto, cpu, cuda or cuda:N; `key` names where it was
-    given) exists on this machine, and the forced attention backend runs on it, and trains on it when
-    `training`. Returns the device."""
-    from .attention.backends import get_backend
-
-    dev = resolve_device(device, key)
-    backend = cfg.model.backend
-    if backend != "auto":
-        # every layer has the same parts: one layer answers for all
-        _check_backend(_build_meta(replace(cfg.model, n_layer=1, backend="auto")), backend, dev)
-        if training and not get_backend(backend).trains(dev):
-            raise ConfigError(f"model.backend={backend} cannot train on {dev.type} (it has no backward there); "
-                              "use model.backend=chunked or auto")
-    return dev
-
-
-def _check(ok: bool, key: str, rule: str, value) -> None:
+def check(ok: bool, key: str, rule: str, value) -> None:
     if not ok:
         raise ConfigError(f"{key} must be {rule}, got {value!r}")
 
 
-def _at_least(section: str, obj, low: int, *names: str) -> None:
+def at_least(section: str, obj, low: int, *names: str) -> None:
     for name in names:
         value = getattr(obj, name)
-        _check(value >= low, f"{section}.{name}", f">= {low}", value)
+        check(value >= low, f"{section}.{name}", f">= {low}", value)
 
 
-def _one_of(key: str, value, choices) -> None:
-    _check(value in choices, key, "one of " + ", ".join(choices), value)
+def one_of(key: str, value, choices) -> None:
+    check(value in choices, key, "one of " + ", ".join(choices), value)
 
 
-def _positive(key: str, value: float) -> None:
-    _check(math.isfinite(value) and value > 0, key, "a positive number", value)
+def positive(key: str, value: float) -> None:
+    check(math.isfinite(value) and value > 0, key, "a positive number", value)
 
 
-def _fraction(key: str, value: float, top_open: bool = False) -> None:
+def fraction(key: str, value: float, top_open: bool = False) -> None:
     ok = 0 <= value < 1 if top_open else 0 <= value <= 1
-    _check(ok, key, "in [0, 1)" if top_open else "in [0, 1]", value)
-
-
-def _validate_model(m: LMConfig) -> None:
-    from .attention.backends import BACKENDS
-    from .attention.methods import parse_method
-    from .attention.rope import SCALINGS
-    from .attention.stickbreaking import REMAINDER_MODES
-
-    try:
-        parse_method(m.method)
-    except ValueError as e:
-        raise ConfigError(f"model.method: {e}") from None
-    _at_least("model", m, 1, "vocab_size", "n_layer", "n_head", "d_model", "mlp_ratio", "chunk_size",
-              "dape_hidden", "fire_width", "cope_npos")
-    if m.d_model % m.n_head:
-        raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
-    _check(m.dape_kernel % 2 == 1 and m.dape_kernel >= 1, "model.dape_kernel",
-           "an odd integer >= 1 (the 1xk kernel is centred on each key)", m.dape_kernel)
-    _check(m.t5_buckets >= 2, "model.t5_buckets", ">= 2", m.t5_buckets)
-    _check(m.t5_max_distance > m.t5_buckets // 2, "model.t5_max_distance",
-           f"above the exact buckets (model.t5_buckets // 2 = {m.t5_buckets // 2})", m.t5_max_distance)
-    _positive("model.rope_base", m.rope_base)
-    _positive("model.fire_L_init", m.fire_L_init)
-    _fraction("model.dropout", m.dropout, top_open=True)
-    _one_of("model.backend", m.backend, ("auto", *BACKENDS))
-    _one_of("model.activation", m.activation, ("gelu", "relu"))
-    _one_of("model.fire_activation", m.fire_activation, ("auto", "relu", "leaky_relu"))
-    _one_of("model.sb_remainder", m.sb_remainder, REMAINDER_MODES)
-    _one_of("model.rope_scaling", m.rope_scaling, SCALINGS)
-    _check(m.rope_scaling_factor == 0 or m.rope_scaling_factor >= 1, "model.rope_scaling_factor",
-           "0 (auto: the length processed / model.rope_train_len) or a number >= 1", m.rope_scaling_factor)
-    _at_least("model", m, 0, "rope_train_len")
-    _check(m.rope_scaling == "none" or m.rope_train_len >= 1, "model.rope_train_len",
-           f">= 1 with model.rope_scaling={m.rope_scaling} (the training length the scaling extends)", m.rope_train_len)
-    _check(m.causal, "model.causal", "true (an LM that sees the tokens it predicts learns nothing; "
-           "bidirectional encoders are `lenx che`)", m.causal)
+    check(ok, key, "in [0, 1)" if top_open else "in [0, 1]", value)
 
 
 def _validate_train(t: TrainConfig) -> None:
-    _at_least("train", t, 1, "seq_len", "batch_size", "grad_accum", "steps", "ckpt_every", "log_every",
-              "val_batches")
-    _at_least("train", t, 0, "seed", "val_every", "keep_every")
+    at_least("train", t, 1, "seq_len", "batch_size", "grad_accum", "steps", "ckpt_every", "log_every",
+             "val_batches")
+    at_least("train", t, 0, "seed", "val_every", "keep_every")
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"train.batch_size ({t.batch_size}) must be divisible by train.grad_accum ({t.grad_accum})")
-    _positive("train.lr", t.lr)
-    _positive("train.grad_clip", t.grad_clip)
-    _fraction("train.min_lr_ratio", t.min_lr_ratio)
-    _fraction("train.warmup_frac", t.warmup_frac)
-    _fraction("train.beta1", t.beta1, top_open=True)
-    _fraction("train.beta2", t.beta2, top_open=True)
-    _check(math.isfinite(t.weight_decay) and t.weight_decay >= 0, "train.weight_decay", ">= 0", t.weight_decay)
+    positive("train.lr", t.lr)
+    positive("train.grad_clip", t.grad_clip)
+    fraction("train.min_lr_ratio", t.min_lr_ratio)
+    fraction("train.warmup_frac", t.warmup_frac)
+    fraction("train.beta1", t.beta1, top_open=True)
+    fraction("train.beta2", t.beta2, top_open=True)
+    check(math.isfinite(t.weight_decay) and t.weight_decay >= 0, "train.weight_decay", ">= 0", t.weight_decay)
     _check_device_name(t.device, "train.device")
-    _one_of("train.precision", t.precision, ("auto", "bf16", "fp32"))
-    _one_of("train.parallel", t.parallel, ("ddp", "fsdp"))
+    one_of("train.precision", t.precision, ("auto", "bf16", "fp32"))
+    one_of("train.parallel", t.parallel, ("ddp", "fsdp"))
 
 
 def _validate_eval(e: EvalConfig) -> None:
-    _at_least("eval", e, 1, "max_length", "windows", "scored")
-    _at_least("eval", e, 0, "seed", "token_budget")
-    _check(all(L >= 1 for L in e.lengths), "eval.lengths", "lengths >= 1", e.lengths)
-    _one_of("eval.split", e.split, SPLITS)
+    at_least("eval", e, 1, "max_length", "windows", "scored")
+    at_least("eval", e, 0, "seed", "token_budget")
+    check(all(L >= 1 for L in e.lengths), "eval.lengths", "lengths >= 1", e.lengths)
+    one_of("eval.split", e.split, SPLITS)
 
 
 def _check_device_name(name: str, key: str) -> None:
-    _check(name in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", name) is not None, key,
-           "auto, cpu, cuda or cuda:N", name)
+    check(name in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", name) is not None, key,
+          "auto, cpu, cuda or cuda:N", name)
 
 
 def resolve_device(name: str, key: str = "train.device") -> torch.device:
@@ -318,21 +300,6 @@ def resolve_device(name: str, key: str = "train.device") -> torch.device:
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ConfigError(f"{key} is {name} but only {torch.cuda.device_count()} CUDA device(s) are visible")
     return dev
-
-
-def _build_meta(model_cfg: LMConfig) -> LM:
-    """The LM of model_cfg, its weights on the meta device (they take no memory)."""
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # building must not move the caller's random state
-        return LM(model_cfg)
-
-
-def _check_backend(model: LM, backend: str, device: torch.device) -> None:
-    from .attention.backends import plan_backend
-
-    try:
-        plan_backend(model.blocks[0].attn.parts, device, backend)
-    except ValueError as e:
-        raise ConfigError(f"model.backend={backend} (model.method={model.cfg.method}) on {device.type}: {e}") from None
 
 
 def to_toml(obj) -> str:

@@ -24,10 +24,10 @@ from torch.nn import functional as F
 
 from .attention.backends import score_block
 from .checkpoint import weights_step
-from .config import ConfigError, check_device, resolve_device
+from .config import ConfigError, resolve_device
 from .evalfiles import describe, write_evaluation
 from .fileio import check_writable_dir
-from .model import LM
+from .model import LM, check_device
 from .runtime import autocast_for, load_model, open_run_corpus, run_config, run_weights
 
 
@@ -185,7 +185,7 @@ def apply_rope_scaling(cfg, scaling: str | None, factor: float | None) -> dict |
     """Set a RoPE context extension on cfg.model (for a model trained without one): `factor` None or
     0 is auto (evaluation length / training length). Returns what to record, or None."""
     from .attention.methods import parse_method
-    from .config import validate
+    from .model import check_config
 
     if scaling is None:
         return None
@@ -196,7 +196,7 @@ def apply_rope_scaling(cfg, scaling: str | None, factor: float | None) -> dict |
         raise ConfigError(f"this run was trained with model.rope_scaling={m.rope_scaling}; --rope-scaling would replace it")
     m.rope_scaling, m.rope_scaling_factor = scaling, factor or 0.0
     m.rope_train_len = m.rope_train_len or cfg.train.seq_len
-    validate(cfg)  # the scaling's name and factor, with the rest of the config
+    check_config(cfg)  # the scaling's name and factor, with the rest of the config
     return {"kind": scaling, "factor": m.rope_scaling_factor or "auto", "train_len": m.rope_train_len,
             "beta_fast": m.rope_yarn_beta_fast, "beta_slow": m.rope_yarn_beta_slow}
 

@@ -1,5 +1,5 @@
-"""What training, evaluation, benchmarking and the CLI share: autocast, the corpus of a config, the
-optimizer's parameter groups, and loading a trained run (the device: lenx.config.resolve_device)."""
+"""What training, evaluation, benchmarking and the CLI share: autocast, the corpus of a config and
+of a run, and loading a trained run (the device: lenx.config.resolve_device)."""
 
 from contextlib import nullcontext
 import json
@@ -11,7 +11,7 @@ import torch
 
 from .checkpoint import CheckpointError, kept_dir, load_weights, weights_dir
 from .config import ConfigError, RunConfig, load_config
-from .model import LM
+from .model import LM, check_config
 
 
 def autocast_for(device: torch.device, precision: str):
@@ -84,29 +84,21 @@ def open_run_corpus(run_dir: Path, cfg: RunConfig):
     return corpus
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float):
-    """Decay matrices and embeddings; leave biases, norms and the position parts' scalars alone."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def absolute_root(root: str) -> str:
     return os.path.abspath(os.path.expanduser(root))
 
 
 def run_config(run_dir: Path) -> RunConfig:
-    """A run's config.toml, its data.root absolute. Runs recorded a relative root before roots were
-    stored absolute; it meant the folder they were trained from, most likely the current one, which
-    counts only where the corpus folder exists there (never a synthetic corpus generated anew in
-    another place)."""
+    """A run's config.toml, checked (lenx.model.check_config), its data.root absolute. Runs recorded
+    a relative root before roots were stored absolute; it meant the folder they were trained from,
+    most likely the current one, which counts only where the corpus folder exists there (never a
+    synthetic corpus generated anew in another place)."""
     run_dir = Path(run_dir)
     path = run_dir / "config.toml"
     if not path.is_file():
         raise CheckpointError(f"{run_dir} is not a lenx run directory (no config.toml); train one with `lenx train`")
     cfg = load_config(path)
+    check_config(cfg)
     root = Path(cfg.data.root).expanduser()
     if not root.is_absolute():
         here = Path.cwd() / root / cfg.data.corpus

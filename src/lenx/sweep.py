@@ -22,11 +22,13 @@ import sys
 import time
 
 from .checkpoint import weights_dir, weights_step
-from .config import RunConfig, check_device, load_config, to_toml, validate
+from .config import RunConfig, load_config, to_toml
 from .evaluate import check_options, eval_settings, evaluate
 from .report.eval_tables import sweep_markdown
+from .model import check_device
 from .runtime import absolute_root, open_training_corpus, run_meta
-from .train import read_metrics, train
+from .train import train
+from .training.metrics import read_metrics
 
 TRAINING_SECTIONS = ("model", "train", "data")  # what the trained weights depend on
 
@@ -269,8 +271,7 @@ def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = Tr
     options = eval_kwargs or {}
     check_options(token_budget=options.get("token_budget"))
     for run_cfg in cfgs.values():  # every run's config, its device and its evaluation, before any trains
-        validate(run_cfg)
-        check_device(run_cfg, run_cfg.train.device)
+        check_device(run_cfg, run_cfg.train.device)  # the whole config against the model, then the device
         eval_settings(run_cfg, **_eval_options(options))
     corpus = open_training_corpus(_as_recorded(cfg, 0))  # builds a missing synthetic corpus once
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,6 @@
 import copy
 from dataclasses import dataclass, field
 import json
-import math
 from pathlib import Path
 import signal
 import sys
@@ -20,8 +19,11 @@ from .config import ConfigError, RunConfig, resolve_device, to_toml
 from .fileio import write_text
 from .model import LM
 from .runinfo import environment, git_commit
-from .runtime import (absolute_root, autocast_for, check_run_corpus, open_training_corpus, param_groups, run_config,
-                      run_meta, run_weights)
+from .runtime import (absolute_root, autocast_for, check_run_corpus, open_training_corpus, run_config, run_meta,
+                      run_weights)
+from .training.metrics import MetricsLogger, read_metrics
+from .training.optim import adamw, lr_at
+from .training.step import NonFiniteLoss, train_step
 
 
 class TrainingDiverged(RuntimeError):
@@ -35,17 +37,6 @@ class TrainingInterrupted(SystemExit):
     def __init__(self, signum: int, step: int):
         super().__init__(128 + signum)
         self.signum, self.step = signum, step
-
-
-def lr_at(step: int, cfg) -> float:
-    """Linear warmup, then cosine from lr down to lr * min_lr_ratio at the last step."""
-    t = cfg.train
-    warmup = max(1, int(t.warmup_frac * t.steps))
-    if step < warmup:
-        return t.lr * (step + 1) / warmup
-    progress = (step - warmup) / max(1, t.steps - warmup)
-    floor = t.lr * t.min_lr_ratio
-    return floor + 0.5 * (t.lr - floor) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
 class Batches:
@@ -113,13 +104,14 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     run = setup_run(cfg, run_dir, resume)
     total = run.cfg.train.steps
     end = total if stop_after is None else min(total, run.start_step + stop_after)
-    metrics = MetricsLogger(run, end, progress)
+    metrics = MetricsLogger(run.run_dir, run.cfg, run.metrics, run.start_step, end, active=run.info.is_main,
+                            progress=progress)
     done, signum = run.start_step, None
     run.model.train()
     try:
         with StopSignals() as stop:
             for step in range(run.start_step, end):
-                loss, grad_norm = train_step(run, step)
+                loss, grad_norm = run_step(run, step)
                 if step == run.start_step and run.info.is_main:
                     record_kernels(run.run_dir, run.raw_model.kernels())
                 done = step + 1
@@ -243,8 +235,7 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun
     start_step = state["step"] if state is not None else 0
     raw_model.to(device)
     model = distributed.parallelize(raw_model, cfg.train.parallel, info)
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.train.weight_decay), lr=cfg.train.lr,
-                                  betas=(cfg.train.beta1, cfg.train.beta2), fused=device.type == "cuda")
+    optimizer = adamw(model, cfg.train, device)
     if state is not None:
         distributed.load_optimizer_state(model, optimizer, state["optimizer"])
         torch.set_rng_state(state["rng"]["torch"])
@@ -311,32 +302,26 @@ def record_kernels(run_dir: Path, kernels: list[str | None]) -> None:
     write_text(run_dir / "meta.json", json.dumps(meta, indent=2))
 
 
-def train_step(run: TrainingRun, step: int) -> tuple[float, torch.Tensor]:
-    """One optimizer step over train.grad_accum micro-batches. Returns the loss (the mean over ranks)
-    and the gradient norm before clipping; raises TrainingDiverged on a non-finite loss, before the
-    optimizer can apply it."""
+def run_step(run: TrainingRun, step: int) -> tuple[float, torch.Tensor]:
+    """Optimizer step `step` (from 0) over train.grad_accum micro-batches, at its learning rate.
+    Returns the loss (the mean over ranks) and the gradient norm before clipping; raises
+    TrainingDiverged on a non-finite loss, before the optimizer can apply it."""
     cfg, device = run.cfg, run.device
-    accum = cfg.train.grad_accum
     for group in run.optimizer.param_groups:
         group["lr"] = lr_at(step, cfg)
-    loss_sum = torch.zeros((), device=device)
-    for micro in range(accum):
-        x, y = run.batches.get(step, micro, device)
-        sync = distributed.grad_sync(run.model, cfg.train.parallel, run.info, micro == accum - 1)
-        with sync, autocast_for(device, cfg.train.precision):
-            _, loss = run.step_fn(x, y)
-        (loss / accum).backward()
-        loss_sum += loss.detach() / accum
-    loss_val = float(distributed.mean_across_ranks(loss_sum, run.info))
-    if not math.isfinite(loss_val):
+    batches = [run.batches.get(step, micro, device) for micro in range(cfg.train.grad_accum)]
+    try:
+        loss, grad_norm = train_step(
+            run.model, run.optimizer, batches, lambda x, y: run.step_fn(x, y)[1], clip=cfg.train.grad_clip,
+            autocast=lambda: autocast_for(device, cfg.train.precision),
+            grad_sync=lambda last: distributed.grad_sync(run.model, cfg.train.parallel, run.info, last),
+            reduce=lambda loss: distributed.mean_across_ranks(loss, run.info), check_finite=True)
+    except NonFiniteLoss as e:
         last = checkpoint_dir(run.run_dir)
         raise TrainingDiverged(
-            f"loss became {loss_val} at step {step + 1}; stopped without saving. Last good checkpoint: "
-            f"{last if last else 'none'} (lower train.lr or check the data)")
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.train.grad_clip)
-    run.optimizer.step()
-    run.optimizer.zero_grad(set_to_none=True)
-    return loss_val, grad_norm
+            f"loss became {e.loss} at step {step + 1}; stopped without saving. Last good checkpoint: "
+            f"{last if last else 'none'} (lower train.lr or check the data)") from None
+    return float(loss), grad_norm
 
 
 def _validation_due(cfg: RunConfig, done: int) -> bool:
@@ -360,93 +345,6 @@ def validation_loss(run: TrainingRun) -> float:
     finally:
         run.model.train()
     return float(distributed.mean_across_ranks(total / len(run.val_windows), run.info))
-
-
-class MetricsLogger:
-    """metrics.jsonl, TensorBoard scalars and a progress bar, kept by rank 0 alone: on the other
-    ranks every method does nothing. A record is written every train.log_every steps, at the last
-    and with every validation loss."""
-
-    def __init__(self, run: TrainingRun, end: int, progress: bool):
-        self.active = run.info.is_main
-        self.end, self.last_logged = end, run.start_step
-        self.log_every = run.cfg.train.log_every
-        self.tokens_per_step = run.cfg.train.batch_size * run.cfg.train.seq_len
-        self.path = run.run_dir / "metrics.jsonl"
-        # On resume, the records after the checkpoint go: the steps they describe are taken again.
-        kept = [r for r in run.metrics if r["step"] <= run.start_step]
-        self.last_loss = kept[-1].get("loss") if kept else None
-        self.last_val_loss = next((r["val_loss"] for r in reversed(kept) if "val_loss" in r), None)
-        self.writer = self.bar = None
-        if self.active:
-            if self.path.exists():
-                write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
-            self.writer = _tensorboard(run.run_dir, run.start_step)
-            if progress:
-                from tqdm import tqdm
-
-                self.bar = tqdm(total=run.cfg.train.steps, initial=run.start_step, desc=run.cfg.model.method,
-                                unit="step", dynamic_ncols=True)
-        self.t_last = time.perf_counter()
-
-    def log(self, done: int, loss: float, lr: float, grad_norm: torch.Tensor, val_loss: float | None = None) -> None:
-        """After step `done` (1-based) has been taken."""
-        self.last_loss = loss
-        if val_loss is not None:
-            self.last_val_loss = val_loss
-        if not self.active:
-            return
-        if done % self.log_every == 0 or done == self.end or val_loss is not None:
-            now = time.perf_counter()
-            record = {"step": done, "loss": loss, "lr": lr, "grad_norm": float(grad_norm),
-                      "tokens_per_s": self.tokens_per_step * (done - self.last_logged) / max(now - self.t_last, 1e-9),
-                      "time": time.time()}
-            if val_loss is not None:
-                record["val_loss"] = val_loss
-            self.t_last, self.last_logged = now, done
-            with open(self.path, "a") as f:
-                f.write(json.dumps(record) + "\n")
-            if self.writer is not None:
-                for key in ("loss", "lr", "grad_norm", "tokens_per_s"):
-                    self.writer.add_scalar(f"train/{key}", record[key], done)
-                if val_loss is not None:
-                    self.writer.add_scalar("val/loss", val_loss, done)
-            if self.bar is not None:
-                self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-        if self.writer is not None:
-            self.writer.close()
-
-
-def read_metrics(path: Path, notes: bool = True) -> list[dict]:
-    """The records of a metrics.jsonl. A last line cut short (a kill during an append) is dropped
-    (with a note on stderr if `notes`); a bad line elsewhere is damage, a one-line CheckpointError."""
-    if not path.exists():
-        return []
-    lines = path.read_text(errors="replace").splitlines()
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-                raise ValueError("no step")
-        except ValueError as e:  # json.JSONDecodeError included
-            if number == len(lines):
-                if notes:
-                    print(f"note: dropped the half-written last line of {path} (the run stopped while writing it)",
-                          file=sys.stderr)
-                break
-            raise CheckpointError(f"{path} line {number} is not a metrics record ({e}); repair or delete that line "
-                                  "and resume again") from None
-        records.append(record)
-    return records
 
 
 def checkpoint_if_due(run: TrainingRun, done: int, end: int, now: bool = False) -> None:
@@ -493,12 +391,3 @@ def _drop_stale_eval(run_dir: Path, step: int) -> None:
             path.unlink()
             print(f"note: removed {path}: it evaluated the checkpoint of step {evaluated}, now replaced by step "
                   f"{step}", file=sys.stderr)
-
-
-def _tensorboard(run_dir: Path, start_step: int):
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError:
-        return None
-    # purge_step: TensorBoard drops the events a killed run logged after its checkpoint
-    return SummaryWriter(str(run_dir / "tb"), purge_step=start_step)

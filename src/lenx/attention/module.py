@@ -1,44 +1,15 @@
 """The one attention module: a q/k transform, a score bias, a score processor and a normaliser,
 built from the method registry (methods.py)."""
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from ..config import AttentionConfig
 from . import profiling
 from .backends import block_attention, plan_backend, run_backend
 from .cache import LayerCache
 from .methods import BASES, NORMALISERS, PROCESSORS, parse_method
 from .parts import PartContext, Parts
-
-
-@dataclass
-class AttentionConfig:
-    """Every knob of every part; a part reads only its own."""
-
-    method: str = "rope"
-    backend: str = "auto"  # auto | dense | chunked | sdpa | flex | triton
-    chunk_size: int = 256  # query rows per block on the chunked path
-    causal: bool = True  # False for encoders (CHE): biases use |i - j|, DAPE V2 drops the tril
-    rope_base: float = 10000.0
-    # RoPE context extension (attention/rope.py): none | pi | ntk | dynamic-ntk | yarn
-    rope_scaling: str = "none"
-    rope_scaling_factor: float = 0.0  # s; 0 = auto: the length processed / rope_train_len (at least 1)
-    rope_train_len: int = 0  # the length the scaling extends from (0: none set; evaluation fills it in)
-    rope_yarn_beta_fast: float = 32.0
-    rope_yarn_beta_slow: float = 1.0
-    dape_hidden: int = 32  # D
-    dape_kernel: int = 3  # k for dapev2 (dape is always k = 1)
-    dape_leak: bool = False  # drop the tril: the paper's information-leakage experiment only
-    fire_width: int = 32
-    fire_L_init: float = 512.0
-    fire_activation: str = "auto"  # auto: relu alone, leaky_relu under a DAPE processor
-    t5_buckets: int = 32
-    t5_max_distance: int = 128
-    cope_npos: int = 64
-    sb_attend_current: bool = False
-    sb_remainder: str = "value"  # value | head | drop
 
 
 class Attention(nn.Module):
