@@ -57,3 +57,23 @@ def test_numbers_are_right_justified():
     table = Table(None, columns("name", "value", right_from=1), [["a", "1"], ["bb", "100"]])
     rows = [line for line in printed([table], terminal=False).splitlines() if line.startswith("│")]
     assert rows == ["│ a    │     1 │", "│ bb   │   100 │"]
+
+
+def test_a_wide_table_piped_is_never_cut():
+    """`lenx compare > log`: no terminal, so no width; a table wider than rich's 80-column default
+    keeps every cell whole instead of ending them in an ellipsis."""
+    table = Table("wide", columns("method", *[f"length {n}" for n in range(12)], right_from=1))
+    table.add_row("dapev2-kerple-with-a-long-name", *[f"{n * 1.2345:.4f} [{n:.2f}, {n + 1:.2f}]" for n in range(12)])
+    buf = io.StringIO()
+    show([table, "a note"], Console(file=buf, width=80, force_terminal=False))
+    text = buf.getvalue()
+    assert "…" not in text and "dapev2-kerple-with-a-long-name" in text and "13.5795 [11.00, 12.00]" in text
+    assert max(len(line) for line in text.splitlines()) > 80
+
+
+def test_a_terminal_keeps_its_width():
+    table = Table(None, columns("method", *[f"length {n}" for n in range(12)], right_from=1))
+    table.add_row("kerple", *["1.0000 [0.90, 1.10]"] * 12)
+    buf = io.StringIO()
+    show([table], Console(file=buf, width=80, force_terminal=True, color_system=None))
+    assert max(len(line) for line in buf.getvalue().splitlines()) <= 80

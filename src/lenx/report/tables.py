@@ -2,7 +2,8 @@
 
 A table holds plain text. The rich renderer escapes what rich would read as markup (a method's
 description says "[scores; bias]"), so a cell reads the same in every rendering. Printed through
-rich, a table keeps its box when the output is piped; rich leaves out colours and styles then.
+rich, a table keeps its box when the output is piped; rich leaves out colours and styles then, and
+the table is never cut to fit an assumed width.
 """
 
 from dataclasses import dataclass, field
@@ -80,6 +81,15 @@ def show(items, console=None) -> None:
     console = console or Console()
     for item in items:
         if isinstance(item, Table):
-            console.print(to_rich(item))
+            rendered = to_rich(item)
+            # A log or a pipe has no width: rich assumes 80 columns and would cut a wide table's
+            # cells ("dapev…"); there the table gets its natural width instead.
+            if console.is_terminal:
+                console.print(rendered)
+                continue
+            natural = console.measure(rendered, options=console.options.update_width(1 << 16)).maximum
+            width, console.width = console.width, max(console.width, natural)
+            console.print(rendered)
+            console.width = width
         else:
             console.print(escape(item), highlight=False)
