@@ -264,7 +264,7 @@ def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = Tr
     trains; a run trained with other settings is an error, or with force=True is moved aside and
     trained again. Writes results.json, results.md and the figures into out_dir. jobs != 1 runs
     that many methods at once in separate processes (0: one per visible GPU)."""
-    from .plot import plot_delta_p, plot_loss_curves, plot_perplexity
+    from .plot import redraw_file
 
     out_dir = Path(out_dir)
     cfgs = _run_configs(methods, cfg, seeds)
@@ -287,7 +287,6 @@ def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = Tr
                "val_curves": val_curves}
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "results.md").write_text(sweep_markdown(results))
-    figures = [plot_perplexity(results, out_dir / "perplexity.png"), plot_delta_p(results, out_dir / "delta_p.png"),
-               plot_loss_curves(curves, out_dir / "loss.png", val_curves=val_curves)]
+    figures = redraw_file(out_dir / "results.json")  # the figures `lenx plot` would draw: no ΔP one without ΔP
     return {"results": results, "figures": [str(f) for f in figures],
             "out_dir": str(out_dir)}
