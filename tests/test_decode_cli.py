@@ -74,3 +74,11 @@ def test_eval_copy_task_and_rope_scaling(runs):
     # auto: the identity at the training length, a different model beyond it
     assert scaled["results"]["64"]["ppl"] == base["results"]["64"]["ppl"]
     assert scaled["results"]["256"]["ppl"] != base["results"]["256"]["ppl"]
+
+
+def test_the_token_level_hint_is_a_prompt_that_works(runs):
+    """The error for a text prompt on a token-level corpus suggests ids; the suggestion itself runs."""
+    out = lenx("generate", "rope", "--prompt", "hello", cwd=runs)
+    example = out.stderr.split("--prompt '")[1].split("'")[0]
+    again = lenx("generate", "rope", "--prompt", example, "--max-new-tokens", "2", "--temperature", "0", cwd=runs)
+    assert again.returncode == 0, again.stderr

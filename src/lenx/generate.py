@@ -90,8 +90,9 @@ def encode_prompt(corpus, text: str) -> list[int]:
         try:
             ids = [int(t) for t in text.split()]
         except ValueError:
-            raise ConfigError(f"corpus {corpus.name!r} is token-level: give the prompt as token ids "
-                              "separated by spaces, e.g. --prompt '12 7 431'") from None
+            example = " ".join(str(i % corpus.vocab_size) for i in (12, 7, 43, 5))  # ids the corpus has
+            raise ConfigError(f"corpus {corpus.name!r} is token-level: give the prompt as token ids 0.."
+                              f"{corpus.vocab_size - 1} separated by spaces, e.g. --prompt '{example}'") from None
         bad = [i for i in ids if not 0 <= i < corpus.vocab_size]
         if bad:
             raise ConfigError(f"token ids {bad[:5]} are outside the vocabulary 0..{corpus.vocab_size - 1}")
