@@ -97,7 +97,9 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
           stop_after: int | None = None) -> dict:
     """Train `cfg` into `run_dir`. With resume=True continue from the last checkpoint (the run's
     saved config is used). stop_after ends the loop after that many steps (checkpointing first).
-    SIGINT / SIGTERM end it after the current step, checkpointed, with TrainingInterrupted.
+    SIGINT / SIGTERM end it, checkpointed at the last finished step, with TrainingInterrupted: in a
+    single process at once, abandoning a step still in its forward and backward passes; under
+    torchrun after the current step (every rank stops at the same one).
     Under torchrun every rank calls this; the batch, loss curve and checkpoints are those of one
     process with the same global batch. Returns the run's step, its last training loss and
     validation loss (None when none was logged) and whether it finished."""
@@ -111,7 +113,12 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     try:
         with StopSignals() as stop:
             for step in range(run.start_step, end):
-                loss, grad_norm = run_step(run, step)
+                try:
+                    loss, grad_norm = run_step(run, step, stop if not run.info.enabled else None)
+                except StepAbandoned:
+                    signum = stop.received
+                    checkpoint_if_due(run, done, end, now=True)
+                    break
                 if step == run.start_step and run.info.is_main:
                     record_kernels(run.run_dir, run.raw_model.kernels())
                 done = step + 1
@@ -132,16 +139,23 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
             "val_loss": metrics.last_val_loss, "finished": done == total}
 
 
+class StepAbandoned(Exception):
+    """A signal arrived while a step was still computing its gradients: the step is dropped, the
+    model and optimizer are as the last finished step left them."""
+
+
 class StopSignals:
-    """While training runs, SIGINT and SIGTERM ask the loop to stop after the current step; a
-    second SIGINT (Ctrl-C again) stops at once. A SIGTERM after the first signal is ignored: a
-    launcher (torchrun, a parallel sweep) that passes a Ctrl-C on as SIGTERM must not cut the
-    checkpoint short. Handlers can be installed in the main thread only: elsewhere signals keep
-    their usual effect."""
+    """While training runs, SIGINT and SIGTERM ask the loop to stop: at once while a step is in its
+    forward and backward passes and `abandonable` (StepAbandoned: nothing has changed yet), else
+    after the current step. A second SIGINT (Ctrl-C again) stops at once. A SIGTERM after the first
+    signal is ignored: a launcher (torchrun, a parallel sweep) that passes a Ctrl-C on as SIGTERM
+    must not cut the checkpoint short. Handlers can be installed in the main thread only: elsewhere
+    signals keep their usual effect."""
 
     def __init__(self):
         self.received: int | None = None
         self.previous: dict = {}
+        self.abandonable = False
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -161,6 +175,9 @@ class StopSignals:
     def _handle(self, signum, frame):
         if self.received is None:
             self.received = signum
+            if self.abandonable:
+                self.abandonable = False
+                raise StepAbandoned
         elif signum == signal.SIGINT:
             self._restore()
             raise KeyboardInterrupt
@@ -302,20 +319,36 @@ def record_kernels(run_dir: Path, kernels: list[str | None]) -> None:
     write_text(run_dir / "meta.json", json.dumps(meta, indent=2))
 
 
-def run_step(run: TrainingRun, step: int) -> tuple[float, torch.Tensor]:
+def run_step(run: TrainingRun, step: int, stop: StopSignals | None = None) -> tuple[float, torch.Tensor]:
     """Optimizer step `step` (from 0) over train.grad_accum micro-batches, at its learning rate.
     Returns the loss (the mean over ranks) and the gradient norm before clipping; raises
-    TrainingDiverged on a non-finite loss, before the optimizer can apply it."""
+    TrainingDiverged on a non-finite loss, before the optimizer can apply it. With `stop`, a signal
+    during the forward and backward passes abandons the step (StepAbandoned): the gradients are
+    dropped and the RNG state is put back as it was before the step, so a checkpoint then is that of
+    the last finished step."""
     cfg, device = run.cfg, run.device
     for group in run.optimizer.param_groups:
         group["lr"] = lr_at(step, cfg)
     batches = [run.batches.get(step, micro, device) for micro in range(cfg.train.grad_accum)]
+    rng = _rng_state(device) if stop is not None else None
+    if stop is not None:
+        stop.abandonable = True
+
+    def before_update():
+        if stop is not None:
+            stop.abandonable = False
+
     try:
         loss, grad_norm = train_step(
             run.model, run.optimizer, batches, lambda x, y: run.step_fn(x, y)[1], clip=cfg.train.grad_clip,
             autocast=lambda: autocast_for(device, cfg.train.precision),
             grad_sync=lambda last: distributed.grad_sync(run.model, cfg.train.parallel, run.info, last),
-            reduce=lambda loss: distributed.mean_across_ranks(loss, run.info), check_finite=True)
+            reduce=lambda loss: distributed.mean_across_ranks(loss, run.info), check_finite=True,
+            before_update=before_update)
+    except StepAbandoned:
+        run.optimizer.zero_grad(set_to_none=True)
+        _set_rng_state(rng, device)
+        raise
     except NonFiniteLoss as e:
         last = checkpoint_dir(run.run_dir)
         raise TrainingDiverged(
@@ -369,11 +402,21 @@ def checkpoint_if_due(run: TrainingRun, done: int, end: int, now: bool = False) 
     distributed.barrier(run.info)
 
 
-def _train_state(step, optim_state, device) -> dict:
+def _rng_state(device) -> dict:
     rng = {"torch": torch.get_rng_state()}
     if device.type == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state(device)
-    return {"step": step, "optimizer": optim_state, "rng": rng}
+    return rng
+
+
+def _set_rng_state(rng: dict, device) -> None:
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng:
+        torch.cuda.set_rng_state(rng["cuda"], device)
+
+
+def _train_state(step, optim_state, device) -> dict:
+    return {"step": step, "optimizer": optim_state, "rng": _rng_state(device)}
 
 
 def _drop_stale_eval(run_dir: Path, step: int) -> None:

@@ -21,7 +21,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
                autocast: Callable[[], ContextManager] = nullcontext,
                grad_sync: Callable[[bool], ContextManager] | None = None,
                reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
-               check_finite: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+               check_finite: bool = False,
+               before_update: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step over the micro-batches `batches` (each a tuple of `loss_fn`'s arguments):
     the gradient of their mean loss, accumulated one micro-batch at a time, its norm clipped to
     `clip`, then the optimizer's update; the gradients are cleared (set to None) afterwards.
@@ -30,7 +31,9 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     micro-batch's forward under data parallelism (lenx.distributed.grad_sync: gradients reduced
     across ranks with the last one only). reduce: applied to the loss before it is checked and
     returned (the mean over ranks). check_finite: raise NonFiniteLoss, before the update, when the
-    loss is not finite (this reads it on the host, which waits for the device).
+    loss is not finite (this reads it on the host, which waits for the device). before_update: called
+    once the gradients are complete, before anything changes the model or the optimizer (up to there
+    the step can be abandoned with the model as it was).
 
     Returns the loss (the mean over the micro-batches, detached) and the gradient norm before clipping."""
     n = len(batches)
@@ -47,6 +50,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
         loss = reduce(loss)
     if check_finite and not math.isfinite(value := float(loss)):
         raise NonFiniteLoss(value)
+    if before_update is not None:
+        before_update()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
