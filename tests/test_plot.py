@@ -123,6 +123,19 @@ def test_axes_read_as_plain_numbers(tmp_path, monkeypatch):
     assert set(labels(axes[3].yaxis)) >= {"10", "20", "50"}  # 1-2-5 steps, not "10" alone
 
 
+def test_curves_far_below_the_highest_are_labelled(tmp_path, monkeypatch):
+    """Four methods at 24-45 and one that climbs to 30,000: the lowest label sits at the low curves,
+    not a decade above them (powers of ten alone left 4 of 5 curves below the lowest label)."""
+    figures = saved_figures(monkeypatch)
+    low = [eval_result(m, {128: 24.0 + i, 1024: 30.0 + i, 8192: 40.0 + i}) for i, m in
+           enumerate(["kerple", "alibi", "fire", "dapev2-kerple"])]
+    plot.plot_perplexity(low + [eval_result("rope", {128: 30.0, 1024: 900.0, 8192: 30000.0})], tmp_path / "a.png")
+    ax = figures[0].axes[0]
+    bottom, top = ax.get_ylim()
+    shown = [t.get_position()[1] for t in ax.yaxis.get_ticklabels() if t.get_text() and bottom <= t.get_position()[1] <= top]
+    assert min(shown) <= 1.5 * 24 and max(shown) >= 10000, shown
+
+
 def test_loss_curves(tmp_path, monkeypatch):
     seen = legends(monkeypatch)
     curves = {"dapev2-kerple": [[1, 5.0], [2, 4.0], [3, 3.5]], "dapev2-kerple (leak)": [[1, 5.0], [2, 2.0], [3, 0.1]]}

@@ -99,7 +99,9 @@ def _length_axis(ax, series: dict[str, dict]):
 def _plain_log_y(ax):
     """A log y axis labelled with plain numbers (the default writes 7×10⁰): within a decade evenly
     chosen values (6.5, 7, 7.5, ...), over one to three decades 1, 2, 5 times its powers of ten (5, 10,
-    20, 50: powers of ten alone left a range like 5-60 with one label), beyond that the powers of ten."""
+    20, 50: powers of ten alone left a range like 5-60 with one label), over three to five 1 and 3
+    times them (powers of ten alone left curves at 24-40 below a lowest label of 100), beyond that
+    the powers of ten."""
     ax.set_yscale("log")
     low, high = ax.get_ylim()
     plain = ticker.FuncFormatter(lambda y, _: f"{y:g}")
@@ -107,8 +109,9 @@ def _plain_log_y(ax):
         ax.yaxis.set_major_locator(ticker.MaxNLocator(nbins=6))
         ax.yaxis.set_minor_locator(ticker.NullLocator())
         ax.yaxis.set_major_formatter(plain)
-    elif high / low < 1000:
-        ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    elif high / low < 1e5:
+        subs = (1.0, 2.0, 5.0) if high / low < 1000 else (1.0, 3.0)
+        ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
         ax.yaxis.set_minor_locator(ticker.NullLocator())
         ax.yaxis.set_major_formatter(plain)
     else:
