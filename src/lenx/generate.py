@@ -121,9 +121,10 @@ class TextStream:
 
 def generate_from_run(run_dir: Path, prompt: str, max_new_tokens: int = 100, *, temperature: float = 1.0,
                       top_k: int = 0, top_p: float = 1.0, seed: int = 0, device: str = "auto",
-                      backend: str | None = None, max_context: int = MAX_CONTEXT, write=None) -> dict:
-    """Load a run, continue `prompt` and stream the text to write(str) as it is produced.
-    Returns {"prompt_tokens", "new_tokens", "text", "tokens_per_s", ...}."""
+                      backend: str | None = None, max_context: int = MAX_CONTEXT, write=None, note=None) -> dict:
+    """Load a run, continue `prompt` and stream the text to write(str) as it is produced; note(str)
+    hears what takes time before the first token (reading a long prompt can take minutes on a CPU).
+    Returns {"prompt_tokens", "new_tokens", "text", "prefill_s", "decode_s", "tokens_per_s", ...}."""
     from .config import resolve_device
     from .runtime import autocast_for, load_model, open_run_corpus, run_config, run_weights
 
@@ -137,6 +138,8 @@ def generate_from_run(run_dir: Path, prompt: str, max_new_tokens: int = 100, *, 
         raise ConfigError(f"the prompt ({len(ids)} tokens) and {max_new_tokens} new tokens exceed the cache limit "
                           f"of {max_context} tokens (--max-context)")
     stream = TextStream(corpus, write) if write is not None else None
+    if note is not None:
+        note(f"reading the {len(ids):,}-token prompt ({cfg.model.method}, {dev}) ...")
     out = generate(model, torch.tensor([ids], device=dev), max_new_tokens, temperature=temperature, top_k=top_k,
                    top_p=top_p, seed=seed, autocast=lambda: autocast_for(dev, cfg.train.precision), on_token=stream)
     new = out["tokens"][0].tolist()
