@@ -392,6 +392,31 @@ def test_validation_loss_is_logged_and_leaves_training_untouched(data_root, tmp_
     a = validation_batches(tiny(data_root, *o, **keys), corpus)
     b = validation_batches(tiny(data_root, *o, "model.method=kerple", **keys), corpus)
     assert all(torch.equal(x, y) for x, y in zip(a, b)) and len(a) == 2
+    # ... and for every training seed: the corpus (eval.seed) draws them, not train.seed
+    c = validation_batches(tiny(data_root, *o, "train.seed=7", **keys), corpus)
+    assert all(torch.equal(x, y) for x, y in zip(a, c))
+    d = validation_batches(tiny(data_root, *o, "eval.seed=99", **keys), corpus)
+    assert not all(torch.equal(x, y) for x, y in zip(a, d))
+    assert json.loads((tmp_path / "full" / "meta.json").read_text())["validation_windows"] == "eval.seed"
+
+
+def test_a_run_begun_before_validation_was_fixed_resumes_with_its_own_windows(data_root, tmp_path, monkeypatch):
+    """A run whose meta.json does not say how its validation windows were drawn began when
+    train.seed drew them: resumed, it keeps those windows, so its val_loss curve stays one curve."""
+    from lenx.train import validation_batches
+
+    keys = {"val_every": 2, "val_batches": 1}
+    with_train_keys(monkeypatch, **keys)
+    cfg = tiny(data_root, "train.steps=4", "train.ckpt_every=2", "train.seed=3", **keys)
+    train(cfg, tmp_path / "old", progress=False, stop_after=2)
+    meta = json.loads((tmp_path / "old" / "meta.json").read_text())
+    del meta["validation_windows"]
+    (tmp_path / "old" / "meta.json").write_text(json.dumps(meta))
+    seen = []
+    real = train_module.validation_batches
+    monkeypatch.setattr(train_module, "validation_batches", lambda *a: seen.append(a[3]) or real(*a))
+    train(None, tmp_path / "old", resume=True, progress=False)
+    assert seen == [3]
 
 
 # --- kept checkpoints ------------------------------------------------------------------------------

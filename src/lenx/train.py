@@ -67,13 +67,19 @@ class Batches:
         return window[:, :-1], window[:, 1:]
 
 
-def validation_batches(cfg: RunConfig, corpus,
-                       info: distributed.DistInfo = distributed.DistInfo()) -> list[torch.Tensor]:
+# meta.json's "validation_windows": what drew a run's validation windows. Runs begun before it was
+# recorded drew them with train.seed and keep doing so when resumed (their val_loss stays one curve).
+VALIDATION_DRAW = "eval.seed"
+
+
+def validation_batches(cfg: RunConfig, corpus, info: distributed.DistInfo = distributed.DistInfo(),
+                       seed: int | None = None) -> list[torch.Tensor]:
     """The fixed validation windows ([rows, seq_len + 1], this rank's share): train.val_batches
-    global batches from the val split, drawn with train.seed alone, so every method of a sweep is
-    measured on the same tokens."""
+    global batches from the val split, drawn with eval.seed (default; `seed` overrides it), not the
+    training seed: every method and every seed of a sweep is measured on the same tokens."""
     t = cfg.train
-    val = Batches(corpus.tokens("val"), t.seq_len, t.batch_size, t.grad_accum, t.seed, info, split="val")
+    seed = cfg.eval.seed if seed is None else seed
+    val = Batches(corpus.tokens("val"), t.seq_len, t.batch_size, t.grad_accum, seed, info, split="val")
     return [val.window(i, m) for i in range(cfg.train.val_batches) for m in range(t.grad_accum)]
 
 
@@ -261,7 +267,10 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun
     step_fn = torch.compile(model) if cfg.train.compile else model
     batches = Batches(corpus.tokens("train"), cfg.train.seq_len, cfg.train.batch_size, cfg.train.grad_accum,
                       cfg.train.seed, info)
-    val_windows = validation_batches(cfg, corpus, info) if cfg.train.val_every else []
+    val_seed = None
+    if resume and run_meta(run_dir).get("validation_windows") != VALIDATION_DRAW:
+        val_seed = cfg.train.seed  # begun before validation was fixed by eval.seed: the same windows as then
+    val_windows = validation_batches(cfg, corpus, info, val_seed) if cfg.train.val_every else []
     if info.is_main:
         _write_run_files(run_dir, cfg, device, info, raw_model, corpus, start_step if resume else None)
     return TrainingRun(cfg, run_dir, device, info, raw_model, model, step_fn, optimizer, batches, start_step,
@@ -300,7 +309,8 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM,
         meta = {"environment": environment(device), "world_size": info.world, "parallel": cfg.train.parallel,
                 "backends": raw_model.backends(device), "params": raw_model.num_params(),
                 "corpus": corpus.name, "vocab_size": corpus.vocab_size,
-                "corpus_fingerprint": corpus.fingerprint(), "corpus_prepared": corpus.manifest.get("created")}
+                "corpus_fingerprint": corpus.fingerprint(), "corpus_prepared": corpus.manifest.get("created"),
+                "validation_windows": VALIDATION_DRAW}
     if resumed_at is not None:
         meta.setdefault("resumes", []).append({
             "step": resumed_at, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv),
