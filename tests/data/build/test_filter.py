@@ -18,6 +18,7 @@ import pytest
 from corpus_helpers import FIXTURES, snapshot, split_texts
 from lenx.data import DataError, open_corpus
 from lenx.data.build import prepare_corpus
+from lenx.data.build import text as text_mod
 from lenx.data.build.nontext import MAX_SHARE, find_non_text, is_non_text, non_text_share, rule, summary_line
 from lenx.data.build.splits import drop_from_splits, split_docs
 
@@ -234,6 +235,45 @@ def test_a_split_left_empty_takes_a_document_from_the_biggest(tmp_path):
     m = prepare_corpus("four", tmp_path, from_path=src, seed=seed, val_frac=0, test_frac=0.25, **KW)
     assert m["non_text"]["docs_dropped"] == 1
     assert [m["splits"][s]["docs"] for s in ("train", "val", "test")] == [2, 0, 1]
+
+
+def test_long_test_never_reserves_a_non_text_document(tmp_path, monkeypatch):
+    """--long-test draws as without the filter, so the splits stay as they were, unless the draw holds a
+    non-text document: then it draws again among the text documents."""
+    long = [" ".join(f"w{(i * 7 + j * j) % 97}" for j in range(1500)) for i in range(6)]
+    short = [" ".join(f"w{(i + j) % 89}" for j in range(40)) for i in range(20)]
+    blob = base64.b64encode(pseudo_random_bytes(6000)).decode()
+    texts = long + short + ["\n".join(blob[i:i + 76] for i in range(0, len(blob), 76))]
+    src = tmp_path / "long.jsonl"
+    src.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    draws, real = [], text_mod.reserve_long_docs
+
+    def reserve(*args):
+        draws.append(real(*args))
+        return draws[-1]
+
+    monkeypatch.setattr(text_mod, "reserve_long_docs", reserve)
+    kw = dict(long_test=3, long_test_tokens=1000, val_frac=0.1, test_frac=0.1, **KW)
+    seen = set()
+    for seed in range(12):
+        draws.clear()
+        m = prepare_corpus("lt", tmp_path, from_path=src, seed=seed, force=True, **kw)
+        assert m["non_text"]["docs_dropped"] == 1 and m["long_test"]["reserved_docs_ge_min_tokens"] == 3
+        assert m["long_test"]["corpus_docs_ge_min_tokens"] == 6
+        filtered = {s: split_texts(open_corpus("lt", tmp_path), s) for s in ("train", "val", "test")}
+        if len(draws) == 2:  # the first draw held the non-text document (the last one)
+            assert 26 in draws[0] and 26 not in draws[1]
+            seen.add("drawn again")
+        else:
+            kept = prepare_corpus("lt", tmp_path, from_path=src, seed=seed, force=True, keep_non_text=True, **kw)
+            assert kept["long_test"]["reserved_docs"] == 3
+            was = {s: [t for t in split_texts(open_corpus("lt", tmp_path), s) if t != texts[-1]]
+                   for s in ("train", "val", "test")}
+            assert filtered == was
+            seen.add("as without the filter")
+        if len(seen) == 2:
+            break
+    assert seen == {"drawn again", "as without the filter"}
 
 
 def test_the_synthetic_corpus_has_no_filter(tmp_path):

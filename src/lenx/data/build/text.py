@@ -45,10 +45,18 @@ def build_text(folder: Path, name: str, docs: list, tokenizer: str, vocab_size: 
         counted_with = ("tokens counted with GPT-2's tokenizer" if tokenizer == "gpt2" else
                         "tokens counted with the BPE of the split without --long-test")
         counts = count_tokens(counter[0], docs, progress)
-        counts[drop] = 0  # never reserved
-        reserved = reserve_long_docs(name, counts, long_test, long_test_tokens, seed, counted_with)
+        text_counts = counts.copy()
+        text_counts[drop] = 0  # non-text documents are never reserved
+        # Drawn as without the filter, so the splits stay as they were, unless that draws a non-text
+        # document: then among the text documents alone.
+        reserved = None
+        if (text_counts >= long_test_tokens).sum() >= long_test:
+            reserved = reserve_long_docs(name, counts, long_test, long_test_tokens, seed, counted_with)
+        if reserved is None or np.isin(reserved, drop).any():
+            reserved = reserve_long_docs(name, text_counts, long_test, long_test_tokens, seed, counted_with)
         extra = {"reserved_docs": int(long_test), "min_tokens": int(long_test_tokens),
-                 "corpus_docs_ge_min_tokens": int((counts >= long_test_tokens).sum()), "counted_with": counted_with}
+                 "corpus_docs_ge_min_tokens": int((text_counts >= long_test_tokens).sum()),
+                 "counted_with": counted_with}
 
     # 2. Split by document; within a split, a seeded random order mixes the stream.
     assign = split_docs_reserving(lengths, reserved, seed, val_frac, test_frac)
