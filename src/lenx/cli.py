@@ -141,13 +141,18 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
                                                   help="--from a JSONL file: leave out the lines that are not a JSON "
                                                        "object with a string \"text\" (the manifest counts them) "
                                                        "instead of stopping at the first"),
+            keep_non_text: bool = typer.Option(False, "--keep-non-text",
+                                               help="keep the documents that are not text (NUL padding, base64 or "
+                                                    "hex data, one-line data dumps), which are dropped otherwise: "
+                                                    "builds a corpus as lenx did before it dropped them"),
             progress: Optional[bool] = ProgressOpt):
     """Build a corpus: fetch, extract, dedupe, split by document, tokenize, pack.
 
     Prints the manifest (without its sources) as JSON on stdout, and one line per split (documents,
-    tokens, documents of >= 8192 and >= 16384 tokens) on stderr.
+    tokens, documents of >= 8192 and >= 16384 tokens) on stderr, then how many non-text documents were dropped.
     """
     from .data.build import prepare_corpus
+    from .data.build.nontext import summary_line
     from .fileio import check_writable_dir
     from .report.corpus_summary import manifest_json, skipped_records, split_summary
 
@@ -157,12 +162,14 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
         manifest = prepare_corpus(corpus, root, from_path=from_path, tokenizer=tokenizer, vocab_size=vocab_size,
                                   seed=seed, force=force, allow_missing_sources=allow_missing_sources,
                                   long_test=long_test, long_test_tokens=long_test_tokens, progress=_progress(progress),
-                                  skip_bad_records=skip_bad_records)
+                                  skip_bad_records=skip_bad_records, keep_non_text=keep_non_text)
     except _user_errors() as e:
         _fail(e)
     print(manifest_json(manifest))
     for line in split_summary(manifest) + skipped_records(manifest):
         typer.echo(line, err=True)
+    if summary_line(manifest):
+        typer.echo(summary_line(manifest), err=True)
 
 
 @_command("train")

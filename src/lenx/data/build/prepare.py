@@ -8,6 +8,10 @@ with other settings needs force=True (`lenx prepare --force`).
 `long_test=N` reserves N documents of at least `long_test_tokens` tokens for the test
 split (so evaluation windows at long lengths can each come from their own document);
 the rest is split as usual. The default, 0, builds exactly the split it always did.
+
+Non-text documents (lenx.data.build.nontext) are dropped after cleaning, unless
+keep_non_text=True (`--keep-non-text`), which builds a corpus exactly as lenx did before the filter
+existed: its params are the ones such a corpus recorded, so it counts as already prepared.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ..errors import DataError
 from ..layout import FORMAT, SPLITS, check_files, fingerprint_files, read_manifest
 from .documents import missing_sources, read_docs
 from .fetch import Registries
+from .nontext import find_non_text, rule
 from .splits import LONG_TEST_TOKENS, check_docs
 from .staging import build_aside
 from .synthetic import VOCAB, build_synthetic
@@ -41,7 +46,7 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
                    val_frac: float = 0.02, test_frac: float = 0.05, cache_dir: Path | None = None,
                    progress: bool = True, force: bool = False, allow_missing_sources: bool = False,
                    long_test: int = 0, long_test_tokens: int = LONG_TEST_TOKENS,
-                   skip_bad_records: bool = False) -> dict:
+                   skip_bad_records: bool = False, keep_non_text: bool = False) -> dict:
     """Build `<root>/<name>/` and return its manifest.
 
     Built-in names are in CORPORA; any other name needs `from_path` (a folder of text
@@ -66,6 +71,10 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
     `skip_bad_records` (a JSONL `from_path`): leave out the lines that are not a JSON object with a
     string "text" and count them in the manifest's source record, instead of failing on the first.
 
+    Text corpora drop their non-text documents (lenx.data.build.nontext: the rule, and why) unless
+    `keep_non_text`; manifest["non_text"] records the rule, whether it was applied, the counts and
+    the non-text documents, and params["non_text"] the rule when it was applied.
+
     The manifest's "fingerprint" pins the content (see Corpus.fingerprint).
 
     On any failure the corpus that was there before is left untouched.
@@ -73,8 +82,10 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
     t0 = time.time()
     root = Path(root)
     _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, root, long_test, long_test_tokens,
-                skip_bad_records)
+                skip_bad_records, keep_non_text)
     params = _params(from_path, tokenizer, vocab_size, seed, val_frac, test_frac, long_test, long_test_tokens)
+    if name != "synthetic" and not keep_non_text:
+        params["non_text"] = rule()
     if name == "synthetic":
         params.update(tokenizer="none", vocab_size=VOCAB)
     folder = root / name
@@ -89,7 +100,14 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
         reg = Registries(Path(cache_dir) if cache_dir else root / ".cache")
         docs, records, missing, cleaning = read_docs(name, from_path, reg, progress, allow_missing_sources,
                                                      skip_bad_records)
-        check_docs(name, docs, val_frac, test_frac, long_test, long_test_tokens)
+        drop, non_text = find_non_text(docs, keep=keep_non_text)
+        if len(drop) == len(docs):
+            raise DataError(f"no usable documents for {name!r}: all {len(docs)} are non-text "
+                            f"({non_text['rule']} >= {non_text['max_share']}); check the input, or pass "
+                            "--keep-non-text to keep them")
+        kept = [docs[i] for i in np.setdiff1d(np.arange(len(docs)), drop)]
+        check_docs(name, kept, val_frac, test_frac, long_test, long_test_tokens)
+        del kept
 
     with build_aside(folder) as build:
         manifest = {"format": FORMAT, "name": name, "kind": "synthetic" if name == "synthetic" else "text",
@@ -97,9 +115,9 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
         if name == "synthetic":
             manifest.update(build_synthetic(build, seed, val_frac, test_frac))
         else:
-            manifest.update(sources=records, missing_sources=missing, cleaning=cleaning)
+            manifest.update(sources=records, missing_sources=missing, cleaning=cleaning, non_text=non_text)
             manifest.update(build_text(build, name, docs, tokenizer, vocab_size, seed, val_frac, test_frac,
-                                       reg, progress, long_test, long_test_tokens))
+                                       reg, progress, long_test, long_test_tokens, drop))
         for n in LONG:
             manifest[f"test_docs_ge_{n}_tokens"] = manifest["splits"]["test"][f"docs_ge_{n}_tokens"]
         manifest["fingerprint"] = fingerprint_files(build, manifest["tokenizer"]["kind"] != "none")
@@ -138,9 +156,11 @@ def _check_replace(name: str, folder: Path, old: dict | None, params: dict, allo
     changed = [f"{key} {had.get(key)!r}, now {params.get(key)!r}" for key in sorted(set(had) | set(params))
                if had.get(key) != params.get(key)]
     if changed:
+        keep = (" (it was built before lenx dropped non-text documents: --keep-non-text builds it that way, "
+                "and so counts it as prepared)" if "non_text" in params and "non_text" not in had else "")
         raise DataError(f"corpus {name!r} already exists at {folder} (prepared {created} with other settings: "
-                        f"{'; '.join(changed)}); pass --force to replace it (runs trained on it will then refuse to "
-                        "evaluate or generate with the new one), or choose another name")
+                        f"{'; '.join(changed)}){keep}; pass --force to replace it (runs trained on it will then "
+                        "refuse to evaluate or generate with the new one), or choose another name")
     missing = missing_sources(name, old)
     if missing and not allow_missing:
         raise DataError(f"corpus {name!r} at {folder} was built without the sources {', '.join(missing)} "
@@ -167,9 +187,11 @@ def _check_long_test(name: str, long_test, long_test_tokens) -> None:
 
 
 def _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, root, long_test=0,
-                long_test_tokens=LONG_TEST_TOKENS, skip_bad_records=False) -> None:
+                long_test_tokens=LONG_TEST_TOKENS, skip_bad_records=False, keep_non_text=False) -> None:
     check_name(name)
     _check_long_test(name, long_test, long_test_tokens)
+    if keep_non_text and name == "synthetic":
+        raise DataError("--keep-non-text applies to text corpora; the synthetic corpus is generated token ids")
     if from_path is None and name not in CORPORA:
         raise unknown_corpus(name, root)
     if from_path is not None and name in CORPORA:

@@ -105,3 +105,18 @@ def split_members(assign: np.ndarray, seed: int) -> dict[str, np.ndarray]:
     """Each split's documents in a seeded random order, which mixes the split's stream."""
     rng = np.random.default_rng(seed + 1)
     return {s: rng.permutation(np.flatnonzero(assign == i)) for i, s in enumerate(SPLITS)}
+
+
+def drop_from_splits(members: dict[str, np.ndarray], drop: np.ndarray, val_frac: float,
+                     test_frac: float) -> dict[str, np.ndarray]:
+    """split_members' splits without the documents `drop`, every other document where it was; a
+    requested split that loses all its documents takes the last document of the biggest split (as
+    split_docs does for tiny corpora), when that one has more than one."""
+    if len(drop) == 0:
+        return members
+    out = {s: m[~np.isin(m, drop)] for s, m in members.items()}
+    for s, frac in zip(SPLITS, (1, val_frac, test_frac), strict=True):
+        donor = max(SPLITS, key=lambda x: len(out[x]))
+        if frac > 0 and len(out[s]) == 0 and len(out[donor]) > 1:
+            out[s], out[donor] = out[donor][-1:], out[donor][:-1]
+    return out

@@ -12,6 +12,7 @@ from ..layout import SPLITS, index_file
 from .fetch import Registries
 from .splits import (
     LONG_TEST_TOKENS,
+    drop_from_splits,
     reserve_long_docs,
     split_docs,
     split_docs_reserving,
@@ -24,9 +25,13 @@ from .writer import LONG, write_split
 
 def build_text(folder: Path, name: str, docs: list, tokenizer: str, vocab_size: int, seed: int,
                val_frac: float, test_frac: float, reg: Registries, progress: bool, long_test: int = 0,
-               long_test_tokens: int = LONG_TEST_TOKENS) -> dict:
+               long_test_tokens: int = LONG_TEST_TOKENS, drop: np.ndarray | None = None) -> dict:
     """Write the tokenizer and the splits of the (doc_id, text) documents `docs` into `folder`; return
-    the manifest's "tokenizer", "splits" and (with `long_test`) "long_test" entries."""
+    the manifest's "tokenizer", "splits" and (with `long_test`) "long_test" entries.
+
+    The documents `drop` (indices: the non-text ones) are dealt into splits with the others, then
+    left out of theirs, so every other document is where it would be without them (splits.drop_from_splits)."""
+    drop = np.zeros(0, dtype=np.int64) if drop is None else np.asarray(drop)
     # 1. Reserve long documents for test (by tokens). BPE is trained on the train split, which
     # the reservation changes, so tokens are first counted with the BPE of the split without a
     # reservation (GPT-2's tokenizer is fixed: its counts are final), and the final counts are
@@ -34,18 +39,28 @@ def build_text(folder: Path, name: str, docs: list, tokenizer: str, vocab_size: 
     lengths = np.array([len(t) for _, t in docs])
     reserved, counter, extra = np.zeros(0, dtype=np.int64), None, {}
     if long_test:
-        unreserved = split_members(split_docs(lengths, seed, val_frac, test_frac), seed)
+        unreserved = drop_from_splits(split_members(split_docs(lengths, seed, val_frac, test_frac), seed), drop,
+                                      val_frac, test_frac)
         counter = make_tokenizer(tokenizer, docs, unreserved["train"], vocab_size, reg, progress)
         counted_with = ("tokens counted with GPT-2's tokenizer" if tokenizer == "gpt2" else
                         "tokens counted with the BPE of the split without --long-test")
         counts = count_tokens(counter[0], docs, progress)
-        reserved = reserve_long_docs(name, counts, long_test, long_test_tokens, seed, counted_with)
+        text_counts = counts.copy()
+        text_counts[drop] = 0  # non-text documents are never reserved
+        # Drawn as without the filter, so the splits stay as they were, unless that draws a non-text
+        # document: then among the text documents alone.
+        reserved = None
+        if (text_counts >= long_test_tokens).sum() >= long_test:
+            reserved = reserve_long_docs(name, counts, long_test, long_test_tokens, seed, counted_with)
+        if reserved is None or np.isin(reserved, drop).any():
+            reserved = reserve_long_docs(name, text_counts, long_test, long_test_tokens, seed, counted_with)
         extra = {"reserved_docs": int(long_test), "min_tokens": int(long_test_tokens),
-                 "corpus_docs_ge_min_tokens": int((counts >= long_test_tokens).sum()), "counted_with": counted_with}
+                 "corpus_docs_ge_min_tokens": int((text_counts >= long_test_tokens).sum()),
+                 "counted_with": counted_with}
 
     # 2. Split by document; within a split, a seeded random order mixes the stream.
     assign = split_docs_reserving(lengths, reserved, seed, val_frac, test_frac)
-    members = split_members(assign, seed)
+    members = drop_from_splits(split_members(assign, seed), drop, val_frac, test_frac)
 
     # 3. Tokenizer: trained on the train split only (or GPT-2's).
     if counter is not None and (tokenizer == "gpt2" or np.array_equal(members["train"], unreserved["train"])):
