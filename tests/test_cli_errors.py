@@ -85,6 +85,12 @@ CASES = [
     pytest.param(["train", "--set", "train.stpes=1"], "did you mean train.steps", id="unknown-key"),
     pytest.param(["train", "--set", "train.steps=[1,"], "train.steps must be an integer", id="bad-toml-value"),
     pytest.param(["train", "-c", "bad.toml"], "not valid TOML", id="bad-toml-file"),
+    # --resume continues a run as it was saved: options it would ignore are errors
+    pytest.param(["train", "--resume", "run", "--set", "train.steps=4"], "--set cannot change it", id="resume-set"),
+    pytest.param(["train", "--resume", "run", "-c", "tiny"], "-c/--config cannot replace it", id="resume-config"),
+    pytest.param(["train", "--resume", "run", "--config", "bad.toml"], "-c/--config cannot replace it",
+                 id="resume-config-long"),
+    pytest.param(["train", "--resume", "run", "-o", "elsewhere"], "-o/--out cannot move it", id="resume-out"),
     # a sweep checks every method's config before the first one trains
     pytest.param(["sweep", "--methods", "rope,dapev2-kerple", "--set", "model.dape_kernel=4"], "model.dape_kernel",
                  id="sweep-bad-second-method"),
@@ -132,6 +138,16 @@ def check_bad_input(workdir, args, needle):
 @pytest.mark.parametrize("args, needle", CASES)
 def test_bad_input_is_one_line_and_changes_nothing(workdir, args, needle):
     check_bad_input(workdir, args, needle)
+
+
+def test_resuming_a_finished_run_says_so_and_changes_nothing(workdir):
+    before = snapshot(workdir)
+    out = lenx("train", "--resume", "run", "--no-progress", cwd=workdir)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stderr.splitlines() == ["run has already finished training (step 2 of 2): nothing to resume"]
+    assert json.loads(out.stdout)["finished"] is True
+    assert snapshot(workdir) == before  # meta.json records no resume, metrics and TensorBoard stay as they were
+    assert "resumes" not in json.loads((workdir / "run" / "meta.json").read_text())
 
 
 TEXTS = Path(__file__).resolve().parent / "fixtures" / "data" / "texts"  # 9 short documents

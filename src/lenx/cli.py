@@ -173,7 +173,7 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
 
 
 @_command("train")
-def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
+def train_cmd(ctx: typer.Context, config: str = ConfigOpt, set_: list[str] = SetOpt,
               out: Path = typer.Option(None, "--out", "-o", help="run directory (default runs/<corpus>-<method>-T<len>)"),
               resume: Path = typer.Option(None, "--resume", help="continue this run directory from its last checkpoint"),
               progress: Optional[bool] = ProgressOpt):
@@ -192,10 +192,16 @@ def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
     # other ranks, which may be waiting for it in a collective. The process group is shut down only
     # after success: shutting NCCL down can itself wait for peers, and exiting frees it anyway.
     try:
-        if resume is not None:
-            if set_:  # rather than ignoring them silently
+        if resume is not None:  # the options it would ignore are errors, rather than ignored silently
+            if set_:
                 raise ConfigError("--resume continues the run with its saved config.toml; --set cannot change it "
                                   f"(edit {resume / 'config.toml'} instead, e.g. train.parallel)")
+            if ctx.get_parameter_source("config").name == "COMMANDLINE":  # -c given, even as the default tiny
+                raise ConfigError("--resume continues the run with its saved config.toml; -c/--config cannot replace "
+                                  f"it (edit {resume / 'config.toml'} instead, or train a new run without --resume)")
+            if out is not None:
+                raise ConfigError(f"--resume continues the run in its own folder, {resume}; -o/--out cannot move it "
+                                  "(copy the folder and resume the copy instead)")
             resumed = _run_config(resume)
             check_device(resumed, resumed.train.device)
             check_writable_dir(resume, "the run folder")

@@ -111,9 +111,13 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     validation loss (None when none was logged) and whether it finished."""
     run = setup_run(cfg, run_dir, resume)
     total = run.cfg.train.steps
+    finished = run.start_step >= total  # resumed after its last step: nothing to train, nothing to write
+    if finished and run.info.is_main:
+        print(f"{run.run_dir} has already finished training (step {run.start_step} of {total}): nothing to resume",
+              file=sys.stderr, flush=True)
     end = total if stop_after is None else min(total, run.start_step + stop_after)
-    metrics = MetricsLogger(run.run_dir, run.cfg, run.metrics, run.start_step, end, active=run.info.is_main,
-                            progress=progress)
+    metrics = MetricsLogger(run.run_dir, run.cfg, run.metrics, run.start_step, end,
+                            active=run.info.is_main and not finished, progress=progress)
     done, signum = run.start_step, None
     run.model.train()
     try:
@@ -142,7 +146,7 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
                   f"continue with: lenx train --resume {run.run_dir}", file=sys.stderr, flush=True)
         raise TrainingInterrupted(signum, done)
     return {"run_dir": str(run.run_dir), "step": done, "final_loss": metrics.last_loss,
-            "val_loss": metrics.last_val_loss, "finished": done == total}
+            "val_loss": metrics.last_val_loss, "finished": done >= total}
 
 
 class StepAbandoned(Exception):
@@ -271,7 +275,7 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun
     if resume and run_meta(run_dir).get("validation_windows") != VALIDATION_DRAW:
         val_seed = cfg.train.seed  # begun before validation was fixed by eval.seed: the same windows as then
     val_windows = validation_batches(cfg, corpus, info, val_seed) if cfg.train.val_every else []
-    if info.is_main:
+    if info.is_main and start_step < cfg.train.steps:  # a finished run resumes nothing, so records no resume
         _write_run_files(run_dir, cfg, device, info, raw_model, corpus, start_step if resume else None)
     return TrainingRun(cfg, run_dir, device, info, raw_model, model, step_fn, optimizer, batches, start_step,
                        records, val_windows)
