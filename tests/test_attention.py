@@ -160,7 +160,8 @@ def test_t5_buckets():
 
 
 def test_t5_is_shared_by_layers():
-    from lenx.model import LM, LMConfig
+    from lenx.config import LMConfig
+    from lenx.model import LM
 
     lm = LM(LMConfig(method="t5", n_layer=3))
     tables = {id(b.attn.bias) for b in lm.blocks}

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from lenx.checkpoint import checkpoint_dir, load_weights
+from lenx.model.checkpoint import checkpoint_dir, load_weights
 from lenx.config import load_config
 from lenx.model import LM
 from lenx.train import train

@@ -6,7 +6,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from lenx.attention import Attention, AttentionConfig
 from lenx.attention.profiling import BACKWARD, FORWARD, active, attention_profile, attention_ranges
-from lenx.model import LM, LMConfig
+from lenx.config import LMConfig
+from lenx.model import LM
 
 MARKERS = ("_OpenBackward", "_CloseBackward")
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import model_for
 from lenx import retrieval
 from lenx.config import ConfigError
 from lenx.data.build import prepare_corpus
-from test_decode import model_for
 
 WORDS = "river stone light north garden paper silver window market orchard".split()
 
@@ -86,7 +86,7 @@ def test_run_task_grid_and_passkey_exact_match(corpus, monkeypatch):
     model.float()
     res = retrieval.run_task(model, corpus, "copy", [96, 128], depths=(0.0, 1.0), samples=2, seed=3)
     assert np.array(res["accuracy"]).shape == (2, 2)
-    import lenx.generate as gen
+    import lenx.model.generate as gen
 
     key_of = {}
 

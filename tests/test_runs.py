@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lenx import train as train_module
-from lenx.checkpoint import CheckpointError, checkpoint_dir
+from lenx.model.checkpoint import CheckpointError, checkpoint_dir
 from lenx.config import ConfigError, load_config, to_toml
 from lenx.evaluate import evaluate, evaluate_task
 from lenx.sweep import SweepError, sweep

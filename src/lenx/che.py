@@ -28,7 +28,8 @@ from torch.nn import functional as F
 
 from .attention.methods import UnknownMethodError, parse_method
 from .config import resolve_device
-from .model import Block, LMConfig
+from .config import LMConfig
+from .model.lm import Block
 from .report.che_tables import che_table
 from .report.tables import to_markdown
 from .runinfo import git_commit

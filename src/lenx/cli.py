@@ -35,7 +35,7 @@ def _user_errors(*extra: type[Exception]) -> tuple[type[Exception], ...]:
     """The errors a command reports in one line; `extra`: those of the training commands, which
     alone import lenx.train and lenx.sweep."""
     from .attention.methods import UnknownMethodError
-    from .checkpoint import CheckpointError
+    from .model.checkpoint import CheckpointError
     from .config import ConfigError
     from .data import DataError
     from .fileio import OutputError
@@ -293,7 +293,7 @@ def generate_cmd(run: Path = typer.Argument(..., help="a run directory"),
     attention per layer against the cached keys and values. Prints tokens/s at the end (on stderr).
     """
     from .config import ConfigError
-    from .generate import generate_from_run
+    from .model.generate import generate_from_run
     from .model import check_device
 
     try:

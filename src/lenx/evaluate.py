@@ -23,7 +23,7 @@ import torch
 from torch.nn import functional as F
 
 from .attention.backends import score_block
-from .checkpoint import weights_step
+from .model.checkpoint import weights_step
 from .config import ConfigError, resolve_device
 from .evalfiles import describe, write_evaluation
 from .fileio import check_writable_dir

@@ -84,7 +84,7 @@ def copy_inputs(corpus, split: str, L: int, depth: float, samples: int, seed: in
 
 @torch.no_grad()
 def _passkey_cell(model, cases, decode, device, autocast) -> dict:
-    from .generate import generate
+    from .model.generate import generate
 
     exact, logprob = [], []
     for case in cases:

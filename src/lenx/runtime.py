@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from .checkpoint import CheckpointError, kept_dir, load_weights, weights_dir
+from .model.checkpoint import CheckpointError, kept_dir, load_weights, weights_dir
 from .config import ConfigError, RunConfig, load_config
 from .model import LM, check_config
 

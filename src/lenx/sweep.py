@@ -21,7 +21,7 @@ import subprocess
 import sys
 import time
 
-from .checkpoint import weights_dir, weights_step
+from .model.checkpoint import weights_dir, weights_step
 from .config import RunConfig, load_config, to_toml
 from .evaluate import check_options, eval_settings, evaluate
 from .report.eval_tables import sweep_markdown

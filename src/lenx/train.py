@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from . import distributed
-from .checkpoint import CheckpointError, checkpoint_dir, load_state, load_weights, resume_dir, save_checkpoint
+from .model.checkpoint import CheckpointError, checkpoint_dir, load_state, load_weights, resume_dir, save_checkpoint
 from .config import ConfigError, RunConfig, resolve_device, to_toml
 from .fileio import write_text
 from .model import LM

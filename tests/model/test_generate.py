@@ -3,9 +3,9 @@
 import pytest
 import torch
 
+from helpers import V, model_for
 from lenx.config import ConfigError
-from lenx.generate import generate, sample_next
-from test_decode import V, model_for
+from lenx.model.generate import generate, sample_next
 
 
 @pytest.mark.parametrize("method", ["rope", "dapev2-kerple", "stickbreaking"])

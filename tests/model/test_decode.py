@@ -3,22 +3,10 @@
 import pytest
 import torch
 
-from helpers import assert_close
+from helpers import V, assert_close, model_for
 from lenx.attention import all_methods
-from lenx.model import LM, LMConfig
 
-V, T = 37, 40
-
-
-def model_for(method: str, **overrides) -> LM:
-    torch.manual_seed(0)
-    cfg = LMConfig(method=method, vocab_size=V, n_layer=2, n_head=2, d_model=16, dape_hidden=4, chunk_size=16,
-                   cope_npos=8, **overrides)
-    model = LM(cfg).double().eval()
-    with torch.no_grad():  # parts that start at zero (CoPE's embeddings, a remainder vector) would test nothing
-        for p in model.parameters():
-            p.add_(0.2 * torch.randn_like(p))
-    return model
+T = 40
 
 
 def prefix_logits(model, idx, i):

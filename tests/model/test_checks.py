@@ -15,7 +15,7 @@ from lenx.attention import all_methods
 from lenx.config import ConfigError, load_config
 from lenx.model import check_config, check_device
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("overrides, key", [
