@@ -129,14 +129,14 @@ def test_no_session_history_in_code(path):
 
 
 def test_plot_does_not_load_checkpoints_or_models():
-    forbidden = ("lenx.evaluate", "lenx.model", "lenx.runtime", "lenx.train", "torch")
+    forbidden = ("lenx.evaluate", "lenx.model", "lenx.runs", "lenx.train", "torch")
     assert [i for i in imported_modules(SRC / "plot.py") if is_within(i[0], forbidden)] == []
 
 
 def test_report_reads_results_only():
     """lenx.report renders results: it loads no model, checkpoint, corpus or trainer, and imports
     nothing heavy when imported (torch and the attention registry only inside lenx list's function)."""
-    forbidden = ("lenx.data", "lenx.evaluate", "lenx.model", "lenx.runtime", "lenx.sweep",
+    forbidden = ("lenx.data", "lenx.evaluate", "lenx.model", "lenx.runs", "lenx.sweep",
                  "lenx.train")
     for path in sorted((SRC / "report").glob("*.py")):
         found = imported_modules(path)
@@ -169,7 +169,7 @@ def test_only_training_imports_the_trainer(module):
 
 
 def test_importing_evaluation_plotting_and_the_cli_loads_no_trainer():
-    code = ("import sys, lenx.evaluate, lenx.plot, lenx.cli, lenx.che, lenx.runtime\n"
+    code = ("import sys, lenx.evaluate, lenx.plot, lenx.cli, lenx.che, lenx.runs\n"
             "print(sorted(m for m in sys.modules if m in ('lenx.train', 'lenx.sweep')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -177,7 +177,7 @@ def test_importing_evaluation_plotting_and_the_cli_loads_no_trainer():
 
 
 # The corpus builder's only callers: `lenx prepare`, and the synthetic corpus generated on first use.
-BUILDER_CALLERS = {("cli.py", "prepare"), ("runtime.py", "open_training_corpus")}
+BUILDER_CALLERS = {("cli.py", "prepare"), ("runs.py", "open_training_corpus")}
 
 
 def test_only_prepare_imports_the_corpus_builder():

@@ -15,7 +15,7 @@ from lenx.model.checkpoint import CheckpointError, checkpoint_dir
 from lenx.config import ConfigError, load_config, to_toml
 from lenx.evaluate import eval_windows, evaluate
 from lenx.model import LM
-from lenx.runtime import load_run, open_training_corpus
+from lenx.runs import load_run, open_training_corpus
 from lenx.train import TrainingDiverged, train
 from lenx.training.optim import lr_at
 

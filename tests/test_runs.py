@@ -66,9 +66,9 @@ def ckpt_step(run_dir):
 def with_train_keys(monkeypatch, **keys):
     """Set train.* keys that lenx.config may not declare yet on every run config loaded, so a
     resumed run keeps them too."""
-    from lenx import runtime
+    from lenx import runs
 
-    real = runtime.load_config
+    real = runs.load_config
 
     def load(*args, **kwargs):
         cfg = real(*args, **kwargs)
@@ -76,7 +76,7 @@ def with_train_keys(monkeypatch, **keys):
             setattr(cfg.train, key, value)
         return cfg
 
-    monkeypatch.setattr(runtime, "load_config", load)
+    monkeypatch.setattr(runs, "load_config", load)
 
 
 # --- a damaged checkpoint is reported, never trained over ------------------------------------------

@@ -255,7 +255,7 @@ def _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, ste
     """Build one model and time `steps` full optimizer steps after `warmup` untimed ones, then
     profile `profile_steps` more (see _profile_steps)."""
     from .model import LM
-    from .runtime import autocast_for
+    from .model.precision import autocast_for
     from .training.optim import adamw
     from .training.step import train_step
 

@@ -27,13 +27,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from .attention.methods import UnknownMethodError, parse_method
-from .config import resolve_device
-from .config import LMConfig
+from .config import LMConfig, resolve_device
 from .model.lm import Block
+from .model.precision import autocast_for
 from .report.che_tables import che_table
 from .report.tables import to_markdown
 from .runinfo import git_commit
-from .runtime import autocast_for
 from .tasks import TASKS, get_task
 from .training.step import train_step
 

@@ -97,8 +97,8 @@ def _parse_methods(text: str) -> list[str]:
 
 
 def _run_config(run_dir: Path):
-    """The config of a trained run directory (lenx.runtime.run_config)."""
-    from .runtime import run_config
+    """The config of a trained run directory (lenx.runs.run_config)."""
+    from .runs import run_config
 
     return run_config(run_dir)
 

@@ -28,7 +28,8 @@ from .config import ConfigError, resolve_device
 from .evalfiles import describe, write_evaluation
 from .fileio import check_writable_dir
 from .model import LM, check_device
-from .runtime import autocast_for, load_model, open_run_corpus, run_config, run_weights
+from .model.precision import autocast_for
+from .runs import load_model, open_run_corpus, run_config, run_weights
 
 
 def default_lengths(train_len: int, max_length: int, scored: int = 0) -> list[int]:
@@ -253,7 +254,7 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
     eval_step<N>.json; with rope_scaling, eval_rope-<scaling>.json); an evaluation there with other
     settings is kept beside it as eval.<key>.json (lenx.evalfiles). Options left None take the
     run's eval section; every option is checked before anything is loaded, and the corpus must be
-    the one the run was trained on (lenx.runtime.check_run_corpus). eval.json records the
+    the one the run was trained on (lenx.runs.check_run_corpus). eval.json records the
     checkpoint's step and whether training had finished; a warning on stderr says when it had not.
     rope_scaling: evaluate a RoPE model with a context extension (attention/rope.py) applied at every
     length, without retraining; the fused SDPA path stays in use."""

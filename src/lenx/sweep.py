@@ -26,7 +26,7 @@ from .config import RunConfig, load_config, to_toml
 from .evaluate import check_options, eval_settings, evaluate
 from .report.eval_tables import sweep_markdown
 from .model import check_device
-from .runtime import absolute_root, open_training_corpus, run_meta
+from .runs import absolute_root, open_training_corpus, run_meta
 from .train import train
 from .training.metrics import read_metrics
 

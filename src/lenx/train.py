@@ -19,8 +19,8 @@ from .config import ConfigError, RunConfig, resolve_device, to_toml
 from .fileio import write_text
 from .model import LM
 from .runinfo import environment, git_commit
-from .runtime import (absolute_root, autocast_for, check_run_corpus, open_training_corpus, run_config, run_meta,
-                      run_weights)
+from .model.precision import autocast_for
+from .runs import (absolute_root, check_run_corpus, open_training_corpus, run_config, run_meta, run_weights)
 from .training.metrics import MetricsLogger, read_metrics
 from .training.optim import adamw, lr_at
 from .training.step import NonFiniteLoss, train_step
@@ -270,7 +270,7 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM,
     """config.toml, and meta.json: written when the run starts; a resume keeps its original
     environment and command and adds an entry to its "resumes" list. meta.json pins the corpus:
     its fingerprint (lenx.data.Corpus.fingerprint) and when it was prepared, which evaluation and
-    generation check (lenx.runtime.check_run_corpus)."""
+    generation check (lenx.runs.check_run_corpus)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text(run_dir / "config.toml", to_toml(cfg))
     meta = None

@@ -124,7 +124,8 @@ def generate_from_run(run_dir: Path, prompt: str, max_new_tokens: int = 100, *, 
     """Load a run, continue `prompt` and stream the text to write(str) as it is produced.
     Returns {"prompt_tokens", "new_tokens", "text", "tokens_per_s", ...}."""
     from ..config import resolve_device
-    from ..runtime import autocast_for, load_model, open_run_corpus, run_config, run_weights
+    from ..runs import load_model, open_run_corpus, run_config, run_weights
+    from .precision import autocast_for
 
     check_settings(max_new_tokens, temperature, top_k, top_p)
     dev = resolve_device(device, "device")

@@ -1,7 +1,8 @@
-"""What training, evaluation, benchmarking and the CLI share: autocast, the corpus of a config and
-of a run, and loading a trained run (the device: lenx.config.resolve_device)."""
+"""Run folders, as training, evaluation, sweeps, reports and the CLI open them: a run's config
+(run_config), meta.json (run_meta), weights (run_weights, load_model, load_run) and corpus
+(open_training_corpus, check_run_corpus, open_run_corpus). The device: lenx.config.resolve_device;
+the precision: lenx.model.precision."""
 
-from contextlib import nullcontext
 import json
 import os
 from pathlib import Path
@@ -9,15 +10,9 @@ import sys
 
 import torch
 
-from .model.checkpoint import CheckpointError, kept_dir, load_weights, weights_dir
 from .config import ConfigError, RunConfig, load_config
 from .model import LM, check_config
-
-
-def autocast_for(device: torch.device, precision: str):
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
+from .model.checkpoint import CheckpointError, kept_dir, load_weights, weights_dir
 
 
 def open_training_corpus(cfg: RunConfig):
