@@ -150,7 +150,7 @@ def invoke(*args):
 
 
 def test_sweep_passes_seeds_and_force_and_prints_mean_and_std(tmp_path, monkeypatch):
-    import lenx.sweep
+    import lenx.training.sweep
 
     calls = []
 
@@ -160,7 +160,7 @@ def test_sweep_passes_seeds_and_force_and_prints_mean_and_std(tmp_path, monkeypa
                    for m in methods for s in kwargs["seeds"] or [cfg.train.seed]]
         return {"results": results, "figures": []}
 
-    monkeypatch.setattr(lenx.sweep, "sweep", fake_sweep)
+    monkeypatch.setattr(lenx.training.sweep, "sweep", fake_sweep)
     monkeypatch.setenv("COLUMNS", "300")
     out = invoke("sweep", "--methods", "rope,kerple", "--seeds", "0,1,2", "--force", "-o", str(tmp_path / "sw"))
     assert out.exit_code == 0, out.output

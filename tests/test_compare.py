@@ -27,7 +27,7 @@ def real_run(tmp_path_factory):
     """A tiny real run evaluated at 32 (its training length) and 64 with 32 scored tokens, so its
     ΔP window equals the scored window and ΔP can be recomputed from the window NLLs."""
     from lenx.evaluate import evaluate
-    from lenx.train import train
+    from lenx.training.loop import train
 
     root = tmp_path_factory.mktemp("real")
     cfg = load_config("tiny", TINY + [f"data.root={str(root / 'data')!r}"])

@@ -121,7 +121,7 @@ def test_parts_record_the_kernel_that_ran(monkeypatch, tmp_path):
     first step's in meta.json (and a resume's in its entry)."""
     import json
 
-    from lenx.train import record_kernels
+    from lenx.training.loop import record_kernels
 
     torch.manual_seed(0)
     dev = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter runs the kernels on CPU

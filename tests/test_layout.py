@@ -14,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "lenx"
 OPS = SRC / "ops"
+TRAINER = ("lenx.training.loop", "lenx.training.sweep")  # the modules that train a model
 
 
 def imported_modules(path: Path) -> list[tuple[str, int, str | None]]:
@@ -129,15 +130,14 @@ def test_no_session_history_in_code(path):
 
 
 def test_plot_does_not_load_checkpoints_or_models():
-    forbidden = ("lenx.evaluate", "lenx.model", "lenx.runs", "lenx.train", "torch")
+    forbidden = ("lenx.evaluate", "lenx.model", "lenx.runs", *TRAINER, "torch")
     assert [i for i in imported_modules(SRC / "plot.py") if is_within(i[0], forbidden)] == []
 
 
 def test_report_reads_results_only():
     """lenx.report renders results: it loads no model, checkpoint, corpus or trainer, and imports
     nothing heavy when imported (torch and the attention registry only inside lenx list's function)."""
-    forbidden = ("lenx.data", "lenx.evaluate", "lenx.model", "lenx.runs", "lenx.sweep",
-                 "lenx.train")
+    forbidden = ("lenx.data", "lenx.evaluate", "lenx.model", "lenx.runs", *TRAINER)
     for path in sorted((SRC / "report").glob("*.py")):
         found = imported_modules(path)
         assert [i for i in found if is_within(i[0], forbidden)] == [], path.name
@@ -159,18 +159,18 @@ def training_commands() -> set[str]:
 
 @pytest.mark.parametrize("module", ["evaluate", "plot", "cli", "bench", "che"])
 def test_only_training_imports_the_trainer(module):
-    """lenx.train (and lenx.sweep, which trains) is imported by none of these modules, except inside
-    the CLI's train, sweep and demo commands."""
+    """The trainer (lenx.training.loop, and lenx.training.sweep, which trains) is imported by none of
+    these modules, except inside the CLI's train, sweep and demo commands."""
     allowed = training_commands() if module == "cli" else set()
     assert len(allowed) == (3 if module == "cli" else 0)
     wrong = [(name, function) for name, _, function in imported_modules(SRC / f"{module}.py")
-             if is_within(name, ("lenx.train", "lenx.sweep")) and function not in allowed]
+             if is_within(name, TRAINER) and function not in allowed]
     assert wrong == [], f"{module}.py imports the trainer outside the training commands: {wrong}"
 
 
 def test_importing_evaluation_plotting_and_the_cli_loads_no_trainer():
     code = ("import sys, lenx.evaluate, lenx.plot, lenx.cli, lenx.che, lenx.runs\n"
-            "print(sorted(m for m in sys.modules if m in ('lenx.train', 'lenx.sweep')))")
+            "print(sorted(m for m in sys.modules if m in ('lenx.training.loop', 'lenx.training.sweep')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -16,7 +16,7 @@ from lenx.config import ConfigError, load_config, to_toml
 from lenx.evaluate import eval_windows, evaluate
 from lenx.model import LM
 from lenx.runs import load_run, open_training_corpus
-from lenx.train import TrainingDiverged, train
+from lenx.training.loop import TrainingDiverged, train
 from lenx.training.optim import lr_at
 
 TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=32", "train.batch_size=4",

@@ -159,7 +159,7 @@ def test_attention_maps_json_round_trip(tmp_path):
 
 def test_attention_maps_of_a_tiny_run(tmp_path):
     from lenx.config import load_config
-    from lenx.train import train
+    from lenx.training.loop import train
 
     cfg = load_config("tiny", ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=16",
                                "train.batch_size=2", "train.steps=1", "model.method=dapev2-kerple",

@@ -33,18 +33,18 @@ def _command(name: str | None = None):
 
 def _user_errors(*extra: type[Exception]) -> tuple[type[Exception], ...]:
     """The errors a command reports in one line; `extra`: those of the training commands, which
-    alone import lenx.train and lenx.sweep."""
+    alone import lenx.training.loop and lenx.training.sweep."""
     from .attention.methods import UnknownMethodError
-    from .model.checkpoint import CheckpointError
     from .config import ConfigError
     from .data import DataError
     from .fileio import OutputError
+    from .model.checkpoint import CheckpointError
 
     return (ConfigError, DataError, CheckpointError, UnknownMethodError, FileNotFoundError, OutputError, *extra)
 
 
 def _fail(e: Exception):
-    from .distributed import launched_info
+    from .training.distributed import launched_info
 
     info = launched_info()
     where = f"[rank {info.rank}/{info.world}] " if info.enabled else ""  # under torchrun: which process
@@ -175,11 +175,11 @@ def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
     Several GPUs: `torchrun --nproc-per-node N -m lenx train ...` (DDP by default,
     `--set train.parallel=fsdp` for FSDP2).
     """
-    from . import distributed
     from .config import ConfigError, load_config
     from .fileio import check_writable_dir
     from .model import check_device
-    from .train import TrainingDiverged, train
+    from .training import distributed
+    from .training.loop import TrainingDiverged, train
 
     # Under torchrun a failing rank reports its error and exits non-zero; torchrun then stops the
     # other ranks, which may be waiting for it in a collective. The process group is shut down only
@@ -237,9 +237,9 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
     from .config import ConfigError, validate
     from .evaluate import evaluate, evaluate_task, result_name
     from .fileio import check_writable_dir, check_writable_file
+    from .model import check_device
     from .report.eval_tables import eval_table, task_table
     from .report.tables import show
-    from .model import check_device
 
     try:
         cfg = _run_config(run)
@@ -293,8 +293,8 @@ def generate_cmd(run: Path = typer.Argument(..., help="a run directory"),
     attention per layer against the cached keys and values. Prints tokens/s at the end (on stderr).
     """
     from .config import ConfigError
-    from .model.generate import generate_from_run
     from .model import check_device
+    from .model.generate import generate_from_run
 
     try:
         if (prompt is None) == (prompt_file is None):
@@ -356,8 +356,8 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
     from .fileio import check_writable_dir
     from .report.eval_tables import eval_table
     from .report.tables import show
-    from .sweep import SweepError, sweep
-    from .train import TrainingDiverged
+    from .training.loop import TrainingDiverged
+    from .training.sweep import SweepError, sweep
 
     try:
         names = _parse_methods(methods)
@@ -601,8 +601,8 @@ def demo(out: Path = typer.Option(Path("runs/demo"), "--out", "-o"),
     from .config import load_config
     from .report.eval_tables import eval_table
     from .report.tables import show
-    from .sweep import SweepError, sweep
-    from .train import TrainingDiverged
+    from .training.loop import TrainingDiverged
+    from .training.sweep import SweepError, sweep
 
     try:
         cfg = load_config("tiny", [f"train.steps={steps}"])

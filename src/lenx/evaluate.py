@@ -23,11 +23,11 @@ import torch
 from torch.nn import functional as F
 
 from .attention.backends import score_block
-from .model.checkpoint import weights_step
 from .config import ConfigError, resolve_device
 from .evalfiles import describe, write_evaluation
 from .fileio import check_writable_dir
 from .model import LM, check_device
+from .model.checkpoint import weights_step
 from .model.precision import autocast_for
 from .runs import load_model, open_run_corpus, run_config, run_weights
 

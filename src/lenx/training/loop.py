@@ -13,17 +13,17 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..config import ConfigError, RunConfig, resolve_device, to_toml
+from ..fileio import write_text
+from ..model import LM
+from ..model.checkpoint import CheckpointError, checkpoint_dir, load_state, load_weights, resume_dir, save_checkpoint
+from ..model.precision import autocast_for
+from ..runinfo import environment, git_commit
+from ..runs import absolute_root, check_run_corpus, open_training_corpus, run_config, run_meta, run_weights
 from . import distributed
-from .model.checkpoint import CheckpointError, checkpoint_dir, load_state, load_weights, resume_dir, save_checkpoint
-from .config import ConfigError, RunConfig, resolve_device, to_toml
-from .fileio import write_text
-from .model import LM
-from .runinfo import environment, git_commit
-from .model.precision import autocast_for
-from .runs import (absolute_root, check_run_corpus, open_training_corpus, run_config, run_meta, run_weights)
-from .training.metrics import MetricsLogger, read_metrics
-from .training.optim import adamw, lr_at
-from .training.step import NonFiniteLoss, train_step
+from .metrics import MetricsLogger, read_metrics
+from .optim import adamw, lr_at
+from .step import NonFiniteLoss, train_step
 
 
 class TrainingDiverged(RuntimeError):

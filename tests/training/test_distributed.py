@@ -16,7 +16,7 @@ import torch
 from lenx.model.checkpoint import checkpoint_dir, load_weights
 from lenx.config import load_config
 from lenx.model import LM
-from lenx.train import train
+from lenx.training.loop import train
 
 # Two layers (so per-block sharding and T5's cross-layer table are exercised), two micro-batches
 # per step (gradient sync skipped on the first), two ranks of one sequence each per micro-batch.
@@ -27,9 +27,9 @@ TINY = ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.chunk_si
 # Runs train() for a few steps on every rank, then stops (checkpointing first).
 STOP_WORKER = """
 import sys
-from lenx import distributed
+from lenx.training import distributed
 from lenx.config import load_config
-from lenx.train import train
+from lenx.training.loop import train
 run_dir, stop_after, *overrides = sys.argv[1:]
 train(load_config("tiny", overrides), run_dir, progress=False, stop_after=int(stop_after))
 distributed.teardown()
@@ -39,8 +39,8 @@ distributed.teardown()
 FAIL_WORKER = """
 import os, sys
 import torch
-from lenx import train
 from lenx.cli import main
+from lenx.training import loop as train
 from lenx.data import DataError
 real_get = train.Batches.get
 def get(self, step, micro, device):

@@ -21,14 +21,14 @@ import subprocess
 import sys
 import time
 
-from .model.checkpoint import weights_dir, weights_step
-from .config import RunConfig, load_config, to_toml
-from .evaluate import check_options, eval_settings, evaluate
-from .report.eval_tables import sweep_markdown
-from .model import check_device
-from .runs import absolute_root, open_training_corpus, run_meta
-from .train import train
-from .training.metrics import read_metrics
+from ..config import RunConfig, load_config, to_toml
+from ..evaluate import check_options, eval_settings, evaluate
+from ..model import check_device
+from ..model.checkpoint import weights_dir, weights_step
+from ..report.eval_tables import sweep_markdown
+from ..runs import absolute_root, open_training_corpus, run_meta
+from .loop import train
+from .metrics import read_metrics
 
 TRAINING_SECTIONS = ("model", "train", "data")  # what the trained weights depend on
 
@@ -122,7 +122,7 @@ def _train_and_evaluate(run_cfg: RunConfig, run_dir: Path, progress: bool, eval_
 def _corpus_differences(run_dir: Path, corpus) -> list[str]:
     """The corpus change since the run was trained, as config_differences words it: the parts of
     the fingerprint that meta.json records and the corpus no longer has (none recorded: none)."""
-    from .data.layout import fingerprint_changes
+    from ..data.layout import fingerprint_changes
 
     recorded = run_meta(run_dir).get("corpus_fingerprint")
     if not isinstance(recorded, dict):
@@ -193,7 +193,7 @@ def _run_parallel(cfgs: dict[str, RunConfig], out_dir: Path, jobs: int, eval_kwa
     threads = str(max(1, (os.cpu_count() or 1) // min(jobs, len(pending))))
     running: dict[int, tuple[str, subprocess.Popen, float]] = {}  # slot -> (method, process, start time)
     failed = []
-    entry = "import sys; from lenx.sweep import _job; _job(*sys.argv[1:])"
+    entry = "import sys; from lenx.training.sweep import _job; _job(*sys.argv[1:])"
     try:
         while pending or running:
             for slot in range(jobs):
@@ -264,7 +264,7 @@ def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = Tr
     trains; a run trained with other settings is an error, or with force=True is moved aside and
     trained again. Writes results.json, results.md and the figures into out_dir. jobs != 1 runs
     that many methods at once in separate processes (0: one per visible GPU)."""
-    from .plot import plot_delta_p, plot_loss_curves, plot_perplexity
+    from ..plot import plot_delta_p, plot_loss_curves, plot_perplexity
 
     out_dir = Path(out_dir)
     cfgs = _run_configs(methods, cfg, seeds)
