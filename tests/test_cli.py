@@ -172,7 +172,7 @@ def test_sweep_passes_seeds_and_force_and_prints_mean_and_std(tmp_path, monkeypa
 
 
 def test_eval_passes_the_step(tmp_path, monkeypatch):
-    import lenx.evaluate
+    import lenx.evaluation.evaluate
     from lenx.config import load_config, to_toml
 
     (tmp_path / "run").mkdir()
@@ -184,7 +184,7 @@ def test_eval_passes_the_step(tmp_path, monkeypatch):
         seen.append(kwargs)
         return eval_result("rope", {64: 8.0}, {})
 
-    monkeypatch.setattr(lenx.evaluate, "evaluate", fake_evaluate)
+    monkeypatch.setattr(lenx.evaluation.evaluate, "evaluate", fake_evaluate)
     assert invoke("eval", str(tmp_path / "run"), "--step", "200", "--no-progress").exit_code == 0
     assert invoke("eval", str(tmp_path / "run"), "--no-progress").exit_code == 0
     plain = {"progress": False, "rope_scaling": None, "rope_scaling_factor": 0.0}

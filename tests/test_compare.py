@@ -26,7 +26,7 @@ TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=
 def real_run(tmp_path_factory):
     """A tiny real run evaluated at 32 (its training length) and 64 with 32 scored tokens, so its
     ΔP window equals the scored window and ΔP can be recomputed from the window NLLs."""
-    from lenx.evaluate import evaluate
+    from lenx.evaluation.evaluate import evaluate
     from lenx.training.loop import train
 
     root = tmp_path_factory.mktemp("real")
@@ -260,7 +260,7 @@ def test_comparing_loads_no_torch():
 def test_delta_p_and_the_in_distribution_point_from_their_own_window_nlls(tmp_path, real_run, template):
     """The paper's setting in small: ΔP over the last T_train = 32 tokens while 16 are scored. eval.json
     keeps ΔP's terms per window, so compare gives ΔP and the in-distribution perplexity intervals."""
-    from lenx.evaluate import evaluate
+    from lenx.evaluation.evaluate import evaluate
 
     result = evaluate(real_run, lengths=[32, 64], scored=16, device="cpu", progress=False, write=False)
     assert result["delta_p_tokens"] == 32 and result["scored"] == 16

@@ -13,7 +13,7 @@ import torch
 
 from lenx.model.checkpoint import CheckpointError, checkpoint_dir
 from lenx.config import ConfigError, load_config, to_toml
-from lenx.evaluate import eval_windows, evaluate
+from lenx.evaluation.evaluate import eval_windows, evaluate
 from lenx.model import LM
 from lenx.runs import load_run, open_training_corpus
 from lenx.training.loop import TrainingDiverged, train
@@ -181,7 +181,7 @@ def test_eval_windows_are_method_independent_and_nested(data_root):
 
 
 def test_last_tokens_scored_and_delta_p_arithmetic(data_root, tmp_path, monkeypatch):
-    from lenx import evaluate as ev
+    from lenx.evaluation import evaluate as ev
 
     train(tiny(data_root, "train.steps=3", "model.method=kerple"), tmp_path / "run", progress=False)
     seen = []

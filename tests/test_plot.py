@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from lenx import plot
-from lenx.evaluate import attention_maps, save_attention_maps
+from lenx.evaluation.attention_maps import attention_maps, save_attention_maps
 from lenx.plot import aggregate_by_method
 
 

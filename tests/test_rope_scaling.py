@@ -98,7 +98,7 @@ def test_bad_scaling_settings():
 
 def test_fine_tuned_runs_are_labelled_and_keep_their_scaling():
     from lenx.config import ConfigError, load_config
-    from lenx.evaluate import apply_rope_scaling, run_label
+    from lenx.evaluation.evaluate import apply_rope_scaling, run_label
 
     plain = load_config("tiny")
     assert run_label(plain) is None

@@ -18,7 +18,7 @@ import torch
 
 import lenx
 from lenx.config import ConfigError, load_config, to_toml
-from lenx.evaluate import evaluate, evaluate_task
+from lenx.evaluation.evaluate import evaluate, evaluate_task
 from lenx.model.checkpoint import CheckpointError, checkpoint_dir
 from lenx.training import loop as train_module
 from lenx.training.loop import train

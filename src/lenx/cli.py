@@ -235,7 +235,7 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
     from dataclasses import replace
 
     from .config import ConfigError, validate
-    from .evaluate import evaluate, evaluate_task, result_name
+    from .evaluation.evaluate import evaluate, evaluate_task, result_name
     from .fileio import check_writable_dir, check_writable_file
     from .model import check_device
     from .report.eval_tables import eval_table, task_table
@@ -441,7 +441,7 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
         if out is not None:
             check_writable_dir(out, "--out")
         if attention:
-            from .evaluate import save_run_attention
+            from .evaluation.attention_maps import save_run_attention
 
             saved, png = save_run_attention(source, out, layer=layer, head=head, length=length)
             print(saved)

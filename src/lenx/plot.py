@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .evalfiles import is_kept  # noqa: E402
+from .evaluation.files import is_kept  # noqa: E402
 
 
 class PlotError(ValueError):
@@ -214,7 +214,7 @@ def plot_retrieval_curves(results: list[dict], out: Path) -> Path:
 
 
 def load_attention_maps(path: Path) -> dict:
-    """The dict lenx.evaluate.save_attention_maps wrote, maps back as float32 arrays with NaN where null."""
+    """The dict lenx.evaluation.attention_maps.save_attention_maps wrote, maps back as float32 arrays with NaN where null."""
     data = json.loads(Path(path).read_text())
     for name in MAP_TITLES:
         if name in data:
@@ -225,7 +225,7 @@ def load_attention_maps(path: Path) -> dict:
 
 def draw_attention_maps(maps: dict, out: Path, title: str | None = None) -> Path:
     """One panel per map present (scores, bias, processed) of a load_attention_maps() dict (or of
-    lenx.evaluate.attention_maps(): any array-like map on the CPU)."""
+    lenx.evaluation.attention_maps.attention_maps(): any array-like map on the CPU)."""
     panels = {name: maps[name] for name in MAP_TITLES if name in maps}
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4), squeeze=False)
     for ax, (name, m) in zip(axes[0], panels.items()):
@@ -329,7 +329,7 @@ def redraw(source: Path, out: Path | None = None) -> list[Path]:
     eval_<task>.json (passkey, copy) -> eval_<task>_heatmap.png, and retrieval_<task>.png in the
     folder with one curve per method. A run's eval.json
     is drawn only when it is the source itself or the source folder's own (a sweep's results.json
-    already holds it); the earlier evaluations kept beside it (eval.<key>.json, lenx.evalfiles) only
+    already holds it); the earlier evaluations kept beside it (eval.<key>.json, lenx.evaluation.files) only
     when named as the source. Returns the written files; PlotError when there is nothing to draw."""
     source = Path(source)
     if not source.exists():

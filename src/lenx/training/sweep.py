@@ -6,7 +6,7 @@ process sees one GPU (CUDA_VISIBLE_DEVICES), so N GPUs run N methods at once.
 Rerunning a sweep reuses what matches the request: a run trained with the requested [model],
 [train] and [data] sections is resumed if unfinished, and its eval.json is reused only when it is
 of the finished run with the requested evaluation settings (otherwise it is evaluated again; the
-run's [eval] section follows the request; the evaluation it replaces is kept, lenx.evalfiles). A
+run's [eval] section follows the request; the evaluation it replaces is kept, lenx.evaluation.files). A
 run trained with other settings, or on another version of the corpus (its fingerprint in meta.json),
 is an error that names them, or with force=True is moved aside to <method>.old-<time> and trained
 again.
@@ -22,7 +22,7 @@ import sys
 import time
 
 from ..config import RunConfig, load_config, to_toml
-from ..evaluate import check_options, eval_settings, evaluate
+from ..evaluation.evaluate import check_options, eval_settings, evaluate
 from ..model import check_device
 from ..model.checkpoint import weights_dir, weights_step
 from ..report.eval_tables import sweep_markdown

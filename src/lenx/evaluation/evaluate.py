@@ -8,9 +8,6 @@ The windows depend only on the corpus, the split and eval.seed, never on the met
 
 DeltaP (seed appendix A) at L > T_train: P(M(x[-T_train:]), T_train) - P(M(x), T_train), where
 P(M(x), K) is the perplexity of the last K tokens after reading x. Positive: the extra context helps.
-
-Also here: the attention maps of one input (`attention_maps`, `save_run_attention`), saved as JSON
-that `lenx plot` draws.
 """
 
 import json
@@ -22,14 +19,12 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from .attention.backends import score_block
-from .config import ConfigError, resolve_device
-from .evalfiles import describe, write_evaluation
-from .fileio import check_writable_dir
-from .model import LM, check_device
-from .model.checkpoint import weights_step
-from .model.precision import autocast_for
-from .runs import load_model, open_run_corpus, run_config, run_weights
+from ..config import ConfigError, resolve_device
+from ..model import LM
+from ..model.checkpoint import weights_step
+from ..model.precision import autocast_for
+from ..runs import load_model, open_run_corpus, run_config, run_weights
+from .files import describe, write_evaluation
 
 
 def default_lengths(train_len: int, max_length: int, scored: int = 0) -> list[int]:
@@ -185,8 +180,8 @@ def run_label(cfg) -> str | None:
 def apply_rope_scaling(cfg, scaling: str | None, factor: float | None) -> dict | None:
     """Set a RoPE context extension on cfg.model (for a model trained without one): `factor` None or
     0 is auto (evaluation length / training length). Returns what to record, or None."""
-    from .attention.methods import parse_method
-    from .model import check_config
+    from ..attention.methods import parse_method
+    from ..model import check_config
 
     if scaling is None:
         return None
@@ -231,7 +226,7 @@ def _header(run_dir: Path, cfg, at_step, finished, scaling: dict | None, corpus)
 
 def _write(run_dir: Path, name: str, result: dict) -> None:
     """Write an evaluation file; an earlier evaluation there with other settings is kept beside it
-    (lenx.evalfiles), which a note on stderr says."""
+    (lenx.evaluation.files), which a note on stderr says."""
     kept = write_evaluation(run_dir / name, result)
     if kept is not None:
         try:
@@ -252,7 +247,7 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
              rope_scaling_factor: float | None = None) -> dict:
     """Evaluate a run's last checkpoint (or the one it kept at `step`) and write eval.json (or
     eval_step<N>.json; with rope_scaling, eval_rope-<scaling>.json); an evaluation there with other
-    settings is kept beside it as eval.<key>.json (lenx.evalfiles). Options left None take the
+    settings is kept beside it as eval.<key>.json (lenx.evaluation.files). Options left None take the
     run's eval section; every option is checked before anything is loaded, and the corpus must be
     the one the run was trained on (lenx.runs.check_run_corpus). eval.json records the
     checkpoint's step and whether training had finished; a warning on stderr says when it had not.
@@ -318,7 +313,7 @@ def evaluate_task(run_dir: Path, task: str, lengths: list[int] | None = None, de
                   samples: int | None = None, device: str = "auto", backend: str | None = None,
                   step: int | None = None, rope_scaling: str | None = None, rope_scaling_factor: float | None = None,
                   progress: bool = True, write: bool = True) -> dict:
-    """A retrieval task (lenx.retrieval: passkey or copy) on a grid of lengths x depths; writes
+    """A retrieval task (lenx.evaluation.retrieval: passkey or copy) on a grid of lengths x depths; writes
     eval_<task>.json (with _step<N> / _rope-<scaling> as for evaluate). lengths default to powers of
     two from the training length to eval.max_length; inputs are seeded by eval.seed, the same for
     every method."""
@@ -357,69 +352,3 @@ def evaluate_task(run_dir: Path, task: str, lengths: list[int] | None = None, de
     if write:
         _write(run_dir, result_name(step, rope_scaling, task), result)
     return result
-
-
-def attention_maps(run_dir: Path, tokens: torch.Tensor | None = None, layer: int = 0, head: int = 0,
-                   length: int = 64) -> dict:
-    """Raw scores, bias and processed scores (pre-softmax, causal part; NaN above the diagonal) of
-    one head of a trained run for one input, with "method", "layer", "head" and "length". The input
-    is `tokens`, by default the first `length` tokens of the run's test split. Runs on the CPU."""
-    cfg = run_config(run_dir)
-    corpus = open_run_corpus(run_dir, cfg) if tokens is None else None
-    model = load_model(cfg, run_weights(run_dir), torch.device("cpu"))
-    if tokens is None:
-        tokens = torch.from_numpy(corpus.tokens("test")[:length].astype("int64"))
-    attn = model.blocks[layer].attn
-    captured = {}
-    handle = attn.register_forward_pre_hook(lambda mod, args: captured.setdefault("x", args[0]))
-    with torch.no_grad():
-        model.hidden(tokens[None])
-        handle.remove()
-        q, k, _ = attn.project(captured["x"])
-        raw, bias, processed = score_block(q, k, attn.parts)
-        maps = {"scores": raw[0, head]}
-        if bias is not None:
-            maps["bias"] = bias.expand_as(raw)[0, head]
-        if attn.processor is not None:
-            maps["processed"] = processed[0, head]
-    T = len(tokens)
-    mask = torch.ones(T, T, dtype=torch.bool).triu(1)
-    return {name: m.masked_fill(mask, float("nan")) for name, m in maps.items()} | {
-        "method": cfg.model.method, "layer": layer, "head": head, "length": T}
-
-
-def save_attention_maps(maps: dict, path: Path) -> Path:
-    """attention_maps() as JSON: each map a nested list with NaN (the masked upper triangle) as null."""
-    data = {}
-    for name, value in maps.items():
-        if isinstance(value, torch.Tensor):
-            # 9 significant digits give back the same float32 and keep the file about half the size
-            data[name] = [[None if math.isnan(v) else float(f"{v:.9g}") for v in row] for row in value.tolist()]
-        else:
-            data[name] = value
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data))
-    return path
-
-
-def save_run_attention(run_dir: Path, out_dir: Path | None = None, layer: int = 0, head: int = 0,
-                       length: int = 64) -> tuple[Path, Path]:
-    """The attention maps of one head of a run for one input (attention_maps), computed on the CPU
-    and saved as JSON into out_dir (default: the run folder), after checking the layer, head and
-    length against the run's model: (the JSON file, the figure to draw from it). The checkpoint is
-    read once, into JSON; `lenx plot` draws the figure from that file, as it re-draws it later."""
-    cfg = run_config(run_dir)
-    m = cfg.model
-    for option, value, count, what in (("--layer", layer, m.n_layer, "layers"), ("--head", head, m.n_head, "heads")):
-        if not 0 <= value < count:
-            raise ConfigError(f"{option} {value} does not exist: the model of {run_dir} has {count} {what} "
-                              f"({option} 0 to {count - 1})")
-    if length < 1:
-        raise ConfigError(f"--length must be >= 1, got {length}")
-    check_device(cfg, "cpu", training=False)
-    if out_dir is None:
-        check_writable_dir(run_dir, "the run folder")
-    png = Path(out_dir or run_dir) / f"attention_L{layer}_H{head}.png"
-    maps = attention_maps(run_dir, layer=layer, head=head, length=length)
-    return save_attention_maps(maps, png.with_suffix(".json")), png

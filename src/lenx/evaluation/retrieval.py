@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from .config import ConfigError
+from ..config import ConfigError
 
 TASKS = ("passkey", "copy")
 QUESTION = " What is the pass key? The pass key is"
@@ -84,7 +84,7 @@ def copy_inputs(corpus, split: str, L: int, depth: float, samples: int, seed: in
 
 @torch.no_grad()
 def _passkey_cell(model, cases, decode, device, autocast) -> dict:
-    from .model.generate import generate
+    from ..model.generate import generate
 
     exact, logprob = [], []
     for case in cases:

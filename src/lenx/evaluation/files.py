@@ -16,7 +16,7 @@ from pathlib import Path
 import re
 import shutil
 
-from .fileio import write_json
+from ..fileio import write_json
 
 # what an evaluation measured: an evaluation with the same values is the same one again
 KEY_FIELDS = ("corpus_fingerprint", "step", "task", "lengths", "windows", "scored", "split", "eval_seed", "depths",

@@ -28,7 +28,7 @@ def _old_window_starts(docs, need, count, seed):
 
 
 def test_eval_windows_come_from_distinct_documents_when_there_are_enough():
-    from lenx.evaluate import eval_windows_with_documents
+    from lenx.evaluation.evaluate import eval_windows_with_documents
 
     split = _Stream([40] * 20 + [300] * 200)  # 200 documents hold a window of 200 tokens (+1)
     docs = split.docs("test")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import model_for
-from lenx import retrieval
+from lenx.evaluation import retrieval
 from lenx.config import ConfigError
 from lenx.data.build import prepare_corpus
 
