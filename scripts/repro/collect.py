@@ -226,7 +226,7 @@ def main():
     copy_device_files(sources, out)
     (out / "tables.md").write_text("\n".join(tables) + "\n")
     print(f"wrote {out / 'tables.md'}")
-    from lenx.plot import redraw
+    from lenx.report.plot import redraw
 
     for path in redraw(out):
         print(path)

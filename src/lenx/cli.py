@@ -400,7 +400,7 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
     evaluated on the same windows (corpus, split, eval.seed, windows, scored and lengths). Writes
     the numbers to --out as JSON (compare.json: an earlier one there is replaced only with --force).
     """
-    from .compare import MIN_RESAMPLES, CompareError, compare_to_file
+    from .report.compare import MIN_RESAMPLES, CompareError, compare_to_file
     from .report.compare_tables import compare_report, unfinished_runs
     from .report.tables import show
 
@@ -434,7 +434,7 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
     With --attention the maps of one input are computed from the run's checkpoint (on the CPU),
     saved as JSON and drawn from that file.
     """
-    from . import plot
+    from .report import plot
     from .fileio import OutputError, check_writable_dir
 
     try:

@@ -62,7 +62,7 @@ def distinct_picks(picks: np.ndarray, n: int, seed: int) -> np.ndarray:
 
 def eval_windows_with_documents(corpus, split: str, longest: int, count: int, seed: int):
     """eval_windows, and the document of each window's scored end (its index in the split): the
-    unit that bootstrap intervals resample (lenx.stats). When the split has at least `count`
+    unit that bootstrap intervals resample (lenx.report.stats). When the split has at least `count`
     documents long enough, every window comes from a document of its own (the windows of shorter
     lengths are nested in these, so they do too)."""
     tokens, docs = corpus.tokens(split), corpus.docs(split)

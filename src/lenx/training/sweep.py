@@ -264,7 +264,7 @@ def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = Tr
     trains; a run trained with other settings is an error, or with force=True is moved aside and
     trained again. Writes results.json, results.md and the figures into out_dir. jobs != 1 runs
     that many methods at once in separate processes (0: one per visible GPU)."""
-    from ..plot import plot_delta_p, plot_loss_curves, plot_perplexity
+    from ..report.plot import plot_delta_p, plot_loss_curves, plot_perplexity
 
     out_dir = Path(out_dir)
     cfgs = _run_configs(methods, cfg, seeds)

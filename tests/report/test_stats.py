@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from lenx.stats import seed_mean_difference, seed_mean_interval
+from lenx.report.stats import seed_mean_difference, seed_mean_interval
 
 
 def test_interval_brackets_the_estimate_and_is_seeded():
@@ -42,7 +42,7 @@ def test_seed_mean_difference():
 
 # --- method differences over seeds and documents ------------------------------------------------------
 
-from lenx.stats import (document_shares, document_win_rate, leave_one_document_out, method_difference,  # noqa: E402
+from lenx.report.stats import (document_shares, document_win_rate, leave_one_document_out, method_difference,  # noqa: E402
                         window_summary)
 
 

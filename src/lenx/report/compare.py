@@ -4,7 +4,7 @@ Each run's eval.json keeps one mean NLL per window and length ("window_nll") and
 each window ("window_documents"). The windows depend only on the corpus, split, eval seed, window
 count and lengths, never on the method or the training seed, so runs evaluated alike are measured on
 the very same windows: a method's seeds are pooled window by window, and two methods are compared
-pairwise on the same resamples of documents (lenx.stats).
+pairwise on the same resamples of documents (lenx.report.stats).
 
 Per method and length the point estimate is the seed-mean perplexity, the mean over seeds of each
 seed's exp(mean window NLL). Differences to a reference method get intervals over both the documents
@@ -25,7 +25,7 @@ import tomllib
 
 import numpy as np
 
-from .fileio import write_json
+from ..fileio import write_json
 from .stats import (document_shares, document_win_rate, leave_one_document_out, method_difference,
                     seed_mean_difference, seed_mean_interval, window_summary)
 

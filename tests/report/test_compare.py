@@ -13,11 +13,11 @@ import sys
 import numpy as np
 import pytest
 
-from lenx.compare import CompareError, compare_runs, find_runs
+from lenx.report.compare import CompareError, compare_runs, find_runs
 from lenx.config import load_config, to_toml
-from lenx.stats import seed_mean_difference
+from lenx.report.stats import seed_mean_difference
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=32", "train.batch_size=4",
         "train.steps=2", "train.log_every=1", "train.device=cpu", "eval.windows=12", "eval.scored=32"]
 
@@ -250,7 +250,7 @@ def test_delta_p_is_left_out_where_no_eval_json_keeps_its_terms(tmp_path, templa
 
 
 def test_comparing_loads_no_torch():
-    code = "import sys, lenx.compare; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    code = "import sys, lenx.report.compare; print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(SRC)})
     assert out.returncode == 0, out.stderr

@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
-from .evaluation.files import is_kept  # noqa: E402
+from ..evaluation.files import is_kept  # noqa: E402
 
 
 class PlotError(ValueError):
@@ -316,7 +316,7 @@ def redraw_file(path: Path, folder: Path | None = None) -> list[Path]:
     if kind == "retrieval":
         return [plot_retrieval_heatmap(data, _figure_name(path, folder, "heatmap"))]
     if kind == "che":
-        from .che import redraw_che
+        from ..che import redraw_che
 
         return redraw_che(path, folder)  # che.md and che_per_length.png
     return []

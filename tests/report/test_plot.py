@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from lenx import plot
+from lenx.report import plot
 from lenx.evaluation.attention_maps import attention_maps, save_attention_maps
-from lenx.plot import aggregate_by_method
+from lenx.report.plot import aggregate_by_method
 
 
 def eval_result(method, ppl: dict, delta_p: dict | None = None, seed=None, train_len=32):
@@ -232,7 +232,7 @@ def test_cli_plot_folder(tmp_path):
 
 def test_retrieval_heatmaps_and_curves_from_json(tmp_path):
     """eval_<task>.json files -> a heatmap next to each, one curve figure per task for the folder."""
-    from lenx.plot import redraw
+    from lenx.report.plot import redraw
 
     for method, seed, acc in (("rope", 0, 0.2), ("rope", 1, 0.4), ("dapev2-kerple", 0, 0.9)):
         run = tmp_path / f"{method}-s{seed}"
