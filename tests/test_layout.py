@@ -174,7 +174,7 @@ def python_files(where: str) -> list[Path]:
     return sorted(path.rglob("*.py")) if path.is_dir() else [path]
 
 
-@pytest.mark.parametrize("where", ["evaluation", "report", "cli.py", "bench.py", "che.py"])
+@pytest.mark.parametrize("where", ["evaluation", "report", "cli.py", "bench.py", "che"])
 def test_only_training_imports_the_trainer(where):
     """The trainer (lenx.training.loop, and lenx.training.sweep, which trains) is imported by none of
     these, except inside the CLI's train, sweep and demo commands."""
@@ -187,7 +187,7 @@ def test_only_training_imports_the_trainer(where):
 
 def test_importing_evaluation_plotting_and_the_cli_loads_no_trainer():
     code = ("import sys, lenx.evaluation.evaluate, lenx.evaluation.attention_maps, lenx.evaluation.retrieval, "
-            "lenx.report.plot, lenx.cli, lenx.che, lenx.runs\n"
+            "lenx.report.plot, lenx.cli, lenx.che.protocol, lenx.runs\n"
             "print(sorted(m for m in sys.modules if m in ('lenx.training.loop', 'lenx.training.sweep')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -183,7 +183,7 @@ def main():
                     che_all.setdefault(d.name, []).append(d)
     che_dirs = {name: dirs[-1] for name, dirs in che_all.items()}  # the latest runs.jsonl holds every task
     if che_dirs:
-        from lenx.che import merge_che
+        from lenx.che.protocol import merge_che
 
         merge_che(list(che_dirs.values()), out / "che")
         merged = json.loads((out / "che" / "che.json").read_text())

@@ -476,7 +476,7 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
     Each task is trained on lengths 1..40 and tested on 41..500. `lenx list` names the tasks with
     their Chomsky level and chance accuracy.
     """
-    from .che import CHEError, make_config, merge_che, run_che
+    from .che.protocol import CHEError, make_config, merge_che, run_che
     from .tasks import UnknownTaskError
 
     from .fileio import check_writable_dir

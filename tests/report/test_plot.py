@@ -177,7 +177,7 @@ def test_attention_maps_of_a_tiny_run(tmp_path):
 def make_tree(root):
     """A results tree: a seeded sweep with loss curves, a CHE run, saved attention maps, and JSON
     that draws nothing (a run's eval.json inside the sweep, an unrelated file)."""
-    from lenx.che import make_config, run_che
+    from lenx.che.protocol import make_config, run_che
 
     sweep = root / "sweep"
     sweep.mkdir(parents=True)

@@ -316,7 +316,7 @@ def redraw_file(path: Path, folder: Path | None = None) -> list[Path]:
     if kind == "retrieval":
         return [plot_retrieval_heatmap(data, _figure_name(path, folder, "heatmap"))]
     if kind == "che":
-        from ..che import redraw_che
+        from ..che.protocol import redraw_che
 
         return redraw_che(path, folder)  # che.md and che_per_length.png
     return []

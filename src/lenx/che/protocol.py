@@ -26,15 +26,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .attention.methods import UnknownMethodError, parse_method
-from .config import LMConfig, resolve_device
-from .model.lm import Block
-from .model.precision import autocast_for
-from .report.che_tables import che_table
-from .report.tables import to_markdown
-from .runinfo import git_commit
-from .tasks import TASKS, get_task
-from .training.step import train_step
+from ..attention.methods import UnknownMethodError, parse_method
+from ..config import LMConfig, resolve_device
+from ..model.lm import Block
+from ..model.precision import autocast_for
+from ..report.che_tables import che_table
+from ..report.tables import to_markdown
+from ..runinfo import git_commit
+from ..tasks import TASKS, get_task
+from ..training.step import train_step
 
 
 class CHEError(ValueError):
@@ -203,7 +203,7 @@ def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True) -> dict:
 
     Each finished run is appended to out_dir/runs.jsonl at once, so a killed run_che started again with
     the same out_dir skips what is done (if it was run under the same protocol)."""
-    from .attention import Attention, AttentionConfig
+    from ..attention import Attention, AttentionConfig
 
     for method in cfg.methods:  # reject unknown methods and impossible settings before any training
         try:

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from lenx.attention import DapeV2, all_methods, parse_method
-import lenx.che as che
-from lenx.che import Encoder, make_config, merge_che, redraw_che, run_che, runs_causally
+import lenx.che.protocol as che
+from lenx.che.protocol import Encoder, make_config, merge_che, redraw_che, run_che, runs_causally
 from lenx.ops import dape_v2_attention
 from lenx.tasks import TASKS, sample_recall
 
