@@ -109,8 +109,8 @@ def test_results_hold_data_only():
 def test_bench_reaches_no_kernel_module():
     """lenx bench times the backends as a user runs them: it imports no kernel module, so it can
     change no kernel's settings (tuning lives in scripts/tune and passes settings as arguments)."""
-    mods = [m for m, _, _ in imported_modules(SRC / "bench.py")]
-    assert not [m for m in mods if m.startswith("lenx.ops")], mods
+    mods = [m for path in sorted((SRC / "bench").glob("*.py")) for m, _, _ in imported_modules(path)]
+    assert mods and not [m for m in mods if m.startswith("lenx.ops")], mods
 
 
 def test_importing_lenx_has_no_side_effects():
@@ -174,7 +174,7 @@ def python_files(where: str) -> list[Path]:
     return sorted(path.rglob("*.py")) if path.is_dir() else [path]
 
 
-@pytest.mark.parametrize("where", ["evaluation", "report", "cli.py", "bench.py", "che"])
+@pytest.mark.parametrize("where", ["evaluation", "report", "cli.py", "bench", "che"])
 def test_only_training_imports_the_trainer(where):
     """The trainer (lenx.training.loop, and lenx.training.sweep, which trains) is imported by none of
     these, except inside the CLI's train, sweep and demo commands."""
@@ -268,7 +268,7 @@ def backward_calls() -> set[tuple[str, str]]:
 def test_one_training_step():
     """lenx train, lenx bench --train-step and lenx che take their optimizer steps in one function; the
     one other backward() is lenx bench's timing of a single attention call's forward and backward."""
-    assert backward_calls() == {("training/step.py", "train_step"), ("bench.py", "_measure")}
+    assert backward_calls() == {("training/step.py", "train_step"), ("bench/kernels.py", "_measure")}
 
 
 def test_the_training_step_imports_nothing_from_lenx():

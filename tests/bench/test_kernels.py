@@ -8,7 +8,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from lenx.bench import PROFILE_KEYS, _add_ratios, _add_train_step_ratios, run_bench, train_step_bench
+from lenx.bench.kernels import PROFILE_KEYS, _add_ratios, _add_train_step_ratios, run_bench, train_step_bench
 from lenx.report.bench_tables import bench_table, train_step_table
 from lenx.report.tables import show, to_markdown
 
@@ -145,7 +145,7 @@ def test_train_step_ratios():
 
 def test_train_step_bench_failure_is_a_row_and_no_reference(monkeypatch):
     # a method that fails while it is timed (out of memory, say) fails alone: the others still run
-    import lenx.bench as bench_module
+    import lenx.bench.kernels as bench_module
 
     real = bench_module._train_step_row
 

@@ -32,8 +32,8 @@ import warnings
 
 import torch
 
-from .attention import Attention, AttentionConfig
-from .attention.backends import run_backend, unsupported_reason
+from ..attention import Attention, AttentionConfig
+from ..attention.backends import run_backend, unsupported_reason
 
 METHODS = ("sdpa", "kerple", "dapev2-kerple", "stickbreaking")
 BACKENDS = ("sdpa", "flex", "triton", "chunked", "dense")
@@ -106,7 +106,7 @@ def _measure(method, backend, T, *, batch, heads, head_dim, dtype, device, chunk
     g = torch.randn(shape, device=device, dtype=dtype)
     leaves = [q, k, v] + params
     if backend == "triton":  # forward-only DAPE V2 work may run the Gluon kernel (fused._use_gluon)
-        from .attention.backends.fused import forward_kernel
+        from ..attention.backends.fused import forward_kernel
 
         with torch.no_grad(), torch.autocast(device.type, dtype=dtype):
             row["fwd_kernel"] = forward_kernel(q, k, v, parts)
@@ -254,10 +254,10 @@ def _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, ste
                     profile_steps: int = 0) -> dict:
     """Build one model and time `steps` full optimizer steps after `warmup` untimed ones, then
     profile `profile_steps` more (see _profile_steps)."""
-    from .model import LM
-    from .model.precision import autocast_for
-    from .training.optim import adamw
-    from .training.step import train_step
+    from ..model import LM
+    from ..model.precision import autocast_for
+    from ..training.optim import adamw
+    from ..training.step import train_step
 
     torch.manual_seed(0)
     model = LM(model_cfg).to(device)
@@ -312,7 +312,7 @@ def _profile_steps(step, n: int, device) -> dict:
     On a CPU there are no kernels: the same figures are the CPU ops' self time."""
     from torch.profiler import ProfilerActivity, profile
 
-    from .attention.profiling import BACKWARD, FORWARD, attention_profile, attention_ranges
+    from ..attention.profiling import BACKWARD, FORWARD, attention_profile, attention_ranges
 
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -346,8 +346,8 @@ def _profile_steps(step, n: int, device) -> dict:
 def _check_backend_overrides(backend_overrides: dict, methods, model_cfg, device) -> None:
     """A forced backend must name a benchmarked method and a backend that runs it here: checked on one
     attention layer before any model is timed (ConfigError with the planner's reason)."""
-    from .attention import Attention
-    from .config import ConfigError
+    from ..attention import Attention
+    from ..config import ConfigError
 
     for method, backend in backend_overrides.items():
         if method not in methods:
@@ -373,10 +373,10 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
     the ratios of _add_train_step_ratios (attn_x_sdpa, step_gpu_x_kerple, wall_x_kerple).
     A method that fails (out of memory included) gets a row with "error" and the others still run.
     backend_overrides: {method: backend} forces an attention backend for that method."""
-    from .attention.methods import parse_method
-    from .config import ConfigError, load_config
-    from .model import check_config
-    from .runinfo import environment
+    from ..attention.methods import parse_method
+    from ..config import ConfigError, load_config
+    from ..model import check_config
+    from ..runinfo import environment
 
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
