@@ -548,7 +548,8 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     """
     import torch
 
-    from .bench.kernels import TRAIN_STEP_METHODS, run_bench, train_step_bench
+    from .bench.kernels import run_bench
+    from .bench.train_step import TRAIN_STEP_METHODS, train_step_bench
     from .config import ConfigError
     from .fileio import check_writable_file
     from .report.bench_tables import bench_table, train_step_table
