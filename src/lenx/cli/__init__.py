@@ -34,17 +34,17 @@ def _command(name: str | None = None):
 def _user_errors(*extra: type[Exception]) -> tuple[type[Exception], ...]:
     """The errors a command reports in one line; `extra`: those of the training commands, which
     alone import lenx.training.loop and lenx.training.sweep."""
-    from .attention.methods import UnknownMethodError
-    from .config import ConfigError
-    from .data import DataError
-    from .fileio import OutputError
-    from .model.checkpoint import CheckpointError
+    from ..attention.methods import UnknownMethodError
+    from ..config import ConfigError
+    from ..data import DataError
+    from ..fileio import OutputError
+    from ..model.checkpoint import CheckpointError
 
     return (ConfigError, DataError, CheckpointError, UnknownMethodError, FileNotFoundError, OutputError, *extra)
 
 
 def _fail(e: Exception):
-    from .training.distributed import launched_info
+    from ..training.distributed import launched_info
 
     info = launched_info()
     where = f"[rank {info.rank}/{info.world}] " if info.enabled else ""  # under torchrun: which process
@@ -58,7 +58,7 @@ def _progress(flag: bool | None) -> bool:
 
 def _parse_ints(text: str | None, option: str, low: int = 1) -> list[int] | None:
     """Comma-separated integers >= low, or None when the option was not given."""
-    from .config import ConfigError
+    from ..config import ConfigError
 
     if text is None:
         return None
@@ -74,7 +74,7 @@ def _parse_ints(text: str | None, option: str, low: int = 1) -> list[int] | None
 def _parse_seeds(text: str | None) -> list[int] | None:
     """--seeds of sweep and che: integers >= 0, each once (a seed named twice would run twice and
     count as two), or None when not given."""
-    from .config import ConfigError
+    from ..config import ConfigError
 
     seeds = _parse_ints(text, "--seeds", low=0)
     if seeds and len(set(seeds)) < len(seeds):
@@ -84,8 +84,8 @@ def _parse_seeds(text: str | None) -> list[int] | None:
 
 def _parse_methods(text: str) -> list[str]:
     """Canonical method names of a comma-separated list; each once, at least one."""
-    from .attention import parse_method
-    from .config import ConfigError
+    from ..attention import parse_method
+    from ..config import ConfigError
 
     names = [parse_method(m).name for m in text.split(",") if m.strip()]
     if not names:
@@ -98,7 +98,7 @@ def _parse_methods(text: str) -> list[str]:
 
 def _run_config(run_dir: Path):
     """The config of a trained run directory (lenx.runs.run_config)."""
-    from .runs import run_config
+    from ..runs import run_config
 
     return run_config(run_dir)
 
@@ -112,9 +112,9 @@ def list_methods():
     CUDA column says how; a run's meta.json records the kernels its layers ran ("kernels"). CHE tasks (`lenx che --tasks`) come with their
     Chomsky level and chance accuracy.
     """
-    from .report.list_tables import method_backends, methods_table, tasks_table
-    from .report.tables import show
-    from .tasks import TASKS
+    from ..report.list_tables import method_backends, methods_table, tasks_table
+    from ..report.tables import show
+    from ..tasks import TASKS
 
     show([methods_table(method_backends()), tasks_table(TASKS)])
 
@@ -147,9 +147,9 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
     Prints the manifest (without its sources) as JSON on stdout, and one line per split (documents,
     tokens, documents of >= 8192 and >= 16384 tokens) on stderr.
     """
-    from .data.build import prepare_corpus
-    from .fileio import check_writable_dir
-    from .report.corpus_summary import manifest_json, skipped_records, split_summary
+    from ..data.build import prepare_corpus
+    from ..fileio import check_writable_dir
+    from ..report.corpus_summary import manifest_json, skipped_records, split_summary
 
     try:
         check_writable_dir(root, "--root")
@@ -175,11 +175,11 @@ def train_cmd(config: str = ConfigOpt, set_: list[str] = SetOpt,
     Several GPUs: `torchrun --nproc-per-node N -m lenx train ...` (DDP by default,
     `--set train.parallel=fsdp` for FSDP2).
     """
-    from .config import ConfigError, load_config
-    from .fileio import check_writable_dir
-    from .model import check_device
-    from .training import distributed
-    from .training.loop import TrainingDiverged, train
+    from ..config import ConfigError, load_config
+    from ..fileio import check_writable_dir
+    from ..model import check_device
+    from ..training import distributed
+    from ..training.loop import TrainingDiverged, train
 
     # Under torchrun a failing rank reports its error and exits non-zero; torchrun then stops the
     # other ranks, which may be waiting for it in a collective. The process group is shut down only
@@ -234,12 +234,12 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
     """
     from dataclasses import replace
 
-    from .config import ConfigError, validate
-    from .evaluation.evaluate import evaluate, evaluate_task, result_name
-    from .fileio import check_writable_dir, check_writable_file
-    from .model import check_device
-    from .report.eval_tables import eval_table, task_table
-    from .report.tables import show
+    from ..config import ConfigError, validate
+    from ..evaluation.evaluate import evaluate, evaluate_task, result_name
+    from ..fileio import check_writable_dir, check_writable_file
+    from ..model import check_device
+    from ..report.eval_tables import eval_table, task_table
+    from ..report.tables import show
 
     try:
         cfg = _run_config(run)
@@ -292,9 +292,9 @@ def generate_cmd(run: Path = typer.Argument(..., help="a run directory"),
     The prompt is read with the run's attention backends; each new token then costs one row of
     attention per layer against the cached keys and values. Prints tokens/s at the end (on stderr).
     """
-    from .config import ConfigError
-    from .model import check_device
-    from .model.generate import generate_from_run
+    from ..config import ConfigError
+    from ..model import check_device
+    from ..model.generate import generate_from_run
 
     try:
         if (prompt is None) == (prompt_file is None):
@@ -315,7 +315,7 @@ def generate_cmd(run: Path = typer.Argument(..., help="a run directory"),
 
 
 def _parse_factor(text: str) -> float:
-    from .config import ConfigError
+    from ..config import ConfigError
 
     if text.strip().lower() == "auto":
         return 0.0
@@ -326,7 +326,7 @@ def _parse_factor(text: str) -> float:
 
 
 def _parse_floats(text: str | None, option: str) -> list[float] | None:
-    from .config import ConfigError
+    from ..config import ConfigError
 
     if text is None:
         return None
@@ -352,12 +352,12 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
     Every method gets the same data, seed, token budget and evaluation windows; a finished run is
     not trained again and a partial one resumes. Writes results.json, results.md and the figures.
     """
-    from .config import load_config
-    from .fileio import check_writable_dir
-    from .report.eval_tables import eval_table
-    from .report.tables import show
-    from .training.loop import TrainingDiverged
-    from .training.sweep import SweepError, sweep
+    from ..config import load_config
+    from ..fileio import check_writable_dir
+    from ..report.eval_tables import eval_table
+    from ..report.tables import show
+    from ..training.loop import TrainingDiverged
+    from ..training.sweep import SweepError, sweep
 
     try:
         names = _parse_methods(methods)
@@ -400,9 +400,9 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
     evaluated on the same windows (corpus, split, eval.seed, windows, scored and lengths). Writes
     the numbers to --out as JSON (compare.json: an earlier one there is replaced only with --force).
     """
-    from .report.compare import MIN_RESAMPLES, CompareError, compare_to_file
-    from .report.compare_tables import compare_report, unfinished_runs
-    from .report.tables import show
+    from ..report.compare import MIN_RESAMPLES, CompareError, compare_to_file
+    from ..report.compare_tables import compare_report, unfinished_runs
+    from ..report.tables import show
 
     named, out = out is not None, out or Path("compare.json")
     try:
@@ -434,14 +434,14 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
     With --attention the maps of one input are computed from the run's checkpoint (on the CPU),
     saved as JSON and drawn from that file.
     """
-    from .report import plot
-    from .fileio import OutputError, check_writable_dir
+    from ..report import plot
+    from ..fileio import OutputError, check_writable_dir
 
     try:
         if out is not None:
             check_writable_dir(out, "--out")
         if attention:
-            from .evaluation.attention_maps import save_run_attention
+            from ..evaluation.attention_maps import save_run_attention
 
             saved, png = save_run_attention(source, out, layer=layer, head=head, length=length)
             print(saved)
@@ -476,10 +476,10 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
     Each task is trained on lengths 1..40 and tested on 41..500. `lenx list` names the tasks with
     their Chomsky level and chance accuracy.
     """
-    from .che.protocol import CHEError, make_config, merge_che, run_che
-    from .tasks import UnknownTaskError
+    from ..che.protocol import CHEError, make_config, merge_che, run_che
+    from ..tasks import UnknownTaskError
 
-    from .fileio import check_writable_dir
+    from ..fileio import check_writable_dir
 
     split = lambda text: [x for x in text.split(",") if x] if text else None  # noqa: E731
     try:
@@ -500,7 +500,7 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
 
 def _parse_backend_for(text: str) -> dict[str, str]:
     """'m1=b1,m2=b2' -> {m1: b1, m2: b2} (ConfigError on a malformed or repeated entry)."""
-    from .config import ConfigError
+    from ..config import ConfigError
 
     forced = {}
     for item in text.split(","):
@@ -548,13 +548,13 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     """
     import torch
 
-    from .bench.kernels import run_bench
-    from .bench.train_step import TRAIN_STEP_METHODS, train_step_bench
-    from .config import ConfigError
-    from .fileio import check_writable_file
-    from .report.bench_tables import bench_table, train_step_table
-    from .report.tables import show
-    from .runinfo import git_commit
+    from ..bench.kernels import run_bench
+    from ..bench.train_step import TRAIN_STEP_METHODS, train_step_bench
+    from ..config import ConfigError
+    from ..fileio import check_writable_file
+    from ..report.bench_tables import bench_table, train_step_table
+    from ..report.tables import show
+    from ..runinfo import git_commit
 
     try:
         if device not in ("cuda", "cpu") or (device == "cpu" and not train_step):
@@ -599,11 +599,11 @@ def demo(out: Path = typer.Option(Path("runs/demo"), "--out", "-o"),
     The main job: each method trains at length 64 and is evaluated up to 8x that; the table and the
     plot paths are printed.
     """
-    from .config import load_config
-    from .report.eval_tables import eval_table
-    from .report.tables import show
-    from .training.loop import TrainingDiverged
-    from .training.sweep import SweepError, sweep
+    from ..config import load_config
+    from ..report.eval_tables import eval_table
+    from ..report.tables import show
+    from ..training.loop import TrainingDiverged
+    from ..training.sweep import SweepError, sweep
 
     try:
         cfg = load_config("tiny", [f"train.steps={steps}"])

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def lenx(*args, cwd):
@@ -134,7 +134,7 @@ def test_bad_input_is_one_line_and_changes_nothing(workdir, args, needle):
     check_bad_input(workdir, args, needle)
 
 
-TEXTS = Path(__file__).resolve().parent / "fixtures" / "data" / "texts"  # 9 short documents
+TEXTS = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "texts"  # 9 short documents
 PREPARE_CASES = [
     pytest.param(["--long-test", "-1"], "--long-test must be an integer >= 0, got -1", id="long-test-negative"),
     pytest.param(["--long-test", "abc"], "--long-test", id="long-test-not-a-number"),

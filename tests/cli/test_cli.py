@@ -15,7 +15,7 @@ import pytest
 from helpers import eval_result
 from lenx.cli import app
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 COMMANDS = ("list", "prepare", "train", "eval", "generate", "sweep", "compare", "plot", "che", "bench", "demo")
 
 
