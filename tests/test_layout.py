@@ -46,6 +46,12 @@ def imported_modules(path: Path) -> list[tuple[str, int, str | None]]:
     return found
 
 
+def python_files(where: str) -> list[Path]:
+    """The source files of a module or package of src/lenx (`where`: relative to it)."""
+    path = SRC / where
+    return sorted(path.rglob("*.py")) if path.is_dir() else [path]
+
+
 def is_within(name: str, modules: tuple[str, ...]) -> bool:
     return any(name == m or name.startswith(m + ".") for m in modules)
 
@@ -157,7 +163,7 @@ def test_report_reads_results_only():
 
 
 def test_cli_builds_no_tables():
-    assert [i for i in imported_modules(SRC / "cli" / "__init__.py") if is_within(i[0], ("rich",))] == []
+    assert [i for path in python_files("cli") for i in imported_modules(path) if is_within(i[0], ("rich",))] == []
 
 
 def training_commands() -> set[str]:
@@ -166,12 +172,6 @@ def training_commands() -> set[str]:
 
     return {c.callback.__name__ for c in app.registered_commands
             if (c.name or c.callback.__name__) in ("train", "sweep", "demo")}
-
-
-def python_files(where: str) -> list[Path]:
-    """The source files of a module or package of src/lenx (`where`: relative to it)."""
-    path = SRC / where
-    return sorted(path.rglob("*.py")) if path.is_dir() else [path]
 
 
 @pytest.mark.parametrize("where", ["evaluation", "report", "cli", "bench", "che"])
@@ -195,7 +195,7 @@ def test_importing_evaluation_plotting_and_the_cli_loads_no_trainer():
 
 
 # The corpus builder's only callers: `lenx prepare`, and the synthetic corpus generated on first use.
-BUILDER_CALLERS = {("cli/__init__.py", "prepare"), ("runs.py", "open_training_corpus")}
+BUILDER_CALLERS = {("cli/data.py", "prepare"), ("runs.py", "open_training_corpus")}
 
 
 def test_only_prepare_imports_the_corpus_builder():
