@@ -1,6 +1,8 @@
-"""The house rules, checked: kernels on the ground floor, a reference beside every kernel, the lab
-bench out of the product, plotting and reports read files only, the CLI builds no tables, only what
-trains imports the trainer, no side effects on import."""
+"""The house rules, checked: kernels on the ground floor, a reference beside every kernel, each floor
+imports only what the map allows (docs/design.md), the lab bench out of the product, plotting and
+reports read files only, the CLI builds no tables, only what trains imports the trainer, one training
+step, no side effects on import, tests mirror the source, every package says what it owns, no module
+over 450 lines."""
 
 import ast
 import fnmatch
@@ -219,6 +221,74 @@ def test_pytest_collects_every_test_folder(pytestconfig):
     folders = {p.parent.relative_to(ROOT / "tests") for p in (ROOT / "tests").rglob("test_*.py")}
     skipped = [str(f) for f in folders if any(fnmatch.fnmatch(part, pattern) for part in f.parts for pattern in patterns)]
     assert skipped == []
+
+
+def test_tests_mirror_the_source():
+    """A folder of tests is named after the package of src/lenx it tests (tests/data/build for
+    lenx.data.build); tests of top-level modules, and end-to-end tests, stay in tests/."""
+    folders = {p.parent.relative_to(ROOT / "tests") for p in (ROOT / "tests").rglob("test_*.py")} - {Path(".")}
+    assert folders and [str(f) for f in folders if not (SRC / f / "__init__.py").is_file()] == []
+
+
+def test_every_package_says_what_it_owns():
+    """Every package of src/lenx opens with a docstring: what it owns (and, above the kernels, what it
+    may import; docs/design.md draws the whole map)."""
+    packages = sorted({p.parent for p in SRC.rglob("*.py")})
+    missing = [str(p.relative_to(SRC.parent)) for p in packages
+               if not (p / "__init__.py").is_file() or not ast.get_docstring(ast.parse((p / "__init__.py").read_text()))]
+    assert missing == []
+
+
+MAX_LINES = 450  # above it, a module does more than one thing; the kernels and the task generators excepted
+
+
+def test_no_module_is_over_the_size_bar():
+    long = {str(p.relative_to(SRC)): n for p in sorted(SRC.rglob("*.py"))
+            if not p.is_relative_to(OPS) and not p.is_relative_to(SRC / "tasks")
+            and (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"split these along their responsibilities: {long}"
+
+
+# What each floor of src/lenx may import from lenx (docs/design.md); a folder's own modules aside, and
+# lenx.cli, at the top, imports anything. lenx.ops has its own rule above.
+MAY_IMPORT = {
+    "_memory": set(), "config": set(), "fileio": set(), "runinfo": set(), "tasks": set(),
+    "attention": {"ops", "config", "_memory"},
+    "functional": {"attention"},
+    "data": {"fileio"},
+    "model": {"attention", "config"},
+    "runs": {"config", "data", "model"},
+    "evaluation": {"attention", "config", "fileio", "model", "runs"},
+    "training": {"config", "data", "fileio", "model", "runinfo", "runs"},
+    "che": {"attention", "config", "model", "report", "runinfo", "tasks", "training"},
+    "report": {"attention", "evaluation", "fileio", "tasks"},
+    "bench": {"attention", "config", "model", "runinfo", "training"},
+}
+# The reaches above a floor: generating from a run opens the run (inside generate_from_run), a sweep
+# evaluates and tabulates its runs, and `lenx plot FOLDER` re-draws a CHE result with CHE's own figure
+# (inside redraw).
+REACHES_UP = {("model/generate.py", "runs"), ("training/sweep.py", "evaluation"), ("training/sweep.py", "report"),
+              ("report/plot.py", "che")}
+
+
+def test_each_floor_imports_only_what_the_map_allows():
+    wrong = []
+    for path in sorted(SRC.rglob("*.py")):
+        where = path.relative_to(SRC)
+        floor = where.parts[0].removesuffix(".py")
+        if floor in ("ops", "cli", "__init__", "__main__"):
+            continue
+        for name, line, _ in imported_modules(path):
+            parts = name.split(".")
+            if parts[0] != "lenx" or len(parts) < 2 or parts[1] == floor:
+                continue
+            if parts[1] not in MAY_IMPORT[floor] and (where.as_posix(), parts[1]) not in REACHES_UP:
+                wrong.append(f"src/lenx/{where.as_posix()}:{line} imports {name}")
+    assert set(MAY_IMPORT) | {"ops", "cli", "__init__", "__main__"} == {p.name.removesuffix(".py") for p in SRC.iterdir()
+                                                                         if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    assert wrong == [], wrong
+
+
 def lenx_imports(path: Path) -> list[tuple[str, int]]:
     return [(m, line) for m, line, _ in imported_modules(path) if m == "lenx" or m.startswith("lenx.")]
 
