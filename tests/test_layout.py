@@ -266,7 +266,7 @@ MAY_IMPORT = {
 }
 # The reaches above a floor: generating from a run opens the run (inside generate_from_run), a sweep
 # evaluates and tabulates its runs, and `lenx plot FOLDER` re-draws a CHE result with CHE's own figure
-# (inside redraw).
+# (inside redraw_file).
 REACHES_UP = {("model/generate.py", "runs"), ("training/sweep.py", "evaluation"), ("training/sweep.py", "report"),
               ("report/plot.py", "che")}
 

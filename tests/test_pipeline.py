@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from lenx.model.checkpoint import CheckpointError, checkpoint_dir
 from lenx.config import ConfigError, load_config, to_toml
 from lenx.evaluation.evaluate import eval_windows, evaluate
 from lenx.model import LM
+from lenx.model.checkpoint import CheckpointError, checkpoint_dir
 from lenx.runs import load_run, open_training_corpus
 from lenx.training.loop import TrainingDiverged, train
 from lenx.training.optim import lr_at

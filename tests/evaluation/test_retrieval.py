@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from helpers import model_for
-from lenx.evaluation import retrieval
 from lenx.config import ConfigError
 from lenx.data.build import prepare_corpus
+from lenx.evaluation import retrieval
 
 WORDS = "river stone light north garden paper silver window market orchard".split()
 

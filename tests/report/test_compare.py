@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from lenx.report.compare import CompareError, compare_runs, find_runs
 from lenx.config import load_config, to_toml
+from lenx.report.compare import CompareError, compare_runs, find_runs
 from lenx.report.stats import seed_mean_difference
 
 SRC = Path(__file__).resolve().parents[2] / "src"

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from lenx.report import plot
 from lenx.evaluation.attention_maps import attention_maps, save_attention_maps
+from lenx.report import plot
 from lenx.report.plot import aggregate_by_method
 
 

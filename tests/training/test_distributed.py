@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from lenx.model.checkpoint import checkpoint_dir, load_weights
 from lenx.config import load_config
 from lenx.model import LM
+from lenx.model.checkpoint import checkpoint_dir, load_weights
 from lenx.training.loop import train
 
 # Two layers (so per-block sharding and T5's cross-layer table are exercised), two micro-batches
@@ -27,8 +27,8 @@ TINY = ["model.n_layer=2", "model.d_model=32", "model.n_head=2", "model.chunk_si
 # Runs train() for a few steps on every rank, then stops (checkpointing first).
 STOP_WORKER = """
 import sys
-from lenx.training import distributed
 from lenx.config import load_config
+from lenx.training import distributed
 from lenx.training.loop import train
 run_dir, stop_after, *overrides = sys.argv[1:]
 train(load_config("tiny", overrides), run_dir, progress=False, stop_after=int(stop_after))
@@ -40,8 +40,8 @@ FAIL_WORKER = """
 import os, sys
 import torch
 from lenx.cli import main
-from lenx.training import loop as train
 from lenx.data import DataError
+from lenx.training import loop as train
 real_get = train.Batches.get
 def get(self, step, micro, device):
     if self.info.rank == 1 and step == 2:

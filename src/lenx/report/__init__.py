@@ -12,6 +12,6 @@ from JSON on disk (`lenx plot`).
 Imports: the standard library, numpy, scipy and matplotlib (compare, stats, plot), rich inside the
 rich renderer, lenx.fileio, and the evaluation files' names (lenx.evaluation.files); the CHE task
 registry (lenx.tasks) and, for `lenx list`, the attention registry and its backends, inside the
-functions that name them; plot.py's re-drawing of a CHE folder calls lenx.che.protocol inside its function.
+functions that name them; plot.py re-draws a CHE folder with lenx.che.protocol, inside its function.
 Never the trainer, models, checkpoints, corpora or evaluation itself: a report reads results only.
 """

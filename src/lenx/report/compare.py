@@ -10,10 +10,11 @@ Per method and length the point estimate is the seed-mean perplexity, the mean o
 seed's exp(mean window NLL). Differences to a reference method get intervals over both the documents
 and each method's seeds (stats.method_difference: two seeds of one method can differ by more than a
 document-only interval allows), with the seed-to-seed spreads, the document win rate, the documents
-that carry most of the difference and those whose removal alone changes the verdict. ΔP (P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluation/evaluate.py) and
-the in-distribution perplexity (its first term) get intervals from the seeds whose eval.json keeps
-both terms per window ("in_distribution" and each length's "delta_p_window_nll"); where no seed's
-does (an older lenx eval), the method's "delta_p_note" says so.
+that carry most of the difference and those whose removal alone changes the verdict. ΔP
+(P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluation/evaluate.py) and the in-distribution
+perplexity (its first term) get intervals from the seeds whose eval.json keeps both terms per window
+("in_distribution" and each length's "delta_p_window_nll"); where no seed's does (an older lenx
+eval), the method's "delta_p_note" says so.
 
 Numpy only: comparing runs loads no model and no torch.
 """

@@ -349,9 +349,9 @@ def validation_loss(run: TrainingRun) -> float:
 
 def checkpoint_if_due(run: TrainingRun, done: int, end: int, now: bool = False) -> None:
     """Every train.ckpt_every and train.keep_every steps, at the last step and when `now`: full
-    weights and optimizer state, written by rank 0 alone (atomically, see checkpoint.py); the other
-    ranks wait so that none runs ahead of a checkpoint that may yet fail. Evaluations of an earlier
-    checkpoint are removed: what they evaluated is gone."""
+    weights and optimizer state, written by rank 0 alone (atomically, see model/checkpoint.py); the
+    other ranks wait so that none runs ahead of a checkpoint that may yet fail. Evaluations of an
+    earlier checkpoint are removed: what they evaluated is gone."""
     keep_every = run.cfg.train.keep_every
     keep = bool(keep_every) and done % keep_every == 0
     if not (now or keep or done % run.cfg.train.ckpt_every == 0 or done == end):
