@@ -15,7 +15,7 @@ python3 -m lenx train -c small --no-progress -o "$run" \
   > "$OUT/train.log" 2>&1 || { tail -20 "$OUT/train.log"; exit 1; }
 python3 - "$run" "$OUT" <<'PY'
 import json, sys, time, torch
-from lenx.evaluate import evaluate
+from lenx.evaluation.evaluate import evaluate
 run, out = sys.argv[1], sys.argv[2]
 rows = {}
 for backend in ("triton", "chunked"):  # warm-up: kernel compilation stays out of the timing

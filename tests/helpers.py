@@ -19,6 +19,24 @@ def assert_close(a, b, tol=1e-5, what="", floor=1e-6):
     assert err < tol, f"{what}: relative error {err:.2e} >= {tol:.0e}"
 
 
+V = 37  # the vocabulary of model_for's models
+
+
+def model_for(method: str, **overrides):
+    """A tiny float64 LM of `method` in eval mode, its parameters moved off their initial values."""
+    from lenx.config import LMConfig
+    from lenx.model import LM
+
+    torch.manual_seed(0)
+    cfg = LMConfig(method=method, vocab_size=V, n_layer=2, n_head=2, d_model=16, dape_hidden=4, chunk_size=16,
+                   cope_npos=8, **overrides)
+    model = LM(cfg).double().eval()
+    with torch.no_grad():  # parts that start at zero (CoPE's embeddings, a remainder vector) would test nothing
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return model
+
+
 def stick_loop(q, k, v, attend_current):
     """Direct product of sticks in float64: the nearest key breaks the stick first."""
     B, H, T, d = q.shape

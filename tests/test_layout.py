@@ -1,6 +1,8 @@
-"""The house rules, checked: kernels on the ground floor, a reference beside every kernel, the lab
-bench out of the product, plotting and reports read files only, the CLI builds no tables, only what
-trains imports the trainer, no side effects on import."""
+"""The house rules, checked: kernels on the ground floor, a reference beside every kernel, each floor
+imports only what the map allows (docs/design.md), the lab bench out of the product, plotting and
+reports read files only, the CLI builds no tables, only what trains imports the trainer, one training
+step, no side effects on import, tests mirror the source, every package says what it owns, no module
+over 450 lines."""
 
 import ast
 import fnmatch
@@ -14,6 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "lenx"
 OPS = SRC / "ops"
+TRAINER = ("lenx.training.loop", "lenx.training.sweep")  # the modules that train a model
+EVALUATION_FILES = ("lenx.evaluation.files",)  # the evaluation files' names and keeping: what a report may read
 
 
 def imported_modules(path: Path) -> list[tuple[str, int, str | None]]:
@@ -42,6 +46,12 @@ def imported_modules(path: Path) -> list[tuple[str, int, str | None]]:
 
     visit(ast.parse(path.read_text()), None)
     return found
+
+
+def python_files(where: str) -> list[Path]:
+    """The source files of a module or package of src/lenx (`where`: relative to it)."""
+    path = SRC / where
+    return sorted(path.rglob("*.py")) if path.is_dir() else [path]
 
 
 def is_within(name: str, modules: tuple[str, ...]) -> bool:
@@ -107,8 +117,8 @@ def test_results_hold_data_only():
 def test_bench_reaches_no_kernel_module():
     """lenx bench times the backends as a user runs them: it imports no kernel module, so it can
     change no kernel's settings (tuning lives in scripts/tune and passes settings as arguments)."""
-    mods = [m for m, _, _ in imported_modules(SRC / "bench.py")]
-    assert not [m for m in mods if m.startswith("lenx.ops")], mods
+    mods = [m for path in sorted((SRC / "bench").glob("*.py")) for m, _, _ in imported_modules(path)]
+    assert mods and not [m for m in mods if m.startswith("lenx.ops")], mods
 
 
 def test_importing_lenx_has_no_side_effects():
@@ -129,24 +139,33 @@ def test_no_session_history_in_code(path):
 
 
 def test_plot_does_not_load_checkpoints_or_models():
-    forbidden = ("lenx.checkpoint", "lenx.evaluate", "lenx.model", "lenx.runtime", "lenx.train", "torch")
-    assert [i for i in imported_modules(SRC / "plot.py") if is_within(i[0], forbidden)] == []
+    forbidden = ("lenx.evaluation", "lenx.model", "lenx.runs", *TRAINER, "torch")
+    assert [i for i in imported_modules(SRC / "report" / "plot.py") if is_within(i[0], forbidden)
+            and not is_within(i[0], EVALUATION_FILES)] == []
+
+
+# lenx.report's statistics and figures: they compute from result files with numpy, scipy and matplotlib
+STATS_AND_FIGURES = ("compare.py", "stats.py", "plot.py")
 
 
 def test_report_reads_results_only():
-    """lenx.report renders results: it loads no model, checkpoint, corpus or trainer, and imports
-    nothing heavy when imported (torch and the attention registry only inside lenx list's function)."""
-    forbidden = ("lenx.checkpoint", "lenx.data", "lenx.evaluate", "lenx.model", "lenx.runtime", "lenx.sweep",
-                 "lenx.train")
+    """lenx.report renders results: it loads no model, checkpoint, corpus or trainer (of evaluation it
+    reads the files only). Its tables import nothing heavy when imported (torch and the attention
+    registry only inside lenx list's function); its statistics and figures never import torch."""
+    forbidden = ("lenx.data", "lenx.evaluation", "lenx.model", "lenx.runs", *TRAINER)
     for path in sorted((SRC / "report").glob("*.py")):
         found = imported_modules(path)
-        assert [i for i in found if is_within(i[0], forbidden)] == [], path.name
-        assert [m for m, _, function in found if function is None
-                and not is_within(m, ("lenx.report", "dataclasses", "json", "statistics"))] == [], path.name
+        assert [i for i in found if is_within(i[0], forbidden) and not is_within(i[0], EVALUATION_FILES)] == [], path.name
+        at_import = [m for m, _, function in found if function is None]
+        if path.name in STATS_AND_FIGURES:
+            assert [m for m in at_import if is_within(m, ("torch",))] == [], path.name
+        else:
+            assert [m for m in at_import if not is_within(m, ("lenx.report", "dataclasses", "json", "statistics"))] == [], \
+                path.name
 
 
 def test_cli_builds_no_tables():
-    assert [i for i in imported_modules(SRC / "cli.py") if is_within(i[0], ("rich",))] == []
+    assert [i for path in python_files("cli") for i in imported_modules(path) if is_within(i[0], ("rich",))] == []
 
 
 def training_commands() -> set[str]:
@@ -157,27 +176,28 @@ def training_commands() -> set[str]:
             if (c.name or c.callback.__name__) in ("train", "sweep", "demo")}
 
 
-@pytest.mark.parametrize("module", ["evaluate", "plot", "cli", "bench", "che"])
-def test_only_training_imports_the_trainer(module):
-    """lenx.train (and lenx.sweep, which trains) is imported by none of these modules, except inside
-    the CLI's train, sweep and demo commands."""
-    allowed = training_commands() if module == "cli" else set()
-    assert len(allowed) == (3 if module == "cli" else 0)
-    wrong = [(name, function) for name, _, function in imported_modules(SRC / f"{module}.py")
-             if is_within(name, ("lenx.train", "lenx.sweep")) and function not in allowed]
-    assert wrong == [], f"{module}.py imports the trainer outside the training commands: {wrong}"
+@pytest.mark.parametrize("where", ["evaluation", "report", "cli", "bench", "che"])
+def test_only_training_imports_the_trainer(where):
+    """The trainer (lenx.training.loop, and lenx.training.sweep, which trains) is imported by none of
+    these, except inside the CLI's train, sweep and demo commands."""
+    allowed = training_commands() if where == "cli" else set()
+    assert len(allowed) == (3 if where == "cli" else 0)
+    wrong = [(path.name, name, function) for path in python_files(where) for name, _, function in imported_modules(path)
+             if is_within(name, TRAINER) and function not in allowed]
+    assert wrong == [], f"{where} imports the trainer outside the training commands: {wrong}"
 
 
 def test_importing_evaluation_plotting_and_the_cli_loads_no_trainer():
-    code = ("import sys, lenx.evaluate, lenx.plot, lenx.cli, lenx.che, lenx.runtime\n"
-            "print(sorted(m for m in sys.modules if m in ('lenx.train', 'lenx.sweep')))")
+    code = ("import sys, lenx.evaluation.evaluate, lenx.evaluation.attention_maps, lenx.evaluation.retrieval, "
+            "lenx.report.plot, lenx.cli, lenx.che.protocol, lenx.runs\n"
+            "print(sorted(m for m in sys.modules if m in ('lenx.training.loop', 'lenx.training.sweep')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
 
 # The corpus builder's only callers: `lenx prepare`, and the synthetic corpus generated on first use.
-BUILDER_CALLERS = {("cli.py", "prepare"), ("runtime.py", "open_training_corpus")}
+BUILDER_CALLERS = {("cli/data.py", "prepare"), ("runs.py", "open_training_corpus")}
 
 
 def test_only_prepare_imports_the_corpus_builder():
@@ -201,6 +221,74 @@ def test_pytest_collects_every_test_folder(pytestconfig):
     folders = {p.parent.relative_to(ROOT / "tests") for p in (ROOT / "tests").rglob("test_*.py")}
     skipped = [str(f) for f in folders if any(fnmatch.fnmatch(part, pattern) for part in f.parts for pattern in patterns)]
     assert skipped == []
+
+
+def test_tests_mirror_the_source():
+    """A folder of tests is named after the package of src/lenx it tests (tests/data/build for
+    lenx.data.build); tests of top-level modules, and end-to-end tests, stay in tests/."""
+    folders = {p.parent.relative_to(ROOT / "tests") for p in (ROOT / "tests").rglob("test_*.py")} - {Path(".")}
+    assert folders and [str(f) for f in folders if not (SRC / f / "__init__.py").is_file()] == []
+
+
+def test_every_package_says_what_it_owns():
+    """Every package of src/lenx opens with a docstring: what it owns (and, above the kernels, what it
+    may import; docs/design.md draws the whole map)."""
+    packages = sorted({p.parent for p in SRC.rglob("*.py")})
+    missing = [str(p.relative_to(SRC.parent)) for p in packages
+               if not (p / "__init__.py").is_file() or not ast.get_docstring(ast.parse((p / "__init__.py").read_text()))]
+    assert missing == []
+
+
+MAX_LINES = 450  # above it, a module does more than one thing; the kernels and the task generators excepted
+
+
+def test_no_module_is_over_the_size_bar():
+    long = {str(p.relative_to(SRC)): n for p in sorted(SRC.rglob("*.py"))
+            if not p.is_relative_to(OPS) and not p.is_relative_to(SRC / "tasks")
+            and (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"split these along their responsibilities: {long}"
+
+
+# What each floor of src/lenx may import from lenx (docs/design.md); a folder's own modules aside, and
+# lenx.cli, at the top, imports anything. lenx.ops has its own rule above.
+MAY_IMPORT = {
+    "_memory": set(), "config": set(), "fileio": set(), "runinfo": set(), "tasks": set(),
+    "attention": {"ops", "config", "_memory"},
+    "functional": {"attention"},
+    "data": {"fileio"},
+    "model": {"attention", "config"},
+    "runs": {"config", "data", "model"},
+    "evaluation": {"attention", "config", "fileio", "model", "runs"},
+    "training": {"config", "data", "fileio", "model", "runinfo", "runs"},
+    "che": {"attention", "config", "model", "report", "runinfo", "tasks", "training"},
+    "report": {"attention", "evaluation", "fileio", "tasks"},
+    "bench": {"attention", "config", "model", "runinfo", "training"},
+}
+# The reaches above a floor: generating from a run opens the run (inside generate_from_run), a sweep
+# evaluates and tabulates its runs, and `lenx plot FOLDER` re-draws a CHE result with CHE's own figure
+# (inside redraw_file).
+REACHES_UP = {("model/generate.py", "runs"), ("training/sweep.py", "evaluation"), ("training/sweep.py", "report"),
+              ("report/plot.py", "che")}
+
+
+def test_each_floor_imports_only_what_the_map_allows():
+    wrong = []
+    for path in sorted(SRC.rglob("*.py")):
+        where = path.relative_to(SRC)
+        floor = where.parts[0].removesuffix(".py")
+        if floor in ("ops", "cli", "__init__", "__main__"):
+            continue
+        for name, line, _ in imported_modules(path):
+            parts = name.split(".")
+            if parts[0] != "lenx" or len(parts) < 2 or parts[1] == floor:
+                continue
+            if parts[1] not in MAY_IMPORT[floor] and (where.as_posix(), parts[1]) not in REACHES_UP:
+                wrong.append(f"src/lenx/{where.as_posix()}:{line} imports {name}")
+    assert set(MAY_IMPORT) | {"ops", "cli", "__init__", "__main__"} == {p.name.removesuffix(".py") for p in SRC.iterdir()
+                                                                         if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    assert wrong == [], wrong
+
+
 def lenx_imports(path: Path) -> list[tuple[str, int]]:
     return [(m, line) for m, line, _ in imported_modules(path) if m == "lenx" or m.startswith("lenx.")]
 
@@ -248,9 +336,10 @@ def backward_calls() -> set[tuple[str, str]]:
 
 
 def test_one_training_step():
-    """lenx train, lenx bench --train-step and lenx che take their optimizer steps in one function; the
-    one other backward() is lenx bench's timing of a single attention call's forward and backward."""
-    assert backward_calls() == {("training/step.py", "train_step"), ("bench.py", "_measure")}
+    """lenx train, lenx bench --train-step and lenx che take their optimizer steps in one function, the
+    one function in lenx that calls backward() (the kernel benchmark takes its gradients with
+    torch.autograd.grad)."""
+    assert backward_calls() == {("training/step.py", "train_step")}
 
 
 def test_the_training_step_imports_nothing_from_lenx():

@@ -164,7 +164,7 @@ def test_a_committed_run_from_before_fingerprints_is_accepted_with_a_note(capsys
     """results/v125's runs were trained before meta.json recorded a fingerprint."""
     from lenx.config import load_config
     from lenx.data import DataError
-    from lenx.runtime import check_run_corpus
+    from lenx.runs import check_run_corpus
 
     run = REPO / "results" / "v125" / "kerple-s0"
     assert "corpus_fingerprint" not in json.loads((run / "meta.json").read_text())

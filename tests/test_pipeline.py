@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from lenx.checkpoint import CheckpointError, checkpoint_dir
 from lenx.config import ConfigError, load_config, to_toml
-from lenx.evaluate import eval_windows, evaluate
+from lenx.evaluation.evaluate import eval_windows, evaluate
 from lenx.model import LM
-from lenx.runtime import load_run, open_training_corpus
-from lenx.train import TrainingDiverged, train
+from lenx.model.checkpoint import CheckpointError, checkpoint_dir
+from lenx.runs import load_run, open_training_corpus
+from lenx.training.loop import TrainingDiverged, train
 from lenx.training.optim import lr_at
 
 TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=32", "train.batch_size=4",
@@ -70,7 +70,7 @@ def test_lr_schedule_warmup_then_cosine_to_a_tenth():
 
 @pytest.mark.parametrize("method", ["rope", "dapev2-kerple", "stickbreaking", "fire", "cope", "xl", "t5"])
 def test_train_short_then_run_long(method):
-    from lenx.model import LMConfig
+    from lenx.config import LMConfig
 
     torch.manual_seed(0)
     model = LM(LMConfig(method=method, n_layer=2, n_head=3, d_model=24, vocab_size=50, chunk_size=64))
@@ -91,7 +91,7 @@ def test_train_short_then_run_long(method):
 def test_state_dict_round_trip(tmp_path):
     from safetensors.torch import load_model, save_model
 
-    from lenx.model import LMConfig
+    from lenx.config import LMConfig
 
     cfg = LMConfig(method="t5", n_layer=2, n_head=2, d_model=16)
     a, b = LM(cfg), LM(cfg)
@@ -105,7 +105,7 @@ def test_cpu_forward_at_8192_within_4_gib():
     """A 1-layer DAPE V2 model runs a forward at T = 8192 on the chunked path in < 4 GiB resident."""
     code = (
         "import resource, torch\n"
-        "from lenx.model import LM, LMConfig\n"
+        "from lenx.config import LMConfig\nfrom lenx.model import LM\n"
         "m = LM(LMConfig(method='dapev2-kerple', n_layer=1, n_head=4, d_model=64, chunk_size=256)).eval()\n"
         "assert m.backends(torch.device('cpu')) == ['chunked']\n"
         "with torch.no_grad(): m(torch.randint(0, 256, (1, 8192)))\n"
@@ -181,7 +181,7 @@ def test_eval_windows_are_method_independent_and_nested(data_root):
 
 
 def test_last_tokens_scored_and_delta_p_arithmetic(data_root, tmp_path, monkeypatch):
-    from lenx import evaluate as ev
+    from lenx.evaluation import evaluate as ev
 
     train(tiny(data_root, "train.steps=3", "model.method=kerple"), tmp_path / "run", progress=False)
     seen = []

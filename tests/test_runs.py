@@ -16,16 +16,17 @@ import numpy as np
 import pytest
 import torch
 
-from lenx import train as train_module
-from lenx.checkpoint import CheckpointError, checkpoint_dir
+import lenx
 from lenx.config import ConfigError, load_config, to_toml
-from lenx.evaluate import evaluate, evaluate_task
-from lenx.sweep import SweepError, sweep
-from lenx.train import train
+from lenx.evaluation.evaluate import evaluate, evaluate_task
+from lenx.model.checkpoint import CheckpointError, checkpoint_dir
+from lenx.training import loop as train_module
+from lenx.training.loop import train
+from lenx.training.sweep import SweepError, sweep
 
 TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=32", "train.batch_size=4",
         "eval.max_length=64", "eval.windows=2", "eval.scored=16", "train.log_every=1", "train.device=cpu"]
-SRC = str(Path(train_module.__file__).resolve().parents[1])  # subprocesses run the lenx this test imports
+SRC = str(Path(lenx.__file__).resolve().parents[1])  # subprocesses run the lenx this test imports
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +67,9 @@ def ckpt_step(run_dir):
 def with_train_keys(monkeypatch, **keys):
     """Set train.* keys that lenx.config may not declare yet on every run config loaded, so a
     resumed run keeps them too."""
-    from lenx import runtime
+    from lenx import runs
 
-    real = runtime.load_config
+    real = runs.load_config
 
     def load(*args, **kwargs):
         cfg = real(*args, **kwargs)
@@ -76,7 +77,7 @@ def with_train_keys(monkeypatch, **keys):
             setattr(cfg.train, key, value)
         return cfg
 
-    monkeypatch.setattr(runtime, "load_config", load)
+    monkeypatch.setattr(runs, "load_config", load)
 
 
 # --- a damaged checkpoint is reported, never trained over ------------------------------------------
@@ -386,7 +387,7 @@ def test_validation_loss_is_logged_and_leaves_training_untouched(data_root, tmp_
     strip = lambda rs: [{k: v for k, v in r.items() if k not in ("time", "tokens_per_s")} for r in rs]  # noqa: E731
     assert strip(records(tmp_path / "cut")) == strip(records(tmp_path / "full"))
     # the same validation batches for every method
-    from lenx.train import validation_batches
+    from lenx.training.loop import validation_batches
 
     corpus = train_module.open_training_corpus(tiny(data_root))
     a = validation_batches(tiny(data_root, *o, **keys), corpus)
@@ -403,7 +404,7 @@ def test_validation_loss_is_logged_and_leaves_training_untouched(data_root, tmp_
 def test_a_run_begun_before_validation_was_fixed_resumes_with_its_own_windows(data_root, tmp_path, monkeypatch):
     """A run whose meta.json does not say how its validation windows were drawn began when
     train.seed drew them: resumed, it keeps those windows, so its val_loss curve stays one curve."""
-    from lenx.train import validation_batches
+    from lenx.training.loop import validation_batches
 
     keys = {"val_every": 2, "val_batches": 1}
     with_train_keys(monkeypatch, **keys)

@@ -21,7 +21,7 @@ for run in sorted(p for p in src.iterdir() if p.is_dir()):
             shutil.copy(f, out / f.name)
     if run.name.startswith("rope-pi-ft"):
         # evaluate() at 635f83c labelled only the zero-shot extensions; this run was fine-tuned with
-        # PI (its config.toml), so its results get the label later evaluations give (lenx.evaluate.run_label)
+        # PI (its config.toml), so its results get the label later evaluations give (lenx.evaluation.evaluate.run_label)
         for f in out.glob("eval*.json"):
             data = json.loads(f.read_text())
             f.write_text(json.dumps(data | {"label": "rope+pi fine-tuned"}, indent=2))

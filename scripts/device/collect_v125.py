@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 import sys
 
-from lenx.sweep import loss_curves
+from lenx.training.sweep import loss_curves
 
 dest = Path(sys.argv[1])
 run_dirs = sorted(p for p in dest.iterdir() if (p / "eval.json").exists())

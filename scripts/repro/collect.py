@@ -183,7 +183,7 @@ def main():
                     che_all.setdefault(d.name, []).append(d)
     che_dirs = {name: dirs[-1] for name, dirs in che_all.items()}  # the latest runs.jsonl holds every task
     if che_dirs:
-        from lenx.che import merge_che
+        from lenx.che.protocol import merge_che
 
         merge_che(list(che_dirs.values()), out / "che")
         merged = json.loads((out / "che" / "che.json").read_text())
@@ -226,7 +226,7 @@ def main():
     copy_device_files(sources, out)
     (out / "tables.md").write_text("\n".join(tables) + "\n")
     print(f"wrote {out / 'tables.md'}")
-    from lenx.plot import redraw
+    from lenx.report.plot import redraw
 
     for path in redraw(out):
         print(path)

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from lenx.attention import DapeV2, KerpleLog
-from lenx.bench import median_ms
+from lenx.bench.kernels import median_ms
 from lenx.runinfo import environment
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "lenx" / "ops" / "dape_v2" / "gluon.py"

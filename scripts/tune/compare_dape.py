@@ -15,7 +15,7 @@ import torch
 from torch.nn import functional as F
 
 from lenx.attention import DapeV2, KerpleLog
-from lenx.bench import median_ms
+from lenx.bench.kernels import median_ms
 from lenx.ops.dape_v2.triton import dape_v2_triton
 from lenx.runinfo import environment
 

@@ -12,7 +12,7 @@ import json
 import torch
 
 from lenx.attention import KerpleLog
-from lenx.bench import median_ms
+from lenx.bench.kernels import median_ms
 from lenx.ops.biased_softmax.triton import biased_attention
 from lenx.ops.stickbreaking.triton import stickbreaking_triton
 from lenx.runinfo import environment

@@ -13,7 +13,7 @@ import json
 
 import torch
 
-from lenx.bench import median_ms
+from lenx.bench.kernels import median_ms
 from lenx.runinfo import environment
 
 DEFAULTS = {

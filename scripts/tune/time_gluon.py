@@ -1,5 +1,5 @@
 """The Gluon DAPE V2 forward against the Triton kernel's forward and fused causal SDPA in one run: bf16,
-B 1, H 12, d 64, D 32, Kerple, no autograd graph; back-to-back medians (lenx.bench.median_ms), the Gluon
+B 1, H 12, d 64, D 32, Kerple, no autograd graph; back-to-back medians (lenx.bench.kernels.median_ms), the Gluon
 forward with its host-side tables and without them (built once, outside the timing: "gluon kernel"),
 and peak memory per call. --d128: also DAPE V2 at head dim 128 (the Gluon forward takes 64 only; the
 Triton kernel's shared memory takes heads x d <= 1024, so lenx routes d 128 at 12 heads to the chunked
@@ -18,7 +18,7 @@ from torch.nn import functional as F
 
 from lenx.attention import DapeV2, KerpleLog, Softmax
 from lenx.attention.backends import Parts, run_backend
-from lenx.bench import median_ms
+from lenx.bench.kernels import median_ms
 from lenx.ops.dape_v2 import gluon as G
 from lenx.ops.dape_v2.triton import dape_v2_triton
 from lenx.runinfo import environment

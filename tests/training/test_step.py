@@ -7,7 +7,8 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from lenx.model import LM, LMConfig
+from lenx.config import LMConfig
+from lenx.model import LM
 from lenx.training.step import NonFiniteLoss, train_step
 
 V, T = 32, 12

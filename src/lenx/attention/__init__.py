@@ -1,4 +1,10 @@
-"""Attention variants as composable parts, and the one attention module built from them."""
+"""Attention variants as composable parts, and the one attention module built from them: one file per
+part, parts.py (what parts declare), methods.py (the registry of compositions), module.py (the
+Attention module), backends/ (one file per way to compute a composition, and the planner), and
+profiling.py (the attention's profiler ranges).
+
+Imports: lenx.ops (the kernels and their references), lenx.config (AttentionConfig) and
+lenx._memory; nothing above it (the model, training, evaluation)."""
 
 from .alibi import ALiBi, alibi_slopes
 from .backends import BACKENDS, plan_backend

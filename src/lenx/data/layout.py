@@ -11,7 +11,7 @@ A folder without a valid manifest.json counts as not prepared.
 manifest["fingerprint"] pins the corpus's content: the SHA-256 of tokenizer.json and of
 each split (its token stream and document index). A run records it (meta.json), and
 evaluating or generating with the run refuses a corpus whose fingerprint differs
-(lenx.runtime.open_run_corpus). Corpora prepared before fingerprints existed get theirs
+(lenx.runs.open_run_corpus). Corpora prepared before fingerprints existed get theirs
 computed from their files when asked (Corpus.fingerprint).
 """
 

@@ -4,7 +4,7 @@ from .tables import Table, columns
 
 
 def che_table(summary: dict, cfg) -> Table:
-    """Tasks x methods of a CHE summary ({task: {method: {mean, std, max}}}; lenx.che.summarise):
+    """Tasks x methods of a CHE summary ({task: {method: {mean, std, max}}}; lenx.che.protocol.summarise):
     accuracy in %, max over seeds (mean ± std); `cfg` (a CHEConfig) names the tasks, methods and
     protocol. A task x method that no run covered (merged folders need not cover all) shows –."""
     from ..tasks import get_task

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from ..checkpoint import CheckpointError
+from ..model.checkpoint import CheckpointError
 from ..config import RunConfig
 from ..fileio import write_text
 

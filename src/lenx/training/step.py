@@ -28,7 +28,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches
     `clip`, then the optimizer's update; the gradients are cleared (set to None) afterwards.
 
     autocast: the context each forward (loss_fn) runs in. grad_sync(last): the context of each
-    micro-batch's forward under data parallelism (lenx.distributed.grad_sync: gradients reduced
+    micro-batch's forward under data parallelism (lenx.training.distributed.grad_sync: gradients reduced
     across ranks with the last one only). reduce: applied to the loss before it is checked and
     returned (the mean over ranks). check_finite: raise NonFiniteLoss, before the update, when the
     loss is not finite (this reads it on the host, which waits for the device). before_update: called

@@ -7,7 +7,7 @@ from (sources, fetch, archives), the user's own files (inputs), cleaning, docume
 tokenizer training and encoding, the synthetic generator, the writers and the swap of a finished
 build into place (prepare, staging). It may import the reader (lenx.data's corpus, layout,
 tokenizer and errors modules) for the format it writes. The reader never imports it; elsewhere
-only `lenx prepare` and lenx.runtime, which generates the synthetic corpus on first use, do
+only `lenx prepare` and lenx.runs, which generates the synthetic corpus on first use, do
 (tests/test_layout.py).
 """
 

@@ -1,0 +1,247 @@
+"""Whole training steps per method (`lenx bench --train-step`; the DAPE V2 paper's table 7): the wall
+time of a synchronized step, tokens/s and peak memory of the --preset model, each step the one
+training step of lenx.training.step. Besides the wall time it profiles a few more steps with
+torch.profiler and reports GPU kernel time: of the whole step, and of the attention's kernels
+(forward and backward, marked by lenx.attention.profiling), with ratios against Kerple and SDPA.
+Wall times also count the host launching the kernels (host-bound where kernels are short, as the
+attention's are at training shapes), so the kernel times are the figures that compare the attention
+methods' GPU cost. Library use: train_step_bench(...) -> dict (also written as JSON); its table:
+lenx.report.bench_tables.
+"""
+
+from dataclasses import replace
+import gc
+import json
+import statistics
+import time
+import warnings
+
+import torch
+
+from .common import is_oom
+
+TRAIN_STEP_METHODS = ("sdpa", "rope", "alibi", "kerple", "fire", "dape-kerple", "dapev2-kerple")
+KERPLE = "kerple"  # the method that step_gpu_x_kerple and wall_x_kerple divide by
+SDPA_REFERENCES = ("sdpa", "rope")  # attn_x_sdpa divides by the first of these that ran on SDPA alone
+PROFILE_KEYS = ("step_gpu_ms", "attn_fwd_gpu_ms", "attn_bwd_gpu_ms", "attn_gpu_ms", "unlinked_gpu_ms",
+                "attn_ranges_per_step", "attn_kernels")
+TOP_KERNELS = 12
+
+
+def _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, steps, warmup, device,
+                    profile_steps: int = 0) -> dict:
+    """Build one model and time `steps` full optimizer steps after `warmup` untimed ones, then
+    profile `profile_steps` more (see _profile_steps)."""
+    from ..model import LM
+    from ..model.precision import autocast_for
+    from ..training.optim import adamw
+    from ..training.step import train_step
+
+    torch.manual_seed(0)
+    model = LM(model_cfg).to(device)
+    row = {"method": method, "backends": model.backends(device), "params": model.num_params()}
+    optimizer = adamw(model, cfg.train, device)
+    # one fixed batch: the step's cost does not depend on the token values, and no data loading is timed
+    tokens = torch.randint(0, vocab_size, (batch_size, seq_len + 1), device=device)
+    batch = tokens[:, :-1], tokens[:, 1:]
+    cuda = device.type == "cuda"
+
+    def step():
+        # bf16 autocast on CUDA, fp32 on CPU, as in training; the loss stays on the device (no sync)
+        loss, _ = train_step(model, optimizer, [batch], lambda x, y: model(x, y)[1], clip=1.0,
+                             autocast=lambda: autocast_for(device, "auto"))
+        return loss
+
+    model.train()
+    for _ in range(warmup):  # compilation, autotuning, allocator growth, optimizer state creation
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(steps):
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        loss = step()
+        if cuda:
+            torch.cuda.synchronize(device)
+        times.append(1000 * (time.perf_counter() - t0))
+    row["times_ms"] = times
+    row["median_ms"] = statistics.median(times)
+    row["mean_ms"] = statistics.fmean(times)
+    row["tokens_per_s"] = batch_size * seq_len / (row["median_ms"] / 1000)
+    row["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
+    row["final_loss"] = float(loss.detach())  # a sanity check that the steps computed something finite
+    row.update(_profile_steps(step, profile_steps, device) if profile_steps else dict.fromkeys(PROFILE_KEYS))
+    return row
+
+
+def _profile_steps(step, n: int, device) -> dict:
+    """Run one step and then `n` profiled ones under torch.profiler, with the attention's ranges on
+    (lenx.attention.profiling) -> the row's profiler figures, per step:
+
+    step_gpu_ms: every kernel (and memcpy/memset) of the step; attn_fwd_gpu_ms / attn_bwd_gpu_ms:
+    the kernels launched inside the attention's forward / backward ranges, all layers;
+    attn_gpu_ms: their sum; unlinked_gpu_ms: kernels the profiler linked to no CPU event (in
+    step_gpu_ms, in no attention figure); attn_ranges_per_step: ranges seen per step (n_layer each
+    when the attribution worked); attn_kernels: the TOP_KERNELS attention kernels by time, with
+    their pass, ms and calls per step. Each kernel is counted once, at its own duration.
+    On a CPU there are no kernels: the same figures are the CPU ops' self time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..attention.profiling import BACKWARD, FORWARD, attention_profile, attention_ranges
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with attention_ranges(), warnings.catch_warnings():
+        # torch 2.11 warns, for one profile, that a profile's events end with its cycle
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
+        step()  # the markers' first call, unprofiled
+        if cuda:
+            torch.cuda.synchronize(device)
+        with profile(activities=activities, record_shapes=False) as prof:
+            for _ in range(n):
+                step()
+            if cuda:
+                torch.cuda.synchronize(device)  # every kernel finished before the trace is collected
+    p = attention_profile(prof.events(), kernels=cuda)
+    ms = lambda us: us / n / 1000  # noqa: E731  (microseconds over the profile -> ms per step)
+    kernels = sorted(((us, kind, name, count) for kind in (FORWARD, BACKWARD)
+                      for name, (us, count) in p.by_name[kind].items()), reverse=True)
+    return {
+        "step_gpu_ms": ms(p.total_us),
+        "attn_fwd_gpu_ms": ms(p.forward_us),
+        "attn_bwd_gpu_ms": ms(p.backward_us),
+        "attn_gpu_ms": ms(p.forward_us + p.backward_us),
+        "unlinked_gpu_ms": ms(p.unlinked_us),
+        "attn_ranges_per_step": {"fwd": p.ranges[FORWARD] / n, "bwd": p.ranges[BACKWARD] / n},
+        "attn_kernels": [{"name": name, "pass": "fwd" if kind == FORWARD else "bwd", "ms_per_step": ms(us),
+                          "calls_per_step": count / n} for us, kind, name, count in kernels[:TOP_KERNELS]],
+    }
+
+
+def _check_backend_overrides(backend_overrides: dict, methods, model_cfg, device) -> None:
+    """A forced backend must name a benchmarked method and a backend that runs it here: checked on one
+    attention layer before any model is timed (ConfigError with the planner's reason)."""
+    from ..attention import Attention
+    from ..config import ConfigError
+
+    for method, backend in backend_overrides.items():
+        if method not in methods:
+            raise ConfigError(f"backend override for {method!r}, which is not among the methods ({', '.join(methods)})")
+        layer_cfg = replace(model_cfg, method="nope" if method == "sdpa" else method, backend=backend)
+        try:
+            Attention(layer_cfg, model_cfg.n_head, model_cfg.d_model).backend_for(device)
+        except ValueError as e:
+            raise ConfigError(f"{method}={backend}: {e}") from None
+
+
+def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 512, batch_size: int = 32,
+                     vocab_size: int = 16384, steps: int = 20, warmup: int = 5, device: str = "cuda",
+                     reference: str = "dapev2-kerple", backend_overrides: dict[str, str] | None = None,
+                     overrides: list[str] | None = None, *, profile_steps: int = 4, commit: str | None = None,
+                     command: str | None = None, out_path=None, log=print) -> dict:
+    """Time per training step and peak memory of the whole model, per method (the DAPE V2 paper's
+    table 7): the `preset` model with each method, random tokens, AdamW, bf16 autocast on CUDA.
+    Each row has the median and mean wall ms/step (each step synchronized), tokens/s, peak GiB (None
+    on CPU), the backend of each layer, and `ratio`: its median over the `reference` method's (None
+    without a reference row). Then `profile_steps` more steps run under torch.profiler (0: none):
+    the GPU kernel time of a step and of its attention (_profile_steps; CPU op time on a CPU), and
+    the ratios of _add_train_step_ratios (attn_x_sdpa, step_gpu_x_kerple, wall_x_kerple).
+    A method that fails (out of memory included) gets a row with "error" and the others still run.
+    backend_overrides: {method: backend} forces an attention backend for that method."""
+    from ..attention.methods import parse_method
+    from ..config import ConfigError, load_config
+    from ..model import check_config
+    from ..runinfo import environment
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train_step_bench: device cuda but no CUDA device is visible (use device='cpu')")
+    if profile_steps < 0:
+        raise ConfigError(f"profile_steps must be 0 (no profile) or more, not {profile_steps}")
+    cfg = load_config(preset, overrides or [])
+    check_config(cfg)
+    backend_overrides = backend_overrides or {}
+    for method in methods:  # a typo is an error now, not a row after minutes of benchmarking
+        parse_method("nope" if method == "sdpa" else method)
+    _check_backend_overrides(backend_overrides, methods, cfg.model, dev)
+    env = environment(dev)
+    result = {
+        "benchmark": "train_step",
+        "device": env.get("gpu") or f"cpu ({env.get('cpu')})",
+        "torch": env["torch"],
+        "triton": env["triton"],
+        "cuda": torch.version.cuda,
+        "python": env["python"],
+        "git_commit": commit or env["git_commit"],
+        "command": command if command is not None else env["command"],
+        "settings": dict(methods=list(methods), preset=preset, seq_len=seq_len, batch_size=batch_size,
+                         vocab_size=vocab_size, steps=steps, warmup=warmup, profile_steps=profile_steps,
+                         device=device, reference=reference,
+                         backend_overrides=dict(backend_overrides), overrides=list(overrides or []),
+                         model={k: v for k, v in vars(cfg.model).items() if k != "method"}),
+        "profiled_time": None if not profile_steps else (
+            "GPU kernel time (torch.profiler, CUDA activity)" if dev.type == "cuda" else
+            "CPU op self time (torch.profiler, CPU activity; no GPU: the *_gpu_ms keys hold CPU time)"),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "rows": [],
+    }
+    for method in methods:
+        model_cfg = replace(cfg.model, method="nope" if method == "sdpa" else method, vocab_size=vocab_size,
+                            backend=backend_overrides.get(method, cfg.model.backend))
+        try:
+            row = _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, steps, warmup, dev,
+                                  profile_steps)
+        except Exception as err:  # noqa: BLE001  (a method that fails is a result; the others still run)
+            kind = "oom" if is_oom(err) else "error"
+            row = {"method": method, "status": kind, "error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+        # the failed step's tensors are referenced by the traceback until here; free them before the next method
+        gc.collect()
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+        result["rows"].append(row)
+        if log:
+            log(_train_step_line(row))
+    _add_train_step_ratios(result, reference)
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if out_path:
+        with open(out_path, "w") as f:
+            json.dump(result, f, indent=1)
+    return result
+
+
+def _ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def _add_train_step_ratios(result, reference: str) -> None:
+    """Each measured row's ratios, in place: `ratio` (wall median over the `reference` method's),
+    `wall_x_kerple` and `step_gpu_x_kerple` (wall median and step GPU time over Kerple's), and
+    `attn_x_sdpa` (attention GPU time over SDPA's: the row of result["sdpa_reference"], the first
+    method of SDPA_REFERENCES that was profiled with every layer on the sdpa backend; "rope" rotates
+    q and k before its attention, outside the attention's ranges). None where a figure is missing."""
+    rows = [r for r in result["rows"] if "median_ms" in r]
+    by_method = {r["method"]: r for r in rows}
+    ref, kerple = by_method.get(reference, {}), by_method.get(KERPLE, {})
+    sdpa_ref = next((m for m in SDPA_REFERENCES if m in by_method and by_method[m].get("attn_gpu_ms")
+                     and set(by_method[m]["backends"]) == {"sdpa"}), None)
+    result["sdpa_reference"] = sdpa_ref
+    sdpa = by_method.get(sdpa_ref, {})
+    for r in result["rows"]:
+        r["ratio"] = _ratio(r.get("median_ms"), ref.get("median_ms"))
+        r["wall_x_kerple"] = _ratio(r.get("median_ms"), kerple.get("median_ms"))
+        r["step_gpu_x_kerple"] = _ratio(r.get("step_gpu_ms"), kerple.get("step_gpu_ms"))
+        r["attn_x_sdpa"] = _ratio(r.get("attn_gpu_ms"), sdpa.get("attn_gpu_ms"))
+
+
+def _train_step_line(r) -> str:
+    if "error" in r:
+        return f"{r['method']:>15}  {r['error']}"
+    peak = f"{r['peak_gib']:.2f} GiB" if r["peak_gib"] is not None else "peak n/a"
+    line = f"{r['method']:>15}  {r['median_ms']:9.2f} ms/step  {r['tokens_per_s']:10.0f} tok/s  {peak}"
+    if r.get("step_gpu_ms") is not None:
+        line += (f"  profiled: step {r['step_gpu_ms']:.3f} ms, attention {r['attn_gpu_ms']:.3f} ms "
+                 f"({r['attn_fwd_gpu_ms']:.3f} fwd + {r['attn_bwd_gpu_ms']:.3f} bwd)")
+    return line

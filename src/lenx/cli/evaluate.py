@@ -1,0 +1,140 @@
+"""`lenx eval` (perplexity at every length, or a retrieval task) and `lenx generate` (continue a
+prompt)."""
+
+from pathlib import Path
+import sys
+from typing import Optional
+
+import typer
+
+from . import ProgressOpt, _command, _fail, _parse_ints, _progress, _run_config, _user_errors
+
+
+@_command("eval")
+def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
+             lengths: str = typer.Option(None, help="comma-separated, e.g. 128,256,512 (default: powers of two from the training length to eval.max_length)"),
+             windows: int = typer.Option(None, help="windows per length (default eval.windows)"),
+             scored: int = typer.Option(None, help="score the last N tokens (default eval.scored, 256)"),
+             device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
+             backend: str = typer.Option(None, help="force an attention backend"),
+             step: int = typer.Option(None, help="evaluate the weights kept at this step (train.keep_every) "
+                                                 "instead of the last checkpoint"),
+             rope_scaling: str = typer.Option(None, help="evaluate a RoPE model with a context extension: pi, ntk, "
+                                                         "dynamic-ntk or yarn (writes eval_rope-<scaling>.json)"),
+             rope_scaling_factor: str = typer.Option(None, help="the scale s of --rope-scaling: auto (evaluation "
+                                                                "length / training length, the default) or a number "
+                                                                ">= 1; not with dynamic-ntk, which sets its own"),
+             task: str = typer.Option(None, help="a retrieval task instead of perplexity: passkey or copy "
+                                                 "(writes eval_<task>.json)"),
+             depths: str = typer.Option(None, help="--task: comma-separated depths in [0, 1] (default 0,0.25,0.5,0.75,1)"),
+             samples: int = typer.Option(None, help="--task: inputs per length and depth (default 8)"),
+             progress: Optional[bool] = ProgressOpt):
+    """Evaluate a run: perplexity at every length, ΔP and full-sequence perplexity.
+
+    The perplexity of the last --scored tokens of the same windows at every length (the DAPE V2
+    paper's protocol); writes eval.json into the run directory, keeping an earlier evaluation there
+    with other settings beside it as eval.<key>.json. With --task, a retrieval task (passkey or copy
+    at distance) over lengths x depths instead. The run's corpus must be the one it was trained on.
+    """
+    from dataclasses import replace
+
+    from ..config import ConfigError, validate
+    from ..evaluation.evaluate import evaluate, evaluate_task, result_name
+    from ..fileio import check_writable_dir, check_writable_file
+    from ..model import check_device
+    from ..report.eval_tables import eval_table, task_table
+    from ..report.tables import show
+
+    try:
+        cfg = _run_config(run)
+        # before any work: an evaluation that cannot be saved is not started
+        check_writable_dir(run, "the run folder")
+        check_writable_file(Path(run) / result_name(step, rope_scaling, task), "the evaluation file")
+        if backend:
+            cfg = replace(cfg, model=replace(cfg.model, backend=backend))
+            validate(cfg)
+        check_device(cfg, device, key="--device", training=False)
+        if rope_scaling_factor is not None:  # rather than ignoring it silently
+            if rope_scaling is None:
+                raise ConfigError("--rope-scaling-factor applies to --rope-scaling (pi, ntk or yarn), which is not given")
+            if rope_scaling == "dynamic-ntk":
+                raise ConfigError("--rope-scaling dynamic-ntk sets its scale from each input's length; "
+                                  "--rope-scaling-factor does not apply to it")
+        factor = _parse_factor(rope_scaling_factor or "auto")
+        if task is not None:
+            if windows is not None or scored is not None:
+                raise ConfigError("--windows and --scored belong to the perplexity evaluation, not to --task")
+            result = evaluate_task(run, task, _parse_ints(lengths, "--lengths"), _parse_floats(depths, "--depths"),
+                                   samples, device, backend, step, rope_scaling, factor, progress=_progress(progress))
+        else:
+            if depths is not None or samples is not None:
+                raise ConfigError("--depths and --samples belong to --task")
+            result = evaluate(run, _parse_ints(lengths, "--lengths"), windows, scored, device, backend,
+                              progress=_progress(progress), step=step, rope_scaling=rope_scaling,
+                              rope_scaling_factor=factor)
+    except _user_errors() as e:
+        _fail(e)
+    show([task_table(result) if task is not None else eval_table([result])])
+    print(f"wrote {Path(run) / result_name(step, rope_scaling, task)}")
+
+
+@_command("generate")
+def generate_cmd(run: Path = typer.Argument(..., help="a run directory"),
+                 prompt: str = typer.Option(None, help="the text to continue (token ids separated by spaces for the "
+                                                       "token-level synthetic corpus)"),
+                 prompt_file: Path = typer.Option(None, help="read the prompt from this file instead"),
+                 max_new_tokens: int = typer.Option(100, help="tokens to generate"),
+                 temperature: float = typer.Option(1.0, help="0 is greedy (deterministic)"),
+                 top_k: int = typer.Option(0, help="sample among the k most likely tokens (0: all)"),
+                 top_p: float = typer.Option(1.0, help="sample among the most likely tokens up to this probability"),
+                 seed: int = typer.Option(0, help="seed of the sampling"),
+                 max_context: int = typer.Option(32768, help="the cache limit: prompt plus new tokens"),
+                 device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
+                 backend: str = typer.Option(None, help="force the attention backend of the prompt's forward")):
+    """Continue a prompt with a trained run, token by token with a KV cache, streaming the text.
+
+    The prompt is read with the run's attention backends; each new token then costs one row of
+    attention per layer against the cached keys and values. Prints tokens/s at the end (on stderr).
+    """
+    from ..config import ConfigError
+    from ..model import check_device
+    from ..model.generate import generate_from_run
+
+    try:
+        if (prompt is None) == (prompt_file is None):
+            raise ConfigError("give the prompt with --prompt TEXT or --prompt-file FILE (one of them)")
+        if prompt_file is not None:
+            if not prompt_file.is_file():
+                raise ConfigError(f"--prompt-file {prompt_file} is not a file")
+            prompt = prompt_file.read_text()
+        check_device(_run_config(run), device, key="--device", training=False)
+        out = generate_from_run(run, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                seed=seed, device=device, backend=backend, max_context=max_context,
+                                write=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+    except _user_errors() as e:
+        _fail(e)
+    print()
+    print(f"{len(out['new_tokens'])} tokens after a {out['prompt_tokens']}-token prompt: {out['tokens_per_s']:.1f} "
+          f"tokens/s ({out['method']}, {out['device']})", file=sys.stderr)
+
+
+def _parse_factor(text: str) -> float:
+    from ..config import ConfigError
+
+    if text.strip().lower() == "auto":
+        return 0.0
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"--rope-scaling-factor must be auto or a number, got {text!r}") from None
+
+
+def _parse_floats(text: str | None, option: str) -> list[float] | None:
+    from ..config import ConfigError
+
+    if text is None:
+        return None
+    try:
+        return [float(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise ConfigError(f"{option} must be comma-separated numbers, got {text!r}") from None

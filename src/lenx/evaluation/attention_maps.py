@@ -1,0 +1,81 @@
+"""The attention maps of one input to a trained run: raw scores, bias and processed scores of one
+head (attention_maps), saved as JSON (save_attention_maps, save_run_attention) that `lenx plot
+--attention` draws."""
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from ..attention.backends import score_block
+from ..config import ConfigError
+from ..fileio import check_writable_dir
+from ..model import check_device
+from ..runs import load_model, open_run_corpus, run_config, run_weights
+
+
+def attention_maps(run_dir: Path, tokens: torch.Tensor | None = None, layer: int = 0, head: int = 0,
+                   length: int = 64) -> dict:
+    """Raw scores, bias and processed scores (pre-softmax, causal part; NaN above the diagonal) of
+    one head of a trained run for one input, with "method", "layer", "head" and "length". The input
+    is `tokens`, by default the first `length` tokens of the run's test split. Runs on the CPU."""
+    cfg = run_config(run_dir)
+    corpus = open_run_corpus(run_dir, cfg) if tokens is None else None
+    model = load_model(cfg, run_weights(run_dir), torch.device("cpu"))
+    if tokens is None:
+        tokens = torch.from_numpy(corpus.tokens("test")[:length].astype("int64"))
+    attn = model.blocks[layer].attn
+    captured = {}
+    handle = attn.register_forward_pre_hook(lambda mod, args: captured.setdefault("x", args[0]))
+    with torch.no_grad():
+        model.hidden(tokens[None])
+        handle.remove()
+        q, k, _ = attn.project(captured["x"])
+        raw, bias, processed = score_block(q, k, attn.parts)
+        maps = {"scores": raw[0, head]}
+        if bias is not None:
+            maps["bias"] = bias.expand_as(raw)[0, head]
+        if attn.processor is not None:
+            maps["processed"] = processed[0, head]
+    T = len(tokens)
+    mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+    return {name: m.masked_fill(mask, float("nan")) for name, m in maps.items()} | {
+        "method": cfg.model.method, "layer": layer, "head": head, "length": T}
+
+
+def save_attention_maps(maps: dict, path: Path) -> Path:
+    """attention_maps() as JSON: each map a nested list with NaN (the masked upper triangle) as null."""
+    data = {}
+    for name, value in maps.items():
+        if isinstance(value, torch.Tensor):
+            # 9 significant digits give back the same float32 and keep the file about half the size
+            data[name] = [[None if math.isnan(v) else float(f"{v:.9g}") for v in row] for row in value.tolist()]
+        else:
+            data[name] = value
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+    return path
+
+
+def save_run_attention(run_dir: Path, out_dir: Path | None = None, layer: int = 0, head: int = 0,
+                       length: int = 64) -> tuple[Path, Path]:
+    """The attention maps of one head of a run for one input (attention_maps), computed on the CPU
+    and saved as JSON into out_dir (default: the run folder), after checking the layer, head and
+    length against the run's model: (the JSON file, the figure to draw from it). The checkpoint is
+    read once, into JSON; `lenx plot` draws the figure from that file, as it re-draws it later."""
+    cfg = run_config(run_dir)
+    m = cfg.model
+    for option, value, count, what in (("--layer", layer, m.n_layer, "layers"), ("--head", head, m.n_head, "heads")):
+        if not 0 <= value < count:
+            raise ConfigError(f"{option} {value} does not exist: the model of {run_dir} has {count} {what} "
+                              f"({option} 0 to {count - 1})")
+    if length < 1:
+        raise ConfigError(f"--length must be >= 1, got {length}")
+    check_device(cfg, "cpu", training=False)
+    if out_dir is None:
+        check_writable_dir(run_dir, "the run folder")
+    png = Path(out_dir or run_dir) / f"attention_L{layer}_H{head}.png"
+    maps = attention_maps(run_dir, layer=layer, head=head, length=length)
+    return save_attention_maps(maps, png.with_suffix(".json")), png

@@ -1,0 +1,13 @@
+"""The model floor: the decoder LM (lm.py), its config checks that run before any work
+(checks.py), its precision (precision.py), KV-cache generation (generate.py) and checkpoints
+(checkpoint.py).
+
+Imports: lenx.attention, lenx.config and the standard library, numpy, torch and safetensors; never
+training, evaluation, reports, benchmarks or the CLI. The one reach upwards is
+generate.generate_from_run, which opens a trained run through lenx.runs inside the function.
+"""
+
+from .checks import check_config, check_device
+from .lm import LM
+
+__all__ = ["LM", "check_config", "check_device"]

@@ -1,0 +1,92 @@
+"""A run config checked against the model, before any work starts: check_config (every [model]
+field, the other sections, and a build on the meta device) and check_device (what depends on the
+machine). Errors are one-line ConfigErrors that name the key."""
+
+from dataclasses import replace
+
+import torch
+
+from ..attention.backends import BACKENDS, get_backend, plan_backend
+from ..attention.methods import parse_method
+from ..attention.rope import SCALINGS
+from ..attention.stickbreaking import REMAINDER_MODES
+from ..config import (ConfigError, LMConfig, RunConfig, at_least, check, fraction, one_of, positive, resolve_device,
+                      validate)
+from .lm import LM
+
+
+def check_config(cfg: RunConfig) -> None:
+    """Check every field of [model] against its range or choices (the method, backend, scaling and
+    remainder names against the attention registries), then the other sections (lenx.config.validate),
+    then build the model on the meta device (no memory and no time, even for 350m) so that what a run
+    builds is known to build. Raises a one-line ConfigError that names the key. What depends on the
+    machine is check_device's."""
+    _check_model(cfg.model)
+    validate(cfg)
+    try:
+        model = _build_meta(replace(cfg.model, backend="auto"))
+    except (ValueError, AssertionError) as e:
+        raise ConfigError(f"model: {cfg.model.method} cannot be built with these settings: {e}") from None
+    if cfg.model.backend != "auto":
+        # judged where the backend runs at all (triton: CUDA); check_device judges the device in use
+        _check_backend(model, cfg.model.backend, torch.device("cuda" if cfg.model.backend == "triton" else "cpu"))
+
+
+def check_device(cfg: RunConfig, device: str, key: str = "train.device", training: bool = True) -> torch.device:
+    """check_config, then what it cannot know: `device` (auto, cpu, cuda or cuda:N; `key` names where
+    it was given) exists on this machine, and the forced attention backend runs on it, and trains on
+    it when `training`. Returns the device."""
+    check_config(cfg)
+    dev = resolve_device(device, key)
+    backend = cfg.model.backend
+    if backend != "auto":
+        # every layer has the same parts: one layer answers for all
+        _check_backend(_build_meta(replace(cfg.model, n_layer=1, backend="auto")), backend, dev)
+        if training and not get_backend(backend).trains(dev):
+            raise ConfigError(f"model.backend={backend} cannot train on {dev.type} (it has no backward there); "
+                              "use model.backend=chunked or auto")
+    return dev
+
+
+def _check_model(m: LMConfig) -> None:
+    try:
+        parse_method(m.method)
+    except ValueError as e:
+        raise ConfigError(f"model.method: {e}") from None
+    at_least("model", m, 1, "vocab_size", "n_layer", "n_head", "d_model", "mlp_ratio", "chunk_size",
+             "dape_hidden", "fire_width", "cope_npos")
+    if m.d_model % m.n_head:
+        raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
+    check(m.dape_kernel % 2 == 1 and m.dape_kernel >= 1, "model.dape_kernel",
+          "an odd integer >= 1 (the 1xk kernel is centred on each key)", m.dape_kernel)
+    check(m.t5_buckets >= 2, "model.t5_buckets", ">= 2", m.t5_buckets)
+    check(m.t5_max_distance > m.t5_buckets // 2, "model.t5_max_distance",
+          f"above the exact buckets (model.t5_buckets // 2 = {m.t5_buckets // 2})", m.t5_max_distance)
+    positive("model.rope_base", m.rope_base)
+    positive("model.fire_L_init", m.fire_L_init)
+    fraction("model.dropout", m.dropout, top_open=True)
+    one_of("model.backend", m.backend, ("auto", *BACKENDS))
+    one_of("model.activation", m.activation, ("gelu", "relu"))
+    one_of("model.fire_activation", m.fire_activation, ("auto", "relu", "leaky_relu"))
+    one_of("model.sb_remainder", m.sb_remainder, REMAINDER_MODES)
+    one_of("model.rope_scaling", m.rope_scaling, SCALINGS)
+    check(m.rope_scaling_factor == 0 or m.rope_scaling_factor >= 1, "model.rope_scaling_factor",
+          "0 (auto: the length processed / model.rope_train_len) or a number >= 1", m.rope_scaling_factor)
+    at_least("model", m, 0, "rope_train_len")
+    check(m.rope_scaling == "none" or m.rope_train_len >= 1, "model.rope_train_len",
+          f">= 1 with model.rope_scaling={m.rope_scaling} (the training length the scaling extends)", m.rope_train_len)
+    check(m.causal, "model.causal", "true (an LM that sees the tokens it predicts learns nothing; "
+          "bidirectional encoders are `lenx che`)", m.causal)
+
+
+def _build_meta(model_cfg: LMConfig) -> LM:
+    """The LM of model_cfg, its weights on the meta device (they take no memory)."""
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):  # building must not move the caller's random state
+        return LM(model_cfg)
+
+
+def _check_backend(model: LM, backend: str, device: torch.device) -> None:
+    try:
+        plan_backend(model.blocks[0].attn.parts, device, backend)
+    except ValueError as e:
+        raise ConfigError(f"model.backend={backend} (model.method={model.cfg.method}) on {device.type}: {e}") from None

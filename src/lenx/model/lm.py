@@ -1,0 +1,159 @@
+"""A small decoder LM that carries any lenx attention (it does not know which), with KV-cache
+decoding (prefill, decode)."""
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..attention import Attention
+from ..attention.cache import LayerCache
+from ..config import LMConfig
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LMConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=False)
+        self.proj = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=False)
+        if cfg.activation not in ("gelu", "relu"):
+            raise ValueError(f"model.activation must be gelu or relu, got {cfg.activation!r}")
+        self.act = F.gelu if cfg.activation == "gelu" else F.relu
+
+    def forward(self, x):
+        return self.proj(self.act(self.fc(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LMConfig, shared: dict):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(cfg, cfg.n_head, cfg.d_model, shared)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.mlp = MLP(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, cache: LayerCache | None = None):
+        x = x + self.drop(self.attn(self.ln1(x), cache))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+    def extend(self, x, cache: LayerCache, start: int):
+        """Rows x [B, R, C] at positions start.. (see Attention.extend)."""
+        x = x + self.drop(self.attn.extend(self.ln1(x), cache, start))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class KVCache:
+    """What decoding keeps: every layer's keys and values and the tokens, for `capacity` positions."""
+
+    def __init__(self, layers: list[LayerCache], tokens: torch.Tensor):
+        self.layers, self.tokens, self.length = layers, tokens, 0
+
+    @property
+    def capacity(self) -> int:
+        return self.tokens.shape[1]
+
+
+class LM(nn.Module):
+    """Pre-LayerNorm GPT-style decoder with tied embeddings and no absolute positions: all position
+    information comes from the attention method, so the model runs at any length."""
+
+    def __init__(self, cfg: LMConfig):
+        super().__init__()
+        self.cfg = cfg
+        shared: dict = {}  # parts shared across layers (the T5 bias table)
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, shared) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.d_model)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight
+        self._init_weights()
+
+    def _init_weights(self):
+        # GPT-2 style for the projections and embeddings only; the position parts keep their own init.
+        nn.init.normal_(self.wte.weight, std=0.02)
+        for block in self.blocks:
+            for lin in (block.attn.qkv, block.mlp.fc):
+                nn.init.normal_(lin.weight, std=0.02)
+            for lin in (block.attn.proj, block.mlp.proj):
+                nn.init.normal_(lin.weight, std=0.02 / math.sqrt(2 * self.cfg.n_layer))
+
+    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.wte(idx)
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        logits = self.lm_head(self.hidden(idx))
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
+        return logits, loss
+
+    # --- decoding with a KV cache ---------------------------------------------------------------
+    # Every method processes each query row on its own, so a new token needs only its own row of
+    # scores against the cached keys. DAPE V2's 1 x k convolution is the one subtlety: the row of
+    # position r reads the conv at keys up to r + k//2, whose inputs are zero (tril) but which exist
+    # only once those tokens do (the forward zero-pads the key axis past the sequence's end). So a
+    # row is final only when `halo` = k//2 tokens follow it, and each step recomputes the last
+    # `halo` rows with the new one: every step's logits are then exactly the last row of a full
+    # forward over the tokens so far.
+
+    @property
+    def halo(self) -> int:
+        """Positions before the newest whose outputs change when a token is appended."""
+        return max(b.attn.processor.halo if b.attn.processor is not None else 0 for b in self.blocks)
+
+    def new_cache(self, batch: int, capacity: int, device=None, dtype=None) -> KVCache:
+        """An empty cache for `batch` sequences of up to `capacity` tokens (prompt and generated)."""
+        for b in self.blocks:
+            if not b.attn.cfg.causal or (b.attn.processor is not None and b.attn.processor.leak):
+                raise ValueError(f"{self.cfg.method} sees future keys here (non-causal, or DAPE V2 leak=True), "
+                                 "so it cannot decode token by token")
+        p = self.wte.weight
+        device = p.device if device is None else device
+        dtype = p.dtype if dtype is None else dtype
+        layers = [LayerCache(batch, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head, capacity, device, dtype)
+                  for _ in self.blocks]
+        return KVCache(layers, torch.zeros(batch, capacity, dtype=torch.long, device=device))
+
+    def prefill(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Read the prompts idx [B, T] into an empty cache with the usual forward (the planner's
+        backends) -> logits of the last position [B, vocab]."""
+        if cache.length:
+            raise ValueError("prefill needs an empty cache; append tokens with decode()")
+        if idx.shape[1] > cache.capacity:
+            raise ValueError(f"a prompt of {idx.shape[1]} tokens does not fit a cache of {cache.capacity}")
+        x = self.wte(idx)
+        for block, layer in zip(self.blocks, cache.layers):
+            x = block(x, layer)
+        cache.tokens[:, : idx.shape[1]] = idx
+        cache.length = idx.shape[1]
+        return self.lm_head(self.ln_f(x[:, -1]))
+
+    def decode(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Append tokens idx [B, m] (usually m = 1) -> logits of the new positions [B, m, vocab]: their
+        rows of a full forward over all the tokens so far (so the last is the next token's
+        distribution). O(T) per layer and token."""
+        n, m = cache.length, idx.shape[1]
+        if n + m > cache.capacity:
+            raise ValueError(f"the cache holds {cache.capacity} tokens; {n + m} do not fit")
+        cache.tokens[:, n:n + m] = idx
+        start = max(0, n - self.halo)
+        x = self.wte(cache.tokens[:, start:n + m])
+        for block, layer in zip(self.blocks, cache.layers):
+            x = block.extend(x, layer, start)
+        cache.length = n + m
+        return self.lm_head(self.ln_f(x[:, n - start:]))
+
+    def backends(self, device: torch.device) -> list[str]:
+        return [block.attn.backend_for(device) for block in self.blocks]
+
+    def kernels(self) -> list[str | None]:
+        """The fused kernel each layer's DAPE V2 processor last ran (None: none, or no such choice)."""
+        return [getattr(block.attn.processor, "kernel", None) for block in self.blocks]
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())

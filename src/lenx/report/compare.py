@@ -1,0 +1,336 @@
+"""Compare methods over training seeds: perplexity with bootstrap intervals over documents.
+
+Each run's eval.json keeps one mean NLL per window and length ("window_nll") and the document of
+each window ("window_documents"). The windows depend only on the corpus, split, eval seed, window
+count and lengths, never on the method or the training seed, so runs evaluated alike are measured on
+the very same windows: a method's seeds are pooled window by window, and two methods are compared
+pairwise on the same resamples of documents (lenx.report.stats).
+
+Per method and length the point estimate is the seed-mean perplexity, the mean over seeds of each
+seed's exp(mean window NLL). Differences to a reference method get intervals over both the documents
+and each method's seeds (stats.method_difference: two seeds of one method can differ by more than a
+document-only interval allows), with the seed-to-seed spreads, the document win rate, the documents
+that carry most of the difference and those whose removal alone changes the verdict. ΔP
+(P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluation/evaluate.py) and the in-distribution
+perplexity (its first term) get intervals from the seeds whose eval.json keeps both terms per window
+("in_distribution" and each length's "delta_p_window_nll"); where no seed's does (an older lenx
+eval), the method's "delta_p_note" says so.
+
+Numpy only: comparing runs loads no model and no torch.
+"""
+
+import json
+from pathlib import Path
+import re
+import tomllib
+
+import numpy as np
+
+from ..fileio import write_json
+from .stats import (document_shares, document_win_rate, leave_one_document_out, method_difference,
+                    seed_mean_difference, seed_mean_interval, window_summary)
+
+MIN_RESAMPLES = 100
+WINDOW_KEYS = ("corpus", "split", "eval_seed", "scored", "lengths", "window_documents")  # what fixes the windows
+NO_DELTA_P = ("no run's eval.json keeps ΔP's terms per window (an older lenx eval); evaluate again with "
+              "`lenx eval RUN` for ΔP and in-distribution intervals")
+
+
+WRITTEN_BY = "lenx compare"  # the marker of compare's JSON: `lenx compare --out` overwrites only such a file
+
+
+class CompareError(ValueError):
+    """Runs that cannot be compared; the message is one line for the user."""
+
+
+def is_compare_output(path: Path) -> bool:
+    """Whether `path` holds JSON that `lenx compare` wrote: its marker, or (before the marker) the
+    keys compare_runs always wrote."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    if not isinstance(data, dict):
+        return False
+    return data.get("written_by") == WRITTEN_BY or {"level", "resamples", "reference", "methods", "differences",
+                                                     "runs", "windows", "documents"} <= set(data)
+
+
+def check_out(out: Path, named: bool, force: bool) -> None:
+    """Whether compare may write `out`: a new file; a file of an earlier compare when the user named
+    it (--out) or passed --force; never a file lenx compare did not write."""
+    out = Path(out)
+    if out.is_dir():
+        raise CompareError(f"--out {out} is a folder; give a file name such as {out / 'compare.json'}")
+    if not out.exists() and not out.is_symlink():
+        return
+    if not is_compare_output(out):
+        raise CompareError(f"{out} exists and was not written by lenx compare; lenx does not overwrite it: "
+                           "choose another --out, or move that file away")
+    if not named and not force:
+        raise CompareError(f"{out} holds an earlier comparison; pass --force to replace it, or --out FILE to "
+                           "write this one elsewhere")
+
+
+def find_runs(paths: list[Path]) -> list[Path]:
+    """The run folders that `paths` name: a folder with an eval.json is a run; a folder without one
+    stands for each of its subfolders that has one (a sweep's --out), in name order, skipping the
+    runs a sweep moved aside (<name>.old-<time>). A run named twice counts once."""
+    runs, seen = [], set()
+    for path in map(Path, paths):
+        if not path.is_dir():
+            raise CompareError(f"{path} is not a folder (give run folders or folders of runs)")
+        if (path / "eval.json").is_file():
+            found = [path]
+        else:
+            found = sorted(p for p in path.iterdir() if p.is_dir() and (p / "eval.json").is_file()
+                           and ".old-" not in p.name and not p.name.startswith("."))
+            if not found:
+                raise CompareError(f"{path} has no eval.json and no subfolder with one; evaluate runs with "
+                                   "`lenx eval RUN` first")
+        for run in found:
+            key = run.resolve()
+            if key not in seen:
+                seen.add(key)
+                runs.append(run)
+    if not runs:
+        raise CompareError("no run to compare: give run folders or folders of runs")
+    return runs
+
+
+def _training_seed(run_dir: Path) -> int | None:
+    """train.seed of the run's config.toml; without a readable one, the <seed> of a folder named
+    <method>-s<seed> (lenx sweep --seeds); else None."""
+    try:
+        seed = tomllib.loads((run_dir / "config.toml").read_text())["train"]["seed"]
+        if isinstance(seed, int) and not isinstance(seed, bool):
+            return seed
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    match = re.search(r"-s(\d+)$", run_dir.name)
+    return int(match.group(1)) if match else None
+
+
+def load_run(run_dir: Path) -> dict:
+    """One run for comparison: {"run", "method" (the eval label when it has one, e.g. a fine-tuned
+    RoPE extension), "seed", "train_len", "step", "finished", "windows" (what fixes its windows),
+    "nll" {length: window NLLs}, "delta_p_tokens"}."""
+    run_dir = Path(run_dir)
+    path = run_dir / "eval.json"
+    try:
+        result = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CompareError(f"{run_dir} has no eval.json; evaluate it with `lenx eval {run_dir}`") from None
+    except (OSError, ValueError) as e:
+        raise CompareError(f"{path} is not readable JSON ({e}); evaluate it again with `lenx eval {run_dir}`") from None
+    rows = result.get("results") if isinstance(result, dict) else None
+    if not isinstance(rows, dict) or not rows:
+        raise CompareError(f"{path} holds no perplexity results; evaluate it with `lenx eval {run_dir}`")
+    documents = result.get("window_documents")
+    if not isinstance(documents, list) or any(not isinstance(r, dict) or "window_nll" not in r for r in rows.values()):
+        raise CompareError(f"{path} has no per-window NLLs (written by an older lenx eval); re-run "
+                           f"`lenx eval {run_dir}` to write them")
+    nll = {int(L): np.asarray(r["window_nll"], dtype=np.float64) for L, r in rows.items()}
+    if any(v.shape != (len(documents),) for v in nll.values()):
+        raise CompareError(f"{path} has window NLLs that do not match its {len(documents)} window documents; "
+                           f"re-run `lenx eval {run_dir}`")
+    lengths = sorted(nll)
+    windows = {key: result.get(key) for key in WINDOW_KEYS} | {"lengths": lengths}
+    # ΔP's two terms per window (eval.json from lenx eval since the 125M runs' second seeds)
+    inside = result.get("in_distribution")
+    short = _window_array(inside.get("window_nll"), len(documents)) if isinstance(inside, dict) else None
+    tails = {int(L): _window_array(r.get("delta_p_window_nll"), len(documents)) for L, r in rows.items()
+             if "delta_p_window_nll" in r}
+    if short is None or any(v is None for v in tails.values()):
+        short, tails = None, {}
+    fingerprint = result.get("corpus_fingerprint")
+    try:
+        vocab = json.loads((run_dir / "meta.json").read_text()).get("vocab_size")
+    except (OSError, ValueError, AttributeError):
+        vocab = None  # a run folder without meta.json: no ln(vocabulary) check
+    return {"run": str(run_dir), "vocab_size": vocab if isinstance(vocab, int) and vocab > 1 else None, "method": result.get("label") or result.get("method"), "seed": _training_seed(run_dir),
+            "corpus_fingerprint": fingerprint if isinstance(fingerprint, dict) else None,
+            "train_len": result.get("train_len"), "step": result.get("step"), "finished": result.get("finished"),
+            "windows": windows, "nll": {L: nll[L] for L in lengths}, "delta_p_tokens": result.get("delta_p_tokens"),
+            "short": short, "tails": tails}
+
+
+def _window_array(values, windows: int) -> np.ndarray | None:
+    """A list of per-window NLLs as an array, or None when it is not one per window."""
+    if not isinstance(values, list) or len(values) != windows:
+        return None
+    return np.asarray(values, dtype=np.float64)
+
+
+def _check_same_windows(runs: list[dict]) -> None:
+    """Every run must be evaluated on the first one's windows; the error names the runs that are not."""
+    first = runs[0]
+    differ = {}
+    for run in runs[1:]:
+        keys = [key for key in WINDOW_KEYS if run["windows"][key] != first["windows"][key]]
+        if keys:
+            differ[run["run"]] = keys
+    if differ:
+        listed = "; ".join(f"{run} ({', '.join(keys)})" for run, keys in differ.items())
+        raise CompareError(f"runs evaluated on other windows than {first['run']}: {listed}; evaluate every run "
+                           "with the same corpus, split, eval.seed, windows, scored tokens and lengths")
+    # the same corpus name prepared anew is another corpus; an eval.json from before fingerprints says nothing
+    pinned = [run for run in runs if run["corpus_fingerprint"] is not None]
+    other = [run["run"] for run in pinned[1:] if run["corpus_fingerprint"] != pinned[0]["corpus_fingerprint"]]
+    if other:
+        raise CompareError(f"runs evaluated on another version of corpus {first['windows']['corpus']!r} than "
+                           f"{pinned[0]['run']}: {', '.join(other)} (their eval.json records other corpus "
+                           "fingerprints); compare runs evaluated on the same corpus")
+
+
+def _group(runs: list[dict]) -> dict[str, list[dict]]:
+    """Runs by method, in order of first appearance; a method's runs must differ in their seed and
+    share their training length."""
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        if not run["method"]:
+            raise CompareError(f"{run['run']}/eval.json names no method; re-run `lenx eval {run['run']}`")
+        groups.setdefault(run["method"], []).append(run)
+    for method, members in groups.items():
+        seen = {}
+        for run in members:
+            if run["seed"] is not None and run["seed"] in seen:
+                raise CompareError(f"{seen[run['seed']]} and {run['run']} are both {method} with training seed "
+                                   f"{run['seed']}: compare them separately, not as two seeds of one method")
+            seen[run["seed"]] = run["run"]
+        train_lens = sorted({str(run["train_len"]) for run in members})
+        if len(train_lens) > 1:
+            raise CompareError(f"the {method} runs were trained at different lengths ({', '.join(train_lens)}): "
+                               f"{', '.join(run['run'] for run in members)}")
+    return groups
+
+
+def _delta_p_windows(members: list[dict], lengths: list[int]) -> tuple[np.ndarray, dict, list] | None:
+    """ΔP's two terms, [seeds, windows] each, from the runs whose eval.json keeps them per window
+    (an older eval.json does not): (the last delta_p_tokens read with T_train tokens of input,
+    {L: the same tokens read at L}, those runs' seeds); None when no run keeps them."""
+    T = members[0]["train_len"]
+    longer = [L for L in lengths if isinstance(T, int) and L > T]
+    kept = [r for r in members if r["short"] is not None and sorted(r["tails"]) == longer]
+    if not kept:
+        return None
+    return (np.stack([r["short"] for r in kept]), {L: np.stack([r["tails"][L] for r in kept]) for L in longer},
+            [r["seed"] for r in kept])
+
+
+def _interval_entry(window_nll: np.ndarray, documents: np.ndarray, boot: dict) -> dict:
+    interval = seed_mean_interval(window_nll, documents, **boot)
+    return {"ppl": interval["ppl"], "lo": interval["lo"], "hi": interval["hi"], "per_seed": interval["per_seed"],
+            "median_nll": float(np.median(window_nll))}
+
+
+def _difference(a: np.ndarray, b: np.ndarray, documents: np.ndarray, boot: dict) -> dict:
+    """Method a minus the reference b ([seeds, windows] each): the seed-mean perplexity difference with
+    its interval over seeds and documents (stats.method_difference; "covers": "documents only" when
+    either has one seed), each one's seed-to-seed spread, the share of documents on which a is
+    better, the three documents with the largest share of the mean-NLL difference, and the documents
+    whose removal alone changes the verdict."""
+    d = method_difference(a, b, documents, **boot)
+    loo = leave_one_document_out(a, b, documents, **boot)
+    words = {"a lower": "lower than the reference", "b lower": "higher than the reference",
+             "no difference": "no difference"}
+    return {"diff": d["diff"], "lo": d["lo"], "hi": d["hi"], "excludes_zero": bool(d["lo"] > 0 or d["hi"] < 0),
+            "covers": d["covers"], "seed_sd": d["seed_sd_a"], "reference_seed_sd": d["seed_sd_b"],
+            "document_win_rate": document_win_rate(a, b, documents), "top_documents": document_shares(a, b, documents)[:3],
+            "verdict": words[loo["verdict"]], "decided_by": [f | {"verdict": words[f["verdict"]]} for f in loo["flips"]]}
+
+
+def _checked_options(n, seed, level) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < MIN_RESAMPLES:
+        raise CompareError(f"resamples must be an integer >= {MIN_RESAMPLES}, got {n!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise CompareError(f"the bootstrap seed must be an integer >= 0, got {seed!r}")
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise CompareError(f"level must be a number between 0 and 1, got {level!r}")
+
+
+def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> dict:
+    """Seed-mean perplexity of every method at every length with its percentile bootstrap interval
+    over documents (n resamples, drawn by `seed`, the same draw for every method and length), ΔP
+    likewise where the window NLLs allow it, and with `reference` (a method name) each other
+    method's paired difference to it over seeds and documents (_difference). All of it JSON-ready; see the module docstring. A CompareError
+    (one line) when the runs cannot be compared: no per-window NLLs, other windows, a seed twice, an
+    unknown reference."""
+    _checked_options(n, seed, level)
+    if not run_dirs:
+        raise CompareError("no run to compare")
+    runs = [load_run(Path(r)) for r in run_dirs]
+    _check_same_windows(runs)
+    groups = _group(runs)
+    if reference is not None and reference not in groups:
+        raise CompareError(f"reference method {reference!r} is not among the compared methods "
+                           f"({', '.join(groups)})")
+    windows = runs[0]["windows"]
+    documents = np.asarray(windows["window_documents"])
+    distinct = int(len(np.unique(documents)))
+    lengths = windows["lengths"]
+    boot = {"n": n, "seed": seed, "level": level}
+
+    stacked = {method: {L: np.stack([r["nll"][L] for r in members]) for L in lengths}
+               for method, members in groups.items()}
+    methods, inside = {}, {}
+    for method, members in groups.items():
+        T = members[0]["train_len"]
+        terms = _delta_p_windows(members, lengths)
+        note = None if terms is not None else NO_DELTA_P
+        per_length = {}
+        vocab = members[0]["vocab_size"]
+        for L in lengths:
+            entry = _interval_entry(stacked[method][L], documents, boot) | {"seeds": len(members), "documents": distinct}
+            if vocab:  # windows whose mean NLL is above uniform guessing's: text the model cannot read
+                summary = window_summary(stacked[method][L], documents, vocab)
+                entry["above_uniform_windows"] = summary["above_uniform_windows"]
+                entry["above_uniform_documents"] = summary["above_uniform_documents"]
+            if terms is not None and L > T:
+                # per seed: exp(mean NLL read with T_train tokens) - exp(mean NLL of the same tokens at L)
+                short, tail = terms[0], terms[1][L]
+                dp = seed_mean_difference(short, tail, documents, **boot)
+                per_seed = np.exp(short.mean(1)) - np.exp(tail.mean(1))
+                entry["delta_p"] = {"value": dp["diff"], "lo": dp["lo"], "hi": dp["hi"], "per_seed": per_seed.tolist()}
+            per_length[str(L)] = entry
+        methods[method] = {"runs": [r["run"] for r in members], "seeds": [r["seed"] for r in members],
+                           "train_len": T, "delta_p_note": note, "lengths": per_length}
+        if terms is not None:
+            methods[method]["delta_p_seeds"] = terms[2]  # the seeds ΔP is measured on
+            methods[method]["in_distribution"] = _interval_entry(terms[0], documents, boot) | {
+                "length": T, "tokens": members[0]["delta_p_tokens"], "seeds": terms[2]}
+            inside[method] = terms[0]
+
+    differences = {}
+    if reference is not None:
+        for method in groups:
+            if method == reference:
+                continue
+            differences[method] = {}
+            for L in lengths:
+                differences[method][str(L)] = _difference(stacked[method][L], stacked[reference][L], documents, boot)
+            if "in_distribution" in methods[method] and "in_distribution" in methods[reference]:
+                # seed means over the seeds that kept the point (they may be fewer than the method's)
+                differences[method]["in_distribution"] = _difference(inside[method], inside[reference], documents, boot)
+
+    return {"written_by": WRITTEN_BY, "level": level, "resamples": n, "seed": seed, "reference": reference,
+            "corpus": windows["corpus"], "split": windows["split"], "eval_seed": windows["eval_seed"],
+            "scored": windows["scored"], "lengths": lengths, "windows": int(len(documents)), "documents": distinct,
+            "runs": [{"run": r["run"], "method": r["method"], "seed": r["seed"], "step": r["step"],
+                      "finished": r["finished"]} for r in runs],
+            "methods": methods, "differences": differences}
+
+
+def compare_to_file(paths: list[Path], out: Path, named: bool, force: bool, reference: str | None = None,
+                    n: int = 2000, seed: int = 0) -> dict:
+    """compare_runs over the runs that `paths` name (find_runs), written to `out` as JSON; whether
+    `out` may be written (check_out: `named` by the user, `force`) is checked before any work."""
+    check_out(out, named, force)
+    result = compare_runs(find_runs(paths), reference, n=n, seed=seed)
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        write_json(out, result)
+    except OSError as e:
+        raise CompareError(f"cannot write --out {out}: {e}") from None
+    return result

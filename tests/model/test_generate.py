@@ -1,0 +1,47 @@
+"""Generation: greedy is the argmax of the full forward at every step, sampling is seeded."""
+
+import pytest
+import torch
+
+from helpers import V, model_for
+from lenx.config import ConfigError
+from lenx.model.generate import generate, sample_next
+
+
+@pytest.mark.parametrize("method", ["rope", "dapev2-kerple", "stickbreaking"])
+def test_greedy_is_the_argmax_of_the_full_forward(method):
+    model = model_for(method)
+    prompt = torch.randint(0, V, (2, 7))
+    out = generate(model, prompt, 12, temperature=0)["tokens"]
+    seq = prompt
+    with torch.no_grad():
+        for _ in range(12):
+            seq = torch.cat([seq, model(seq)[0][:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(out, seq[:, 7:])
+
+
+def test_sampling_is_seeded_and_its_filters_work():
+    model = model_for("kerple")
+    prompt = torch.randint(0, V, (1, 5))
+    a = generate(model, prompt, 20, temperature=1.0, seed=3)["tokens"]
+    b = generate(model, prompt, 20, temperature=1.0, seed=3)["tokens"]
+    c = generate(model, prompt, 20, temperature=1.0, seed=4)["tokens"]
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    greedy = generate(model, prompt, 20, temperature=0)["tokens"]
+    assert torch.equal(generate(model, prompt, 20, top_k=1, seed=5)["tokens"], greedy)
+    assert torch.equal(generate(model, prompt, 20, top_p=1e-6, seed=5)["tokens"], greedy)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    g = torch.Generator().manual_seed(0)
+    draws = {int(sample_next(logits, 1.0, 0, 0.7, g)) for _ in range(300)}
+    assert draws == {0, 1}  # 0.5 < 0.7 <= 0.5 + 0.3
+
+
+@pytest.mark.parametrize("kw,match", [({"max_new_tokens": 0}, "max-new-tokens"), ({"temperature": -1}, "temperature"),
+                                      ({"top_k": -2}, "top-k"), ({"top_p": 0}, "top-p")])
+def test_bad_settings_are_one_line_errors(kw, match):
+    args = {"max_new_tokens": 3} | kw
+    with pytest.raises(ConfigError, match=match):
+        generate(model_for("rope"), torch.zeros(1, 2, dtype=torch.long), args.pop("max_new_tokens"), **args)
