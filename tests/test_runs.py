@@ -404,7 +404,6 @@ def test_validation_loss_is_logged_and_leaves_training_untouched(data_root, tmp_
 def test_a_run_begun_before_validation_was_fixed_resumes_with_its_own_windows(data_root, tmp_path, monkeypatch):
     """A run whose meta.json does not say how its validation windows were drawn began when
     train.seed drew them: resumed, it keeps those windows, so its val_loss curve stays one curve."""
-    from lenx.training.loop import validation_batches
 
     keys = {"val_every": 2, "val_batches": 1}
     with_train_keys(monkeypatch, **keys)
