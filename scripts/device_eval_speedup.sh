@@ -7,7 +7,7 @@ set -uo pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/lenx_out}
 mkdir -p "$OUT"
-python3 -m pytest -q -m gpu tests/test_gpu_backends.py 2>&1 | tail -15 | tee "$OUT/gpu_backends_tests.log"
+python3 -m pytest -q -m gpu tests/attention/test_gpu_backends.py 2>&1 | tail -15 | tee "$OUT/gpu_backends_tests.log"
 run=/tmp/lenx_speedup_run
 rm -rf "$run"
 python3 -m lenx train -c small --no-progress -o "$run" \
