@@ -13,16 +13,17 @@ Kernels, one job each (every product a plain tl.dot):
   _conv_z     S buffer -> hidden buffer Z = LeakyReLU(conv1(X)) [B, T, T, D]: a program owns a band of
               BN distances (the first from -h: conv2 reads h keys right of the diagonal) and walks
               the query rows; a tile is BM rows x BN distances ("pairs"), all heads at once: conv1
-              is [pairs, taps x head slots] @ [taps x slots, hidden] over the S buffer read at key
+              is one [pairs, head slots] @ [slots, hidden] dot per tap over the S buffer read at key
               offsets (a tap is an address offset, no register shifts)
   _conv_f     Z -> F buffer: conv2 as one dot over its concatenated taps, each pair's taps one
               contiguous run of Z
   _attn_fwd   flash attention with logits Q K^T / sqrt(d) + F + t2 -> out, lse
   _attn_bwd   key owner: G = dL/dlogits -> G buffer, dV
-  _conv_dy    G and S buffers -> hidden buffer dY = LeakyReLU'(Y) conv2^T(G), and the gradients of W1,
-              W2 and the tables: per-distance sums are column sums that the band's program keeps in
+  _conv_dy    G and S buffers -> hidden buffer dY = LeakyReLU'(Y) conv2^T(G), and the gradients of W2
+              and the tables: per-distance sums are column sums that the band's program keeps in
               registers while it walks the rows; no atomics, partials summed on the host
-  _conv_dx    dY, G -> dS buffer: G plus conv1^T(dY), one dot over concatenated taps
+  _conv_dx    dY, G -> dS buffer: G plus conv1^T(dY), one dot over concatenated taps; with S, the
+              gradient of W1 from the same dY taps
   _dq, _dk    dQ = dS K, dK = dS^T Q from the dS buffer (query owner and key owner: deterministic)
 Tiles are indexed (row, distance) but a tile's distances run in descending order, so its keys
 ascend and every row of a tile is one contiguous run of each buffer. The buffers hold only the
@@ -51,50 +52,50 @@ def _pairs(i0, n0, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _taps(BUF, plane0, i, j, T, SIGN: tl.constexpr, H: tl.constexpr, HP: tl.constexpr,
-          KS: tl.constexpr, KP: tl.constexpr, TRANS: tl.constexpr = False):
-    """[pairs, KP] tile (TRANS: [KP, pairs]): column t * HP + s holds head s of the buffer at (row i,
-    key j + SIGN (t - h)), zero outside the causal triangle (0 <= key <= i), for padded taps t >= KS
-    and slots s >= H. TRANS loads the transposed tile from memory: a dot operand transposed in
-    registers gave wrong weight gradients on the H100 (triton 3.6) at KP 128 or hidden 64."""
-    col = tl.arange(0, KP)
-    t = col // HP
-    s = col % HP
+def _heads(BUF, plane0, i, j, T, H: tl.constexpr, HP: tl.constexpr, TRANS: tl.constexpr = False):
+    """[pairs, HP] tile (TRANS: [HP, pairs]) of the buffer at (i, j) for every head, zero outside the
+    causal triangle. TRANS loads the transposed tile from memory: a dot operand transposed in
+    registers gave wrong weight gradients on the H100 (triton 3.6) at 128 columns or hidden 64."""
+    s = tl.arange(0, HP)
+    inside = (j >= 0) & (j <= i) & (i < T)
     if TRANS:
-        key = j[None, :] + SIGN * (t[:, None] - KS // 2)
-        ok = (t < KS)[:, None] & (s < H)[:, None] & (key >= 0) & (key <= i[None, :]) & (i < T)[None, :]
-        ptr = BUF + (plane0 + s.to(tl.int64) * T * T)[:, None] + i[None, :] * T + key
+        ok = (s < H)[:, None] & inside[None, :]
+        ptr = BUF + (plane0 + s.to(tl.int64) * T * T)[:, None] + (i * T + j)[None, :]
     else:
-        key = j[:, None] + SIGN * (t[None, :] - KS // 2)
-        ok = (t < KS)[None, :] & (s < H)[None, :] & (key >= 0) & (key <= i[:, None]) & (i < T)[:, None]
-        ptr = BUF + (plane0 + s.to(tl.int64) * T * T)[None, :] + i[:, None] * T + key
+        ok = (s < H)[None, :] & inside[:, None]
+        ptr = BUF + (plane0 + s.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None]
     return tl.load(ptr, mask=ok, other=0.0)
 
 
 @triton.jit
-def _heads(BUF, plane0, i, j, T, H: tl.constexpr, HP: tl.constexpr):
-    """[pairs, HP] tile of the buffer at (i, j) for every head (zero outside the causal triangle)."""
-    s = tl.arange(0, HP)
-    ok = (s < H)[None, :] & ((j >= 0) & (j <= i) & (i < T))[:, None]
-    return tl.load(BUF + (plane0 + s.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None], mask=ok, other=0.0)
+def _band_table(T1, n0, T, BN: tl.constexpr, DP: tl.constexpr):
+    """[BN, DP] rows of the table t1 for a band's distances n0 + BN - 1 - r (the order of a tile's
+    distances), zero outside the table (|distance| < T): the same for every row of the band."""
+    nn = n0 + BN - 1 - tl.arange(0, BN)
+    inside = (nn >= 1 - T) & (nn <= T - 1)
+    return tl.load(T1 + (nn + T - 1)[:, None] * DP + tl.arange(0, DP)[None, :], mask=inside[:, None], other=0.0)
 
 
 @triton.jit
-def _hidden(SB, plane0, T1, K0, W1C, i, n, j, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
-            KP: tl.constexpr, DP: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
-    """conv1 at pairs (i, n), keys j = i - n: y [pairs, DP] (pre-activation) and where the key lies
-    in [0, T) (conv2's zero padding elsewhere)."""
+def _hidden(SB, plane0, t1b, K0, W1C, i0, n0, i, j, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
+            DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
+    """conv1 at the tile from row i0, distance n0 (pairs i, keys j): y [pairs, DP] (pre-activation)
+    and where the key lies in [0, T) (conv2's zero padding elsewhere). t1b: the band's table rows."""
     HALF: tl.constexpr = KS // 2
     cc = tl.arange(0, DP)
-    x = _taps(SB, plane0, i, j, T, 1, H, HP, KS, KP)
-    w1 = tl.load(W1C + tl.arange(0, KP)[:, None] * DP + cc[None, :])
-    y = tl.dot(x.to(CDT), w1, input_precision=PREC)
-    inside = (n >= 1 - T) & (n <= T - 1)  # t1 holds distances -(T - 1) .. T - 1; others are never used
-    y += tl.load(T1 + (n + T - 1)[:, None] * DP + cc[None, :], mask=inside[:, None], other=0.0)
+    ss = tl.arange(0, HP)
+    # one [pairs, head slots] gather and dot per tap: a third of the live tile of one dot over all
+    # taps, and no padded tap columns
+    y = tl.reshape(tl.broadcast_to(t1b[None, :, :], (BM, BN, DP)), (BM * BN, DP))
+    for t in tl.static_range(KS):
+        x = _heads(SB, plane0, i, j + t - HALF, T, H, HP)
+        w1 = tl.load(W1C + (t * HP + ss)[:, None] * DP + cc[None, :])
+        y += tl.dot(x.to(CDT), w1, input_precision=PREC)
     if HALF > 0:
-        # keys j < h read conv1's zero padding where the table t1 assumed bias entries
-        near = (j >= 0) & (j < HALF) & (i < T)
-        y -= tl.load(K0 + (j * T + i)[:, None] * DP + cc[None, :], mask=near[:, None], other=0.0)
+        if i0 < n0 + BN - 1 + HALF:  # only tiles with keys j < h (a band's first rows)
+            # keys j < h read conv1's zero padding where the table t1 assumed bias entries
+            near = (j >= 0) & (j < HALF) & (i < T)
+            y -= tl.load(K0 + (j * T + i)[:, None] * DP + cc[None, :], mask=near[:, None], other=0.0)
     keyok = (j >= 0) & (j < T) & (i < T)
     return y, keyok
 
@@ -112,7 +113,7 @@ def _hidden_taps(HB, b, i, j, T, KS: tl.constexpr, DP: tl.constexpr, KZ: tl.cons
 
 
 @triton.jit
-def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, KP: tl.constexpr,
+def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
             DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
     """Z = LeakyReLU(conv1(X)) into the hidden buffer, for one band of BN distances walking its rows.
     Bands start at distance -h, so the first one also covers the keys right of the diagonal that
@@ -123,9 +124,10 @@ def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.co
     n0 = band * BN - HALF
     plane0 = (b * H).to(tl.int64) * T * T
     cc = tl.arange(0, DP)
+    t1b = _band_table(T1, n0, T, BN, DP)
     for i0 in range((tl.maximum(n0, 0) // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
-        y, keyok = _hidden(SB, plane0, T1, K0, W1C, i, n, j, T, H, HP, KS, KP, DP, CDT, PREC)
+        y, keyok = _hidden(SB, plane0, t1b, K0, W1C, i0, n0, i, j, T, H, HP, KS, DP, BM, BN, CDT, PREC)
         z = tl.where(y > 0, y, 0.01 * y)
         ok = keyok & (n >= -HALF)
         ptr = ZB + (b * T + i).to(tl.int64)[:, None] * T * DP + (j * DP)[:, None] + cc[None, :]
@@ -152,13 +154,13 @@ def _conv_f(ZB, FB, W2Z, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
 
 
 @triton.jit
-def _conv_dy(SB, GB, DYB, T1, K0, W1C, W2C, DW1, DW2, DT1, DK0, DT2, T,
-             H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, KP: tl.constexpr, DP: tl.constexpr,
+def _conv_dy(SB, GB, DYB, T1, K0, W1C, W2C, DW2, DT1, DK0, DT2, T,
+             H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, KSP: tl.constexpr, DP: tl.constexpr,
              BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
     """Backward through conv2 and the activation for one band of distances (from -h, as _conv_z),
     walking its rows: dY = LeakyReLU'(Y) conv2^T(G) into the hidden buffer, and this program's
-    share of dW1 = X_taps^T dY, dW2^T = G_taps^T Z and the table gradients (column sums: each
-    (row, distance) belongs to one band)."""
+    share of dW2^T = G_taps^T Z and the table gradients (column sums: each (row, distance) belongs
+    to one band). dW1 is _conv_dx's: it has dY's taps at every X pair."""
     HALF: tl.constexpr = KS // 2
     band = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
@@ -167,60 +169,77 @@ def _conv_dy(SB, GB, DYB, T1, K0, W1C, W2C, DW1, DW2, DT1, DK0, DT2, T,
     plane0 = (b * H).to(tl.int64) * T * T
     cc = tl.arange(0, DP)
     ss = tl.arange(0, HP)
-    kk = tl.arange(0, KP)
-    w2c = tl.load(W2C + kk[:, None] * DP + cc[None, :])
-    dw1 = tl.zeros((KP, DP), tl.float32)
-    dw2 = tl.zeros((KP, DP), tl.float32)
-    dt1 = tl.zeros((BN, DP), tl.float32)
-    dt2 = tl.zeros((BN, HP), tl.float32)
+    tt = tl.arange(0, KSP)
+    dw2 = tl.zeros((KSP, HP, DP), tl.float32)  # [tap, head slot, channel]
+    # the tables' gradients are column sums over the band's rows: summed in the tiles' own layouts
+    # and reduced over rows once at the end (a reduction per tile cost shared-memory round trips and
+    # barriers in every iteration)
+    dt1 = tl.zeros((BM * BN, DP), tl.float32)
+    dt2 = tl.zeros((BM * BN, HP), tl.float32)
+    t1b = _band_table(T1, n0, T, BN, DP)
     for i0 in range((tl.maximum(n0, 0) // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
-        y, keyok = _hidden(SB, plane0, T1, K0, W1C, i, n, j, T, H, HP, KS, KP, DP, CDT, PREC)
+        y, keyok = _hidden(SB, plane0, t1b, K0, W1C, i0, n0, i, j, T, H, HP, KS, DP, BM, BN, CDT, PREC)
         keyok = keyok & (n >= -HALF)
         z = tl.where(keyok[:, None], tl.where(y > 0, y, 0.01 * y), 0.0)
-        gcat = _taps(GB, plane0, i, j, T, -1, H, HP, KS, KP)
-        dz = tl.dot(gcat.to(CDT), w2c, input_precision=PREC)
+        dz = tl.zeros((BM * BN, DP), tl.float32)
+        for t in tl.static_range(KS):
+            g = _heads(GB, plane0, i, j - t + HALF, T, H, HP)
+            if t == HALF:
+                dt2 += g.to(tl.float32)
+            w2t = tl.load(W2C + (t * HP + ss)[:, None] * DP + cc[None, :])
+            dz += tl.dot(g.to(CDT), w2t, input_precision=PREC)
         dy = tl.where(keyok[:, None], tl.where(y > 0, dz, 0.01 * dz), 0.0)
         tl.store(DYB + (b * T + i).to(tl.int64)[:, None] * T * DP + (j * DP)[:, None] + cc[None, :],
                  dy.to(DYB.dtype.element_ty), mask=keyok[:, None])
-        # transposed operands loaded from memory, not tl.trans of registers (wrong on the H100 at
-        # KP 128 or hidden 64 with triton 3.6; notes/kernels.md has the case)
-        xt = _taps(SB, plane0, i, j, T, 1, H, HP, KS, KP, True)
-        gt = _taps(GB, plane0, i, j, T, -1, H, HP, KS, KP, True)
-        dw1 += tl.dot(xt.to(CDT), dy.to(CDT), input_precision=PREC)
-        dw2 += tl.dot(gt.to(CDT), z.to(CDT), input_precision=PREC)
-        dt1 += tl.sum(tl.reshape(dy, (BM, BN, DP)), 0)
+        zc = z.to(CDT)
+        for t in tl.static_range(KS):
+            # transposed operand loaded from memory, not tl.trans of registers (wrong on the H100
+            # at 128 tap x slot columns or hidden 64 with triton 3.6: notes/kernels.md has the case)
+            gt = _heads(GB, plane0, i, j - t + HALF, T, H, HP, True)
+            part = tl.dot(gt.to(CDT), zc, input_precision=PREC)
+            dw2 += tl.where((tt == t)[:, None, None], part[None, :, :], 0.0)
+        dt1 += dy
         if HALF > 0:
-            near = keyok & (j < HALF)
-            tl.store(DK0 + ((b * HALF + j) * T + i)[:, None] * DP + cc[None, :], -dy, mask=near[:, None])
-        g0 = _heads(GB, plane0, i, j, T, H, HP)
-        dt2 += tl.sum(tl.reshape(g0.to(tl.float32), (BM, BN, HP)), 0)
-    tl.store(DW1 + prog * KP * DP + kk[:, None] * DP + cc[None, :], dw1)
-    tl.store(DW2 + prog * KP * DP + kk[:, None] * DP + cc[None, :], dw2)
+            if i0 < n0 + BN - 1 + HALF:
+                near = keyok & (j < HALF)
+                tl.store(DK0 + ((b * HALF + j) * T + i)[:, None] * DP + cc[None, :], -dy, mask=near[:, None])
+    tl.store(DW2 + prog * KSP * HP * DP + ((tt[:, None] * HP + ss[None, :]) * DP)[:, :, None] + cc[None, None, :], dw2)
     nn = n0 + BN - 1 - tl.arange(0, BN)
     ok = (nn >= 1 - T) & (nn < T)  # the table holds |distance| < T
-    tl.store(DT1 + (b * (2 * T - 1) + nn + T - 1)[:, None] * DP + cc[None, :], dt1, mask=ok[:, None])
-    tl.store(DT2 + (b * T + nn)[:, None] * HP + ss[None, :], dt2, mask=((nn >= 0) & (nn < T))[:, None])
+    dt1b = tl.sum(tl.reshape(dt1, (BM, BN, DP)), 0)
+    dt2b = tl.sum(tl.reshape(dt2, (BM, BN, HP)), 0)
+    tl.store(DT1 + (b * (2 * T - 1) + nn + T - 1)[:, None] * DP + cc[None, :], dt1b, mask=ok[:, None])
+    tl.store(DT2 + (b * T + nn)[:, None] * HP + ss[None, :], dt2b, mask=((nn >= 0) & (nn < T))[:, None])
 
 
 @triton.jit
-def _conv_dx(GB, DYB, DSB, W1X, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, DP: tl.constexpr,
-             KZ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
-    """dS = G + conv1^T(dY) on the causal triangle: one dot over conv1's concatenated taps per tile."""
+def _conv_dx(GB, SB, DYB, DSB, W1X, DW1, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
+             DP: tl.constexpr, KZ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr,
+             PREC: tl.constexpr):
+    """dS = G + conv1^T(dY) on the causal triangle: one dot over conv1's concatenated taps per tile.
+    The same dY taps give this program's share of dW1: X at a pair times dY at the keys its taps
+    feed, dW1[s, u DP + c] = sum X(i, j)[s] dY(i, j - h + u)[c] (tap k - 1 - u)."""
     band = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
+    prog = b * tl.num_programs(0) + band
     n0 = band * BN
     plane0 = (b * H).to(tl.int64) * T * T
     ss = tl.arange(0, HP)
-    w1 = tl.load(W1X + tl.arange(0, KZ)[:, None] * HP + ss[None, :])
+    zz = tl.arange(0, KZ)
+    w1 = tl.load(W1X + zz[:, None] * HP + ss[None, :])
+    dw1 = tl.zeros((HP, KZ), tl.float32)
     for i0 in range((n0 // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
-        dyc = _hidden_taps(DYB, b, i, j, T, KS, DP, KZ)
-        dx = tl.dot(dyc.to(CDT), w1, input_precision=PREC)
+        dyc = _hidden_taps(DYB, b, i, j, T, KS, DP, KZ).to(CDT)
+        dx = tl.dot(dyc, w1, input_precision=PREC)
         causal = (n >= 0) & (n <= i) & (i < T)
         ds = _heads(GB, plane0, i, j, T, H, HP) + dx
         tl.store(DSB + (plane0 + ss.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None],
                  ds.to(DSB.dtype.element_ty), mask=(ss < H)[None, :] & causal[:, None])
+        xt = _heads(SB, plane0, i, j, T, H, HP, True)  # zero off the triangle, where dyc need not be
+        dw1 += tl.dot(xt.to(CDT), dyc, input_precision=PREC)
+    tl.store(DW1 + prog * HP * KZ + ss[:, None] * KZ + zz[None, :], dw1)
 
 
 # --- per-head flash kernels -----------------------------------------------------------------------
@@ -500,7 +519,7 @@ def _conv_buffer(sb, wts, cfg):
     cdt, prec = _tl_dtype(wts.w1c.dtype), dot_precision(sb.dtype)
     zb = new((B, T, T, wts.DP), sb)
     BM, BN, nw, ns = cfg["conv_z"]
-    _conv_z[(triton.cdiv(T + wts.KS // 2, BN), B)](sb, zb, wts.t1, wts.k0, wts.w1c, T, KP=wts.KP, BM=BM, BN=BN,
+    _conv_z[(triton.cdiv(T + wts.KS // 2, BN), B)](sb, zb, wts.t1, wts.k0, wts.w1c, T, BM=BM, BN=BN,
                                                    CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
     fb = new(sb.shape, sb)
     BM, BN, nw, ns = cfg["conv_f"]
@@ -553,19 +572,20 @@ class DapeV2Skewed(torch.autograd.Function):
         dyb = new((B, T, T, wts.DP), sb)
         BM, BN, nw, ns = cfg["conv_dy"]
         n_band = triton.cdiv(T + wts.KS // 2, BN)
-        dw1 = new((B * n_band, wts.KP, wts.DP), q, torch.float32)
-        dw2 = new((B * n_band, wts.KP, wts.DP), q, torch.float32)
+        KSP = pow2(wts.KS, 1)
+        dw2 = new((B * n_band, KSP * wts.HP, wts.DP), q, torch.float32)
         dt1 = torch.zeros(B, 2 * T - 1, wts.DP, device=q.device)
         dk0 = torch.zeros(B, max(wts.KS // 2, 1), T, wts.DP, device=q.device)
         dt2 = new((B, T, wts.HP), q, torch.float32)
-        _conv_dy[(n_band, B)](sb, gb, dyb, wts.t1, wts.k0, wts.w1c, wts.w2c, dw1, dw2, dt1, dk0, dt2, T, KP=wts.KP,
+        _conv_dy[(n_band, B)](sb, gb, dyb, wts.t1, wts.k0, wts.w1c, wts.w2c, dw2, dt1, dk0, dt2, T, KSP=KSP,
                               BM=BM, BN=BN, CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
-        del sb
         dsb = new(gb.shape, gb)
         BM, BN, nw, ns = cfg["conv_dx"]
-        _conv_dx[(triton.cdiv(T, BN), B)](gb, dyb, dsb, wts.w1x, T, KZ=wts.KZ, BM=BM, BN=BN, CDT=cdt, PREC=prec,
-                                          num_warps=nw, num_stages=ns, **wts.meta())
-        del gb, dyb
+        n_band = triton.cdiv(T, BN)
+        dw1 = new((B * n_band, wts.HP, wts.KZ), q, torch.float32)
+        _conv_dx[(n_band, B)](gb, sb, dyb, dsb, wts.w1x, dw1, T, KZ=wts.KZ, BM=BM, BN=BN, CDT=cdt, PREC=prec,
+                              num_warps=nw, num_stages=ns, **wts.meta())
+        del sb, gb, dyb
         BM, BN, nw, ns = cfg["dq"]
         _dq[(B * H, triton.cdiv(T, BM))](dsb, k, dq, *strides(k), *strides(q), T, scale, H=H, DH=DH, BM=BM, BN=BN,
                                          PREC=prec, num_warps=nw, num_stages=ns)
@@ -574,7 +594,7 @@ class DapeV2Skewed(torch.autograd.Function):
                                          PREC=prec, num_warps=nw, num_stages=ns)
         # back from the kernel layouts to the op's inputs
         D, KS, HP = wts.D, wts.KS, wts.HP
-        g1 = dw1.sum(0)[:KS * HP].view(KS, HP, -1)[:, :H, :D]  # [t, s, c]
+        g1 = dw1.sum(0)[:H, :KS * wts.DP].view(H, KS, -1)[:, :, :D].permute(1, 0, 2).flip(0)  # [t, s, c]
         g_w1s = g1.permute(2, 1, 0).unsqueeze(2)
         g2 = dw2.sum(0)[:KS * HP].view(KS, HP, -1)[:, :H, :D]  # [u, s, c]
         g_w2 = g2.permute(1, 2, 0).unsqueeze(2)
