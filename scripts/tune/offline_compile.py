@@ -43,8 +43,16 @@ def signature(fn, consts: dict, bf16=BF16) -> dict:
     return sig
 
 
+def aligned(fn, consts: dict) -> dict:
+    """The JIT's specialisation at the training shapes: every pointer 16-byte aligned and every
+    integer (T, strides) a multiple of 16; without it the compiler cannot vectorise loads."""
+    names = list(inspect.signature(fn.fn).parameters)
+    sig = signature(fn, consts)
+    return {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names) if sig[name] not in ("constexpr", "fp32")}
+
+
 def compile_one(fn, consts, num_warps, num_stages, bf16=BF16):
-    src = ASTSource(fn, signature(fn, consts, bf16), constexprs=dict(consts))
+    src = ASTSource(fn, signature(fn, consts, bf16), constexprs=dict(consts), attrs=aligned(fn, consts))
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": num_warps, "num_stages": num_stages})
     with tempfile.TemporaryDirectory() as tmp:

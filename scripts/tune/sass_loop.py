@@ -48,13 +48,14 @@ def main():
     ap.add_argument("--file", type=Path, default=Path("src/lenx/ops/dape_v2/skewed.py"))
     ap.add_argument("--kernel", default="_conv_dy")
     ap.add_argument("--tiles", default="8,16,8", help="BM,BN,warps")
+    ap.add_argument("--stages", type=int, default=1)
     a = ap.parse_args()
     BM, BN, warps = (int(x) for x in a.tiles.split(","))
     fn = getattr(load(a.file), a.kernel)
-    consts = dict(H=12, HP=16, KS=3, KSP=4, DP=32, KP=64, KZ=128, CDT=tl.bfloat16, PREC="tf32", BM=BM, BN=BN)
+    consts = dict(H=12, HP=16, KS=3, KSP=4, DP=32, KP=64, KZ=128, DH=64, CDT=tl.bfloat16, PREC="tf32", BM=BM, BN=BN)
     consts = {k: v for k, v in consts.items() if k in fn.fn.__code__.co_varnames}
-    kern = triton.compile(ASTSource(fn, oc.signature(fn, consts, BF16), constexprs=consts),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 1})
+    kern = triton.compile(ASTSource(fn, oc.signature(fn, consts, BF16), constexprs=consts, attrs=oc.aligned(fn, consts)),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": a.stages})
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(kern.asm["cubin"])
@@ -71,6 +72,9 @@ def main():
     print(f"{a.kernel} tiles {a.tiles}: registers {regs}, stack {stack} B")
     print(f"  kernel {len(insts)} instructions", {k: whole[k] for k in KINDS if whole[k]})
     print(f"  loop   {len(body)} instructions", {k: loop[k] for k in KINDS if loop[k]})
+    memory = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body
+                                 if re.search(r"\b(LDG|STG|LDS|STS)", t))
+    print("  loop's memory instructions by width", dict(sorted(memory.items())))
 
 
 if __name__ == "__main__":

@@ -66,8 +66,9 @@ def test_skewed_recompute_and_small_tiles():
 
 @pytest.mark.parametrize("ks", [1, 3, 5])
 def test_buffers_hold_scores_and_residual_logits(ks):
-    """The index maps: the S buffer is Q K^T / sqrt(d) and the F buffer conv2(...) without its bias,
-    entry (b, h, i, j) on and below the diagonal, for a sequence that spans several bands."""
+    """The index maps: the S buffer is Q K^T / sqrt(d) at (b, i, j, slot h), its padded slots zero,
+    and the F buffer conv2(...) without its bias at (b, h, i, j), on and below the diagonal, for a
+    sequence that spans several bands."""
     B, H, T, d, D = 2, 3, 41, 16, 8
     q, k = (torch.randn(B, H, T, d, device=DEVICE) for _ in range(2))
     w1, b1, w2, b2 = (x.to(DEVICE).float() for x in conv_weights(H, D, ks, True))
@@ -81,7 +82,9 @@ def test_buffers_hold_scores_and_residual_logits(ks):
     S = q @ k.transpose(-1, -2) / math.sqrt(d)
     bias = table_bias(table, pos, pos)
     f = dape_v2_scores(S, bias, w1, b1, w2, b2, pos, pos) - S - bias - b2[:, None, None]
-    assert_close(sb[..., causal], S[..., causal], 1e-6, "S buffer")
+    assert sb.shape == (B, T, T, 16)
+    assert_close(sb[..., :H].permute(0, 3, 1, 2)[..., causal], S[..., causal], 1e-6, "S buffer")
+    assert torch.equal(sb[:, causal][..., H:], torch.zeros_like(sb[:, causal][..., H:]))
     assert_close(fb[..., causal], f[..., causal], 1e-5, "F buffer")
 
 
@@ -137,7 +140,7 @@ def test_buffer_bytes_match_the_buffers():
     q = torch.randn(2, 3, 21, 16, device=DEVICE)
     sb = skewed._scores_buffer(q, q, skewed.CONFIG_FP32)
     assert sb.numel() * sb.element_size() == skewed.buffer_bytes(2, 3, 21, torch.float32)
-    assert skewed.buffer_bytes(32, 12, 512, torch.bfloat16) == 32 * 12 * 512 * 512 * 2  # 201 MB per buffer
+    assert skewed.buffer_bytes(32, 12, 512, torch.bfloat16) == 32 * 16 * 512 * 512 * 2  # 268 MB per buffer (16 slots)
 
 
 def test_rejects_bad_arguments():

@@ -9,20 +9,22 @@ sees only the H score channels: with m = i - j the distance,
     logits = S + F + t2[m]                                          (h = k // 2)
 
 Kernels, one job each (every product a plain tl.dot):
-  _scores     S -> S buffer [B, H, T, T] (per head, causal tiles only)
+  _scores     S -> S buffer [B, H, T, T] (per head, causal tiles only), then _to_slots: the slot-minor
+              S buffer [B, T, T, HP] the conv kernels read (a pair's HP = pow2(H) head slots one
+              aligned run: their gathers are vector loads, and the pipeliner can stage them)
   _conv_z     S buffer -> hidden buffer Z = LeakyReLU(conv1(X)) [B, T, T, D]: a program owns a band of
               BN distances (the first from -h: conv2 reads h keys right of the diagonal) and walks
               the query rows; a tile is BM rows x BN distances ("pairs"), all heads at once: conv1
               is one [pairs, head slots] @ [slots, hidden] dot per tap over the S buffer read at key
               offsets (a tap is an address offset, no register shifts)
-  _conv_f     Z -> F buffer: conv2 as one dot over its concatenated taps, each pair's taps one
+  _conv_f     Z -> F buffer [B, H, T, T]: conv2 as one dot over its concatenated taps, each pair's taps one
               contiguous run of Z
   _attn_fwd   flash attention with logits Q K^T / sqrt(d) + F + t2 -> out, lse
-  _attn_bwd   key owner: G = dL/dlogits -> G buffer, dV
+  _attn_bwd   key owner: G = dL/dlogits -> G buffer [B, H, T, T], dV; then slot-minor as S
   _conv_dy    G and S buffers -> hidden buffer dY = LeakyReLU'(Y) conv2^T(G), and the gradients of W2
               and the tables: per-distance sums are column sums that the band's program keeps in
               registers while it walks the rows; no atomics, partials summed on the host
-  _conv_dx    dY, G -> dS buffer: G plus conv1^T(dY), one dot over concatenated taps; with S, the
+  _conv_dx    dY, G -> dS buffer [B, H, T, T]: G plus conv1^T(dY), one dot over concatenated taps; with S, the
               gradient of W1 from the same dY taps
   _dq, _dk    dQ = dS K, dK = dS^T Q from the dS buffer (query owner and key owner: deterministic)
 Tiles are indexed (row, distance) but a tile's distances run in descending order, so its keys
@@ -52,19 +54,19 @@ def _pairs(i0, n0, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
-def _heads(BUF, plane0, i, j, T, H: tl.constexpr, HP: tl.constexpr, TRANS: tl.constexpr = False):
-    """[pairs, HP] tile (TRANS: [HP, pairs]) of the buffer at (i, j) for every head, zero outside the
-    causal triangle. TRANS loads the transposed tile from memory: a dot operand transposed in
+def _slots(BUF, b, i, j, T, HP: tl.constexpr, TRANS: tl.constexpr = False):
+    """[pairs, HP] tile (TRANS: [HP, pairs]) of a slot-minor buffer [B, T, T, HP] at (i, j), zero
+    outside the causal triangle: a pair's head slots are one aligned run (vector loads; the padded
+    slots hold zeros). TRANS loads the transposed tile from memory: a dot operand transposed in
     registers gave wrong weight gradients on the H100 (triton 3.6) at 128 columns or hidden 64."""
     s = tl.arange(0, HP)
     inside = (j >= 0) & (j <= i) & (i < T)
+    pair = ((b * T + i).to(tl.int64) * T + j) * HP
     if TRANS:
-        ok = (s < H)[:, None] & inside[None, :]
-        ptr = BUF + (plane0 + s.to(tl.int64) * T * T)[:, None] + (i * T + j)[None, :]
+        x = tl.load(BUF + pair[None, :] + s[:, None], mask=inside[None, :], other=0.0)
     else:
-        ok = (s < H)[None, :] & inside[:, None]
-        ptr = BUF + (plane0 + s.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None]
-    return tl.load(ptr, mask=ok, other=0.0)
+        x = tl.load(BUF + pair[:, None] + s[None, :], mask=inside[:, None], other=0.0)
+    return x
 
 
 @triton.jit
@@ -77,7 +79,7 @@ def _band_table(T1, n0, T, BN: tl.constexpr, DP: tl.constexpr):
 
 
 @triton.jit
-def _hidden(SB, plane0, t1b, K0, W1C, i0, n0, i, j, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
+def _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
             DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
     """conv1 at the tile from row i0, distance n0 (pairs i, keys j): y [pairs, DP] (pre-activation)
     and where the key lies in [0, T) (conv2's zero padding elsewhere). t1b: the band's table rows."""
@@ -88,7 +90,7 @@ def _hidden(SB, plane0, t1b, K0, W1C, i0, n0, i, j, T, H: tl.constexpr, HP: tl.c
     # taps, and no padded tap columns
     y = tl.reshape(tl.broadcast_to(t1b[None, :, :], (BM, BN, DP)), (BM * BN, DP))
     for t in tl.static_range(KS):
-        x = _heads(SB, plane0, i, j + t - HALF, T, H, HP)
+        x = _slots(SB, b, i, j + t - HALF, T, HP)
         w1 = tl.load(W1C + (t * HP + ss)[:, None] * DP + cc[None, :])
         y += tl.dot(x.to(CDT), w1, input_precision=PREC)
     if HALF > 0:
@@ -122,12 +124,11 @@ def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.co
     band = tl.num_programs(0) - 1 - tl.program_id(0)  # low distances (long walks) first
     b = tl.program_id(1)
     n0 = band * BN - HALF
-    plane0 = (b * H).to(tl.int64) * T * T
     cc = tl.arange(0, DP)
     t1b = _band_table(T1, n0, T, BN, DP)
     for i0 in range((tl.maximum(n0, 0) // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
-        y, keyok = _hidden(SB, plane0, t1b, K0, W1C, i0, n0, i, j, T, H, HP, KS, DP, BM, BN, CDT, PREC)
+        y, keyok = _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, H, HP, KS, DP, BM, BN, CDT, PREC)
         z = tl.where(y > 0, y, 0.01 * y)
         ok = keyok & (n >= -HALF)
         ptr = ZB + (b * T + i).to(tl.int64)[:, None] * T * DP + (j * DP)[:, None] + cc[None, :]
@@ -166,7 +167,6 @@ def _conv_dy(SB, GB, DYB, T1, K0, W1C, W2C, DW2, DT1, DK0, DT2, T,
     b = tl.program_id(1)
     prog = b * tl.num_programs(0) + band
     n0 = band * BN - HALF
-    plane0 = (b * H).to(tl.int64) * T * T
     cc = tl.arange(0, DP)
     ss = tl.arange(0, HP)
     tt = tl.arange(0, KSP)
@@ -179,12 +179,12 @@ def _conv_dy(SB, GB, DYB, T1, K0, W1C, W2C, DW2, DT1, DK0, DT2, T,
     t1b = _band_table(T1, n0, T, BN, DP)
     for i0 in range((tl.maximum(n0, 0) // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
-        y, keyok = _hidden(SB, plane0, t1b, K0, W1C, i0, n0, i, j, T, H, HP, KS, DP, BM, BN, CDT, PREC)
+        y, keyok = _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, H, HP, KS, DP, BM, BN, CDT, PREC)
         keyok = keyok & (n >= -HALF)
         z = tl.where(keyok[:, None], tl.where(y > 0, y, 0.01 * y), 0.0)
         dz = tl.zeros((BM * BN, DP), tl.float32)
         for t in tl.static_range(KS):
-            g = _heads(GB, plane0, i, j - t + HALF, T, H, HP)
+            g = _slots(GB, b, i, j - t + HALF, T, HP)
             if t == HALF:
                 dt2 += g.to(tl.float32)
             w2t = tl.load(W2C + (t * HP + ss)[:, None] * DP + cc[None, :])
@@ -196,7 +196,7 @@ def _conv_dy(SB, GB, DYB, T1, K0, W1C, W2C, DW2, DT1, DK0, DT2, T,
         for t in tl.static_range(KS):
             # transposed operand loaded from memory, not tl.trans of registers (wrong on the H100
             # at 128 tap x slot columns or hidden 64 with triton 3.6: notes/kernels.md has the case)
-            gt = _heads(GB, plane0, i, j - t + HALF, T, H, HP, True)
+            gt = _slots(GB, b, i, j - t + HALF, T, HP, True)
             part = tl.dot(gt.to(CDT), zc, input_precision=PREC)
             dw2 += tl.where((tt == t)[:, None, None], part[None, :, :], 0.0)
         dt1 += dy
@@ -234,10 +234,10 @@ def _conv_dx(GB, SB, DYB, DSB, W1X, DW1, T, H: tl.constexpr, HP: tl.constexpr, K
         dyc = _hidden_taps(DYB, b, i, j, T, KS, DP, KZ).to(CDT)
         dx = tl.dot(dyc, w1, input_precision=PREC)
         causal = (n >= 0) & (n <= i) & (i < T)
-        ds = _heads(GB, plane0, i, j, T, H, HP) + dx
+        ds = _slots(GB, b, i, j, T, HP) + dx
         tl.store(DSB + (plane0 + ss.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None],
                  ds.to(DSB.dtype.element_ty), mask=(ss < H)[None, :] & causal[:, None])
-        xt = _heads(SB, plane0, i, j, T, H, HP, True)  # zero off the triangle, where dyc need not be
+        xt = _slots(SB, b, i, j, T, HP, True)  # zero off the triangle, where dyc need not be
         dw1 += tl.dot(xt.to(CDT), dyc, input_precision=PREC)
     tl.store(DW1 + prog * HP * KZ + ss[:, None] * KZ + zz[None, :], dw1)
 
@@ -444,23 +444,61 @@ def _dk(DSB, Q, DK, sqb, sqh, sqt, skb, skh, skt, T, scale,
              mask=(cols < T)[:, None])
 
 
+# --- layout change -------------------------------------------------------------------------------
+
+@triton.jit
+def _slots_block(SRC, DST, src_row, dst_row, i, s, j0, T, H: tl.constexpr, HP: tl.constexpr, BK: tl.constexpr,
+                 DIAG: tl.constexpr):
+    j = j0 + tl.arange(0, BK)
+    if DIAG:  # keys past some rows: a mask along the keys (scalar loads)
+        ok = (i < T)[:, None] & (j[None, :] <= i[:, None])
+    else:  # every key before every row: the mask is constant along the keys (vector loads)
+        ok = (i < T)[:, None] & (j >= 0)[None, :]
+    x = tl.load(SRC + src_row[:, None, :] + j[None, :, None], mask=ok[:, :, None] & (s < H)[None, None, :], other=0.0)
+    tl.store(DST + (dst_row[:, None] + j[None, :])[:, :, None] * HP + s[None, None, :], x, mask=ok[:, :, None])
+
+
+@triton.jit
+def _to_slots(SRC, DST, T, H: tl.constexpr, HP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
+    """The causal triangle of a head-planar buffer [B, H, T, T] (as the per-head kernels write it:
+    whole vector stores per head) into a slot-minor one [B, T, T, HP] (as the conv kernels gather it:
+    a pair's slots one aligned run), the padded slots zero; the transpose goes through shared memory."""
+    pid = tl.program_id(0)
+    b = tl.program_id(1)
+    m0 = pid * BR
+    i = m0 + tl.arange(0, BR)
+    s = tl.arange(0, HP)
+    src_row = ((b * H + s).to(tl.int64)[None, :] * T + i[:, None]) * T  # [BR, HP]
+    dst_row = (b * T + i).to(tl.int64) * T  # [BR]
+    full = (m0 // BK) * BK
+    for j0 in range(0, full, BK):
+        _slots_block(SRC, DST, src_row, dst_row, i, s, j0, T, H, HP, BK, False)
+    for j0 in range(full, tl.minimum(m0 + BR, T), BK):
+        _slots_block(SRC, DST, src_row, dst_row, i, s, j0, T, H, HP, BK, True)
+
+
 # --- host side ------------------------------------------------------------------------------------
 
 # (BM, BN, num_warps, num_stages) per kernel; conv tiles are BM rows x BN distances. attn_fwd 64 x 32: at
 # 64 x 64 it spilled 1,072 bytes in an offline sm_90a compile (scripts/tune/compile_skewed.py), 64 x 32 none.
+# The conv kernels at 3 stages: their row loops are latency-bound at one CTA per SM, and the pipeliner
+# stages the slot-minor gathers (cp.async) a tile ahead (0.66 against 1.36 ms for _conv_dy at 1 stage,
+# results/bench/h100_skewed_slots/).
 CONFIG = {"scores": (64, 64, 4, 2), "attn_fwd": (64, 32, 4, 2), "attn_bwd": (64, 64, 4, 2),
-          "dq": (64, 64, 4, 2), "dk": (64, 64, 4, 2), "conv_z": (8, 16, 8, 1), "conv_f": (8, 16, 8, 1),
-          "conv_dy": (8, 16, 8, 1), "conv_dx": (8, 16, 8, 1)}
+          "dq": (64, 64, 4, 2), "dk": (64, 64, 4, 2), "conv_z": (8, 16, 8, 3), "conv_f": (8, 16, 8, 3),
+          "conv_dy": (8, 16, 8, 3), "conv_dx": (8, 16, 8, 3), "to_slots": (8, 64, 4, 1)}
+# fp32 (the exactness tests): one stage, as the staged fp32 tiles would spill and fill shared memory
 CONFIG_FP32 = {**CONFIG, "scores": (32, 32, 4, 1), "attn_fwd": (32, 32, 4, 1), "attn_bwd": (32, 32, 4, 1),
-               "dq": (32, 32, 4, 1), "dk": (32, 32, 4, 1)}
+               "dq": (32, 32, 4, 1), "dk": (32, 32, 4, 1), "conv_z": (8, 16, 8, 1), "conv_f": (8, 16, 8, 1),
+               "conv_dy": (8, 16, 8, 1), "conv_dx": (8, 16, 8, 1)}
 
 
 def buffer_bytes(B: int, H: int, T: int, dtype=torch.bfloat16, channels: int | None = None) -> int:
-    """Bytes of one T x T buffer: B H T^2 elements of the input dtype for a score-shaped one (S, F, G,
-    dS), B T^2 channels for a hidden one (Z in the forward, dY in the backward; channels = the
-    hidden width padded to a power of two). The forward holds S, Z and F at its peak, the backward S,
-    G, dY and dS."""
-    return B * (H if channels is None else channels) * T * T * torch.finfo(dtype).bits // 8
+    """Bytes of one T x T buffer: B T^2 pow2(H) elements of the input dtype for a score-shaped one (the
+    slot-minor S and G; F and dS hold H heads, so this bounds them too), B T^2 channels for a hidden
+    one (Z in the forward, dY in the backward; channels = the hidden width padded to a power of two).
+    The forward holds S, Z and F at its peak, the backward S, G, dY and dS."""
+    return B * (pow2(H) if channels is None else channels) * T * T * torch.finfo(dtype).bits // 8
 
 
 class _Weights:
@@ -510,18 +548,27 @@ def _scores_buffer(q, k, cfg):
     BM, BN, nw, ns = cfg["scores"]
     _scores[(B * H, triton.cdiv(T, BM))](q, k, sb, *strides(q), *strides(k), T, DH ** -0.5, H=H, DH=DH, BM=BM, BN=BN,
                                          PREC=dot_precision(q.dtype), num_warps=nw, num_stages=ns)
-    return sb
+    return _slots_buffer(sb, cfg)
+
+
+def _slots_buffer(planar, cfg):
+    """A head-planar buffer [B, H, T, T] as a slot-minor one [B, T, T, pow2(H)] (causal triangle)."""
+    B, H, T, _ = planar.shape
+    out = new((B, T, T, pow2(H)), planar)
+    BR, BK, nw, ns = cfg["to_slots"]
+    _to_slots[(triton.cdiv(T, BR), B)](planar, out, T, H=H, HP=pow2(H), BR=BR, BK=BK, num_warps=nw, num_stages=ns)
+    return out
 
 
 def _conv_buffer(sb, wts, cfg):
     """The F buffer: conv1 and the activation into a hidden buffer Z (freed here), then conv2."""
-    B, H, T, _ = sb.shape
+    B, T = sb.shape[:2]
     cdt, prec = _tl_dtype(wts.w1c.dtype), dot_precision(sb.dtype)
     zb = new((B, T, T, wts.DP), sb)
     BM, BN, nw, ns = cfg["conv_z"]
     _conv_z[(triton.cdiv(T + wts.KS // 2, BN), B)](sb, zb, wts.t1, wts.k0, wts.w1c, T, BM=BM, BN=BN,
                                                    CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
-    fb = new(sb.shape, sb)
+    fb = new((B, wts.H, T, T), sb)
     BM, BN, nw, ns = cfg["conv_f"]
     _conv_f[(triton.cdiv(T, BN), B)](zb, fb, wts.w2z, T, KZ=wts.KZ, BM=BM, BN=BN, CDT=cdt, PREC=prec,
                                      num_warps=nw, num_stages=ns, **wts.meta())
@@ -562,12 +609,13 @@ class DapeV2Skewed(torch.autograd.Function):
         prec = dot_precision(q.dtype)
         scale = DH ** -0.5
         dq, dk, dv = new_like(q), new_like(k), new_like(v)
-        gb = new(sb.shape, sb)
+        gb = new((B, H, T, T), q)
         BM, BN, nw, ns = cfg["attn_bwd"]
         _attn_bwd[(B * H, triton.cdiv(T, BN))](q, k, v, fb, t2f, dout, lse, delta, gb, dv, *strides(q), *strides(k),
                                                *strides(v), *strides(dout), T, scale * LOG2E, H=H, DH=DH, BM=BM,
                                                BN=BN, PREC=prec, num_warps=nw, num_stages=ns)
         del fb
+        gb = _slots_buffer(gb, cfg)
         cdt = _tl_dtype(wts.w1c.dtype)
         dyb = new((B, T, T, wts.DP), sb)
         BM, BN, nw, ns = cfg["conv_dy"]
@@ -579,7 +627,7 @@ class DapeV2Skewed(torch.autograd.Function):
         dt2 = new((B, T, wts.HP), q, torch.float32)
         _conv_dy[(n_band, B)](sb, gb, dyb, wts.t1, wts.k0, wts.w1c, wts.w2c, dw2, dt1, dk0, dt2, T, KSP=KSP,
                               BM=BM, BN=BN, CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
-        dsb = new(gb.shape, gb)
+        dsb = new((B, H, T, T), gb)
         BM, BN, nw, ns = cfg["conv_dx"]
         n_band = triton.cdiv(T, BN)
         dw1 = new((B * n_band, wts.HP, wts.KZ), q, torch.float32)
