@@ -178,3 +178,28 @@ def test_gpu_skewed_shapes(T, H, d, ks, D, kind):
 @pytest.mark.gpu
 def test_gpu_skewed_recompute():
     run_dape(2, 12, 1000, 64, 3, 32, "kerple", torch.bfloat16, op=recompute)
+
+
+def test_conv_stages_drop_to_what_fits_in_shared_memory(monkeypatch):
+    """A conv launch whose staged tiles overflow shared memory runs with fewer stages, and the count
+    that fits is remembered for the same kernel and settings."""
+    from triton.runtime.errors import OutOfResources
+
+    calls = []
+
+    class Kernel:
+        fn = type("Fn", (), {"__name__": "_fake_conv"})
+
+        def __getitem__(self, grid):
+            def launch(*args, num_stages, **settings):
+                calls.append(num_stages)
+                if num_stages > 1:
+                    raise OutOfResources(233472, 232448, "shared memory")
+            return launch
+
+    monkeypatch.setattr(skewed, "_STAGES", {})
+    skewed._staged(Kernel(), (1,), num_stages=3, KS=7)
+    skewed._staged(Kernel(), (1,), num_stages=3, KS=7)
+    assert calls == [3, 2, 1, 1]
+    skewed._staged(Kernel(), (1,), num_stages=3, KS=3)  # other settings: tried from the top again
+    assert calls[4:] == [3, 2, 1]

@@ -36,6 +36,7 @@ for the backward (keep=True) or the backward recomputes them (memory).
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from .._launch import LOG2E, check_qkv, dot_precision, new, new_like, pow2, strides
 
@@ -538,6 +539,27 @@ class _Weights:
         return dict(H=self.H, HP=self.HP, KS=self.KS, DP=self.DP)
 
 
+_STAGES = {}  # (kernel, its settings) -> the stages that fit the device's shared memory
+
+
+def _staged(kernel, grid, *args, num_stages, **settings):
+    """Launch a conv kernel with the configured pipeline stages, fewer where the staged tiles do not
+    fit in shared memory (large k or hidden widths: 284 KB at k 7, D 32, 3 stages); the count that
+    fits is remembered per kernel and settings. Stages change the schedule, not the result."""
+    key = (kernel.fn.__name__, tuple(sorted((name, str(val)) for name, val in settings.items())))
+    stages = _STAGES.get(key, num_stages)
+    while True:
+        try:
+            kernel[grid](*args, num_stages=stages, **settings)
+        except OutOfResources:
+            if stages == 1:
+                raise
+            stages -= 1
+            continue
+        _STAGES[key] = stages
+        return
+
+
 def _tl_dtype(dtype):
     return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
 
@@ -566,12 +588,12 @@ def _conv_buffer(sb, wts, cfg):
     cdt, prec = _tl_dtype(wts.w1c.dtype), dot_precision(sb.dtype)
     zb = new((B, T, T, wts.DP), sb)
     BM, BN, nw, ns = cfg["conv_z"]
-    _conv_z[(triton.cdiv(T + wts.KS // 2, BN), B)](sb, zb, wts.t1, wts.k0, wts.w1c, T, BM=BM, BN=BN,
-                                                   CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
+    _staged(_conv_z, (triton.cdiv(T + wts.KS // 2, BN), B), sb, zb, wts.t1, wts.k0, wts.w1c, T, BM=BM, BN=BN,
+            CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
     fb = new((B, wts.H, T, T), sb)
     BM, BN, nw, ns = cfg["conv_f"]
-    _conv_f[(triton.cdiv(T, BN), B)](zb, fb, wts.w2z, T, KZ=wts.KZ, BM=BM, BN=BN, CDT=cdt, PREC=prec,
-                                     num_warps=nw, num_stages=ns, **wts.meta())
+    _staged(_conv_f, (triton.cdiv(T, BN), B), zb, fb, wts.w2z, T, KZ=wts.KZ, BM=BM, BN=BN, CDT=cdt, PREC=prec,
+            num_warps=nw, num_stages=ns, **wts.meta())
     return fb
 
 
@@ -625,14 +647,14 @@ class DapeV2Skewed(torch.autograd.Function):
         dt1 = torch.zeros(B, 2 * T - 1, wts.DP, device=q.device)
         dk0 = torch.zeros(B, max(wts.KS // 2, 1), T, wts.DP, device=q.device)
         dt2 = new((B, T, wts.HP), q, torch.float32)
-        _conv_dy[(n_band, B)](sb, gb, dyb, wts.t1, wts.k0, wts.w1c, wts.w2c, dw2, dt1, dk0, dt2, T, KSP=KSP,
-                              BM=BM, BN=BN, CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
+        _staged(_conv_dy, (n_band, B), sb, gb, dyb, wts.t1, wts.k0, wts.w1c, wts.w2c, dw2, dt1, dk0, dt2, T, KSP=KSP,
+                BM=BM, BN=BN, CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
         dsb = new((B, H, T, T), gb)
         BM, BN, nw, ns = cfg["conv_dx"]
         n_band = triton.cdiv(T, BN)
         dw1 = new((B * n_band, wts.HP, wts.KZ), q, torch.float32)
-        _conv_dx[(n_band, B)](gb, sb, dyb, dsb, wts.w1x, dw1, T, KZ=wts.KZ, BM=BM, BN=BN, CDT=cdt, PREC=prec,
-                              num_warps=nw, num_stages=ns, **wts.meta())
+        _staged(_conv_dx, (n_band, B), gb, sb, dyb, dsb, wts.w1x, dw1, T, KZ=wts.KZ, BM=BM, BN=BN, CDT=cdt,
+                PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
         del sb, gb, dyb
         BM, BN, nw, ns = cfg["dq"]
         _dq[(B * H, triton.cdiv(T, BM))](dsb, k, dq, *strides(k), *strides(q), T, scale, H=H, DH=DH, BM=BM, BN=BN,
