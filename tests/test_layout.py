@@ -258,7 +258,7 @@ MAY_IMPORT = {
     "data": {"fileio"},
     "model": {"attention", "config"},
     "runs": {"config", "data", "model"},
-    "evaluation": {"attention", "config", "fileio", "model", "runs"},
+    "evaluation": {"attention", "config", "data", "fileio", "model", "runs"},
     "training": {"config", "data", "fileio", "model", "runinfo", "runs"},
     "che": {"attention", "config", "model", "report", "runinfo", "tasks", "training"},
     "report": {"attention", "evaluation", "fileio", "tasks"},

@@ -117,7 +117,8 @@ CASES = [
     pytest.param(["bench", "--device", "tpu"], "--device", id="bench-device-tpu"),
     # typer's own parsing
     pytest.param(["eval", "run", "--windows", "abc"], "--windows", id="typer-bad-int"),
-    pytest.param(["eval"], "Missing argument", id="typer-missing-argument"),
+    pytest.param(["generate"], "Missing argument", id="typer-missing-argument"),
+    pytest.param(["eval"], "give a run directory to evaluate", id="eval-nothing-to-evaluate"),
     pytest.param(["train", "--stesp", "3"], "--stesp", id="typer-unknown-option"),
     pytest.param(["evaluate", "run"], "evaluate", id="typer-unknown-command"),
 ]

@@ -343,3 +343,37 @@ def test_windows_above_uniform_guessing_are_flagged(tmp_path, template):
     assert "above ln(vocabulary)" in out.stdout and str(docs[3]) in out.stdout
     (run / "meta.json").unlink()
     assert "above_uniform_windows" not in compare_runs([run], n=200)["methods"]["a"]["lengths"]["32"]
+
+
+def test_other_tokenizers_are_compared_in_bits_per_byte(tmp_path, template):
+    """An HF model with a tokenizer of its own (lenx eval --hf) beside a lenx run: every figure turns to
+    bits per byte of the scored text, from each window's NLL, tokens and bytes; ΔP likewise."""
+    windows = windows_of(template)
+    rng = np.random.default_rng(3)
+    size = (200 + rng.integers(0, 50, windows)).tolist()  # bytes of each window's scored tokens
+    lenx_run = fake_run(tmp_path / "rope-s0", template, "rope", 0, {32: noisy(template, 0), 64: noisy(template, 1)},
+                        window_bytes={"scored": size, "delta_p": size})
+    tokens = (40 + rng.integers(0, 10, windows)).tolist()
+    hf = fake_run(tmp_path / "hf", template, "llama", 0, {32: noisy(template, 2), 64: noisy(template, 3)},
+                  window_bytes={"scored": size, "delta_p": size}, window_tokens={"scored": tokens, "delta_p": tokens},
+                  tokenizer={"class": "GPT2TokenizerFast", "sha256": "ab" * 32, "same_as_corpus": False})
+    out = compare_runs([lenx_run, hf], reference="rope", n=200)
+    assert out["unit"] == "bpb" and out["tokenizers"] == ["GPT2TokenizerFast abababab", "corpus"]
+    scored = template[0]["scored"]
+    for name, run, per_window in (("rope", lenx_run, scored), ("llama", hf, np.array(tokens))):
+        nll = json.loads((run / "eval.json").read_text())["results"]["64"]["window_nll"]
+        bits = np.asarray(nll) * per_window / np.asarray(size) / math.log(2)
+        entry = out["methods"][name]["lengths"]["64"]
+        assert "ppl" not in entry and math.isclose(entry["bpb"], bits.mean(), rel_tol=1e-9)
+        assert entry["lo"] <= entry["bpb"] <= entry["hi"]
+    diff = out["differences"]["llama"]["64"]
+    assert math.isclose(diff["diff"], out["methods"]["llama"]["lengths"]["64"]["bpb"] -
+                        out["methods"]["rope"]["lengths"]["64"]["bpb"], rel_tol=1e-9)
+    # the same tokenizer (an HF model that reads the corpus's ids) stays per token
+    same = fake_run(tmp_path / "same", template, "same", 0, {32: 2.0, 64: 2.0},
+                    tokenizer={"class": "X", "sha256": "cd" * 32, "same_as_corpus": True})
+    assert compare_runs([lenx_run, same], n=200)["unit"] == "ppl"
+    # per byte needs every run's bytes: an eval.json from before they were recorded is named
+    old = fake_run(tmp_path / "old-s0", template, "old", 0, {32: 2.0, 64: 2.0})
+    with pytest.raises(CompareError, match="old-s0/eval.json records no bytes per window"):
+        compare_runs([old, hf], n=200)

@@ -65,3 +65,21 @@ def test_in_distribution_column():
 def test_unfinished_runs():
     assert unfinished_runs(comparison()) == [
         "warning: r/rope-s1/eval.json is of a model that had not finished training (step 2)"]
+
+
+def test_bits_per_byte_say_why_in_one_line():
+    result = comparison()
+    for m in result["methods"].values():
+        m["lengths"] = {L: {"bpb": e["ppl"] / 8, "lo": e["lo"] / 8, "hi": e["hi"] / 8} | (
+            {"delta_p": e["delta_p"]} if "delta_p" in e else {}) for L, e in m["lengths"].items()}
+    result |= {"unit": "bpb", "tokenizers": ["GPT2TokenizerFast 12345678", "corpus"]}
+    items = compare_report(result)
+    assert items[0] == ("note: these results use different tokenizers (GPT2TokenizerFast 12345678, corpus): "
+                        "perplexity per token is not comparable across them, so every figure is in bits per byte of "
+                        "the scored text (lower is better)")
+    ppl, dp = items[1], items[2]
+    assert ppl.title.startswith("bits per byte of the last 32 tokens")
+    assert ppl.rows[0] == ["kerple (1 seed)", "0.875 [0.750, 1.000]", "0.938 [0.812, 1.062]"]
+    assert dp.title.startswith("ΔP in bits per byte") and dp.rows[0][-1] == "+0.500 [-0.250, +1.250]"
+    assert "bits per byte minus kerple's" in items[4].title and items[4].rows[0][1] == Strong("+1.000 [+0.500, +1.500]")
+    assert compare_report(comparison())[0].title.startswith("perplexity")  # one tokenizer: no line, perplexity

@@ -11,7 +11,19 @@ from . import ProgressOpt, _command, _fail, _parse_ints, _progress, _run_config,
 
 
 @_command("eval")
-def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
+def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run directory (or --hf DIR)"),
+             hf: Path = typer.Option(None, "--hf", show_default=False,
+                                     help="evaluate a local transformers causal LM folder (config.json, weights, "
+                                          "tokenizer) instead of a run; nothing is downloaded"),
+             corpus: str = typer.Option(None, help="--hf: the prepared corpus to evaluate on"),
+             data_root: Path = typer.Option(None, help="--hf: the folder of prepared corpora (default data)"),
+             like: Path = typer.Option(None, help="--hf: evaluate on the windows of this lenx run (its corpus, split, "
+                                                  "eval seed, windows, scored tokens and lengths), to compare with it"),
+             out: Path = typer.Option(None, "--out", "-o", help="--hf: the output folder (default runs/hf/<name>)"),
+             name: str = typer.Option(None, help="--hf: the model's name in tables and lenx compare (default: its "
+                                                 "folder's name)"),
+             train_len: int = typer.Option(None, help="--hf: the model's training length, for ΔP and the default "
+                                                      "lengths (default: from its config.json)"),
              lengths: str = typer.Option(None, help="comma-separated, e.g. 128,256,512 (default: powers of two from the training length to eval.max_length)"),
              windows: int = typer.Option(None, help="windows per length (default eval.windows)"),
              scored: int = typer.Option(None, help="score the last N tokens (default eval.scored, 256)"),
@@ -35,7 +47,15 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
     paper's protocol); writes eval.json into the run directory, keeping an earlier evaluation there
     with other settings beside it as eval.<key>.json. With --task, a retrieval task (passkey or copy
     at distance) over lengths x depths instead. The run's corpus must be the one it was trained on.
+
+    With --hf DIR instead of a run, the same protocol on a local transformers causal LM, with the RoPE
+    scaling of its own config: the windows of --corpus (or of the run given by --like) read as text in
+    the model's tokens, with bits per byte beside perplexity; results go to --out for lenx compare and
+    lenx plot.
     """
+    if hf is not None:
+        return _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, windows, scored, device,
+                        backend, step, rope_scaling, rope_scaling_factor, task, depths, samples, progress)
     from dataclasses import replace
 
     from ..config import ConfigError, validate
@@ -46,6 +66,14 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
     from ..report.tables import show
 
     try:
+        if run is None:
+            raise ConfigError("give a run directory to evaluate (lenx eval RUN), or a transformers model folder "
+                              "with --hf DIR")
+        given = [f"--{key.replace('_', '-')}" for key, value in (("corpus", corpus), ("data_root", data_root),
+                 ("like", like), ("out", out), ("name", name), ("train_len", train_len)) if value is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)} {'belongs' if len(given) == 1 else 'belong'} to --hf; "
+                              f"a run is evaluated on its own corpus, into its own folder")
         cfg = _run_config(run)
         # before any work: an evaluation that cannot be saved is not started
         check_writable_dir(run, "the run folder")
@@ -76,6 +104,45 @@ def eval_cmd(run: Path = typer.Argument(..., help="a run directory"),
         _fail(e)
     show([task_table(result) if task is not None else eval_table([result])])
     print(f"wrote {Path(run) / result_name(step, rope_scaling, task)}")
+
+
+def _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, windows, scored, device, backend, step,
+             rope_scaling, rope_scaling_factor, task, depths, samples, progress):
+    """`lenx eval --hf DIR`: every option checked (and the folder, the corpus and the windows) before
+    the weights are loaded."""
+    from ..config import ConfigError, resolve_device
+    from ..report.eval_tables import hf_table, task_table
+    from ..report.tables import show
+
+    try:
+        wrong = {"RUN": run, "--backend": backend, "--step": step, "--rope-scaling": rope_scaling,
+                 "--rope-scaling-factor": rope_scaling_factor}
+        wrong = [key for key, value in wrong.items() if value is not None]
+        if "--rope-scaling" in wrong or "--rope-scaling-factor" in wrong:
+            raise ConfigError("--rope-scaling is lenx's context extension of its own runs; with --hf the model's own "
+                              "config.json sets its RoPE scaling (set rope_scaling there)")
+        if wrong:
+            raise ConfigError(f"{', '.join(wrong)} {'applies' if len(wrong) == 1 else 'apply'} to lenx runs, not to --hf")
+        resolve_device(device, "--device")
+        options = dict(corpus=corpus, data_root=data_root, like=like, out=out, name=name,
+                       lengths=_parse_ints(lengths, "--lengths"), train_len=train_len, device=device,
+                       progress=_progress(progress))
+        if task is not None:
+            if windows is not None or scored is not None:
+                raise ConfigError("--windows and --scored belong to the perplexity evaluation, not to --task")
+            from ..evaluation.hf_eval import evaluate_hf_task
+
+            result = evaluate_hf_task(hf, task, depths=_parse_floats(depths, "--depths"), samples=samples, **options)
+        else:
+            if depths is not None or samples is not None:
+                raise ConfigError("--depths and --samples belong to --task")
+            from ..evaluation.hf_eval import evaluate_hf
+
+            result = evaluate_hf(hf, windows=windows, scored=scored, **options)
+    except _user_errors() as e:
+        _fail(e)
+    show([task_table(result) if task is not None else hf_table(result)])
+    print(f"wrote {Path(result['run']) / (f'eval_{task}.json' if task else 'eval.json')}")
 
 
 @_command("generate")

@@ -241,6 +241,22 @@ def _rounded(window_means) -> list[float]:
     return [round(x, 6) for x in window_means.tolist()]
 
 
+def _window_bytes(corpus, data: np.ndarray, nll_at: dict, scored: int, delta_k: int, per_length: dict) -> dict:
+    """For a text corpus: each length's bits per byte ("bpb": the mean over windows of the scored
+    tokens' NLL in bits over their bytes) and the bytes of each window's scored tokens and of ΔP's
+    (so that `lenx compare` can put models with other tokenizers beside this one, per byte)."""
+    if corpus.tokenizer() is None:
+        return {}
+    from .text import byte_lengths, tail_bytes
+
+    sizes = byte_lengths(corpus)
+    scored_bytes = tail_bytes(sizes, data, scored)
+    per_window = torch.tensor(scored_bytes, dtype=torch.float64).clamp(min=1)
+    for L, nll in nll_at.items():
+        per_length[str(L)]["bpb"] = (nll[:, -scored:].double().sum(1) / per_window).mean().item() / math.log(2)
+    return {"window_bytes": {"scored": scored_bytes, "delta_p": tail_bytes(sizes, data, delta_k)}}
+
+
 def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | None = None, scored: int | None = None,
              device: str = "auto", backend: str | None = None, token_budget: int | None = None,
              progress: bool = True, write: bool = True, step: int | None = None, rope_scaling: str | None = None,
@@ -295,6 +311,7 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
         per_length[str(L)] = row
     if bar is not None:
         bar.close()
+    extra = _window_bytes(corpus, data, nll_at, scored, delta_k, per_length)
     result = _header(run_dir, cfg, at_step, finished, scaling, corpus) | {
         **settings, "window_note": note, "window_documents": documents.tolist(),
         # windows are nested, so the windows of every length come from these many documents
@@ -303,7 +320,7 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
         # (ΔP's first term), per window like every length
         "in_distribution": {"length": T_train, "tokens": delta_k, "ppl": math.exp(short.double().mean().item()),
                             "window_nll": _rounded(short.double().mean(1))},
-        "backends": model.backends(dev), "device": str(dev), "results": per_length}
+        **extra, "backends": model.backends(dev), "device": str(dev), "results": per_length}
     if write:
         _write(run_dir, result_name(step, rope_scaling), result)
     return result

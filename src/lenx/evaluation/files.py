@@ -21,12 +21,16 @@ from ..fileio import write_json
 # what an evaluation measured: an evaluation with the same values is the same one again
 KEY_FIELDS = ("corpus_fingerprint", "step", "task", "lengths", "windows", "scored", "split", "eval_seed", "depths",
               "samples", "seed", "rope_scaling")
+# what else an evaluation of another kind measured: the model of `lenx eval --hf` (an evaluation
+# without these fields keeps the key it always had)
+EXTRA_KEY_FIELDS = ("model", "hf_config")
 KEPT = re.compile(r"(eval[^.]*)\.([0-9a-f]{8})\.json")
 
 
 def settings_key(result: dict) -> str:
-    """8 hex digits of a hash over what `result` measured (KEY_FIELDS)."""
+    """8 hex digits of a hash over what `result` measured (KEY_FIELDS, and EXTRA_KEY_FIELDS where it has them)."""
     what = {key: result.get(key) for key in KEY_FIELDS}
+    what |= {key: result[key] for key in EXTRA_KEY_FIELDS if key in result}
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 

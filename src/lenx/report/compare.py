@@ -16,6 +16,12 @@ perplexity (its first term) get intervals from the seeds whose eval.json keeps b
 ("in_distribution" and each length's "delta_p_window_nll"); where no seed's does (an older lenx
 eval), the method's "delta_p_note" says so.
 
+Results of models with different tokenizers (`lenx eval --hf`, lenx.evaluation.hf_eval) are on the
+same windows, but an NLL per token of one tokenizer is not one of another: then every figure is in
+bits per byte of the text the scored tokens cover ("unit": "bpb"; each window's NLL times its tokens
+over its bytes, / ln 2, from eval.json's "window_tokens" and "window_bytes"), and ΔP is the
+difference in bits per byte; the report says so in one line. Otherwise ("unit": "ppl") perplexity.
+
 Numpy only: comparing runs loads no model and no torch.
 """
 
@@ -148,11 +154,55 @@ def load_run(run_dir: Path) -> dict:
         vocab = json.loads((run_dir / "meta.json").read_text()).get("vocab_size")
     except (OSError, ValueError, AttributeError):
         vocab = None  # a run folder without meta.json: no ln(vocabulary) check
-    return {"run": str(run_dir), "vocab_size": vocab if isinstance(vocab, int) and vocab > 1 else None, "method": result.get("label") or result.get("method"), "seed": _training_seed(run_dir),
+    return {"run": str(run_dir), "vocab_size": vocab if isinstance(vocab, int) and vocab > 1 else None,
+            "method": result.get("label") or result.get("method"), "seed": _training_seed(run_dir),
             "corpus_fingerprint": fingerprint if isinstance(fingerprint, dict) else None,
             "train_len": result.get("train_len"), "step": result.get("step"), "finished": result.get("finished"),
             "windows": windows, "nll": {L: nll[L] for L in lengths}, "delta_p_tokens": result.get("delta_p_tokens"),
-            "short": short, "tails": tails}
+            "short": short, "tails": tails, "tokenizer": tokenizer_of(result), "sizes": _window_sizes(result, len(documents))}
+
+
+def tokenizer_of(result: dict) -> str:
+    """Which tokenizer an evaluation's tokens are of: "corpus" (lenx's runs, and an HF model whose
+    tokenizer is the corpus's), else the HF tokenizer's class and hash."""
+    tok = result.get("tokenizer")
+    if not isinstance(tok, dict) or tok.get("same_as_corpus"):
+        return "corpus"
+    return f"{tok.get('class', 'tokenizer')} {str(tok.get('sha256', ''))[:8]}"
+
+
+def _window_sizes(result: dict, windows: int) -> dict | None:
+    """Per window, the tokens and the bytes of the scored tokens and of ΔP's ({"scored": (tokens,
+    bytes), "delta_p": (tokens, bytes) or None}), or None when eval.json has no byte counts (an older
+    lenx eval, or a token-level corpus). lenx's own evaluations score the same number of tokens in
+    every window (scored, delta_p_tokens), so they record bytes only."""
+    sizes, counts = result.get("window_bytes"), result.get("window_tokens") or {}
+    if not isinstance(sizes, dict):
+        return None
+    out = {}
+    for part, default in (("scored", result.get("scored")), ("delta_p", result.get("delta_p_tokens"))):
+        size = _window_array(sizes.get(part), windows)
+        tokens = counts.get(part, [default] * windows if isinstance(default, int) else None)
+        tokens = _window_array(tokens, windows)
+        out[part] = None if size is None or tokens is None else (tokens, np.maximum(size, 1))
+    return out if out["scored"] is not None else None
+
+
+def _per_byte(run: dict) -> dict:
+    """A loaded run with its window values in bits per byte instead of NLL per token: each window's
+    scored NLL (mean per token x its tokens) over the bytes those tokens cover, / ln 2; ΔP's terms
+    likewise where eval.json kept their bytes."""
+    if run["sizes"] is None:
+        raise CompareError(f"{run['run']}/eval.json records no bytes per window (an older lenx eval); evaluate it "
+                           f"again with `lenx eval {run['run']}` to compare it per byte with models of other tokenizers")
+    tokens, size = run["sizes"]["scored"]
+    bits = {L: v * tokens / size / np.log(2) for L, v in run["nll"].items()}
+    short, tails = None, {}
+    if run["sizes"]["delta_p"] is not None and run["short"] is not None:
+        tokens, size = run["sizes"]["delta_p"]
+        short = run["short"] * tokens / size / np.log(2)
+        tails = {L: v * tokens / size / np.log(2) for L, v in run["tails"].items()}
+    return run | {"nll": bits, "short": short, "tails": tails, "vocab_size": None}
 
 
 def _window_array(values, windows: int) -> np.ndarray | None:
@@ -218,20 +268,25 @@ def _delta_p_windows(members: list[dict], lengths: list[int]) -> tuple[np.ndarra
             [r["seed"] for r in kept])
 
 
-def _interval_entry(window_nll: np.ndarray, documents: np.ndarray, boot: dict) -> dict:
+def _interval_entry(window_nll: np.ndarray, documents: np.ndarray, boot: dict, unit: str = "ppl") -> dict:
+    """The seed-mean perplexity (unit "bpb": bits per byte) with its interval over documents."""
+    if unit == "bpb":
+        interval = seed_mean_interval(window_nll, documents, scale="nll", **boot)
+        return {"bpb": interval["mean"], "lo": interval["lo"], "hi": interval["hi"], "per_seed": interval["per_seed"],
+                "median_bpb": float(np.median(window_nll))}
     interval = seed_mean_interval(window_nll, documents, **boot)
     return {"ppl": interval["ppl"], "lo": interval["lo"], "hi": interval["hi"], "per_seed": interval["per_seed"],
             "median_nll": float(np.median(window_nll))}
 
 
-def _difference(a: np.ndarray, b: np.ndarray, documents: np.ndarray, boot: dict) -> dict:
+def _difference(a: np.ndarray, b: np.ndarray, documents: np.ndarray, boot: dict, scale: str = "ppl") -> dict:
     """Method a minus the reference b ([seeds, windows] each): the seed-mean perplexity difference with
     its interval over seeds and documents (stats.method_difference; "covers": "documents only" when
     either has one seed), each one's seed-to-seed spread, the share of documents on which a is
     better, the three documents with the largest share of the mean-NLL difference, and the documents
     whose removal alone changes the verdict."""
-    d = method_difference(a, b, documents, **boot)
-    loo = leave_one_document_out(a, b, documents, **boot)
+    d = method_difference(a, b, documents, scale=scale, **boot)
+    loo = leave_one_document_out(a, b, documents, scale=scale, **boot)
     words = {"a lower": "lower than the reference", "b lower": "higher than the reference",
              "no difference": "no difference"}
     return {"diff": d["diff"], "lo": d["lo"], "hi": d["hi"], "excludes_zero": bool(d["lo"] > 0 or d["hi"] < 0),
@@ -262,6 +317,12 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
         raise CompareError("no run to compare")
     runs = [load_run(Path(r)) for r in run_dirs]
     _check_same_windows(runs)
+    tokenizers = sorted({run["tokenizer"] for run in runs})
+    # NLL per token of different tokenizers measures different units: compared per byte of the same text
+    unit = "bpb" if len(tokenizers) > 1 else "ppl"
+    if unit == "bpb":
+        runs = [_per_byte(run) for run in runs]
+    scale = "nll" if unit == "bpb" else "ppl"
     groups = _group(runs)
     if reference is not None and reference not in groups:
         raise CompareError(f"reference method {reference!r} is not among the compared methods "
@@ -282,7 +343,8 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
         per_length = {}
         vocab = members[0]["vocab_size"]
         for L in lengths:
-            entry = _interval_entry(stacked[method][L], documents, boot) | {"seeds": len(members), "documents": distinct}
+            entry = _interval_entry(stacked[method][L], documents, boot, unit) | {"seeds": len(members),
+                                                                                   "documents": distinct}
             if vocab:  # windows whose mean NLL is above uniform guessing's: text the model cannot read
                 summary = window_summary(stacked[method][L], documents, vocab)
                 entry["above_uniform_windows"] = summary["above_uniform_windows"]
@@ -290,15 +352,15 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
             if terms is not None and L > T:
                 # per seed: exp(mean NLL read with T_train tokens) - exp(mean NLL of the same tokens at L)
                 short, tail = terms[0], terms[1][L]
-                dp = seed_mean_difference(short, tail, documents, **boot)
-                per_seed = np.exp(short.mean(1)) - np.exp(tail.mean(1))
+                dp = seed_mean_difference(short, tail, documents, scale=scale, **boot)
+                per_seed = short.mean(1) - tail.mean(1) if unit == "bpb" else np.exp(short.mean(1)) - np.exp(tail.mean(1))
                 entry["delta_p"] = {"value": dp["diff"], "lo": dp["lo"], "hi": dp["hi"], "per_seed": per_seed.tolist()}
             per_length[str(L)] = entry
         methods[method] = {"runs": [r["run"] for r in members], "seeds": [r["seed"] for r in members],
                            "train_len": T, "delta_p_note": note, "lengths": per_length}
         if terms is not None:
             methods[method]["delta_p_seeds"] = terms[2]  # the seeds ΔP is measured on
-            methods[method]["in_distribution"] = _interval_entry(terms[0], documents, boot) | {
+            methods[method]["in_distribution"] = _interval_entry(terms[0], documents, boot, unit) | {
                 "length": T, "tokens": members[0]["delta_p_tokens"], "seeds": terms[2]}
             inside[method] = terms[0]
 
@@ -309,16 +371,19 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
                 continue
             differences[method] = {}
             for L in lengths:
-                differences[method][str(L)] = _difference(stacked[method][L], stacked[reference][L], documents, boot)
+                differences[method][str(L)] = _difference(stacked[method][L], stacked[reference][L], documents, boot,
+                                                          scale)
             if "in_distribution" in methods[method] and "in_distribution" in methods[reference]:
                 # seed means over the seeds that kept the point (they may be fewer than the method's)
-                differences[method]["in_distribution"] = _difference(inside[method], inside[reference], documents, boot)
+                differences[method]["in_distribution"] = _difference(inside[method], inside[reference], documents, boot,
+                                                                     scale)
 
-    return {"written_by": WRITTEN_BY, "level": level, "resamples": n, "seed": seed, "reference": reference,
+    return {"written_by": WRITTEN_BY, "unit": unit, "tokenizers": tokenizers, "level": level, "resamples": n,
+            "seed": seed, "reference": reference,
             "corpus": windows["corpus"], "split": windows["split"], "eval_seed": windows["eval_seed"],
             "scored": windows["scored"], "lengths": lengths, "windows": int(len(documents)), "documents": distinct,
             "runs": [{"run": r["run"], "method": r["method"], "seed": r["seed"], "step": r["step"],
-                      "finished": r["finished"]} for r in runs],
+                      "finished": r["finished"], "tokenizer": r["tokenizer"]} for r in runs],
             "methods": methods, "differences": differences}
 
 

@@ -1,16 +1,28 @@
-"""What `lenx compare` prints: seed-mean perplexity [interval] per method and length, ΔP where it
-could be recomputed, the differences to the reference method, the verdicts one document decides,
+"""What `lenx compare` prints: seed-mean perplexity [interval] per method and length (bits per
+byte, and a line that says why, when the results use different tokenizers), ΔP where it could be
+recomputed, the differences to the reference method, the verdicts one document decides,
 and the notes between them."""
 
 from .tables import Column, Strong, Table
 
 
-def _interval(value: float, lo: float, hi: float, sign: str = "") -> str:
-    return f"{value:{sign}.2f} [{lo:{sign}.2f}, {hi:{sign}.2f}]"
+def _interval(value: float, lo: float, hi: float, sign: str = "", digits: int = 2) -> str:
+    return f"{value:{sign}.{digits}f} [{lo:{sign}.{digits}f}, {hi:{sign}.{digits}f}]"
 
 
 def _ppl(entry: dict) -> str:
+    """A perplexity, or bits per byte ("bpb", 3 decimals), with its interval."""
+    if "bpb" in entry:
+        return _interval(entry["bpb"], entry["lo"], entry["hi"], digits=3)
     return _interval(entry["ppl"], entry["lo"], entry["hi"])
+
+
+def tokenizer_note(result: dict) -> str | None:
+    """The line that says when the results use different tokenizers, and what is compared then."""
+    if result.get("unit") != "bpb":
+        return None
+    return (f"note: these results use different tokenizers ({', '.join(result['tokenizers'])}): perplexity per token is "
+            "not comparable across them, so every figure is in bits per byte of the scored text (lower is better)")
 
 
 def _plural(word: str, n: int) -> str:
@@ -39,29 +51,33 @@ def compare_report(result: dict) -> list[Table | str]:
     if inside:
         where += ("; in distribution: the last T_train tokens of each window read with T_train tokens of input "
                   "(ΔP's first term), over the seeds whose eval.json keeps it (the ΔP table's)")
-    ppl = _by_length(f"perplexity of the last {result['scored']} tokens, mean over seeds [{pct} interval]", lengths,
+    bpb = result.get("unit") == "bpb"
+    what = "bits per byte" if bpb else "perplexity"
+    ppl = _by_length(f"{what} of the last {result['scored']} tokens, mean over seeds [{pct} interval]", lengths,
                      inside, where)
     for method, m in result["methods"].items():
         ppl.add_row(f"{method} ({len(m['seeds'])} {_plural('seed', len(m['seeds']))})",
                     *_inside_cells(inside, m.get("in_distribution"), _ppl), *(_ppl(m["lengths"][L]) for L in lengths))
-    items: list[Table | str] = [ppl]
+    items: list[Table | str] = [note for note in [tokenizer_note(result)] if note] + [ppl]
 
     with_dp = {method: m for method, m in result["methods"].items()
                if any("delta_p" in m["lengths"][L] for L in lengths)}
     if with_dp:  # at the lengths beyond a training length only
         dp_lengths = [L for L in lengths if any("delta_p" in m["lengths"][L] for m in with_dp.values())]
-        dp = _by_length(f"ΔP, mean over seeds [{pct} interval] (positive: context beyond the training length helps)",
-                        dp_lengths, inside=False)
+        dp = _by_length(f"ΔP{' in bits per byte' if bpb else ''}, mean over seeds [{pct} interval] (positive: context "
+                        "beyond the training length helps)", dp_lengths, inside=False)
         for method, m in with_dp.items():
             entries = [m["lengths"][L].get("delta_p") for L in dp_lengths]
             seeds = m["delta_p_seeds"]
-            dp.add_row(f"{method} ({_plural('seed', len(seeds))} {', '.join(map(str, seeds))})",
-                       *("" if e is None else _interval(e["value"], e["lo"], e["hi"], "+") for e in entries))
+            known = [str(seed) for seed in seeds if seed is not None]  # an HF model has no training seed
+            dp.add_row(f"{method} ({_plural('seed', len(known))} {', '.join(known)})" if known else method,
+                       *("" if e is None else _interval(e["value"], e["lo"], e["hi"], "+", 3 if bpb else 2)
+                         for e in entries))
         items.append(dp)
     items += _notes(result, lengths)
 
     if result["reference"] is not None and result["differences"]:
-        items += _difference_tables(result, lengths, pct, inside)
+        items += _difference_tables(result, lengths, pct, inside, what)
     return items
 
 
@@ -84,15 +100,16 @@ def _notes(result: dict, lengths: list[str]) -> list[str]:
     return notes
 
 
-def _difference_tables(result: dict, lengths: list[str], pct: str, inside: bool) -> list[Table]:
+def _difference_tables(result: dict, lengths: list[str], pct: str, inside: bool, what: str) -> list[Table]:
     """Each method minus the reference, and the verdicts that one document can change."""
-    diff = _by_length(f"perplexity minus {result['reference']}'s, mean over seeds [{pct} interval over seeds and "
+    diff = _by_length(f"{what} minus {result['reference']}'s, mean over seeds [{pct} interval over seeds and "
                       "documents]", lengths, inside,
                       "bold: the interval excludes 0 (negative: better than the reference); †: a method with one "
                       "seed, so the interval covers documents only (not a claim about the method)")
 
     def cell(d: dict) -> str:
-        text = _interval(d["diff"], d["lo"], d["hi"], "+") + ("†" if d.get("covers") == "documents only" else "")
+        digits = 3 if what == "bits per byte" else 2
+        text = _interval(d["diff"], d["lo"], d["hi"], "+", digits) + ("†" if d.get("covers") == "documents only" else "")
         return Strong(text) if d["excludes_zero"] else text
 
     decided = Table("verdicts that one document can change (dropping it alone changes the verdict)",

@@ -1,5 +1,5 @@
-"""Tables of `lenx eval` and `lenx sweep`: perplexity per method and length, retrieval grids, and
-a sweep's results.md."""
+"""Tables of `lenx eval` and `lenx sweep`: perplexity per method and length, an HF model's
+evaluation (`lenx eval --hf`), retrieval grids, and a sweep's results.md."""
 
 import statistics
 
@@ -39,6 +39,25 @@ def _cell(rows: list[dict | None]) -> str:
     text = stat([row["ppl"] for row in rows])
     delta = [row["delta_p"] for row in rows if "delta_p" in row]
     return text + (f" ({stat(delta, '+')})" if delta else "")
+
+
+def hf_table(result: dict) -> Table:
+    """One evaluation of `lenx eval --hf`: per length (in the corpus's tokens) the model's tokens read,
+    its perplexity per token (ΔP), and bits per byte, which compare across tokenizers."""
+    tok = result.get("tokenizer") or {}
+    own = "" if tok.get("same_as_corpus") else " read as text in the model's own tokens"
+    train_len = result["train_len"]
+    table = Table(f"{result['method']}: the last {result['scored']} corpus tokens of each window{own} "
+                  f"(trained at {train_len}); {result['window_note']}",
+                  columns("length", "model tokens read", "perplexity (ΔP)", "bits per byte", right_from=1),
+                  caption="perplexity per model token; bits per byte of the text the scored tokens cover")
+    for L in result["lengths"]:
+        row = result["results"][str(L)]
+        read = row.get("input_tokens") or []
+        table.add_row(f"{L} (train)" if L == train_len else str(L),
+                      f"{statistics.mean(read):.0f}" if read else "", _cell([row]),
+                      f"{row['bpb']:.3f}" if "bpb" in row else "")
+    return table
 
 
 def task_table(result: dict) -> Table:

@@ -36,37 +36,41 @@ def _nll_rows(window_nll) -> np.ndarray:
     return nll
 
 
-def _seed_mean_ppl(nll: np.ndarray, w: np.ndarray) -> np.ndarray:
+def _seed_mean(nll: np.ndarray, w: np.ndarray, scale: str = "ppl") -> np.ndarray:
     """For each resample (row of the window weights w, [n, windows]), the mean over seeds of each
-    seed's perplexity on the resampled windows: [n]."""
-    return np.exp((w @ nll.T) / w.sum(1, keepdims=True)).mean(1)
+    seed's perplexity (or, scale="nll", mean window value) on the resampled windows: [n]."""
+    return _per_seed(nll, w, scale).mean(1)
 
 
-def seed_mean_interval(window_nll, documents, n: int = 2000, seed: int = 0, level: float = 0.95) -> dict:
+def seed_mean_interval(window_nll, documents, n: int = 2000, seed: int = 0, level: float = 0.95,
+                       scale: str = "ppl") -> dict:
     """{"ppl", "lo", "hi", "per_seed"} of runs that differ only in their training seed, measured
     on the same windows: window_nll is [seeds, windows]. "ppl" is the mean over seeds of each
     seed's perplexity exp(mean window NLL), "per_seed" those perplexities; the interval resamples
-    documents once per resample and applies the draw to every seed at once."""
+    documents once per resample and applies the draw to every seed at once. scale="nll": the same of
+    the mean window value itself (e.g. bits per byte), under "mean" instead of "ppl"."""
     nll = _nll_rows(window_nll)
     if nll.shape[1] != len(documents):
         raise ValueError(f"{nll.shape[1]} windows but {len(documents)} window documents")
-    per_seed = np.exp(nll.mean(1))
-    lo, hi = _interval(_seed_mean_ppl(nll, _resamples(documents, n, seed)), level)
-    return {"ppl": float(per_seed.mean()), "lo": lo, "hi": hi, "per_seed": per_seed.tolist()}
+    per_seed = _per_seed(nll, np.ones((1, nll.shape[1])), scale)[0]
+    lo, hi = _interval(_seed_mean(nll, _resamples(documents, n, seed), scale), level)
+    return {"ppl" if scale == "ppl" else "mean": float(per_seed.mean()), "lo": lo, "hi": hi,
+            "per_seed": per_seed.tolist()}
 
 
 def seed_mean_difference(window_nll_a, window_nll_b, documents, n: int = 2000, seed: int = 0,
-                         level: float = 0.95) -> dict:
-    """{"diff", "lo", "hi"}: the seed-mean perplexity of a ([seeds_a, windows]) minus that of b
-    ([seeds_b, windows]) on the same windows, with a paired bootstrap interval over documents (one
-    draw of documents for both and for every seed of each). The seed counts may differ."""
+                         level: float = 0.95, scale: str = "ppl") -> dict:
+    """{"diff", "lo", "hi"}: the seed-mean perplexity (scale="nll": mean window value) of a
+    ([seeds_a, windows]) minus that of b ([seeds_b, windows]) on the same windows, with a paired
+    bootstrap interval over documents (one draw of documents for both and for every seed of each).
+    The seed counts may differ."""
     a, b = _nll_rows(window_nll_a), _nll_rows(window_nll_b)
     if a.shape[1] != b.shape[1] or a.shape[1] != len(documents):
         raise ValueError(f"paired windows must match: {a.shape[1]} vs {b.shape[1]} windows, "
                          f"{len(documents)} window documents")
-    w = _resamples(documents, n, seed)
-    lo, hi = _interval(_seed_mean_ppl(a, w) - _seed_mean_ppl(b, w), level)
-    return {"diff": float(np.exp(a.mean(1)).mean() - np.exp(b.mean(1)).mean()), "lo": lo, "hi": hi}
+    w, ones = _resamples(documents, n, seed), np.ones((1, a.shape[1]))
+    lo, hi = _interval(_seed_mean(a, w, scale) - _seed_mean(b, w, scale), level)
+    return {"diff": float(_seed_mean(a, ones, scale)[0] - _seed_mean(b, ones, scale)[0]), "lo": lo, "hi": hi}
 
 
 # --- methods over seeds and documents ---------------------------------------------------------------
