@@ -17,10 +17,11 @@ def export_cmd(run: Path = typer.Argument(..., help="a run directory"),
     """Write a trained run as a folder that transformers loads, with lm-evaluation-harness on top.
 
     DIR gets config.json, model.safetensors, the model's code (configuration_lenx.py and
-    modeling_lenx.py, which run the installed lenx's model), the corpus's tokenizer and a README.md:
-    AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True) gives the run's logits, and its
-    generate() decodes with lenx's KV cache. The folder is checked to load and give the run's logits
-    before it is moved into place. Needs transformers (pip install 'lenx[hf]').
+    modeling_lenx.py, which run the installed lenx's model), the corpus's tokenizer and a README.md.
+
+    AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True) then gives the run's logits, and
+    its generate() decodes with lenx's KV cache. The folder is checked to do so before it is moved
+    into place. Needs transformers (lenx's hf extra).
     """
     from ..export.folder import ExportError, export_run
 
