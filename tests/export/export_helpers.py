@@ -17,10 +17,10 @@ def write_model(lm, folder: Path, eos_id=None, train_len=32):
     return folder
 
 
-def load(folder: Path):
-    """The folder as users load it."""
+def load(folder: Path, **kwargs):
+    """The folder as users load it (kwargs: from_pretrained's, e.g. device_map)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    return AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    return AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True, **kwargs).eval()

@@ -148,7 +148,7 @@ def test_a_failed_export_leaves_the_earlier_one_and_nothing_else(run, tmp_path, 
     with pytest.raises(folder.ExportError, match="differ"):
         folder.export_run(run, out, force=True)
     with pytest.raises(folder.ExportError, match="differ"):
-        folder.export_run(run, tmp_path / "new")
+        folder.export_run(run, tmp_path / "new" / "deeper" / "model")
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]
 

@@ -2,6 +2,7 @@
 family, greedy generate() gives lenx's own generate()'s tokens, and what lenx cannot do (left
 padding, an unknown setting, a missing lenx) is a one-line error."""
 
+import importlib.util
 import sys
 
 import pytest
@@ -136,3 +137,29 @@ def test_a_weights_file_that_lacks_weights_is_refused(tmp_path):
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ValueError, match=r"lacks 1 weights .*mlp\.fc\.weight.*lenx export"):
         load(folder)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["rope", "kerple", "t5", "dapev2-kerple", "stickbreaking"])
+def test_on_a_gpu_the_folder_runs_lenx_s_backends(method, tmp_path):
+    """Moved to the GPU, or loaded onto it (device_map), the folder gives lenx's logits with the
+    backends lenx picks there (fused kernels), in fp32 and under bf16 autocast, and generate()'s
+    every step is the last row of lenx's forward over the tokens so far."""
+    lm = lenx_model(method)
+    folder = write_model(lm, tmp_path / method)
+    lm = lm.cuda()
+    idx = torch.randint(0, V, (2, 300), device="cuda")
+    loaded = [load(folder).cuda()]
+    if importlib.util.find_spec("accelerate"):  # what transformers may need for device_map
+        loaded.append(load(folder, device_map="cuda"))
+    for hf in loaded:
+        with torch.no_grad():
+            torch.testing.assert_close(hf(idx).logits, lm(idx)[0], atol=1e-4, rtol=0)
+            with torch.autocast("cuda", torch.bfloat16):
+                torch.testing.assert_close(hf(idx).logits.float(), lm(idx)[0].float(), atol=1e-2, rtol=0)
+        prompt = idx[:1, :50]
+        out = hf.generate(prompt, max_new_tokens=20, do_sample=False, output_logits=True, return_dict_in_generate=True)
+        with torch.no_grad():
+            for i, logits in enumerate(out.logits):
+                want = lm(out.sequences[:, :50 + i])[0][:, -1]
+                torch.testing.assert_close(logits, want, atol=1e-3, rtol=0)

@@ -123,15 +123,21 @@ def export_run(run_dir: Path, out: Path, step: int | None = None, force: bool = 
     model = hf.LenxForCausalLM(config).eval()
     load_weights(model.model, weights)
     tokenizer = corpus.root / "tokenizer.json" if corpus.tokenizer() is not None else None
-    tmp = out.absolute().parent / f"{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    parent = out.absolute().parent
+    created = [p for p in (parent, *parent.parents) if not p.exists()]  # deepest first
+    tmp = parent / f"{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)  # left by an export that was killed
     try:
         tmp.mkdir(parents=True)
         write_folder(model, tmp, tokenizer, card=card(model, cfg, source, out, tokenizer is not None))
         check_folder(tmp, model.model)
         _swap(tmp, out)
-    finally:
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        for p in created:  # a failed export leaves no folder it made
+            if p.is_dir() and not any(p.iterdir()):
+                p.rmdir()
+        raise
     return {"run": str(run_dir), "folder": str(out), "method": cfg.model.method, "step": source["step"],
             "parameters": model.model.num_params(), "tokenizer": tokenizer is not None,
             "files": sorted(p.name for p in out.iterdir())}
@@ -192,6 +198,10 @@ def check_folder(folder: Path, lm, length: int = 32, tol: float = 1e-5) -> None:
     logging.disable_progress_bar()
     try:
         loaded = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True).eval()
+    except Exception as e:  # whatever this transformers raises, the export is not usable with it
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ExportError(f"transformers cannot load the exported folder ({type(e).__name__}: {first}); "
+                          "nothing was written") from None
     finally:
         if bar:
             logging.enable_progress_bar()

@@ -21,7 +21,7 @@ from ..config import LMConfig
 from ..model.lm import LM, Block
 
 # The name transformers gives the cache, in a model's outputs and in generate()'s model kwargs:
-# "cache" from 5.24 (which still accepts past_key_values as an argument), past_key_values before.
+# "cache" in later 5.x releases (5.24), "past_key_values" in earlier ones (5.17).
 CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
