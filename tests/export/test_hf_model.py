@@ -97,13 +97,20 @@ def test_right_padding_gives_each_row_alone_and_other_padding_is_refused(tmp_pat
         hf.generate(idx, attention_mask=left, max_new_tokens=2, do_sample=False)
 
 
-def test_labels_give_the_next_token_loss(tmp_path):
+def test_labels_give_the_next_token_loss_and_other_inputs_are_refused(tmp_path):
     lm = lenx_model("alibi")
     hf = load(write_model(lm, tmp_path / "m"))
     idx = torch.randint(0, V, (2, 10))
     with torch.no_grad():
         loss = hf(idx, labels=idx).loss
         assert torch.allclose(loss, lm(idx[:, :-1], idx[:, 1:])[1], atol=1e-6)
+        with pytest.raises(ValueError, match="lenx models take no position_ids"):
+            hf(idx, position_ids=torch.arange(10)[None])
+        with pytest.raises(ValueError, match="take no output_hidden_states"):
+            hf.generate(idx[:1], max_new_tokens=2, output_hidden_states=True, return_dict_in_generate=True)
+        with pytest.raises(ValueError, match="not inputs_embeds"):
+            hf(inputs_embeds=torch.zeros(1, 3, 16))
+        assert hf(idx, output_hidden_states=False, return_dict=False)[0].shape == (2, 10, V)
 
 
 def test_settings_this_lenx_does_not_know_are_named(tmp_path):

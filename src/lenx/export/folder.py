@@ -173,7 +173,8 @@ def write_tokenizer(folder: Path, tokenizer_file: Path) -> None:
     text stays text (split_special_tokens), as lenx encodes documents."""
     shutil.copyfile(tokenizer_file, folder / "tokenizer.json")
     write_json(folder / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN,
-                                                  "split_special_tokens": True, "clean_up_tokenization_spaces": False})
+                                                  "split_special_tokens": True, "clean_up_tokenization_spaces": False,
+                                                  "model_input_names": ["input_ids", "attention_mask"]})
     write_json(folder / "special_tokens_map.json", {"eos_token": EOS_TOKEN})
 
 

@@ -25,6 +25,10 @@ from ..model.lm import LM, Block
 CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
 
+# What generate() may be given for a model and lenx models do not take (forward() says so).
+REFUSED = ("position_ids", "token_type_ids", "output_attentions", "output_hidden_states")
+
+
 class LenxConfig(PretrainedConfig):
     """lenx's [model] section (`lenx`, a dict of lenx.config.LMConfig's fields), the lenx version
     that exported it and the training length, plus the attributes tools read from any config."""
@@ -197,6 +201,10 @@ class LenxForCausalLM(PreTrainedModel, GenerationMixin):
         of a forward over that row alone."""
         if inputs_embeds is not None or input_ids is None:
             raise ValueError("lenx models take input_ids (token ids), not inputs_embeds")
+        asked = sorted(k for k, v in kwargs.items() if v is not None and v is not False)
+        if asked:  # e.g. position_ids (lenx's attention places the tokens itself), output_hidden_states
+            raise ValueError(f"lenx models take no {', '.join(asked)}: they return logits (and loss, cache) of "
+                             "input_ids at positions 0, 1, ...")
         state = cache if cache is not None else past_key_values
         if state is not None and not isinstance(state, LenxCache):
             raise ValueError(f"a lenx model keeps its own cache (LenxCache), not a {type(state).__name__}")
@@ -248,8 +256,9 @@ class LenxForCausalLM(PreTrainedModel, GenerationMixin):
         state = cache if cache is not None else past_key_values
         if state is not None:
             input_ids = input_ids[:, state.length:]
+        refused = {k: kwargs[k] for k in REFUSED if kwargs.get(k) is not None}  # for forward() to name them
         return {"input_ids": input_ids, CACHE: state, "attention_mask": attention_mask, "use_cache": use_cache,
-                "logits_to_keep": kwargs.get("logits_to_keep", 1)}
+                "logits_to_keep": kwargs.get("logits_to_keep", 1), **refused}
 
 
 def shared_parameters(module: torch.nn.Module) -> dict[str, str]:
