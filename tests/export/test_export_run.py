@@ -49,18 +49,22 @@ def test_the_folder_holds_config_code_weights_and_tokenizer(exported, run):
     assert "step 2" in (exported / "README.md").read_text()
 
 
-def test_the_tokenizer_is_the_corpus_s(exported, words_root):
-    from transformers import AutoTokenizer
+@pytest.mark.parametrize("how", ["AutoTokenizer", "PreTrainedTokenizerFast"])
+def test_the_tokenizer_is_the_corpus_s(exported, words_root, how):
+    import transformers
 
     from lenx.data import open_corpus
 
     corpus = open_corpus("words", words_root)
-    tok = AutoTokenizer.from_pretrained(exported)
+    # AutoTokenizer reads config.json first, whose AutoConfig is the folder's code
+    kwargs = {"trust_remote_code": True} if how == "AutoTokenizer" else {}
+    tok = getattr(transformers, how).from_pretrained(exported, **kwargs)
     text = "river stone é <|endoftext|> garden 0123."  # a literal end-of-text marker stays text, as lenx reads it
     ids = tok(text)["input_ids"]
     assert ids == corpus.encode(text) and corpus.eos_id not in ids
     assert tok.decode(ids) == corpus.decode(ids) == text
     assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == corpus.eos_id
+    assert sorted(tok(text)) == ["attention_mask", "input_ids"]
 
 
 def test_transformers_gives_the_run_s_logits_and_generation(exported, run, words_root):
@@ -78,7 +82,7 @@ def test_transformers_gives_the_run_s_logits_and_generation(exported, run, words
         torch.testing.assert_close(hf(ids).logits, lm(ids)[0], atol=1e-5, rtol=0)
     want = generate(lm, ids, 10, temperature=0)["tokens"][0].tolist()
     want = want[:want.index(corpus.eos_id) + 1] if corpus.eos_id in want else want  # generate() stops at EOS
-    tok = AutoTokenizer.from_pretrained(exported)
+    tok = AutoTokenizer.from_pretrained(exported, trust_remote_code=True)
     got = hf.generate(**tok("north garden paper silver window market orchard river", return_tensors="pt"),
                       max_new_tokens=10, do_sample=False)
     assert got[0, ids.shape[1]:].tolist() == want

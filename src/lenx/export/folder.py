@@ -180,7 +180,7 @@ def write_tokenizer(folder: Path, tokenizer_file: Path) -> None:
 
 def card(model, cfg, source: dict, out: Path, has_tokenizer: bool) -> str:
     """The folder's README.md: what the model is and how to load it."""
-    tok = (f'tokenizer = AutoTokenizer.from_pretrained("{out}")' if has_tokenizer else
+    tok = (f'tokenizer = AutoTokenizer.from_pretrained("{out}", trust_remote_code=True)' if has_tokenizer else
            "# a token-level corpus: the model reads token ids, and the folder has no tokenizer")
     m = cfg.model
     return CARD.format(method=m.method, version=lenx.__version__, run=source["run"], step=source["step"],
