@@ -259,6 +259,7 @@ MAY_IMPORT = {
     "model": {"attention", "config"},
     "runs": {"config", "data", "model"},
     "evaluation": {"attention", "config", "data", "fileio", "model", "runs"},
+    "export": {"config", "data", "fileio", "model", "runs"},
     "training": {"config", "data", "fileio", "model", "runinfo", "runs"},
     "che": {"attention", "config", "model", "report", "runinfo", "tasks", "training"},
     "report": {"attention", "evaluation", "fileio", "tasks"},

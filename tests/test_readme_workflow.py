@@ -44,6 +44,7 @@ ADAPTED = {
     "lenx eval runs/dv2 --task copy": [("--task copy", "--task copy --depths 0.5 --samples 2")],
     'lenx generate runs/dv2 --prompt "The kernel" --max-new-tokens 200 --temperature 0':
         [("--max-new-tokens 200", "--max-new-tokens 16")],
+    "lenx export runs/dv2 exported/dv2": [],
     "lenx sweep --methods rope,kerple,dapev2-kerple -c small --seeds 0,1,2 -o runs/sweep128":
         [("-c small", SMALL_ON_CPU)],
     "lenx eval runs/sweep128/rope-s0 --rope-scaling yarn": [],
@@ -126,7 +127,8 @@ def test_the_workflow_block_runs_as_written(tmp_path):
     assert files(REPO / "results" / "repro") == tracked, "lenx plot rewrote the repository's figures"
     assert list((tmp_path / "figures" / "repro").rglob("*.png"))
     for made in ("runs/dv2/eval.json", "runs/dv2/eval_copy.json", "runs/sweep128/results.json",
-                 "runs/sweep128/rope-s0/eval_rope-yarn.json", "compare.json", "runs/dv2/attention_L0_H0.png"):
+                 "runs/sweep128/rope-s0/eval_rope-yarn.json", "compare.json", "runs/dv2/attention_L0_H0.png",
+                 "exported/dv2/model.safetensors", "exported/dv2/tokenizer.json"):
         assert (tmp_path / made).is_file(), made
 
 

@@ -4,7 +4,7 @@ Every command checks all of its input before it starts any work, and reports a u
 line on stderr with exit code 2. This module holds the typer app, main() and what the commands
 share (registration, one-line errors, progress, the parsers of list options); each group of
 commands is a module of its own that registers them when imported: data (list, prepare), train,
-evaluate (eval, generate), sweep, report (compare, plot), che, bench and demo.
+evaluate (eval, generate), export, sweep, report (compare, plot), che, bench and demo.
 
 Imports: anything of lenx, inside the commands' functions only, so `lenx --help` loads no torch;
 the trainer (lenx.training.loop and sweep) only in the train, sweep and demo commands. The
@@ -127,4 +127,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # The commands: importing each group registers it with `app`, in the order `lenx --help` lists them.
-from . import data, train, evaluate, sweep, report, che, bench, demo  # noqa: E402, F401
+from . import data, train, evaluate, export, sweep, report, che, bench, demo  # noqa: E402, F401
