@@ -99,6 +99,13 @@ CASES = [
     pytest.param(["sweep", "--methods", "rope", "--set", "eval.max_length=32"], "no evaluation length",
                  id="sweep-nothing-to-evaluate"),
     pytest.param(["sweep", "--methods", "rope", "--seeds", "0,x"], "--seeds", id="sweep-bad-seeds"),
+    # a step too large for the machine's memory (hundreds of GB), refused before anything trains
+    pytest.param(["train", "--set", "train.seq_len=100000", "--set", "train.batch_size=512"], "--no-memory-check",
+                 id="train-step-too-large"),
+    pytest.param(["sweep", "--methods", "rope,alibi", "--set", "train.seq_len=100000", "--set", "train.batch_size=512",
+                  "--set", "eval.max_length=200000"], "rope: training at train.seq_len=100000", id="sweep-step-too-large"),
+    pytest.param(["che", "--methods", "dapev2-kerple", "--tasks", "parity_check", "--test-max-length", "100000"],
+                 "lower --test-max-length", id="che-test-too-large"),
     # evaluation
     pytest.param(["eval", "notarun"], "not a lenx run", id="eval-not-a-run"),
     pytest.param(["eval", "run", "--device", "tpu"], "--device", id="eval-device-tpu"),
