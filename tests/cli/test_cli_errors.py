@@ -119,6 +119,8 @@ CASES = [
     pytest.param(["plot", "run", "--attention", "--layer", "7"], "--layer 7", id="plot-layer-out-of-range"),
     pytest.param(["plot", "run", "--attention", "--head", "4"], "--head 4", id="plot-head-out-of-range"),
     pytest.param(["plot", "notarun"], "nothing to draw", id="plot-nothing"),
+    pytest.param(["plot", "run", "--attention", "--length", "100000"], "would write about 110.0 GB of JSON",
+                 id="plot-attention-too-long"),
     pytest.param(["che", "--preset", "huge"], "preset", id="che-unknown-preset"),
     pytest.param(["che", "--tasks", "parity_chek"], "parity_check", id="che-unknown-task"),
     pytest.param(["bench", "--device", "tpu"], "--device", id="bench-device-tpu"),
