@@ -136,6 +136,20 @@ def test_curves_far_below_the_highest_are_labelled(tmp_path, monkeypatch):
     assert min(shown) <= 1.5 * 24 and max(shown) >= 10000, shown
 
 
+def test_curves_just_above_a_power_of_ten_are_labelled(tmp_path, monkeypatch):
+    """results/repro's headline figure: four methods at 24-47 and rope up to 320, about one decade.
+    1, 2, 5 times the powers of ten labelled it from 50 (20 falls below the axis); 30 now labels the
+    low curves."""
+    figures = saved_figures(monkeypatch)
+    low = [eval_result(m, {256: 24.0 + 8 * i, 2048: 25.0 + 8 * i, 16384: 24.3 + 8 * i}) for i, m in
+           enumerate(["kerple", "dape-kerple", "dapev2-kerple", "stickbreaking"])]
+    plot.plot_perplexity(low + [eval_result("rope", {256: 53.0, 2048: 219.0, 16384: 314.0})], tmp_path / "a.png")
+    ax = figures[0].axes[0]
+    bottom, top = ax.get_ylim()
+    shown = [t.get_text() for t in ax.yaxis.get_ticklabels() if t.get_text() and bottom <= t.get_position()[1] <= top]
+    assert shown == ["30", "50", "100", "200", "300"], shown
+
+
 def test_loss_curves(tmp_path, monkeypatch):
     seen = legends(monkeypatch)
     curves = {"dapev2-kerple": [[1, 5.0], [2, 4.0], [3, 3.5]], "dapev2-kerple (leak)": [[1, 5.0], [2, 2.0], [3, 0.1]]}
