@@ -99,6 +99,13 @@ CASES = [
     pytest.param(["sweep", "--methods", "rope", "--set", "eval.max_length=32"], "no evaluation length",
                  id="sweep-nothing-to-evaluate"),
     pytest.param(["sweep", "--methods", "rope", "--seeds", "0,x"], "--seeds", id="sweep-bad-seeds"),
+    # a step too large for the machine's memory (hundreds of GB), refused before anything trains
+    pytest.param(["train", "--set", "train.seq_len=100000", "--set", "train.batch_size=512"], "--no-memory-check",
+                 id="train-step-too-large"),
+    pytest.param(["sweep", "--methods", "rope,alibi", "--set", "train.seq_len=100000", "--set", "train.batch_size=512",
+                  "--set", "eval.max_length=200000"], "rope: training at train.seq_len=100000", id="sweep-step-too-large"),
+    pytest.param(["che", "--methods", "dapev2-kerple", "--tasks", "parity_check", "--test-max-length", "100000"],
+                 "lower --test-max-length", id="che-test-too-large"),
     # evaluation
     pytest.param(["eval", "notarun"], "not a lenx run", id="eval-not-a-run"),
     pytest.param(["eval", "run", "--device", "tpu"], "--device", id="eval-device-tpu"),
@@ -112,6 +119,8 @@ CASES = [
     pytest.param(["plot", "run", "--attention", "--layer", "7"], "--layer 7", id="plot-layer-out-of-range"),
     pytest.param(["plot", "run", "--attention", "--head", "4"], "--head 4", id="plot-head-out-of-range"),
     pytest.param(["plot", "notarun"], "nothing to draw", id="plot-nothing"),
+    pytest.param(["plot", "run", "--attention", "--length", "100000"], "would write about 110.0 GB of JSON",
+                 id="plot-attention-too-long"),
     pytest.param(["che", "--preset", "huge"], "preset", id="che-unknown-preset"),
     pytest.param(["che", "--tasks", "parity_chek"], "parity_check", id="che-unknown-task"),
     pytest.param(["bench", "--device", "tpu"], "--device", id="bench-device-tpu"),

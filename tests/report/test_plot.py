@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from lenx.evaluation.attention_maps import attention_maps, save_attention_maps
+from lenx.evaluation.attention_maps import attention_maps, check_json_size, map_names, save_attention_maps
 from lenx.report import plot
 from lenx.report.plot import aggregate_by_method
 
@@ -136,6 +136,20 @@ def test_curves_far_below_the_highest_are_labelled(tmp_path, monkeypatch):
     assert min(shown) <= 1.5 * 24 and max(shown) >= 10000, shown
 
 
+def test_curves_just_above_a_power_of_ten_are_labelled(tmp_path, monkeypatch):
+    """results/repro's headline figure: four methods at 24-47 and rope up to 320, about one decade.
+    1, 2, 5 times the powers of ten labelled it from 50 (20 falls below the axis); 30 now labels the
+    low curves."""
+    figures = saved_figures(monkeypatch)
+    low = [eval_result(m, {256: 24.0 + 8 * i, 2048: 25.0 + 8 * i, 16384: 24.3 + 8 * i}) for i, m in
+           enumerate(["kerple", "dape-kerple", "dapev2-kerple", "stickbreaking"])]
+    plot.plot_perplexity(low + [eval_result("rope", {256: 53.0, 2048: 219.0, 16384: 314.0})], tmp_path / "a.png")
+    ax = figures[0].axes[0]
+    bottom, top = ax.get_ylim()
+    shown = [t.get_text() for t in ax.yaxis.get_ticklabels() if t.get_text() and bottom <= t.get_position()[1] <= top]
+    assert shown == ["30", "50", "100", "200", "300"], shown
+
+
 def test_loss_curves(tmp_path, monkeypatch):
     seen = legends(monkeypatch)
     curves = {"dapev2-kerple": [[1, 5.0], [2, 4.0], [3, 3.5]], "dapev2-kerple (leak)": [[1, 5.0], [2, 2.0], [3, 0.1]]}
@@ -185,6 +199,44 @@ def test_attention_maps_of_a_tiny_run(tmp_path):
     # without tokens: the first `length` tokens of the run's test split
     first = attention_maps(tmp_path / "run", layer=0, head=1, length=9)
     assert first["length"] == 9 and first["scores"].shape == (9, 9)
+    assert map_names("dapev2-kerple") == ["scores", "bias", "processed"]
+
+
+@pytest.mark.parametrize("method, names", [("rope", ["scores"]), ("kerple", ["scores", "bias"]),
+                                           ("cope", ["scores", "processed"]),
+                                           ("dape-stickbreaking-t5", ["scores", "bias", "processed"])])
+def test_the_maps_each_method_draws(method, names):
+    from lenx.attention import Attention
+    from lenx.attention.backends import score_block
+    from lenx.config import AttentionConfig
+
+    attn = Attention(AttentionConfig(method=method), 2, 16)
+    q = k = torch.randn(1, 2, 6, 8)
+    _, bias, _ = score_block(q, k, attn.parts)
+    assert map_names(method) == ["scores"] + (["bias"] if bias is not None else []) + \
+        (["processed"] if attn.processor is not None else [])
+    assert map_names(method) == names
+
+
+def test_the_size_of_the_maps_json_is_bounded(tmp_path, monkeypatch):
+    """--attention's JSON grows as T^2: above the bound it needs --force, and the error names the size."""
+    from lenx.config import ConfigError
+    from lenx.evaluation import attention_maps as maps
+
+    with pytest.raises(ConfigError) as e:
+        check_json_size("dapev2-kerple", 100000)
+    assert str(e.value).startswith("--length 100000 would write about 330.0 GB of JSON (3 maps of 100000 x 100000")
+    assert "up to --length 1740" in str(e.value) and "--force" in str(e.value)
+    check_json_size("dapev2-kerple", 1740)
+    check_json_size("rope", 3015)
+    check_json_size("dapev2-kerple", 100000, force=True)
+    # the estimate is honest: 64 tokens, the bound lowered below what they write
+    monkeypatch.setattr(maps, "MAX_JSON_BYTES", 10_000)
+    save_attention_maps(synthetic_maps(64), tmp_path / "a.json")
+    written = (tmp_path / "a.json").stat().st_size
+    assert 0.7 < 2 * 64 ** 2 * maps.JSON_BYTES_PER_ENTRY / written < 1.5
+    with pytest.raises(ConfigError, match="about 90 KB"):
+        check_json_size("kerple", 64)
 
 
 def make_tree(root):

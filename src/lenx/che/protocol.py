@@ -27,8 +27,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..attention.methods import UnknownMethodError, parse_method
-from ..config import LMConfig, resolve_device
+from ..config import ConfigError, LMConfig, resolve_device
 from ..model.lm import Block
+from ..model.memory import check_memory, estimate_memory
 from ..model.precision import autocast_for
 from ..report.che_tables import che_table
 from ..report.tables import to_markdown
@@ -86,8 +87,7 @@ class Encoder(nn.Module):
 
     def __init__(self, method: str, vocab: int, classes: int, cfg: CHEConfig):
         super().__init__()
-        block_cfg = LMConfig(method=method, causal=runs_causally(method), n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model,
-                             activation="relu", dropout=cfg.dropout)
+        block_cfg = block_config(method, cfg)
         shared: dict = {}
         self.embed = nn.Embedding(vocab, cfg.d_model)
         self.blocks = nn.ModuleList(Block(block_cfg, shared) for _ in range(cfg.n_layer))
@@ -99,6 +99,38 @@ class Encoder(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x))
+
+
+def block_config(method: str, cfg: CHEConfig) -> LMConfig:
+    """The settings of the encoder's blocks."""
+    return LMConfig(method=method, causal=runs_causally(method), n_layer=cfg.n_layer, n_head=cfg.n_head,
+                    d_model=cfg.d_model, activation="relu", dropout=cfg.dropout)
+
+
+def check_che_memory(cfg: CHEConfig) -> None:
+    """Refuse, in one line, a method whose training step (on the longest training sequences of any
+    of the tasks) or test forward (128 sequences of the longest test length at once) does not fit
+    the device's memory (lenx.model.memory)."""
+    device = resolve_device(cfg.device, "device")
+    tasks = [get_task(t) for t in cfg.tasks]
+    longest = lambda n: max(t.input_length(n) + t.output_length(n) for t in tasks)  # noqa: E731
+    vocab, classes = max(t.input_vocab + 1 for t in tasks), max(t.output_vocab for t in tasks)
+    for method in cfg.methods:
+        with torch.random.fork_rng(devices=[]):  # a few hundred thousand weights: built in milliseconds
+            params = sum(p.numel() for p in Encoder(method, vocab, classes, cfg).parameters())
+        phases = [
+            (True, cfg.batch_size, longest(cfg.train_max_length),
+             f"training on lengths up to {cfg.train_max_length}", "use a smaller preset (its batch size)"),
+            (False, min(128, cfg.test_samples), longest(cfg.test_max_length),
+             f"testing at length {cfg.test_max_length}", "lower --test-max-length")]
+        for training, batch, length, doing, lower in phases:
+            estimate = estimate_memory(block_config(method, cfg), batch, length, device, training=training,
+                                       params=params, outputs=classes)
+            try:
+                check_memory(estimate, device, f"{method}: {doing} ({batch} sequences of {length} tokens at once)",
+                             lower)
+            except ConfigError as e:
+                raise CHEError(str(e)) from None
 
 
 def train_and_test(task_name: str, method: str, seed: int, cfg: CHEConfig, progress=None) -> dict:
@@ -198,8 +230,9 @@ def _check_protocol(runs: list[dict], expected: dict, where: Path, hint: str):
                            f"different protocol (field: (stored, wanted)) {diff}; {hint}")
 
 
-def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True) -> dict:
+def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True, memory_check: bool = True) -> dict:
     """Every task x method x seed; writes che.json, che.md (table 6 layout) and che_per_length.png.
+    memory_check: first refuse a method whose training or test does not fit the device's memory.
 
     Each finished run is appended to out_dir/runs.jsonl at once, so a killed run_che started again with
     the same out_dir skips what is done (if it was run under the same protocol)."""
@@ -214,6 +247,8 @@ def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True) -> dict:
             raise CHEError(f"{method}: {e}") from None
     for task in cfg.tasks:
         get_task(task)
+    if memory_check:
+        check_che_memory(cfg)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     log = out_dir / "runs.jsonl"

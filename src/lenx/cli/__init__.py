@@ -24,6 +24,9 @@ ConfigOpt = typer.Option("tiny", "--config", "-c", help="a TOML file or a preset
 SetOpt = typer.Option(None, "--set", "-s", help="dotted override, repeatable: --set model.method=kerple")
 ProgressOpt = typer.Option(None, "--progress/--no-progress",
                            help="progress bars (default: only when stderr is a terminal, so a piped log gets none)")
+NoMemoryCheckOpt = typer.Option(False, "--no-memory-check",
+                                help="train even when the estimate of a step's peak memory exceeds what the device "
+                                     "has available (by default such a run is refused before it starts)")
 
 
 def _command(name: str | None = None):

@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from . import ProgressOpt, _command, _fail, _parse_seeds, _progress, _user_errors
+from . import NoMemoryCheckOpt, ProgressOpt, _command, _fail, _parse_seeds, _progress, _user_errors
 
 
 @_command("che")
@@ -21,11 +21,12 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
                                                  "instead of training (other options are ignored)"),
             out: Path = typer.Option(Path("runs/che"), "--out", "-o",
                                      help="output folder; running again with the same one resumes, skipping done runs"),
-            progress: Optional[bool] = ProgressOpt):
+            progress: Optional[bool] = ProgressOpt, no_memory_check: bool = NoMemoryCheckOpt):
     """Run the Chomsky-hierarchy length-generalisation benchmark (CHE).
 
     Each task is trained on lengths 1..40 and tested on 41..500. `lenx list` names the tasks with
-    their Chomsky level and chance accuracy.
+    their Chomsky level and chance accuracy. A method whose training or test would not fit the
+    device's memory is refused before anything trains (--no-memory-check runs it anyway).
     """
     from ..che.protocol import CHEError, make_config, merge_che, run_che
     from ..fileio import check_writable_dir
@@ -40,7 +41,7 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
             cfg = make_config(preset, tasks=split(tasks), methods=split(methods), steps=steps,
                               seeds=_parse_seeds(seeds), test_max_length=test_max_length,
                               test_length_step=test_length_step, test_samples=test_samples)
-            result = run_che(cfg, out, progress=_progress(progress))
+            result = run_che(cfg, out, progress=_progress(progress), memory_check=not no_memory_check)
     except (*_user_errors(), UnknownTaskError, CHEError) as e:
         _fail(e)
     print((out / "che.md").read_text())

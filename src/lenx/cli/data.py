@@ -53,13 +53,14 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
             progress: Optional[bool] = ProgressOpt):
     """Build a corpus: fetch, extract, dedupe, split by document, tokenize, pack.
 
-    Prints the manifest (without its sources) as JSON on stdout, and one line per split (documents,
-    tokens, documents of >= 8192 and >= 16384 tokens) on stderr, then how many non-text documents were dropped.
+    Prints a short summary: the corpus's tokenizer and vocabulary, one line per split (documents,
+    tokens, documents of >= 8192 and >= 16384 tokens) and where its manifest is (<root>/<corpus>/manifest.json,
+    everything the build recorded, as JSON); then on stderr how many non-text documents were dropped.
     """
     from ..data.build import prepare_corpus
     from ..data.build.nontext import summary_line
     from ..fileio import check_writable_dir
-    from ..report.corpus_summary import manifest_json, skipped_records, split_summary
+    from ..report.corpus_summary import corpus_summary, skipped_records
 
     try:
         check_writable_dir(root, "--root")
@@ -70,8 +71,9 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
                                   skip_bad_records=skip_bad_records, keep_non_text=keep_non_text)
     except _user_errors() as e:
         _fail(e)
-    print(manifest_json(manifest))
-    for line in split_summary(manifest) + skipped_records(manifest):
+    for line in corpus_summary(manifest, root / corpus / "manifest.json"):
+        print(line)
+    for line in skipped_records(manifest):
         typer.echo(line, err=True)
     if summary_line(manifest):
         typer.echo(summary_line(manifest), err=True)

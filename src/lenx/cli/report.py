@@ -64,11 +64,14 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
                                                         "and save them as JSON next to the figure"),
              length: int = typer.Option(64, help="input length for --attention"),
              layer: int = typer.Option(0, help="--attention: the layer, from 0"),
-             head: int = typer.Option(0, help="--attention: the head, from 0")):
+             head: int = typer.Option(0, help="--attention: the head, from 0"),
+             force: bool = typer.Option(False, "--force", help="--attention: write the maps even when their JSON "
+                                                                "would exceed 100 MB (it grows as --length^2)")):
     """Re-draw the figures from saved JSON, or draw the attention maps of a run.
 
     With --attention the maps of one input are computed from the run's checkpoint (on the CPU),
-    saved as JSON and drawn from that file.
+    saved as JSON and drawn from that file. A --length whose JSON would exceed 100 MB (about 3000
+    tokens for one map) is refused unless --force is given.
     """
     from ..fileio import OutputError, check_writable_dir
     from ..report import plot
@@ -79,7 +82,7 @@ def plot_cmd(source: Path = typer.Argument(..., help="a folder (every figure und
         if attention:
             from ..evaluation.attention_maps import save_run_attention
 
-            saved, png = save_run_attention(source, out, layer=layer, head=head, length=length)
+            saved, png = save_run_attention(source, out, layer=layer, head=head, length=length, force=force)
             print(saved)
             print(plot.draw_attention_maps(plot.load_attention_maps(saved), png))
             return

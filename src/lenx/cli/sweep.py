@@ -5,7 +5,8 @@ from typing import Optional
 
 import typer
 
-from . import ConfigOpt, ProgressOpt, SetOpt, _command, _fail, _parse_methods, _parse_seeds, _progress, _user_errors
+from . import (ConfigOpt, NoMemoryCheckOpt, ProgressOpt, SetOpt, _command, _fail, _parse_methods, _parse_seeds,
+               _progress, _user_errors)
 
 
 @_command("sweep")
@@ -18,11 +19,13 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
                                        "(one GPU each via CUDA_VISIBLE_DEVICES; logs in <run>/sweep.log); "
                                        "0 = one per visible GPU"),
               force: bool = typer.Option(False, help="train and evaluate again the runs that are already done"),
-              progress: Optional[bool] = ProgressOpt):
+              progress: Optional[bool] = ProgressOpt, no_memory_check: bool = NoMemoryCheckOpt):
     """Train and evaluate several methods on equal terms; print the table, draw the plots.
 
     Every method gets the same data, seed, token budget and evaluation windows; a finished run is
-    not trained again and a partial one resumes. Writes results.json, results.md and the figures.
+    not trained again and a partial one resumes. Every method's config, and that its training step
+    fits the device's memory (--no-memory-check skips that), is checked before the first trains.
+    Writes results.json, results.md and the figures.
     """
     from ..config import load_config
     from ..fileio import check_writable_dir
@@ -38,7 +41,8 @@ def sweep_cmd(methods: str = typer.Option(..., help="comma-separated method name
         check_writable_dir(out or Path("runs") / f"sweep-{cfg.data.corpus}-T{cfg.train.seq_len}",
                            "--out" if out else "the sweep folder")
         out = out or Path("runs") / f"sweep-{cfg.data.corpus}-T{cfg.train.seq_len}"
-        result = sweep(names, cfg, out, progress=_progress(progress), jobs=jobs, force=force, seeds=seed_list)
+        result = sweep(names, cfg, out, progress=_progress(progress), jobs=jobs, force=force, seeds=seed_list,
+                       memory_check=not no_memory_check)
     except _user_errors(TrainingDiverged, SweepError) as e:
         _fail(e)
     show([eval_table(result["results"])])

@@ -6,18 +6,23 @@ from typing import Optional
 
 import typer
 
-from . import ConfigOpt, ProgressOpt, SetOpt, _command, _fail, _progress, _run_config, _user_errors
+from . import (ConfigOpt, NoMemoryCheckOpt, ProgressOpt, SetOpt, _command, _fail, _progress, _run_config,
+               _user_errors)
 
 
 @_command("train")
 def train_cmd(ctx: typer.Context, config: str = ConfigOpt, set_: list[str] = SetOpt,
               out: Path = typer.Option(None, "--out", "-o", help="run directory (default runs/<corpus>-<method>-T<len>)"),
               resume: Path = typer.Option(None, "--resume", help="continue this run directory from its last checkpoint"),
-              progress: Optional[bool] = ProgressOpt):
+              progress: Optional[bool] = ProgressOpt, no_memory_check: bool = NoMemoryCheckOpt):
     """Train a model, on one device or under torchrun on several GPUs.
 
     Several GPUs: `torchrun --nproc-per-node N -m lenx train ...` (DDP by default,
     `--set train.parallel=fsdp` for FSDP2).
+
+    Before the first step, the step's peak memory is estimated (weights, gradients, optimizer state,
+    activations, the attention backend's own memory) and a run that would not fit the device is
+    refused; --no-memory-check trains anyway.
     """
     from ..config import ConfigError, load_config
     from ..fileio import check_writable_dir
@@ -42,13 +47,13 @@ def train_cmd(ctx: typer.Context, config: str = ConfigOpt, set_: list[str] = Set
             resumed = _run_config(resume)
             check_device(resumed, resumed.train.device)
             check_writable_dir(resume, "the run folder")
-            summary = train(None, resume, resume=True, progress=_progress(progress))
+            summary = train(None, resume, resume=True, progress=_progress(progress), memory_check=not no_memory_check)
         else:
             cfg = load_config(config, set_ or [])
             check_device(cfg, cfg.train.device)
             run_dir = out or Path("runs") / f"{cfg.data.corpus}-{cfg.model.method}-T{cfg.train.seq_len}"
             check_writable_dir(run_dir, "--out" if out else "the run folder")
-            summary = train(cfg, run_dir, progress=_progress(progress))
+            summary = train(cfg, run_dir, progress=_progress(progress), memory_check=not no_memory_check)
     except _user_errors(TrainingDiverged) as e:
         _fail(e)
     distributed.teardown()

@@ -9,10 +9,38 @@ from pathlib import Path
 import torch
 
 from ..attention.backends import score_block
+from ..attention.methods import BASES, parse_method
 from ..config import ConfigError
 from ..fileio import check_writable_dir
 from ..model import check_device
 from ..runs import load_model, open_run_corpus, run_config, run_weights
+
+
+# What --attention writes grows as T^2: each map's entries take about 11 bytes of JSON (9 significant
+# digits and a separator; null above the diagonal), measured. Above MAX_JSON_BYTES it needs --force.
+JSON_BYTES_PER_ENTRY = 11
+MAX_JSON_BYTES = 100 * 10 ** 6
+
+
+def map_names(method: str) -> list[str]:
+    """The maps attention_maps draws for a method: the scores, its bias, its processed scores."""
+    spec = parse_method(method)
+    processed = spec.processor is not None or BASES[spec.base].role == "processor"
+    return ["scores"] + (["bias"] if spec.bias is not None else []) + (["processed"] if processed else [])
+
+
+def check_json_size(method: str, length: int, force: bool = False) -> None:
+    """A one-line ConfigError, unless `force`, when the maps of `length` tokens would write more than
+    MAX_JSON_BYTES of JSON: it names the size and the longest length under the bound."""
+    names = map_names(method)
+    size = len(names) * length ** 2 * JSON_BYTES_PER_ENTRY
+    if size <= MAX_JSON_BYTES or force:
+        return
+    longest = math.isqrt(MAX_JSON_BYTES // (len(names) * JSON_BYTES_PER_ENTRY))
+    shown = f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{size / 1e6:.0f} MB" if size >= 1e6 else f"{size / 1e3:.0f} KB"
+    raise ConfigError(f"--length {length} would write about {shown} of JSON ({len(names)} map"
+                      f"{'s' if len(names) > 1 else ''} of {length} x {length}: {', '.join(names)}); up to --length "
+                      f"{longest} it stays under {MAX_JSON_BYTES / 1e6:.0f} MB; pass --force to write it anyway")
 
 
 def attention_maps(run_dir: Path, tokens: torch.Tensor | None = None, layer: int = 0, head: int = 0,
@@ -60,11 +88,12 @@ def save_attention_maps(maps: dict, path: Path) -> Path:
 
 
 def save_run_attention(run_dir: Path, out_dir: Path | None = None, layer: int = 0, head: int = 0,
-                       length: int = 64) -> tuple[Path, Path]:
+                       length: int = 64, force: bool = False) -> tuple[Path, Path]:
     """The attention maps of one head of a run for one input (attention_maps), computed on the CPU
     and saved as JSON into out_dir (default: the run folder), after checking the layer, head and
-    length against the run's model: (the JSON file, the figure to draw from it). The checkpoint is
-    read once, into JSON; `lenx plot` draws the figure from that file, as it re-draws it later."""
+    length against the run's model, and the size of the JSON (check_json_size; `force` lifts the
+    bound): (the JSON file, the figure to draw from it). The checkpoint is read once, into JSON;
+    `lenx plot` draws the figure from that file, as it re-draws it later."""
     cfg = run_config(run_dir)
     m = cfg.model
     for option, value, count, what in (("--layer", layer, m.n_layer, "layers"), ("--head", head, m.n_head, "heads")):
@@ -73,6 +102,7 @@ def save_run_attention(run_dir: Path, out_dir: Path | None = None, layer: int = 
                               f"({option} 0 to {count - 1})")
     if length < 1:
         raise ConfigError(f"--length must be >= 1, got {length}")
+    check_json_size(m.method, length, force)
     check_device(cfg, "cpu", training=False)
     if out_dir is None:
         check_writable_dir(run_dir, "the run folder")

@@ -1,6 +1,6 @@
 """The model floor: the decoder LM (lm.py), its config checks that run before any work
-(checks.py), its precision (precision.py), KV-cache generation (generate.py) and checkpoints
-(checkpoint.py).
+(checks.py), the memory a step takes and what the device has (memory.py), its precision
+(precision.py), KV-cache generation (generate.py) and checkpoints (checkpoint.py).
 
 Imports: lenx.attention, lenx.config and the standard library, numpy, torch and safetensors; never
 training, evaluation, reports, benchmarks or the CLI. The one reach upwards is
@@ -9,5 +9,6 @@ generate.generate_from_run, which opens a trained run through lenx.runs inside t
 
 from .checks import check_config, check_device
 from .lm import LM
+from .memory import check_training_memory, estimate_memory
 
-__all__ = ["LM", "check_config", "check_device"]
+__all__ = ["LM", "check_config", "check_device", "check_training_memory", "estimate_memory"]

@@ -1,12 +1,15 @@
-"""What `lenx prepare` prints: the corpus manifest as JSON (stdout), and for a person one line per
-split and one per source whose bad records were skipped (stderr)."""
+"""What `lenx prepare` prints: a short summary of the corpus (stdout: its name and tokenizer, one
+line per split, where its manifest is), and one line per source whose bad records were skipped
+(stderr). The manifest itself stays in its file."""
 
-import json
 
-
-def manifest_json(manifest: dict) -> str:
-    """The manifest without its sources, as indented JSON."""
-    return json.dumps({k: v for k, v in manifest.items() if k != "sources"}, indent=2)
+def corpus_summary(manifest: dict, manifest_path) -> list[str]:
+    """The corpus's name, tokenizer and vocabulary; one line per split (split_summary); the manifest's path."""
+    tokenizer = manifest.get("tokenizer", {})
+    head = f"corpus {manifest.get('name', '?')}"
+    if tokenizer:
+        head += f": {tokenizer.get('kind', '?')} tokenizer, vocabulary of {tokenizer.get('vocab_size', 0):,} tokens"
+    return [head, *split_summary(manifest), f"manifest: {manifest_path}"]
 
 
 def split_summary(manifest: dict) -> list[str]:

@@ -99,9 +99,11 @@ def _length_axis(ax, series: dict[str, dict]):
 def _plain_log_y(ax):
     """A log y axis labelled with plain numbers (the default writes 7×10⁰): within a decade evenly
     chosen values (6.5, 7, 7.5, ...), over one to three decades 1, 2, 5 times its powers of ten (5, 10,
-    20, 50: powers of ten alone left a range like 5-60 with one label), over three to five 1 and 3
-    times them (powers of ten alone left curves at 24-40 below a lowest label of 100), beyond that
-    the powers of ten."""
+    20, 50: powers of ten alone left a range like 5-60 with one label), and 3 times them too where
+    the lowest of those labels would sit above 1.5 x the bottom of the axis (a range of 22-320 was
+    labelled from 50, with 4 of 5 curves at 24-47 below it), over three to five 1 and 3 times them
+    (powers of ten alone left curves at 24-40 below a lowest label of 100), beyond that the powers
+    of ten."""
     ax.set_yscale("log")
     low, high = ax.get_ylim()
     plain = ticker.FuncFormatter(lambda y, _: f"{y:g}")
@@ -111,12 +113,20 @@ def _plain_log_y(ax):
         ax.yaxis.set_major_formatter(plain)
     elif high / low < 1e5:
         subs = (1.0, 2.0, 5.0) if high / low < 1000 else (1.0, 3.0)
+        if high / low < 1000 and _lowest_label(subs, low) > 1.5 * low:
+            subs = (1.0, 2.0, 3.0, 5.0)
         ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
         ax.yaxis.set_minor_locator(ticker.NullLocator())
         ax.yaxis.set_major_formatter(plain)
     else:
         ax.yaxis.set_major_formatter(ticker.LogFormatter())
         ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+
+
+def _lowest_label(subs: tuple[float, ...], low: float) -> float:
+    """The smallest s x 10^k (s in subs) at or above `low`."""
+    decade = 10.0 ** math.floor(math.log10(low))
+    return min(v for v in (s * decade * f for f in (1, 10) for s in subs) if v >= low * (1 - 1e-9))
 
 
 def _figure(results):

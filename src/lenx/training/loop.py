@@ -15,7 +15,7 @@ import torch
 
 from ..config import ConfigError, RunConfig, resolve_device, to_toml
 from ..fileio import write_text
-from ..model import LM
+from ..model import LM, check_training_memory
 from ..model.checkpoint import CheckpointError, checkpoint_dir, load_state, load_weights, resume_dir, save_checkpoint
 from ..model.precision import autocast_for
 from ..runinfo import environment, git_commit
@@ -100,16 +100,17 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
 
 
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,
-          stop_after: int | None = None) -> dict:
+          stop_after: int | None = None, memory_check: bool = True) -> dict:
     """Train `cfg` into `run_dir`. With resume=True continue from the last checkpoint (the run's
     saved config is used). stop_after ends the loop after that many steps (checkpointing first).
+    memory_check: refuse, before the model is built, a step too large for the device.
     SIGINT / SIGTERM end it, checkpointed at the last finished step, with TrainingInterrupted: in a
     single process at once, abandoning a step still in its forward and backward passes; under
     torchrun after the current step (every rank stops at the same one).
     Under torchrun every rank calls this; the batch, loss curve and checkpoints are those of one
     process with the same global batch. Returns the run's step, its last training loss and
     validation loss (None when none was logged) and whether it finished."""
-    run = setup_run(cfg, run_dir, resume)
+    run = setup_run(cfg, run_dir, resume, memory_check)
     total = run.cfg.train.steps
     finished = run.start_step >= total  # resumed after its last step: nothing to train, nothing to write
     if finished and run.info.is_main:
@@ -220,10 +221,11 @@ class TrainingRun:
     val_windows: list[torch.Tensor] = field(default_factory=list)  # empty: no validation
 
 
-def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun:
-    """Device and process group, corpus, model, optimizer and (on resume) the checkpoint's weights,
-    optimizer and RNG state; rank 0 writes config.toml and meta.json. Damage (a checkpoint folder
-    without its state, a corrupt metrics line) is reported before anything is written."""
+def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool, memory_check: bool = True) -> TrainingRun:
+    """Device and process group, corpus, (memory_check) the step's memory, model, optimizer and (on
+    resume) the checkpoint's weights, optimizer and RNG state; rank 0 writes config.toml and
+    meta.json. Damage (a checkpoint folder without its state, a corrupt metrics line) or a step too
+    large for the device is reported before anything is written."""
     run_dir = Path(run_dir)
     ckpt = prepare_run_dir(run_dir, resume)
     records = []
@@ -247,6 +249,8 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool) -> TrainingRun
     if resume:  # the run goes on with the data it began with, or not at all
         check_run_corpus(run_dir, cfg, corpus)
     cfg.model.vocab_size = corpus.vocab_size
+    if memory_check:  # before the model takes any memory
+        check_training_memory(cfg, device, info.world)
     torch.manual_seed(cfg.train.seed)
     raw_model = LM(cfg.model)
     # Full weights go into the plain model before it is wrapped or sharded, so any world size can
@@ -303,13 +307,8 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM,
     generation check (lenx.runs.check_run_corpus)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text(run_dir / "config.toml", to_toml(cfg))
-    meta = None
-    if resumed_at is not None:
-        try:
-            meta = json.loads((run_dir / "meta.json").read_text())
-        except (OSError, ValueError):
-            meta = None  # missing or torn: this resume writes it anew
-    if not isinstance(meta, dict):
+    meta = run_meta(run_dir) if resumed_at is not None else {}
+    if not meta:  # a new run, or meta.json missing or torn: this resume writes it anew
         meta = {"environment": environment(device), "world_size": info.world, "parallel": cfg.train.parallel,
                 "backends": raw_model.backends(device), "params": raw_model.num_params(),
                 "corpus": corpus.name, "vocab_size": corpus.vocab_size,

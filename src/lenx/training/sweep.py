@@ -21,9 +21,9 @@ import subprocess
 import sys
 import time
 
-from ..config import RunConfig, load_config, to_toml
+from ..config import ConfigError, RunConfig, load_config, to_toml
 from ..evaluation.evaluate import check_options, eval_settings, evaluate
-from ..model import check_device
+from ..model import check_device, check_training_memory
 from ..model.checkpoint import weights_dir, weights_step
 from ..report.eval_tables import sweep_markdown
 from ..runs import absolute_root, open_training_corpus, run_meta
@@ -105,12 +105,13 @@ def _run_state(run_dir: Path, eval_kwargs: dict | None) -> str:
 
 
 def _train_and_evaluate(run_cfg: RunConfig, run_dir: Path, progress: bool, eval_kwargs: dict | None) -> dict:
-    """One method: train (resuming a partial run), then evaluate, unless its evaluation is current."""
+    """One method: train (resuming a partial run), then evaluate, unless its evaluation is current.
+    Its memory was checked (or the check turned off) with every other run's, before any trained."""
     state = _run_state(run_dir, eval_kwargs)
     if state == "done":
         return json.loads((run_dir / "eval.json").read_text())
     if state in ("new", "partial"):
-        summary = train(run_cfg, run_dir, resume=state == "partial", progress=progress)
+        summary = train(run_cfg, run_dir, resume=state == "partial", progress=progress, memory_check=False)
         if not summary["finished"]:
             raise SweepError(f"{run_cfg.model.method}: training stopped early")
     result = evaluate(run_dir, progress=progress, **(eval_kwargs or {}))
@@ -256,14 +257,16 @@ def loss_curves(runs: dict[str, Path]) -> tuple[dict, dict]:
 
 
 def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = True,
-          eval_kwargs: dict | None = None, jobs: int = 1, force: bool = False, seeds: list[int] | None = None) -> dict:
+          eval_kwargs: dict | None = None, jobs: int = 1, force: bool = False, seeds: list[int] | None = None,
+          memory_check: bool = True) -> dict:
     """Each method gets runs/<out_dir>/<method> (with seeds: <method>-s<seed> per seed, each result
     carrying its "seed"); a finished run is not trained again, a partial one
     resumes, and an evaluation is reused only when it answers this request (see the module's
     docstring). Every method's config and the evaluation options are checked before anything
-    trains; a run trained with other settings is an error, or with force=True is moved aside and
-    trained again. Writes results.json, results.md and the figures into out_dir. jobs != 1 runs
-    that many methods at once in separate processes (0: one per visible GPU)."""
+    trains, and with memory_check that each method's training step fits the device; a run trained
+    with other settings is an error, or with force=True is moved aside and trained again. Writes
+    results.json, results.md and the figures into out_dir. jobs != 1 runs that many methods at once
+    in separate processes (0: one per visible GPU)."""
     from ..report.plot import redraw_file
 
     out_dir = Path(out_dir)
@@ -271,9 +274,15 @@ def sweep(methods: list[str], cfg: RunConfig, out_dir: Path, progress: bool = Tr
     options = eval_kwargs or {}
     check_options(token_budget=options.get("token_budget"))
     for run_cfg in cfgs.values():  # every run's config, its device and its evaluation, before any trains
-        check_device(run_cfg, run_cfg.train.device)  # the whole config against the model, then the device
+        device = check_device(run_cfg, run_cfg.train.device)  # the whole config against the model, then the device
         eval_settings(run_cfg, **_eval_options(options))
     corpus = open_training_corpus(_as_recorded(cfg, 0))  # builds a missing synthetic corpus once
+    if memory_check:  # each method's training step on the device (its seeds take the same memory)
+        for method, run_cfg in {c.model.method: c for c in cfgs.values()}.items():
+            try:
+                check_training_memory(_as_recorded(run_cfg, corpus.vocab_size), device)
+            except ConfigError as e:
+                raise ConfigError(f"{method}: {e}") from None
     out_dir.mkdir(parents=True, exist_ok=True)
     _reconcile(out_dir, cfgs, corpus, force)
     if jobs != 1:

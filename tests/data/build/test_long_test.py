@@ -187,11 +187,12 @@ def test_prepare_prints_a_line_per_split(tmp_path, long_jsonl):
     out = CliRunner().invoke(app, ["prepare", "lt", "--from", str(long_jsonl), "--root", str(tmp_path),
                                    "--vocab-size", "400", "--long-test", "3", "--long-test-tokens", "1000"])
     assert out.exit_code == 0, out.output
-    m = json.loads(out.stdout)
+    m = json.loads((tmp_path / "lt" / "manifest.json").read_text())
     assert m["long_test"]["reserved_docs"] == 3 and m["params"]["long_test"] == 3
     lines = split_summary(m)
     assert [ln.split(":")[0] for ln in lines] == ["train", "val", "test"]
-    assert all(ln in out.stderr for ln in lines)
+    assert out.stdout.splitlines() == ["corpus lt: bpe tokenizer, vocabulary of 400 tokens", *lines,
+                                       f"manifest: {tmp_path / 'lt' / 'manifest.json'}"]
     test = m["splits"]["test"]
     assert lines[2].startswith(f"test: {test['docs']} documents, {test['tokens']:,} tokens; "
                                f"{test['docs_ge_8192_tokens']} of >= 8192 tokens, "

@@ -14,10 +14,10 @@ dense    the reference: the whole [B, H, T, T] score map (only when asked for)
 import torch
 
 from ..parts import Parts
-from .base import Backend
+from .base import Backend, LayerMemory, Work
 from .flex import Flex
 from .fused import Fused
-from .reference import Chunked, Dense, block_attention, chunked_attention, dense_attention, score_block
+from .reference import Chunked, Dense, block_attention, chunked_attention, dense_attention, score_block, score_maps
 from .sdpa import Sdpa
 
 REGISTRY: tuple[Backend, ...] = (Fused(), Sdpa(), Flex(), Chunked(), Dense())
@@ -57,5 +57,5 @@ def run_backend(backend: str, q, k, v, parts: Parts, chunk_size: int = 256):
     return get_backend(backend).run(q, k, v, parts, chunk_size)
 
 
-__all__ = ["BACKENDS", "REGISTRY", "Backend", "Parts", "get_backend", "unsupported_reason", "plan_backend",
-           "run_backend", "score_block", "block_attention", "dense_attention", "chunked_attention"]
+__all__ = ["BACKENDS", "REGISTRY", "Backend", "LayerMemory", "Parts", "Work", "get_backend", "unsupported_reason", "plan_backend",
+           "run_backend", "score_block", "score_maps", "block_attention", "dense_attention", "chunked_attention"]

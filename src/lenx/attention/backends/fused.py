@@ -7,6 +7,9 @@ bias or processor (any remainder mode: the module applies it). Shapes the planne
 goes to the Gluon forward on sm_90 where it covers the shape (`_use_gluon`), work that needs its
 gradient to the skewed training kernels where their buffers fit (`_skewed_plan`), the rest to the
 O(T)-memory Triton kernel.
+
+Its memory is the default O(T) (Backend.memory): the skewed kernels take their T x T buffers only
+where the device has them free when the step runs (`_skewed_plan`), so no step needs them.
 """
 
 import importlib.util

@@ -3,6 +3,10 @@
 dense    the whole [B, H, T, T] score map: the definition every other backend is tested against.
 chunked  the same per block of query rows, keys cut at the block's causal edge (plus the processor's
          halo); at most [B, H, chunk, T] live, and blocks are recomputed in backward.
+
+Their memory grows with the score map, by as many maps as the composition keeps for its backward
+(one for softmax, about 20 under a DAPE processor): score_maps measures that on the composition
+itself, with one small block on the CPU.
 """
 
 import functools
@@ -13,7 +17,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..._memory import pin_mmap_threshold
 from ..parts import Parts
-from .base import Backend
+from .base import Backend, LayerMemory, Work
 
 
 def score_block(q, k, parts: Parts, q_start: int = 0):
@@ -66,11 +70,54 @@ def chunked_attention(q, k, v, parts: Parts, chunk_size: int = 256):
     return torch.cat(outs, -2), rem
 
 
+def score_maps(parts: Parts, work: Work) -> float:
+    """How many fp32 score maps [B, H, Tq, Tk] (B, H of `work`) the reference keeps for the backward of one
+    block of these parts (beyond q, k and v): what autograd saves, measured on a 32 x 64 block on
+    the CPU with 1 and 2 sequences, since a part may keep maps per sequence ([B, H, Tq, Tk]) or one
+    for the batch (a bias [H, Tq, Tk], the mask [Tq, Tk]). The parts' weights must be on the CPU."""
+    one, two = (_saved_bytes(parts, b, work.heads, work.head_dim) for b in (1, 2))
+    per_seq = max(0, two - one)
+    shared = max(0, one - per_seq)
+    return (per_seq * work.batch + shared) / (work.batch * work.heads * _PROBE_Q * _PROBE_K * 4)
+
+
+_PROBE_Q, _PROBE_K = 32, 64
+
+
+def _saved_bytes(parts: Parts, batch: int, heads: int, head_dim: int) -> int:
+    """Bytes autograd saves for block_attention of the last _PROBE_Q rows of _PROBE_K positions, q,
+    k and v themselves aside (each storage once)."""
+    with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        q, k, v = (torch.randn(batch, heads, n, head_dim, requires_grad=True)
+                   for n in (_PROBE_Q, _PROBE_K, _PROBE_K))
+        inputs = {t.untyped_storage().data_ptr() for t in (q, k, v)}
+        saved: dict[int, int] = {}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in inputs:
+                saved[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            block_attention(q, k, v, parts, _PROBE_K - _PROBE_Q)
+    return sum(saved.values())
+
+
 class Dense(Backend):
     name = "dense"
 
     def auto(self, device):
         return False  # chunked computes the same in O(T) memory
+
+    def memory(self, parts, work: Work) -> LayerMemory:
+        # training: every layer keeps its maps for the backward, whose gradients take as many again
+        # (and one more) in one layer at a time; a forward alone holds its maps and a few score maps
+        one = work.batch * work.heads * work.length ** 2 * 4
+        maps = score_maps(parts, work)
+        if work.training:
+            return LayerMemory(kept=round(maps * one), peak=round((maps + 1) * one))
+        return LayerMemory(kept=0, peak=round((maps + 3) * one))
 
     def run(self, q, k, v, parts, chunk_size=256):
         return dense_attention(q, k, v, parts)
@@ -78,6 +125,13 @@ class Dense(Backend):
 
 class Chunked(Backend):
     name = "chunked"
+
+    def memory(self, parts, work: Work) -> LayerMemory:
+        # one block of rows at a time (the last has every key): its maps while the forward computes
+        # it, and in the backward (which recomputes it) the maps again with their gradients
+        block = work.batch * work.heads * min(work.chunk_size, work.length) * work.length * 4
+        maps = score_maps(parts, work)
+        return LayerMemory(kept=0, peak=round((2 * maps + 1 if work.training else maps + 3) * block))
 
     def run(self, q, k, v, parts, chunk_size=256):
         return chunked_attention(q, k, v, parts, chunk_size)
