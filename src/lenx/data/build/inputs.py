@@ -108,8 +108,9 @@ def text_folder(path: Path) -> UserInput:
 
 def jsonl_records(path: Path, label: str, field: str, skip: bool, counts: dict | None,
                   single: bool = False) -> Iterator[tuple[str, str]]:
-    """The documents of a JSONL file (gzipped when it ends in .gz), one line at a time; blank lines
-    are no records. `single`: the only file of the input (bad lines are listed by number)."""
+    """The documents of a JSONL file (gzipped when it ends in .gz), one line at a time, named
+    `label`:LINE; blank lines are no records, a bad one is named by the file's path and line.
+    `single`: the only file of the input (its bad lines are listed by number)."""
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8", errors="replace") as f:
         for i, line in enumerate(f):
@@ -127,7 +128,7 @@ def jsonl_records(path: Path, label: str, field: str, skip: bool, counts: dict |
                     text = record.get(field)
                     problem = text_problem(text, field, field in record)
             if problem is not None:
-                where = f"{path if single else label} line {i + 1}"
+                where = f"{path} line {i + 1}"
                 skip_or_fail(counts, skip, where, problem, unit="line" if single else "record",
                              listed_as=i + 1 if single else None)
                 continue

@@ -106,7 +106,8 @@ def _check_column(schema, path: Path, field: str) -> None:
 
 
 def table_records(path: Path, label: str, field: str, skip: bool, counts: dict | None) -> Iterator[tuple[str, str]]:
-    """The documents of one parquet or arrow file, ROWS at a time; rows count from 0."""
+    """The documents of one parquet or arrow file, ROWS at a time, named `label`:ROW (rows count
+    from 0); a bad record is named by the file's path and row."""
     _check_column(_schema(path), path, field)
     row = 0
     for batch in _batches(path, field):
@@ -115,7 +116,7 @@ def table_records(path: Path, label: str, field: str, skip: bool, counts: dict |
             for text in column.slice(start, ROWS).to_pylist():
                 problem = text_problem(text, field)
                 if problem is not None:
-                    skip_or_fail(counts, skip, f"{label} row {row}", problem)
+                    skip_or_fail(counts, skip, f"{path} row {row}", problem)
                 elif counts is not None:
                     counts["records"] += 1
                 if problem is None:

@@ -24,6 +24,7 @@ log = logging.getLogger("lenx.data")
 TOKENIZERS = ("bpe", "gpt2")  # besides a path to the user's tokenizer
 MAX_VOCAB = 1 << 32  # ids are stored as uint16, or uint32 beyond 65536 (lenx.data.layout)
 GPT2_EOS_ID = 50256
+ENCODE_BATCH_CHARS = 250_000  # texts are encoded this many characters at a time (their encodings are ~100x bigger)
 
 
 def _byte_level(tok: Tokenizer) -> Tokenizer:
@@ -92,9 +93,10 @@ def make_tokenizer(kind: str, docs: Documents, train: np.ndarray, vocab_size: in
 
 
 def encode_docs(tok: Tokenizer, texts: Iterable[str], dtype: str = "uint16",
-                batch_chars: int = 1_000_000) -> Iterator[np.ndarray]:
+                batch_chars: int | None = None) -> Iterator[np.ndarray]:
     """Token ids (as `dtype`) of each text, in order; batched so all cores work and memory stays flat."""
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # _fast skips offsets
+    batch_chars = ENCODE_BATCH_CHARS if batch_chars is None else batch_chars
     batch, size = [], 0
     for text in texts:
         if batch and size + len(text) > batch_chars:
