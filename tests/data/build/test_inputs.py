@@ -150,6 +150,10 @@ def test_bad_records_are_one_line_errors_naming_the_record(tmp_path):
     c = open_corpus("x", tmp_path / "data")
     assert not any("None" in t for s in ("train", "val", "test") for t in split_texts(c, s))
     assert m["cleaning"]["docs_read"] == 38
+    from lenx.report.corpus_summary import skipped_records
+
+    nulls = tmp_path / "nulls.parquet"
+    assert skipped_records(m) == [f"skipped 2 bad records of {nulls} (--skip-bad-records; {nulls} row 5, {nulls} row 11)"]
 
     pq.write_table(pa.table({"text": list(range(40))}), tmp_path / "numbers.parquet")
     with pytest.raises(DataError, match=r"numbers.parquet row 0: \"text\" is int64, not a string \(the whole column "
