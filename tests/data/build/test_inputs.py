@@ -245,3 +245,20 @@ def test_a_dataset_in_the_hugging_face_cache_offline(tmp_path):
     out = lenx("prepare", "gone", "--from", "hf:nobody/nothing", cwd=work, env=hf)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "error: --from hf:nobody/nothing: nobody/nothing is not in the Hugging Face datasets cache" in out.stderr
+
+
+def test_without_the_hf_extra_a_one_line_error_says_how_to_install(tmp_path, monkeypatch):
+    pq.write_table(table(texts()), tmp_path / "docs.parquet")
+    write_arrow(tmp_path / "docs.arrow", table(texts()), file_format=False)
+    write_jsonl(tmp_path / "docs.jsonl", texts())
+    monkeypatch.setitem(sys.modules, "datasets", None)  # an import of it fails, as when it is not installed
+    with pytest.raises(DataError, match=r"^reading a dataset from the Hugging Face cache needs datasets: "
+                                        r"pip install 'lenx\[hf\]'$"):
+        open_user_data("hf:somebody/something")
+    for name in ("pyarrow", "pyarrow.parquet", "pyarrow.ipc"):
+        monkeypatch.setitem(sys.modules, name, None)
+    for path in (tmp_path / "docs.parquet", tmp_path / "docs.arrow"):
+        with pytest.raises(DataError, match=r"^reading parquet, arrow or Hugging Face datasets needs pyarrow: "
+                                            r"pip install 'lenx\[hf\]'$"):
+            open_user_data(path)
+    assert open_user_data(tmp_path / "docs.jsonl").record["name"] == "user"  # JSONL needs neither

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from corpus_helpers import split_texts
 from lenx.data import DataError, open_corpus
 from lenx.data.build import prepare_corpus
+from lenx.data.build.tokenizer_file import open_tokenizer
 from lenx.data.layout import dtype_for_vocab, tokens_file
 
 SRC = Path(__file__).resolve().parents[3] / "src"
@@ -141,6 +142,17 @@ def test_tokenizer_errors_are_one_line(tmp_path):
     with pytest.raises(DataError, match=r"cannot load a tokenizer from .*empty"):
         prepare_corpus("x", tmp_path / "data", tokenizer=str(tmp_path / "empty"), **kw)
     assert not (tmp_path / "data" / "x").exists()
+
+
+def test_a_tokenizer_folder_without_transformers_says_how_to_install(tmp_path, monkeypatch):
+    (tmp_path / "slow").mkdir()
+    (tmp_path / "slow" / "vocab.json").write_text("{}")
+    monkeypatch.setitem(sys.modules, "transformers", None)  # an import of it fails, as when it is not installed
+    with pytest.raises(DataError, match=r"holds no tokenizer.json; reading its transformers tokenizer needs "
+                                        r"transformers: pip install 'lenx\[hf\]'$"):
+        open_tokenizer(str(tmp_path / "slow"))
+    word_tokenizer(5).save(str(tmp_path / "slow" / "tokenizer.json"))  # a tokenizer.json needs only tokenizers
+    assert open_tokenizer(str(tmp_path / "slow"))[1]["vocab_size"] == 7
 
 
 def test_prepare_cli_with_a_tokenizer_and_parquet(tmp_path):

@@ -10,16 +10,19 @@ MAX_LOAD = 0.7
 
 
 class DigestSet:
-    """Open addressing with linear probing over two uint64 columns; an all-zero slot is empty (the
-    lowest bit of every stored key is set, so no key is zero). Slots never empty again."""
+    """Open addressing with linear probing over two uint64 columns (the first 8 bytes also pick the
+    slot); an all-zero slot is empty, so the all-zero digest is kept aside. Slots never empty again."""
 
     def __init__(self, capacity: int = 1 << 10):
-        self._hi = np.zeros(capacity, dtype=np.uint64)  # the first 8 bytes, lowest bit set: also the hash
+        if capacity < 2 or capacity & (capacity - 1):
+            raise ValueError(f"capacity must be a power of two >= 2, got {capacity}")
+        self._hi = np.zeros(capacity, dtype=np.uint64)
         self._lo = np.zeros(capacity, dtype=np.uint64)
         self._n = 0
+        self._zero = False
 
     def __len__(self) -> int:
-        return self._n
+        return self._n + self._zero
 
     @property
     def nbytes(self) -> int:
@@ -29,15 +32,18 @@ class DigestSet:
         """Add a 16-byte digest; whether it was new."""
         if len(digest) != 16:
             raise ValueError(f"a digest is 16 bytes, got {len(digest)}")
-        hi = int.from_bytes(digest[:8], "little") | 1
+        hi = int.from_bytes(digest[:8], "little")
         lo = int.from_bytes(digest[8:], "little")
+        if hi == lo == 0:
+            new, self._zero = not self._zero, True
+            return new
         mask = len(self._hi) - 1
         i = hi & mask
         while True:
-            h = int(self._hi[i])
-            if h == 0:
+            h, low = int(self._hi[i]), int(self._lo[i])
+            if h == low == 0:
                 break
-            if h == hi and int(self._lo[i]) == lo:
+            if h == hi and low == lo:
                 return False
             i = (i + 1) & mask
         self._hi[i], self._lo[i] = hi, lo
@@ -47,7 +53,7 @@ class DigestSet:
         return True
 
     def _grow(self) -> None:
-        full = np.flatnonzero(self._hi)
+        full = np.flatnonzero((self._hi != 0) | (self._lo != 0))
         hi, lo = self._hi[full], self._lo[full]
         self._hi = np.zeros(2 * len(self._hi), dtype=np.uint64)
         self._lo = np.zeros_like(self._hi)
@@ -59,7 +65,7 @@ class DigestSet:
         # slots, so lookups (which probe until an empty slot) find every key.
         while len(pending):
             at = slot[pending]
-            free = self._hi[at] == 0
+            free = (self._hi[at] == 0) & (self._lo[at] == 0)
             _, first = np.unique(at[free], return_index=True)
             placed = pending[free][first]
             self._hi[slot[placed]], self._lo[slot[placed]] = hi[placed], lo[placed]
