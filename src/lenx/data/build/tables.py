@@ -99,8 +99,9 @@ def _check_column(schema, path: Path, field: str) -> None:
                         "with --text-field")
     t = schema.field(field).type
     value_type = t.value_type if pa.types.is_dictionary(t) else t
-    if not (pa.types.is_string(value_type) or pa.types.is_large_string(value_type)
-            or pa.types.is_string_view(value_type) or pa.types.is_null(value_type)):
+    is_view = getattr(pa.types, "is_string_view", lambda _: False)  # pyarrow >= 16
+    if not (pa.types.is_string(value_type) or pa.types.is_large_string(value_type) or is_view(value_type)
+            or pa.types.is_null(value_type)):
         raise DataError(f"{path} row 0: \"{field}\" is {t}, not a string (the whole column is {t}); name the text "
                         "column with --text-field")
 
@@ -117,9 +118,9 @@ def table_records(path: Path, label: str, field: str, skip: bool, counts: dict |
                 problem = text_problem(text, field)
                 if problem is not None:
                     skip_or_fail(counts, skip, f"{path} row {row}", problem)
-                elif counts is not None:
-                    counts["records"] += 1
-                if problem is None:
+                else:
+                    if counts is not None:
+                        counts["records"] += 1
                     yield f"{label}:{row}", text
                 row += 1
 
