@@ -333,6 +333,9 @@ def test_skip_bad_records_leaves_them_out_and_counts_them(tmp_path):
     ok(lenx("prepare", "clean", "--from", "../clean.jsonl", "--root", "../data", "--vocab-size", "300", cwd=here))
     assert json.loads((tmp_path / "data" / "clean" / "manifest.json").read_text())["sources"][0][
         "bad_records_skipped"] == 0
-    # the option is for JSONL input
-    one_line_error(lenx("prepare", "texts", "--from", "..", "--root", "../data", "--skip-bad-records", cwd=here),
-                   "--skip-bad-records applies to a JSONL file")
+    # the option is for records (JSONL, parquet, ...), not a folder of text files
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("a document\n")
+    one_line_error(lenx("prepare", "texts", "--from", "../texts", "--root", "../data", "--skip-bad-records", cwd=here),
+                   "is a folder of text files (one document each, no records); --text-field, --split and "
+                   "--skip-bad-records apply to records")

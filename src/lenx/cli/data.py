@@ -26,10 +26,19 @@ def list_methods():
 
 @_command()
 def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a new name with --from"),
-            from_path: Path = typer.Option(None, "--from", help="a folder of text files or a JSONL file with a 'text' field"),
+            from_path: str = typer.Option(None, "--from", help="your data: a folder of text files (a document "
+                                          "each), a JSONL, parquet or arrow file, a folder of such shards, a folder "
+                                          "saved by datasets' save_to_disk, or hf:NAME[:CONFIG] (a dataset in the "
+                                          "Hugging Face cache, read offline)"),
+            text_field: Optional[str] = typer.Option(None, "--text-field", help="--from records: the field (column) "
+                                                     "holding each document's text [default: text]"),
+            split: Optional[str] = typer.Option(None, "--split", help="--from a dataset with splits (a saved "
+                                                "DatasetDict, hf:NAME, a folder of shards): the split to read "
+                                                "[default: its only one, or train]"),
             root: Path = typer.Option(Path("data"), help="where corpora live"),
-            tokenizer: str = typer.Option("bpe", help="bpe (trained on the train split) or gpt2"),
-            vocab_size: int = typer.Option(16384, help="BPE vocabulary size"),
+            tokenizer: str = typer.Option("bpe", help="bpe (trained on the train split), gpt2, or the path of a "
+                                          "tokenizer.json or a transformers tokenizer folder (used as it is)"),
+            vocab_size: Optional[int] = typer.Option(None, help="BPE vocabulary size [default: 16384]"),
             seed: int = typer.Option(0),
             long_test: int = typer.Option(0, "--long-test", help="reserve this many documents of at least "
                                           "--long-test-tokens tokens for the test split, so evaluation windows at "
@@ -43,15 +52,17 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
             allow_missing_sources: bool = typer.Option(False, help="build the corpus from the sources that could be "
                                                        "fetched when some cannot (the manifest lists the missing ones)"),
             skip_bad_records: bool = typer.Option(False, "--skip-bad-records",
-                                                  help="--from a JSONL file: leave out the lines that are not a JSON "
-                                                       "object with a string \"text\" (the manifest counts them) "
-                                                       "instead of stopping at the first"),
+                                                  help="--from records: leave out those whose text field is missing "
+                                                       "or not a string (the manifest counts them) instead of "
+                                                       "stopping at the first"),
             keep_non_text: bool = typer.Option(False, "--keep-non-text",
                                                help="keep the documents that are not text (NUL padding, base64 or "
                                                     "hex data, one-line data dumps), which are dropped otherwise: "
                                                     "builds a corpus as lenx did before it dropped them"),
             progress: Optional[bool] = ProgressOpt):
     """Build a corpus: fetch, extract, dedupe, split by document, tokenize, pack.
+
+    Your own data streams through the build (a corpus larger than memory builds in bounded memory).
 
     Prints a short summary: the corpus's tokenizer and vocabulary, one line per split (documents,
     tokens, documents of >= 8192 and >= 16384 tokens) and where its manifest is (<root>/<corpus>/manifest.json,
@@ -68,7 +79,8 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
         manifest = prepare_corpus(corpus, root, from_path=from_path, tokenizer=tokenizer, vocab_size=vocab_size,
                                   seed=seed, force=force, allow_missing_sources=allow_missing_sources,
                                   long_test=long_test, long_test_tokens=long_test_tokens, progress=_progress(progress),
-                                  skip_bad_records=skip_bad_records, keep_non_text=keep_non_text)
+                                  skip_bad_records=skip_bad_records, keep_non_text=keep_non_text,
+                                  text_field=text_field, split=split)
     except _user_errors() as e:
         _fail(e)
     for line in corpus_summary(manifest, root / corpus / "manifest.json"):

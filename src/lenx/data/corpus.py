@@ -20,6 +20,7 @@ from .layout import (
     index_file,
     is_fingerprint,
     read_manifest,
+    token_dtype,
     tokens_file,
 )
 from .tokenizer import load_tokenizer
@@ -35,6 +36,7 @@ class Corpus:
         tok = manifest["tokenizer"]
         self.vocab_size: int = int(tok["vocab_size"])
         self.eos_id: int = int(tok["eos_id"])
+        self.token_dtype: np.dtype = token_dtype(manifest)
         self._tok = None
         self._fingerprint: dict | None = None
 
@@ -48,11 +50,12 @@ class Corpus:
         return split
 
     def tokens(self, split: str) -> np.ndarray:
-        """The split's whole token stream (uint16, memory-mapped, read-only)."""
+        """The split's whole token stream (uint16, or uint32 for a vocabulary over 65536 ids;
+        memory-mapped, read-only)."""
         path = tokens_file(self.root, self._split(split))
         if self.manifest["splits"][split]["tokens"] == 0:
-            return np.zeros(0, dtype=np.uint16)  # numpy cannot map an empty file
-        return np.memmap(path, dtype=np.uint16, mode="r")
+            return np.zeros(0, dtype=self.token_dtype)  # numpy cannot map an empty file
+        return np.memmap(path, dtype=self.token_dtype, mode="r")
 
     def docs(self, split: str) -> np.ndarray:
         """int64 [n_docs, 2]: each document's start offset in tokens(split) and its length.

@@ -3,10 +3,12 @@
 Layout of `<root>/<name>/`:
   manifest.json             what was built, from what, and how big (written last)
   tokenizer.json            HF tokenizer (absent for `synthetic`)
-  {train,val,test}.bin      uint16 token stream; each document's tokens then one EOS
+  {train,val,test}.bin      token stream (uint16, or uint32 for a vocabulary over 65536 ids:
+                            manifest["token_dtype"]); each document's tokens then one EOS
   {train,val,test}.idx.npy  int64 [n_docs, 2]: start offset, length (without the EOS)
 
-A folder without a valid manifest.json counts as not prepared.
+A folder without a valid manifest.json counts as not prepared. A manifest without "token_dtype" (a
+corpus prepared before uint32 streams existed) is uint16.
 
 manifest["fingerprint"] pins the corpus's content: the SHA-256 of tokenizer.json and of
 each split (its token stream and document index). A run records it (meta.json), and
@@ -29,6 +31,17 @@ from .errors import DataError
 SPLITS = ("train", "val", "test")
 FORMAT = "lenx-corpus-v1"
 FINGERPRINT_PARTS = ("tokenizer",) + SPLITS
+TOKEN_DTYPES = ("uint16", "uint32")
+
+
+def dtype_for_vocab(vocab_size: int) -> str:
+    """The narrowest token dtype that holds every id below `vocab_size`."""
+    return "uint16" if vocab_size <= 1 << 16 else "uint32"
+
+
+def token_dtype(m: dict) -> np.dtype:
+    """The dtype of a manifest's token streams."""
+    return np.dtype(m.get("token_dtype", "uint16"))
 
 
 def tokens_file(folder: Path, split: str) -> Path:
@@ -53,16 +66,19 @@ def read_manifest(folder: Path) -> dict | None:
         return None
     if not isinstance(m, dict) or m.get("format") != FORMAT or not all(s in m.get("splits", {}) for s in SPLITS):
         return None
+    if m.get("token_dtype", "uint16") not in TOKEN_DTYPES:
+        return None  # written by a newer lenx: not a corpus this one can read
     return m
 
 
 def check_files(name: str, folder: Path, m: dict) -> None:
     """Cheap consistency checks: every file there, .bin sizes as the manifest says."""
+    itemsize = token_dtype(m).itemsize
     for split in SPLITS:
         for path in (tokens_file(folder, split), index_file(folder, split)):
             if not path.is_file():
                 raise corrupt(name, folder, f"{path.name} is missing")
-        want = 2 * m["splits"][split]["tokens"]
+        want = itemsize * m["splits"][split]["tokens"]
         have = tokens_file(folder, split).stat().st_size
         if have != want:
             raise corrupt(name, folder, f"{split}.bin has {have} bytes, manifest says {want}")

@@ -30,14 +30,18 @@ def split_summary(manifest: dict) -> list[str]:
 
 
 def skipped_records(manifest: dict) -> list[str]:
-    """One line per source with records left out by --skip-bad-records: how many, and their lines."""
+    """One line per source with records left out by --skip-bad-records: how many, and the first ones
+    (the lines of a JSONL file, or the records of other inputs by file and row)."""
     lines = []
     for source in manifest.get("sources", []):
         skipped = source.get("bad_records_skipped", 0)
         if skipped:
-            numbers = source.get("bad_record_lines", [])
-            more = ", ..." if skipped > len(numbers) else ""
             s = "s" if skipped != 1 else ""
+            if "bad_record_lines" in source:
+                listed, what = source["bad_record_lines"], f"line{s} "
+            else:
+                listed, what = source.get("bad_records", []), ""
+            more = ", ..." if skipped > len(listed) else ""
             lines.append(f"skipped {skipped:,} bad record{s} of {source.get('path')} "
-                         f"(--skip-bad-records; line{s} {', '.join(map(str, numbers))}{more})")
+                         f"(--skip-bad-records; {what}{', '.join(map(str, listed))}{more})")
     return lines

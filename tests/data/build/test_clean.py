@@ -12,3 +12,19 @@ def test_normalise_and_dedupe():
     assert stats == {"docs_read": 5, "empty_dropped": 1, "duplicates_dropped": 1,
                      "not_utf8_kept_with_replacements": 1, "docs_kept": 3}
     assert normalise("a\rb") == "a\nb"
+
+
+def test_the_digest_set_is_a_set():
+    import hashlib
+
+    from lenx.data.build.digests import DigestSet
+
+    digests = [hashlib.blake2b(str(i % 3000).encode(), digest_size=16).digest() for i in range(5000)]
+    digests += [bytes(16), bytes(15) + b"\x01", b"\x01" + bytes(15), bytes(16)]  # zeros (an empty slot's bytes)
+    s, ref = DigestSet(capacity=8), set()
+    for d in digests:
+        assert s.add(d) == (d not in ref)  # grows from 8 slots through many doublings
+        ref.add(d)
+    assert len(s) == len(ref) == 3003
+    assert all(not s.add(d) for d in ref)
+    assert s.nbytes / len(s) <= 2 * 16 / 0.7 + 1  # 16 bytes a slot, at most 70% full

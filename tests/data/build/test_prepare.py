@@ -126,12 +126,10 @@ def test_interrupted_prepare_keeps_the_old_corpus(tmp_path, monkeypatch):
     good = prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=300, progress=False)
     before = snapshot(tmp_path / "mine")
     real = text_mod.encode_docs
-    calls = []
 
-    def dying(tok, texts, **kw):  # dies while writing the second split (train is done)
-        calls.append(1)
-        for ids in real(tok, texts, **kw):
-            if len(calls) == 2:
+    def dying(tok, texts, *args, **kw):  # dies while encoding, with documents spooled already
+        for n, ids in enumerate(real(tok, texts, *args, **kw)):
+            if n == 3:
                 raise KeyboardInterrupt
             yield ids
 
@@ -187,9 +185,9 @@ def test_reprepare_through_a_symlinked_corpus_folder(tmp_path):
 
 
 def test_bad_arguments(tmp_path):
-    with pytest.raises(DataError, match="at most 65535"):
-        prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=70000)
-    with pytest.raises(DataError, match="unknown tokenizer"):
+    with pytest.raises(DataError, match="stored as uint32 at most, so use at most 4294967296"):
+        prepare_corpus("mine", tmp_path, from_path=TEXTS, vocab_size=(1 << 32) + 1)
+    with pytest.raises(DataError, match="unknown tokenizer 'wordpiece'; use one of bpe, gpt2, or the path of"):
         prepare_corpus("mine", tmp_path, from_path=TEXTS, tokenizer="wordpiece")
     with pytest.raises(DataError, match="built-in corpus"):
         prepare_corpus("books", tmp_path, from_path=TEXTS)

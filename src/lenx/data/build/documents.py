@@ -1,5 +1,6 @@
-"""A corpus's documents, read and cleaned: from the user's files, or fetched from the built-in
-sources (every one of them, unless missing ones are allowed)."""
+"""A corpus's documents: the user's data (`--from`: the reader for its format is chosen here) or the
+fetched built-in sources (every one of them, unless missing ones are allowed), scanned once
+(lenx.data.build.scan) and read again by each later pass of the build."""
 
 from __future__ import annotations
 
@@ -11,30 +12,70 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from ..errors import DataError
-from .clean import clean_docs, normalise
+from .clean import normalise
 from .fetch import Registries
-from .inputs import read_user_data
+from .inputs import JSONL_SUFFIXES, UserInput, jsonl_file, text_folder
+from .scan import Documents, scan
 from .sources import BUILTIN_SOURCES, Source
+from .tables import SHARD_SUFFIXES, TABLE_SUFFIXES, cached_dataset, is_saved_dataset, is_shard, saved_dataset, \
+    shard_folder, table_file
 
 log = logging.getLogger("lenx.data")
 
+FORMATS = ("a folder of text files, a JSONL, parquet or arrow file, a folder of such shards, a folder saved by "
+           "datasets' save_to_disk, or hf:NAME[:CONFIG] (a dataset in the Hugging Face cache)")
 
-def read_docs(name: str, from_path, reg: Registries, progress: bool, allow_missing: bool,
-              skip_bad_records: bool = False):
-    """The corpus's documents, read, normalised and deduplicated: (docs, source records,
-    missing sources, cleaning stats)."""
-    if from_path is not None:
-        raw, record = read_user_data(Path(from_path), skip_bad_records)
-        records, missing = [record], []
+
+def open_user_data(from_path, text_field: str | None = None, split: str | None = None,
+                   skip_bad_records: bool = False) -> UserInput:
+    """The reader of the user's data, chosen by what `from_path` is; everything that can be checked
+    without reading the documents (the path, the format, the split, the text column of a table) is
+    checked here, as a one-line DataError."""
+    spec = str(from_path)
+    field = "text" if text_field is None else text_field
+    if not field:
+        raise DataError("--text-field must name a field")
+    if spec.startswith("hf:"):
+        return cached_dataset(spec, field, split, skip_bad_records)
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise DataError(f"--from path {spec} does not exist; give {FORMATS}")
+    records_only = "--text-field, --split and --skip-bad-records apply to records (JSONL, parquet, arrow, datasets)"
+    if path.is_dir() and is_saved_dataset(path):
+        return saved_dataset(path, field, split, skip_bad_records)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file()
+                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
+        if any(is_shard(f) for f in files):
+            return shard_folder(path, files, field, split, skip_bad_records)
+        if text_field is not None or split is not None or skip_bad_records:
+            raise DataError(f"{path} is a folder of text files (one document each, no records); {records_only}")
+        return text_folder(path)
+    if split is not None:
+        raise DataError(f"--split applies to a dataset with splits (a save_to_disk DatasetDict folder, hf:NAME, or a "
+                        f"folder of shards); {path} is one file")
+    if path.name.endswith(TABLE_SUFFIXES):
+        return table_file(path, field, skip_bad_records)
+    if path.name.endswith(JSONL_SUFFIXES):
+        return jsonl_file(path, field, skip_bad_records)
+    raise DataError(f"--from path {path} is not a format lenx reads (by its name: {', '.join(SHARD_SUFFIXES)}); "
+                    f"give {FORMATS}")
+
+
+def read_docs(name: str, user: UserInput | None, reg: Registries, progress: bool, allow_missing: bool,
+              keep_non_text: bool = False, min_bytes: int = 0) -> tuple[Documents, list, list]:
+    """The corpus's documents, scanned (cleaned, deduplicated, non-text found): (documents, source
+    records, missing sources)."""
+    if user is not None:
+        docs = scan(user.what, user.records, keep_non_text, min_bytes, progress)
+        records, missing = [user.record], []
+        records[0].update(docs=len(docs), chars=int(docs.lengths.sum()))
     else:
         raw, records, missing = _gather_builtin(name, BUILTIN_SOURCES[name](), reg, progress, allow_missing)
-    docs, cleaning = clean_docs(raw)
-    del raw
-    if not docs:
+        docs = scan(f"the sources of {name}", lambda: raw, keep_non_text, min_bytes, progress)
+    if not len(docs):
         raise DataError(f"no usable documents for {name!r} (all empty or duplicates); check the input")
-    if from_path is not None:
-        records[0].update(docs=len(docs), chars=sum(len(t) for _, t in docs))
-    return docs, records, missing, cleaning
+    return docs, records, missing
 
 
 def missing_sources(name: str, m: dict) -> list[str]:

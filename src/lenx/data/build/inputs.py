@@ -1,93 +1,147 @@
-"""Documents from the user's own files (`lenx prepare NAME --from PATH`): a folder of text files, or a
-JSONL file with a "text" field."""
+"""Documents from the user's own files (`lenx prepare NAME --from PATH`): a folder of text files (one
+document a file) and JSONL (one document a line, its text in a field); lenx.data.build.tables reads
+parquet, arrow and Hugging Face datasets, and lenx.data.build.documents chooses the reader.
+
+Every reader streams: it yields (doc_id, text) records one at a time, and the build reads them
+again for each of its passes (lenx.data.build.scan), so a corpus larger than memory builds in
+bounded memory. A record whose text field is missing or not a string is a one-line DataError naming
+it, unless --skip-bad-records: then it is left out and counted in the manifest's source record."""
 
 from __future__ import annotations
 
+import gzip
 import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..errors import DataError
 
+LISTED_BAD = 20  # the source record lists the first bad records it skipped
+JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json")
 
-def read_user_data(path: Path, skip_bad_records: bool = False) -> tuple[list, dict]:
-    """Documents from a folder of text files (recursive) or a JSONL file with a "text" field.
-
-    A JSONL line that is not a JSON object with a string "text" (not JSON, no "text", or a text that
-    is null, a number, a list, an object or a boolean) is a one-line DataError naming the file and
-    line, unless `skip_bad_records`: then it is left out and counted in the source's record
-    ("bad_records_skipped", the first lines in "bad_record_lines")."""
-    path = Path(path).expanduser()
-    docs, skipped = [], 0
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file()
-                       and not any(part.startswith(".") for part in p.relative_to(path).parts))
-        for p in files:
-            data = p.read_bytes()
-            try:  # "any utf-8 decodable file": binary files are skipped, not mangled
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                skipped += 1
-                continue
-            if "\x00" in text[:8192]:
-                skipped += 1
-                continue
-            docs.append((str(p.relative_to(path)), text))
-        record = {"name": "user", "path": str(path.resolve()), "files": len(files), "files_skipped_not_text": skipped}
-    elif path.name.endswith((".jsonl", ".jsonl.gz", ".json")):
-        import gzip
-
-        opener = gzip.open if path.name.endswith(".gz") else open
-        bad = []
-        with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-            for i, line in enumerate(f):
-                if not line.strip():
-                    continue
-                problem = _bad_record(line)
-                if problem is None:
-                    docs.append((f"{path.name}:{i + 1}", json.loads(line)["text"]))
-                elif skip_bad_records:
-                    bad.append(i + 1)
-                else:
-                    raise DataError(f"{path} line {i + 1}: {problem}; fix or remove that line, or pass "
-                                    "--skip-bad-records to leave such lines out")
-        record = {"name": "user", "path": str(path.resolve()), "lines": len(docs), "bad_records_skipped": len(bad)}
-        if bad:
-            record["bad_record_lines"] = bad[:20]  # the first ones
-    else:
-        raise DataError(f"--from path {path} is neither a folder nor a .jsonl file; "
-                        "give a folder of text files or a JSONL file")
-    return docs, record
+Reader = Callable[["dict | None"], Iterator[tuple[str, str]]]
 
 
-def _bad_record(line: str) -> str | None:
-    """Why a JSONL line is not a document (a JSON object with a string "text"), or None."""
-    try:
-        record = json.loads(line)
-    except ValueError as e:
-        return f"is not JSON ({e})"
-    if not isinstance(record, dict):
-        return f"is {_json_type(record)}, not a JSON object with a \"text\" field"
-    if "text" not in record:
-        return "has no \"text\" field"
-    text = record["text"]
-    if not isinstance(text, str):
-        if text is None:
-            return "\"text\" is null, not a string"
-        shown = json.dumps(text, ensure_ascii=False)
-        shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        return f"\"text\" is {_json_type(text)} ({shown}), not a string"
-    return None
+class UserInput:
+    """The user's data: its records, read again on every call of `records`, and the manifest's
+    record of the source. The first pass, which reads every record, fills in the record's counts."""
+
+    def __init__(self, what: str, record: dict, reader: Reader, record_kind: str = "records"):
+        self.what, self.record, self._reader = what, record, reader
+        self.record_kind = record_kind  # what --skip-bad-records leaves out: "lines" or "records"
+        self._counted = False
+
+    def records(self) -> Iterator[tuple[str, str]]:
+        counts, self._counted = (None if self._counted else self.record), True
+        return self._reader(counts)
+
+
+def skip_or_fail(counts: dict | None, skip: bool, where: str, problem: str, unit: str = "record",
+                 listed_as: str | int | None = None) -> None:
+    """A bad record: a one-line DataError, or (`skip`) one more in the source record's counts."""
+    if not skip:
+        raise DataError(f"{where}: {problem}; fix or remove that {unit}, or pass --skip-bad-records to leave "
+                        f"such {unit}s out")
+    if counts is not None:
+        counts["bad_records_skipped"] += 1
+        key = "bad_record_lines" if unit == "line" else "bad_records"
+        listed = counts.setdefault(key, [])
+        if len(listed) < LISTED_BAD:
+            listed.append(where if listed_as is None else listed_as)
+
+
+def text_problem(value, field: str, has_field: bool = True) -> str | None:
+    """Why a record's `field` value is not a document's text (a string), or None."""
+    if not has_field:
+        return f"has no \"{field}\" field"
+    if isinstance(value, str):
+        return None
+    if value is None:
+        return f"\"{field}\" is null, not a string"
+    shown = json.dumps(value, ensure_ascii=False, default=repr)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"\"{field}\" is {_json_type(value)} ({shown}), not a string"
 
 
 def _json_type(value) -> str:
     if value is None:
         return "null"
+    if isinstance(value, str):
+        return "a string"
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, (int, float)):
         return "a number"
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return "a list"
     if isinstance(value, dict):
         return "an object"
-    return "a string"
+    return f"a {type(value).__name__}"
+
+
+# --- a folder of text files ---------------------------------------------------------
+
+def text_folder(path: Path) -> UserInput:
+    """One document per UTF-8 file of the folder (recursive, hidden files aside); binary files are
+    skipped and counted, never mangled."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()
+                   and not any(part.startswith(".") for part in p.relative_to(path).parts))
+
+    def read(counts: dict | None) -> Iterator[tuple[str, str]]:
+        for p in files:
+            data = p.read_bytes()
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                text = None
+            if text is None or "\x00" in text[:8192]:
+                if counts is not None:
+                    counts["files_skipped_not_text"] += 1
+                continue
+            yield str(p.relative_to(path)), text
+
+    record = {"name": "user", "path": str(path.resolve()), "files": len(files), "files_skipped_not_text": 0}
+    return UserInput(str(path), record, read)
+
+
+# --- JSONL --------------------------------------------------------------------------
+
+def jsonl_records(path: Path, label: str, field: str, skip: bool, counts: dict | None,
+                  single: bool = False) -> Iterator[tuple[str, str]]:
+    """The documents of a JSONL file (gzipped when it ends in .gz), one line at a time, named
+    `label`:LINE; blank lines are no records, a bad one is named by the file's path and line.
+    `single`: the only file of the input (its bad lines are listed by number)."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            text, problem = None, None
+            try:
+                record = json.loads(line)
+            except ValueError as e:
+                problem = f"is not JSON ({e})"
+            else:
+                if not isinstance(record, dict):
+                    problem = f"is {_json_type(record)}, not a JSON object with a \"{field}\" field"
+                else:
+                    text = record.get(field)
+                    problem = text_problem(text, field, field in record)
+            if problem is not None:
+                where = f"{path} line {i + 1}"
+                skip_or_fail(counts, skip, where, problem, unit="line" if single else "record",
+                             listed_as=i + 1 if single else None)
+                continue
+            if counts is not None:
+                counts["lines" if single else "records"] += 1
+            yield f"{label}:{i + 1}", text
+
+
+def jsonl_file(path: Path, field: str, skip: bool) -> UserInput:
+    def read(counts: dict | None):
+        return jsonl_records(path, path.name, field, skip, counts, single=True)
+
+    record = {"name": "user", "path": str(path.resolve()), "lines": 0, "bad_records_skipped": 0}
+    if field != "text":
+        record["text_field"] = field
+    return UserInput(str(path), record, read, record_kind="lines")

@@ -25,7 +25,9 @@ split, and the tokenizer trained on train, change only where a non-text document
 
 from __future__ import annotations
 
+import heapq
 import re
+from array import array
 
 import numpy as np
 
@@ -69,19 +71,47 @@ def is_non_text(text: str) -> bool:
     return non_text_share(text) >= MAX_SHARE
 
 
+class NonTextScan:
+    """Finds the non-text documents one document at a time, in order, keeping their indices and the
+    LISTED highest shares (a corpus need not fit in memory)."""
+
+    def __init__(self):
+        self.checked, self.chars = 0, 0
+        self.found = array("q")
+        self._top: list[tuple[float, int, str, int]] = []  # a heap of (share, -index, doc id, chars)
+
+    def add(self, doc_id: str, text: str) -> bool:
+        """Check the next document; whether it is non-text."""
+        i, self.checked = self.checked, self.checked + 1
+        share = non_text_share(text)
+        if share < MAX_SHARE:
+            return False
+        self.found.append(i)
+        self.chars += len(text)
+        item = (share, -i, doc_id, len(text))  # on equal shares the earlier document stays listed
+        (heapq.heappush if len(self._top) < LISTED else heapq.heappushpop)(self._top, item)
+        return True
+
+    def result(self, keep: bool = False) -> tuple[np.ndarray, dict]:
+        """The indices (sorted) of the non-text documents, to be dropped (none when `keep`), and the
+        manifest's record: the rule, whether it was applied, the counts and the non-text documents
+        with their shares, highest first."""
+        found = np.frombuffer(self.found, dtype=np.int64).copy() if self.found else np.zeros(0, dtype=np.int64)
+        record = rule() | {"applied": not keep, "docs_checked": self.checked, "docs_non_text": len(found),
+                           "docs_dropped": 0 if keep else len(found), "chars_dropped": 0 if keep else self.chars}
+        listed = sorted(self._top, key=lambda x: (-x[0], -x[1]))
+        record["non_text_docs"] = [{"doc": doc, "share": round(float(share), 4), "chars": chars}
+                                   for share, _, doc, chars in listed]
+        return (np.zeros(0, dtype=np.int64) if keep else found), record
+
+
 def find_non_text(docs: list[tuple[str, str]], keep: bool = False) -> tuple[np.ndarray, dict]:
-    """The indices (sorted) of the non-text documents among the (doc_id, text) `docs`, to be dropped
-    (none when `keep`), and the manifest's record: the rule, whether it was applied, the counts and
-    the non-text documents with their shares, highest first."""
-    shares = np.array([non_text_share(text) for _, text in docs])
-    found = np.flatnonzero(shares >= MAX_SHARE)
-    chars = sum(len(docs[i][1]) for i in found)
-    record = rule() | {"applied": not keep, "docs_checked": len(docs), "docs_non_text": len(found),
-                       "docs_dropped": 0 if keep else len(found), "chars_dropped": 0 if keep else chars}
-    listed = sorted(found, key=lambda i: -shares[i])[:LISTED]
-    record["non_text_docs"] = [{"doc": docs[i][0], "share": round(float(shares[i]), 4), "chars": len(docs[i][1])}
-                               for i in listed]
-    return (np.zeros(0, dtype=np.int64) if keep else found.astype(np.int64)), record
+    """The indices (sorted) of the non-text documents among the (doc_id, text) `docs`, and the
+    manifest's record (NonTextScan.result)."""
+    scan = NonTextScan()
+    for doc_id, text in docs:
+        scan.add(doc_id, text)
+    return scan.result(keep)
 
 
 def summary_line(manifest: dict) -> str | None:

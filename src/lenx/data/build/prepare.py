@@ -1,6 +1,9 @@
 """`lenx prepare`: build `<root>/<name>/` (lenx.data.layout) from a built-in corpus's sources or the
 user's files, or generate the synthetic corpus.
 
+The documents are streamed (lenx.data.build.scan): a corpus larger than memory builds in memory
+that grows by a few dozen bytes per document, whatever their size.
+
 A corpus is built in a hidden sibling folder `.<name>.build-<pid>` and swapped in only when
 complete, so a failed prepare leaves the previous corpus as it was. Replacing a corpus prepared
 with other settings needs force=True (`lenx prepare --force`).
@@ -28,29 +31,40 @@ from ...fileio import write_json
 from ..corpus import CORPORA, check_name, unknown_corpus
 from ..errors import DataError
 from ..layout import FORMAT, SPLITS, check_files, fingerprint_files, read_manifest
-from .documents import missing_sources, read_docs
+from .documents import missing_sources, open_user_data, read_docs
 from .fetch import Registries
-from .nontext import find_non_text, rule
+from .nontext import rule
 from .splits import LONG_TEST_TOKENS, check_docs
 from .staging import build_aside
 from .synthetic import VOCAB, build_synthetic
 from .text import build_text
+from .tokenizer_file import open_tokenizer
 from .tokenizing import MAX_VOCAB, TOKENIZERS
 from .writer import LONG
 
 log = logging.getLogger("lenx.data")
 
+DEFAULT_VOCAB = 16384  # of the BPE trained here (and recorded, unused, with GPT-2's)
 
-def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | None = None,
-                   tokenizer: str = "bpe", vocab_size: int = 16384, seed: int = 0,
+
+def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | str | None = None,
+                   tokenizer: str = "bpe", vocab_size: int | None = None, seed: int = 0,
                    val_frac: float = 0.02, test_frac: float = 0.05, cache_dir: Path | None = None,
                    progress: bool = True, force: bool = False, allow_missing_sources: bool = False,
                    long_test: int = 0, long_test_tokens: int = LONG_TEST_TOKENS,
-                   skip_bad_records: bool = False, keep_non_text: bool = False) -> dict:
+                   skip_bad_records: bool = False, keep_non_text: bool = False,
+                   text_field: str | None = None, split: str | None = None) -> dict:
     """Build `<root>/<name>/` and return its manifest.
 
-    Built-in names are in CORPORA; any other name needs `from_path` (a folder of text
-    files, or a JSONL file with a "text" field). Downloads are cached in `cache_dir`
+    Built-in names are in CORPORA; any other name needs `from_path`: a folder of text files, a
+    JSONL, parquet or arrow file, a folder of such shards, a folder saved by `datasets`'
+    save_to_disk, or "hf:NAME[:CONFIG]", a dataset in the Hugging Face cache read offline
+    (lenx.data.build.documents). Records hold their text in the field `text_field` (default
+    "text"); `split` picks a dataset's split (default: its only one, or train).
+
+    `tokenizer` is "bpe" (trained on the train split, `vocab_size` ids, default 16384), "gpt2", or
+    the path of a tokenizer.json or a transformers tokenizer folder, used as it is (its vocabulary
+    size is its own; over 65536 ids the token files are uint32). Downloads are cached in `cache_dir`
     (default `<root>/.cache`). If the corpus is already prepared with the same
     settings it is returned as is, unless `force`; a corpus of that name prepared with other
     settings is replaced only with `force` (a DataError otherwise, before any work), and a
@@ -68,8 +82,9 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
     manifest["long_test"] records the reservation; every split records its number of
     documents of >= 8192 and >= 16384 tokens (and >= `long_test_tokens`).
 
-    `skip_bad_records` (a JSONL `from_path`): leave out the lines that are not a JSON object with a
-    string "text" and count them in the manifest's source record, instead of failing on the first.
+    `skip_bad_records` (records: JSONL, parquet, arrow, datasets): leave out the records whose text
+    field is missing or not a string and count them in the manifest's source record, instead of
+    failing on the first.
 
     Text corpora drop their non-text documents (lenx.data.build.nontext: the rule, and why) unless
     `keep_non_text`; manifest["non_text"] records the rule, whether it was applied, the counts and
@@ -82,8 +97,12 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
     t0 = time.time()
     root = Path(root)
     _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, root, long_test, long_test_tokens,
-                skip_bad_records, keep_non_text)
-    params = _params(from_path, tokenizer, vocab_size, seed, val_frac, test_frac, long_test, long_test_tokens)
+                skip_bad_records, keep_non_text, text_field, split)
+    user = open_user_data(from_path, text_field, split, skip_bad_records) if from_path is not None else None
+    if tokenizer not in TOKENIZERS:
+        tokenizer = str(Path(tokenizer).expanduser().resolve())
+    params = _params(from_path, tokenizer, vocab_size, seed, val_frac, test_frac, long_test, long_test_tokens,
+                     text_field, split)
     if name != "synthetic" and not keep_non_text:
         params["non_text"] = rule()
     if name == "synthetic":
@@ -98,16 +117,15 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
 
     if name != "synthetic":  # read and check the documents before any build folder exists
         reg = Registries(Path(cache_dir) if cache_dir else root / ".cache")
-        docs, records, missing, cleaning = read_docs(name, from_path, reg, progress, allow_missing_sources,
-                                                     skip_bad_records)
-        drop, non_text = find_non_text(docs, keep=keep_non_text)
-        if len(drop) == len(docs):
+        docs, records, missing = read_docs(name, user, reg, progress, allow_missing_sources, keep_non_text,
+                                           long_test_tokens if long_test else 0)
+        if len(docs.drop) == len(docs):
             raise DataError(f"no usable documents for {name!r}: all {len(docs)} are non-text "
-                            f"({non_text['rule']} >= {non_text['max_share']}); check the input, or pass "
+                            f"({docs.non_text['rule']} >= {docs.non_text['max_share']}); check the input, or pass "
                             "--keep-non-text to keep them")
-        kept = [docs[i] for i in np.setdiff1d(np.arange(len(docs)), drop)]
-        check_docs(name, kept, val_frac, test_frac, long_test, long_test_tokens)
-        del kept
+        byte_level = tokenizer in TOKENIZERS
+        check_docs(name, len(docs) - len(docs.drop), docs.long_bytes if byte_level else None, val_frac, test_frac,
+                   long_test, long_test_tokens)
 
     with build_aside(folder) as build:
         manifest = {"format": FORMAT, "name": name, "kind": "synthetic" if name == "synthetic" else "text",
@@ -115,9 +133,10 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
         if name == "synthetic":
             manifest.update(build_synthetic(build, seed, val_frac, test_frac))
         else:
-            manifest.update(sources=records, missing_sources=missing, cleaning=cleaning, non_text=non_text)
-            manifest.update(build_text(build, name, docs, tokenizer, vocab_size, seed, val_frac, test_frac,
-                                       reg, progress, long_test, long_test_tokens, drop))
+            manifest.update(sources=records, missing_sources=missing, cleaning=docs.cleaning, non_text=docs.non_text)
+            manifest.update(build_text(build, name, docs, tokenizer, params["vocab_size"], seed, val_frac, test_frac,
+                                       reg, progress, long_test, long_test_tokens))
+        manifest.setdefault("token_dtype", "uint16")  # the synthetic corpus's
         for n in LONG:
             manifest[f"test_docs_ge_{n}_tokens"] = manifest["splits"]["test"][f"docs_ge_{n}_tokens"]
         manifest["fingerprint"] = fingerprint_files(build, manifest["tokenizer"]["kind"] != "none")
@@ -169,11 +188,23 @@ def _check_replace(name: str, folder: Path, old: dict | None, params: dict, allo
 
 
 def _params(from_path, tokenizer, vocab_size, seed, val_frac, test_frac, long_test=0,
-            long_test_tokens=LONG_TEST_TOKENS) -> dict:
-    params = {"from_path": str(Path(from_path).resolve()) if from_path else None, "tokenizer": tokenizer,
-              "vocab_size": vocab_size, "seed": seed, "val_frac": val_frac, "test_frac": test_frac}
-    if long_test:  # only when asked for: a corpus prepared before the option still counts as prepared
+            long_test_tokens=LONG_TEST_TOKENS, text_field=None, split=None) -> dict:
+    if from_path is not None:
+        from_path = str(from_path) if str(from_path).startswith("hf:") else str(Path(from_path).expanduser().resolve())
+    params = {"from_path": from_path, "tokenizer": tokenizer, "vocab_size": vocab_size, "seed": seed,
+              "val_frac": val_frac, "test_frac": test_frac}
+    if tokenizer not in TOKENIZERS:  # the user's: pinned by its content, its vocabulary is its own
+        record = open_tokenizer(tokenizer)[1]
+        params.update(vocab_size=record["vocab_size"], tokenizer_sha256=record["sha256"])
+    elif vocab_size is None:
+        params["vocab_size"] = DEFAULT_VOCAB
+    # Only when asked for: a corpus prepared before an option existed still counts as prepared.
+    if long_test:
         params.update(long_test=int(long_test), long_test_tokens=int(long_test_tokens))
+    if text_field is not None and text_field != "text":
+        params["text_field"] = text_field
+    if split is not None:
+        params["split"] = split
     return params
 
 
@@ -187,7 +218,8 @@ def _check_long_test(name: str, long_test, long_test_tokens) -> None:
 
 
 def _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, root, long_test=0,
-                long_test_tokens=LONG_TEST_TOKENS, skip_bad_records=False, keep_non_text=False) -> None:
+                long_test_tokens=LONG_TEST_TOKENS, skip_bad_records=False, keep_non_text=False, text_field=None,
+                split=None) -> None:
     check_name(name)
     _check_long_test(name, long_test, long_test_tokens)
     if keep_non_text and name == "synthetic":
@@ -197,17 +229,23 @@ def _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, roo
     if from_path is not None and name in CORPORA:
         raise DataError(f"{name!r} is a built-in corpus; give your data another name, "
                         f"e.g. `lenx prepare my{name} --from PATH`")
-    if tokenizer not in TOKENIZERS:
-        raise DataError(f"unknown tokenizer {tokenizer!r}; use one of {', '.join(TOKENIZERS)}")
+    if from_path is None and (skip_bad_records or text_field is not None or split is not None):
+        raise DataError("--skip-bad-records, --text-field and --split apply to your own data given with --from")
+    if tokenizer not in TOKENIZERS and not Path(tokenizer).expanduser().exists():
+        raise DataError(f"unknown tokenizer {tokenizer!r}; use one of {', '.join(TOKENIZERS)}, or the path of a "
+                        "tokenizer.json or a transformers tokenizer folder")
+    if tokenizer not in TOKENIZERS and vocab_size is not None:
+        raise DataError(f"--vocab-size applies to the BPE trained here; the tokenizer {tokenizer} has its own")
+    if tokenizer not in TOKENIZERS and name == "synthetic":
+        raise DataError("--tokenizer applies to text corpora; the synthetic corpus is generated token ids")
+    vocab_size = DEFAULT_VOCAB if vocab_size is None else vocab_size
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
+        raise DataError(f"vocab_size must be an integer, got {vocab_size!r}")
     if vocab_size > MAX_VOCAB:
-        raise DataError(f"vocab_size {vocab_size} is too big: tokens are stored as uint16, so use at most {MAX_VOCAB}")
+        raise DataError(f"vocab_size {vocab_size} is too big: token ids are stored as uint32 at most, so use at "
+                        f"most {MAX_VOCAB}")
     if tokenizer == "bpe" and vocab_size < 258:
         raise DataError(f"vocab_size {vocab_size} is too small: byte-level BPE needs at least 258 "
                         "(256 bytes + EOS + 1)")
-    if from_path is not None and not Path(from_path).expanduser().exists():
-        raise DataError(f"--from path {from_path} does not exist; give a folder of text files or a .jsonl file")
-    if skip_bad_records and (from_path is None or Path(from_path).expanduser().is_dir()):
-        raise DataError("--skip-bad-records applies to a JSONL file given with --from (its lines that are not "
-                        "a JSON object with a string \"text\")")
     if not (0 <= val_frac < 1 and 0 <= test_frac < 1 and val_frac + test_frac < 1):
         raise DataError(f"val_frac={val_frac} and test_frac={test_frac} must be in [0, 1) and sum to less than 1")

