@@ -197,6 +197,9 @@ def test_no_memory_check_trains_what_the_check_refuses(tmp_path, monkeypatch, ca
     assert "needs about" in capsys.readouterr().err and not (tmp_path / "run").exists()
     assert main([*args, "--no-memory-check"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["finished"] is True
+    # resuming the finished run trains nothing, so it needs no memory check: it says it has finished
+    assert main(["train", "--resume", "run", "--no-progress"]) == 0
+    assert "already finished training" in capsys.readouterr().err
 
 
 @pytest.mark.gpu
