@@ -149,6 +149,31 @@ def test_available_cpu_memory_is_at_most_the_machines():
     assert 0 < memory.available_memory(CPU) <= total
 
 
+def test_cgroup_limits_count_and_the_tightest_wins(tmp_path):
+    """v1 (the memory controller's folder) and v2: limit - usage + reclaimable page cache, of the
+    process's cgroup or one above it, whichever leaves least; no limit anywhere: None."""
+    proc = tmp_path / "cgroup"
+    v1 = tmp_path / "fs" / "memory" / "jobs" / "one"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # unlimited here
+    (v1 / "memory.usage_in_bytes").write_text("100\n")
+    (v1.parent / "memory.limit_in_bytes").write_text("1000\n")  # the parent's limit applies
+    (v1.parent / "memory.usage_in_bytes").write_text("600\n")
+    (v1.parent / "memory.stat").write_text("cache 50\ntotal_inactive_file 30\n")
+    proc.write_text("5:cpu:/jobs/one\n4:memory:/jobs/one\n")
+    assert memory._cgroup_room(proc, tmp_path / "fs") == 1000 - 600 + 30
+    v2 = tmp_path / "fs" / "box"
+    v2.mkdir()
+    (v2 / "memory.max").write_text("300\n")
+    (v2 / "memory.current").write_text("200\n")
+    proc.write_text("4:memory:/jobs/one\n0::/box\n")
+    assert memory._cgroup_room(proc, tmp_path / "fs") == 100
+    (v2 / "memory.max").write_text("max\n")
+    proc.write_text("0::/box\n")
+    assert memory._cgroup_room(proc, tmp_path / "fs") is None
+    assert memory._cgroup_room(tmp_path / "missing", tmp_path / "fs") is None
+
+
 def lenx_with_peak(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, int, float]:
     """`lenx ARGS` run by a fresh Python whose only child it is: (its output, the child's peak
     resident bytes (RUSAGE_CHILDREN), seconds)."""
@@ -197,6 +222,9 @@ def test_no_memory_check_trains_what_the_check_refuses(tmp_path, monkeypatch, ca
     assert "needs about" in capsys.readouterr().err and not (tmp_path / "run").exists()
     assert main([*args, "--no-memory-check"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["finished"] is True
+    # resuming the finished run trains nothing, so it needs no memory check: it says it has finished
+    assert main(["train", "--resume", "run", "--no-progress"]) == 0
+    assert "already finished training" in capsys.readouterr().err
 
 
 @pytest.mark.gpu

@@ -11,6 +11,7 @@ does not fit. tests/model/test_memory.py measures training steps on the CPU agai
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+import sys
 
 import torch
 
@@ -114,49 +115,53 @@ def available_memory(device: torch.device) -> int | None:
     return free if limit is None else min(free, limit)
 
 
-def _cgroup_room() -> int | None:
-    """What the memory limit of this process's cgroup (v2, else v1) leaves, page cache it can
-    reclaim counted as free; None without a limit."""
+def _cgroup_room(proc: Path = Path("/proc/self/cgroup"), mount: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """What the memory limits of this process's cgroup and of those above it leave (cgroup v2, or
+    v1's memory controller), the page cache they can reclaim counted as free; None without a limit."""
     try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        lines = proc.read_text().splitlines()
     except OSError:
         return None
+    rooms = []
     for line in lines:
         _, controllers, path = line.split(":", 2)
-        if controllers == "":  # v2: memory.max, memory.current
-            where, names = Path("/sys/fs/cgroup") / path.lstrip("/"), ("memory.max", "memory.current", "inactive_file")
-        elif "memory" in controllers.split(","):  # v1
-            where = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-            names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        if controllers == "":
+            base, names = mount, ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):
+            base, names = mount / "memory", ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
         else:
             continue
-        try:
-            limit, usage = ((where / name).read_text().strip() for name in names[:2])
-        except OSError:
-            continue
-        if limit == "max" or int(limit) >= 1 << 60:  # unlimited
-            continue
-        cache = 0
-        try:
-            for stat in (where / "memory.stat").read_text().splitlines():
-                key, _, value = stat.partition(" ")
-                if key == names[2]:
-                    cache = int(value)
-        except OSError:
-            pass
-        return max(0, int(limit) - int(usage) + cache)
-    return None
+        folder = base / path.strip("/")
+        rooms += [room for where in (folder, *folder.parents) if where.is_relative_to(base)
+                  and (room := _room(where, names)) is not None]
+    return min(rooms, default=None)
+
+
+def _room(where: Path, names: tuple[str, str, str]) -> int | None:
+    """Limit - usage + reclaimable page cache of one cgroup folder; None: no limit there, or unreadable."""
+    try:
+        limit, usage = ((where / name).read_text().strip() for name in names[:2])
+    except OSError:
+        return None
+    if limit == "max" or int(limit) >= 1 << 60:  # unlimited (v1 writes a huge number)
+        return None
+    cache = 0
+    try:
+        for stat in (where / "memory.stat").read_text().splitlines():
+            key, _, value = stat.partition(" ")
+            cache = int(value) if key == names[2] else cache
+    except OSError:
+        pass
+    return max(0, int(limit) - int(usage) + cache)
 
 
 def check_memory(estimate: MemoryEstimate, device: torch.device, what: str, lower: str,
                  override: str = "--no-memory-check") -> None:
     """A one-line ConfigError when `estimate` does not fit in what `device` has available: `what`
-    the step is ("a training step of batch 16 x seq_len 100000"), `lower` what to change. Where the
-    memory cannot be told, a note on stderr and no check."""
+    the step is ("training at train.seq_len=100000 with 16 sequences per micro-batch"), `lower` what
+    to change. Where the memory cannot be told, a note on stderr and no check."""
     have = available_memory(device)
     if have is None:
-        import sys
-
         print(f"note: cannot tell how much memory {device.type} has here; the memory check is skipped",
               file=sys.stderr)
         return

@@ -16,7 +16,8 @@ import torch
 from ..config import ConfigError, RunConfig, resolve_device, to_toml
 from ..fileio import write_text
 from ..model import LM, check_training_memory
-from ..model.checkpoint import CheckpointError, checkpoint_dir, load_state, load_weights, resume_dir, save_checkpoint
+from ..model.checkpoint import (CheckpointError, checkpoint_dir, load_state, load_weights, resume_dir, save_checkpoint,
+                                weights_step)
 from ..model.precision import autocast_for
 from ..runinfo import environment, git_commit
 from ..runs import absolute_root, check_run_corpus, open_training_corpus, run_config, run_meta, run_weights
@@ -249,8 +250,8 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool, memory_check: 
     if resume:  # the run goes on with the data it began with, or not at all
         check_run_corpus(run_dir, cfg, corpus)
     cfg.model.vocab_size = corpus.vocab_size
-    if memory_check:  # before the model takes any memory
-        check_training_memory(cfg, device, info.world)
+    if memory_check and (ckpt is None or (weights_step(ckpt) or 0) < cfg.train.steps):  # a finished run trains nothing
+        check_training_memory(cfg, device, info.world)  # before the model takes any memory
     torch.manual_seed(cfg.train.seed)
     raw_model = LM(cfg.model)
     # Full weights go into the plain model before it is wrapped or sharded, so any world size can
