@@ -301,15 +301,14 @@ def generate_from_run(run_dir: Path, prompt, max_new_tokens: int = 100, *, tempe
     what = f"the {width:,}-token prompt" if len(prompts) == 1 else f"{len(prompts)} prompts (up to {width:,} tokens)"
     if note is not None:
         note(f"reading {what} ({cfg.model.method}, {dev}) ...")
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(desc="reading the prompt", unit="layer", dynamic_ncols=True, leave=False)
+    bars = []  # the progress bar, made at the first layer read (when the number of layers is known)
 
     def layer_read(done, total):
-        bar.total = total
-        bar.update(done - bar.n)
+        if not bars:
+            from tqdm import tqdm
+
+            bars.append(tqdm(total=total, desc="reading the prompt", unit="layer", dynamic_ncols=True, leave=False))
+        bars[0].update(done - bars[0].n)
 
     found: list = [None] * len(prompts)
 
@@ -318,7 +317,7 @@ def generate_from_run(run_dir: Path, prompt, max_new_tokens: int = 100, *, tempe
         return found[b] is not None
 
     def prefilled(tokens, seconds):
-        if bar is not None:
+        for bar in bars:
             bar.close()
         if note is not None:
             note(f"read {tokens:,} prompt tokens in {seconds:.2f} s ({tokens / max(seconds, 1e-9):,.0f} tokens/s)")
@@ -327,9 +326,9 @@ def generate_from_run(run_dir: Path, prompt, max_new_tokens: int = 100, *, tempe
         out = generate(model, [torch.tensor(ids) for ids in prompts], max_new_tokens, temperature=temperature,
                        top_k=top_k, top_p=top_p, seed=seed, autocast=lambda: autocast_for(dev, cfg.train.precision),
                        on_token=stream, stop_if=stop_if if stops else None, decoding="graph" if graph else "eager",
-                       progress=layer_read if bar is not None else None, on_prefill=prefilled)
+                       progress=layer_read if progress else None, on_prefill=prefilled)
     finally:
-        if bar is not None:
+        for bar in bars:
             bar.close()
     outputs = []
     for b, ids in enumerate(prompts):
