@@ -107,7 +107,8 @@ def generate(model, prompts, max_new_tokens: int, *, lengths=None, temperature: 
     idx, lengths = batch_prompts(prompts, lengths, device, model.halo if decoding != "eager" else 0)
     B, T = idx.shape
     generator = torch.Generator().manual_seed(seed)
-    dtype = torch.bfloat16 if device.type == "cuda" else None
+    ctx = autocast()  # the cache holds what the layers compute: the autocast dtype, else the model's
+    dtype = ctx.fast_dtype if isinstance(ctx, torch.autocast) and ctx._enabled else None
     cache = model.new_cache(B, T + max_new_tokens, device, dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     t0 = time.perf_counter()
@@ -119,8 +120,7 @@ def generate(model, prompts, max_new_tokens: int, *, lengths=None, temperature: 
         on_prefill(sum(lengths), t1 - t0)
     step_fn = lambda token: model.decode(token[:, None], cache)[:, -1]  # noqa: E731
     if decoding != "eager" and max_new_tokens > 1:
-        ctx = autocast()
-        decoder = StaticDecoder(model, cache, decoding, ctx.fast_dtype if isinstance(ctx, torch.autocast) else None)
+        decoder = StaticDecoder(model, cache, decoding, dtype)
         step_fn = decoder
     sync()
     t2 = time.perf_counter()
