@@ -274,8 +274,9 @@ def generate_from_run(run_dir: Path, prompt, max_new_tokens: int = 100, *, tempe
     stop_ids: token ids that end one. cuda_graph: decode with a CUDA graph (None: where there is CUDA).
 
     Returns {"outputs": [{"prompt_tokens", "new_tokens" (the stop's tokens included), "text" (the
-    stop left out), "stop" (the stop reached, or None)} per prompt], "prefill_s", "decode_s", "prefill_tokens_per_s", "tokens_per_s",
-    "ms_per_token", "decoding", "method", "device", ...}; for a str prompt also its output's keys."""
+    stop left out), "stop" (the stop reached, or None)} per prompt], "prefill_s", "decode_s",
+    "prefill_tokens_per_s", "tokens_per_s", "ms_per_token", "decoding", "method", "device", ...}; for
+    a str prompt also its output's keys."""
     from ..config import resolve_device
     from ..runs import load_model, open_run_corpus, run_config, run_weights
     from .precision import autocast_for
