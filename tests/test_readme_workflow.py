@@ -45,6 +45,8 @@ ADAPTED = {
     'lenx generate runs/dv2 --prompt "The kernel" --max-new-tokens 200 --temperature 0':
         [("--max-new-tokens 200", "--max-new-tokens 16")],
     "lenx export runs/dv2 exported/dv2": [],
+    'lenx generate runs/dv2 --prompt "The kernel" --prompt "A fast" --stop "." --max-new-tokens 64 --json':
+        [("--max-new-tokens 64", "--max-new-tokens 8")],
     "lenx sweep --methods rope,kerple,dapev2-kerple -c small --seeds 0,1,2 -o runs/sweep128":
         [("-c small", SMALL_ON_CPU)],
     "lenx eval runs/sweep128/rope-s0 --rope-scaling yarn": [],
@@ -61,6 +63,9 @@ SKIPPED = {
     "lenx bench --train-step --preset 125m --seq-len 512": "a 125m training step per method: a GPU measurement",
     "lenx bench --train-step --backend-for dapev2-kerple=chunked": "a 125m training step with a forced backend: "
                                                                    "a GPU measurement",
+    "lenx bench --decode -o bench_decode.json": "decode steps of a 125m model per method and context, against "
+                                                "transformers' compiled GPT-2: a GPU measurement "
+                                                "(tests/bench/test_decode.py runs it with --device cpu)",
     "torchrun --nproc-per-node 2 -m lenx train -c 125m": "two GPUs (tests/test_distributed.py runs DDP and FSDP2 "
                                                          "on CPU processes)",
 }

@@ -23,7 +23,9 @@ def test_generate_streams_and_greedy_is_deterministic(runs):
     a, b = lenx(*args, cwd=runs), lenx(*args, cwd=runs)
     assert a.returncode == 0, a.stderr
     assert a.stdout == b.stdout and len(a.stdout.split()) == 12
-    assert "tokens/s" in a.stderr.strip().splitlines()[-1]
+    last = a.stderr.strip().splitlines()[-1]  # the prefill's and the decoding's rates, apart
+    assert "prefill" in last and "decode" in last and "tokens/s" in last and "ms/token" in last
+    assert "reading the 4-token prompt" in a.stderr and "read 4 prompt tokens in" in a.stderr
     sampled = lenx("generate", "rope", "--prompt", "5 17 3 9", "--max-new-tokens", "12", "--seed", "1", cwd=runs)
     assert sampled.returncode == 0 and len(sampled.stdout.split()) == 12
 
@@ -35,6 +37,12 @@ def test_generate_streams_and_greedy_is_deterministic(runs):
     (["generate", "nowhere", "--prompt", "1 2"], "not a lenx run"),
     (["generate", "rope"], "--prompt"),
     (["generate", "rope", "--prompt", "1", "--top-p", "0"], "top-p"),
+    (["generate", "rope", "--prompt", "1", "--prompts-file", "rope/config.toml"], "one of them"),
+    (["generate", "rope", "--prompts-file", "nowhere.txt"], "not a file"),
+    (["generate", "rope", "--prompt", "1", "--stop-id", "99999"], "vocabulary"),
+    (["generate", "rope", "--prompt", "1", "--stop", ""], "--stop"),
+    (["generate", "rope", "--prompt", "1", "--prompt", "x"], "token ids"),
+    (["generate", "rope", "--prompt", "1", "--cuda-graph", "--device", "cpu"], "CUDA"),
     (["eval", "rope", "--task", "haystack"], "--task"),
     (["eval", "kerple", "--rope-scaling", "yarn"], "RoPE"),
     (["eval", "rope", "--rope-scaling", "longrope"], "model.rope_scaling"),
@@ -82,3 +90,47 @@ def test_the_token_level_hint_is_a_prompt_that_works(runs):
     example = out.stderr.split("--prompt '")[1].split("'")[0]
     again = lenx("generate", "rope", "--prompt", example, "--max-new-tokens", "2", "--temperature", "0", cwd=runs)
     assert again.returncode == 0, again.stderr
+
+
+def continuation(runs, *args):
+    out = lenx("generate", "rope", *args, "--temperature", "0", "--json", cwd=runs)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_several_prompts_are_continued_as_each_alone(runs):
+    prompts = ["5 17 3 9", "8", "1 2 3 4 5 6 7 8 9 10 11"]
+    alone = [continuation(runs, "--prompt", p, "--max-new-tokens", "6") for p in prompts]
+    assert all(a["new_tokens"] == a["outputs"][0]["new_tokens"] for a in alone)  # one prompt: its keys at the top
+    together = continuation(runs, *[x for p in prompts for x in ("--prompt", p)], "--max-new-tokens", "6")
+    assert [o["new_tokens"] for o in together["outputs"]] == [a["new_tokens"] for a in alone]
+    assert [o["prompt_tokens"] for o in together["outputs"]] == [4, 1, 11] and "new_tokens" not in together
+    assert together["prefill_tokens_per_s"] > 0 and together["decode_steps"] == 5
+    (runs / "prompts.txt").write_text("\n".join(prompts[:2]) + "\n\n" + prompts[2] + "\n")
+    from_file = continuation(runs, "--prompts-file", "prompts.txt", "--max-new-tokens", "6")
+    assert from_file["outputs"] == together["outputs"]
+    text = lenx("generate", "rope", "--prompts-file", "prompts.txt", "--max-new-tokens", "6", "--temperature", "0",
+                cwd=runs)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.count("=== ") == 3 and "=== 2/3: 1 prompt tokens, 6 new, ended at length" in text.stdout
+    assert " ".join(map(str, alone[1]["new_tokens"])) in text.stdout
+
+
+def test_stops_end_each_continuation(runs):
+    prompts = ["5 17 3 9", "8"]
+    free = continuation(runs, "--prompt", prompts[0], "--prompt", prompts[1], "--max-new-tokens", "8")["outputs"]
+    first = free[0]["new_tokens"]
+    at = first.index(first[2]) + 1  # where a stop at its third token ends it
+    out = continuation(runs, "--prompt", prompts[0], "--prompt", prompts[1], "--max-new-tokens", "8",
+                       "--stop-id", str(first[2]))["outputs"]
+    assert out[0]["new_tokens"] == first[:at] and out[0]["stop"] == first[2]
+    assert out[0]["text"] == " ".join(map(str, first[:at - 1]))  # the stop left out of the text
+    # a stop string on a token-level corpus: token ids, matched as the continuation's last tokens
+    pair = f"{first[3]} {first[4]}"
+    end = next(i for i in range(2, 6) if first[i - 2:i] == first[3:5])  # the pair's first appearance ends it
+    one = continuation(runs, "--prompt", prompts[0], "--max-new-tokens", "8", "--stop", pair)
+    assert one["stop"] == pair and one["new_tokens"] == first[:end]
+    assert one["text"] == " ".join(map(str, first[:end - 2]))
+    streamed = lenx("generate", "rope", "--prompt", prompts[0], "--max-new-tokens", "8", "--stop", pair,
+                    "--temperature", "0", cwd=runs)
+    assert streamed.returncode == 0 and streamed.stdout.split() == [str(t) for t in first[:end - 2]], streamed.stdout

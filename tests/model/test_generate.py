@@ -45,3 +45,40 @@ def test_bad_settings_are_one_line_errors(kw, match):
     args = {"max_new_tokens": 3} | kw
     with pytest.raises(ConfigError, match=match):
         generate(model_for("rope"), torch.zeros(1, 2, dtype=torch.long), args.pop("max_new_tokens"), **args)
+
+
+class Letters:
+    """A text corpus whose token i is the letter chr(97 + i)."""
+
+    vocab_size, name = 26, "letters"
+
+    def tokenizer(self):
+        return object()
+
+    def encode(self, text):
+        return [ord(c) - 97 for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(97 + i) for i in ids)
+
+
+def test_stop_strings_are_matched_in_the_text_and_never_streamed():
+    from lenx.model.generate import Stops, TextStream
+
+    stops = Stops(Letters(), ["cde", "x"], [25])
+    ids = Letters().encode("abcdef")
+    assert [stops.match(ids[:n]) for n in range(1, 7)] == [None, None, None, None, "cde", "cde"]
+    assert stops.text(ids[:5], "cde") == "ab" and stops.match([1, 25]) == 25 and stops.text([1, 25], 25) == "b"
+    assert stops.settled(ids[:4]) == "ab"  # "cd" may still begin "cde"
+    shown = []
+    stream = TextStream(Letters(), shown.append, stops)
+    for i in ids:
+        stream(0, torch.tensor([i]))
+    stream.finish(stops.text(ids[:5], "cde"))
+    assert "".join(shown) == "ab"
+    free = []
+    stream = TextStream(Letters(), free.append, Stops(Letters()))
+    for i in ids:
+        stream(0, torch.tensor([i]))
+    stream.finish("abcdef")
+    assert "".join(free) == "abcdef" and len(free) == 6  # nothing held back without stops

@@ -34,12 +34,12 @@ class FIRE(ScoreBias):
         return torch.log(torch.abs(self.c * x) + 1)
 
     def forward(self, q_pos, k_pos, q=None, k=None):
-        i = q_pos.to(self.c.dtype)[:, None]
-        j = k_pos.to(self.c.dtype)[None, :]
+        i = q_pos.to(self.c.dtype)[..., :, None]  # q_pos [Tq] or, per sequence, [B, Tq]
+        j = k_pos.to(self.c.dtype)[..., None, :]
         if self.causal:
             dist, anchor = (i - j).clamp(min=0), i
         else:
             dist, anchor = (i - j).abs(), torch.maximum(i, j)
         L = torch.abs(self.L_mult * self.L_init)
         ratio = self.psi(dist) / (self.psi(torch.maximum(L, anchor)) + self.eps)
-        return self.mlp(ratio.unsqueeze(-1)).movedim(-1, 0)  # [H, Tq, Tk]
+        return self.mlp(ratio.unsqueeze(-1)).movedim(-1, -3)  # [H, Tq, Tk] or [B, H, Tq, Tk]

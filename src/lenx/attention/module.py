@@ -6,8 +6,8 @@ from torch import nn
 
 from ..config import AttentionConfig
 from . import profiling
-from .backends import block_attention, plan_backend, run_backend
-from .cache import LayerCache
+from .backends import plan_backend, run_backend
+from .cache import LayerCache, cached_attention
 from .methods import BASES, NORMALISERS, PROCESSORS, parse_method
 from .parts import PartContext, Parts
 
@@ -45,22 +45,28 @@ class Attention(nn.Module):
     def backend_for(self, device: torch.device) -> str:
         return plan_backend(self.parts, device, self.cfg.backend)
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor | None = None, length: int | None = None):
-        """x [B, T, C] -> q, k, v [B, H, T, d], q and k already rotated when the base is RoPE (at
-        `positions`, default 0..T-1; `length`, default T, sets a scaled RoPE's auto factor)."""
+    def _qkv(self, x: torch.Tensor):
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        return self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+
+    def project(self, x: torch.Tensor, positions: torch.Tensor | None = None, length=None):
+        """x [B, T, C] -> q, k, v [B, H, T, d], q and k already rotated when the base is RoPE (at
+        `positions`, default 0..T-1, or per sequence [B, T]; `length`, default T, or per sequence
+        a tensor [B], sets a scaled RoPE's auto or dynamic factor)."""
+        q, k, v = self._qkv(x)
         if self.rope is not None:
+            T = x.shape[1]
             q, k = self.rope(q, k, torch.arange(T, device=x.device) if positions is None else positions, length)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, cache: LayerCache | None = None) -> torch.Tensor:
-        """x [B, T, C] at positions 0..T-1. With a cache (a prefill), their keys and values are kept
-        (a scaled RoPE then takes its auto factor from the cache's capacity, as decoding does)."""
+    def forward(self, x: torch.Tensor, cache: LayerCache | None = None, rows: list[int] | None = None,
+                at: int = 0) -> torch.Tensor:
+        """x [B, T, C] at positions 0..T-1. With a cache (a prefill), their keys and values go to its
+        slots at..at+T-1 of the sequences `rows` (None: all)."""
         B, T, C = x.shape
-        q, k, v = self.project(x, length=None if cache is None else cache.capacity)
+        q, k, v = self.project(x)
         if cache is not None:
-            cache.write(0, k, v)
+            cache.write(at, k, v, rows)
         if profiling.active():  # `lenx bench --train-step`: attention's kernels marked for torch.profiler
             out = profiling.marked(self.attend, q, k, v)
         else:
@@ -72,15 +78,24 @@ class Attention(nn.Module):
         out, rem = run_backend(self.backend_for(q.device), q, k, v, self.parts, self.cfg.chunk_size)
         return self.normaliser.finish(out, rem, v)
 
-    def extend(self, x: torch.Tensor, cache: LayerCache, start: int) -> torch.Tensor:
-        """Rows x [B, R, C] at positions start..start+R-1 against the cached keys and values of the
-        positions before them: writes the rows' keys and values into the cache and returns their
-        outputs [B, R, C], the rows of a forward over positions 0..start+R-1. The rows are
-        processed as one block of the reference path: O(R T) work, never a [T, T] map."""
+    def extend(self, x: torch.Tensor, cache: LayerCache, rows: torch.Tensor, start: torch.Tensor, end,
+               n_keys: int | None = None) -> torch.Tensor:
+        """Rows x [B, R, C] in cache slots `rows` [R] (a long tensor) of sequences that hold slots
+        start[b]..end-1 (see cache.cached_attention): writes the rows' keys and values into the cache
+        and returns their outputs [B, R, C], each the row of its sequence's forward over its tokens
+        up to slot end - 1. O(R T) work, never a [T, T] map. Keys are read from slots 0..n_keys-1
+        (default: end, an int); a fixed n_keys (the capacity, with end a tensor) keeps every shape
+        the same from one token to the next (LM.static_step).
+
+        A RoPE scale that follows the length takes each sequence's length at this step (its tokens
+        up to slot end - 1) for the rows' q and k; the cached keys keep the rotation they were
+        written with, as transformers' dynamic RoPE has it (rotating them again would not make the
+        rows those of a full forward either: every hidden state before them would change too)."""
         B, R, C = x.shape
-        q, k, v = self.project(x, torch.arange(start, start + R, device=x.device), cache.capacity)
-        cache.write(start, k, v)
-        keys, values = cache.read(start + R)
-        out, rem = block_attention(q, keys, values, self.parts, start)
+        q_pos = rows[None, :] - start[:, None]  # [B, R]: each sequence's own positions
+        q, k, v = self.project(x, q_pos, end - start if self.rope is not None else None)
+        cache.write_at(rows, k, v)
+        keys, values = cache.read(end if n_keys is None else n_keys)
+        out, rem = cached_attention(q, keys, values, self.parts, rows, start, end)
         out = self.normaliser.finish(out, rem, v)
         return self.proj(out.transpose(1, 2).reshape(B, R, C))

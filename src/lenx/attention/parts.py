@@ -12,8 +12,11 @@ from torch import nn
 
 
 class ScoreBias(nn.Module):
-    """An additive score bias. per_distance: it depends only on (head, i - j) and gives a
-    [H, 2T - 1] table (DistanceBias): FlexAttention and the fused kernels read that table."""
+    """An additive score bias: forward(q_pos, k_pos, q, k) -> [H, Tq, Tk] (or [B, H, Tq, Tk]) for
+    positions q_pos [Tq], k_pos [Tk], or [B, H, Tq, Tk] for positions per sequence [B, Tq], [B, Tk]
+    (a left-padded batch, whose padding has negative positions). per_distance: it depends only on
+    (head, i - j) and gives a [H, 2T - 1] table (DistanceBias): FlexAttention and the fused kernels
+    read that table."""
 
     per_distance = False
 
@@ -25,9 +28,11 @@ class ScoreBias(nn.Module):
 
 
 class ScoreProcessor(nn.Module):
-    """Maps the score block to processed scores: forward(raw, bias, q, q_pos, k_pos) -> A, where raw
-    [B, H, Tq, Tk] are the scaled q.k scores, bias the bias part's block (or None), q [B, H, Tq, d]
-    the rows' queries, q_pos [Tq] and k_pos [Tk] their positions. A includes the bias.
+    """Maps the score block to processed scores: forward(raw, bias, q, q_pos, k_pos, key_valid=None)
+    -> A, where raw [B, H, Tq, Tk] are the scaled q.k scores, bias the bias part's block (or None),
+    q [B, H, Tq, d] the rows' queries, q_pos [Tq] and k_pos [Tk] their positions (or per sequence
+    [B, Tq], [B, Tk]), key_valid [B, Tk] the keys that exist (None: all; decoding passes it for a
+    padded batch or a fixed-size cache). A includes the bias.
 
     halo: keys past a row block's last query that its processed scores read (the chunked path
     takes that many more). leak: processed scores see future keys (the causal cut is off).

@@ -6,12 +6,13 @@ from .parts import ScoreBias
 
 
 def relative_distance(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> torch.Tensor:
-    """Distance i - j as a [Tq, Tk] long tensor.
+    """Distance i - j as a [Tq, Tk] long tensor, or [B, Tq, Tk] for positions per sequence
+    (q_pos [B, Tq], k_pos [B, Tk]: a left-padded batch).
 
     Causal: clamped at 0 (entries with j > i are masked or zeroed later, so their value is
     irrelevant, and clamping keeps every bias finite there). Bidirectional: |i - j|.
     """
-    return fold_distance(q_pos[:, None] - k_pos[None, :], causal)
+    return fold_distance(q_pos[..., :, None] - k_pos[..., None, :], causal)
 
 
 def fold_distance(signed: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -39,4 +40,5 @@ class DistanceBias(ScoreBias):
         return self.from_distance(fold_distance(signed_distances(T, device), self.causal))
 
     def forward(self, q_pos, k_pos, q=None, k=None):
-        return self.from_distance(relative_distance(q_pos, k_pos, self.causal))
+        """[H, Tq, Tk]; [B, H, Tq, Tk] for positions per sequence."""
+        return self.from_distance(relative_distance(q_pos, k_pos, self.causal)).movedim(0, -3)

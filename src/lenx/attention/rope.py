@@ -47,25 +47,50 @@ class RoPE(nn.Module):
         return cls(ctx.head_dim, c.rope_base, c.rope_scaling, c.rope_scaling_factor, c.rope_train_len,
                    c.rope_yarn_beta_fast, c.rope_yarn_beta_slow)
 
-    def scale_for(self, length: int) -> float:
-        """s for a context of `length` positions."""
-        if self.scaling == "none":
-            return 1.0
-        if self.scaling == "dynamic-ntk" or self.factor <= 0:
-            return max(1.0, length / self.train_len)
-        return float(self.factor)
+    @property
+    def follows_length(self) -> bool:
+        """Whether the scale follows the length processed (auto factor, or dynamic-ntk)."""
+        return self.scaling != "none" and (self.scaling == "dynamic-ntk" or self.factor <= 0)
 
-    def frequencies(self, length: int) -> tuple[torch.Tensor, float]:
-        """(theta' [d/2] fp32, the factor on cos and sin) for a context of `length` positions."""
-        s, d = self.scale_for(length), self.head_dim
-        if self.scaling == "none" or s == 1.0:
+    def frequencies(self, length):
+        """(theta' [..., d/2] fp32, the factor on cos and sin) for a context of `length` positions:
+        an int, or a tensor of lengths (e.g. [B], one per sequence of a batch: theta' [B, d/2] and
+        the factor [B]). A scale that follows the length is computed in float64 on the device from a
+        tensor (an int is made one), so that an int and a tensor give the same bits and no host
+        sync is needed; a fixed scale is a Python number."""
+        if self.scaling == "none":
             return self.inv_freq, 1.0
+        if not self.follows_length:
+            return self._scaled(float(self.factor))
+        L = torch.as_tensor(length, dtype=torch.float64, device=self.inv_freq.device)
+        s = (L / self.train_len).clamp(min=1.0)
+        inv, mscale = self._scaled(s)
+        return torch.where(s[..., None] == 1, self.inv_freq, inv), mscale
+
+    def _scaled(self, s):
+        """theta' and the cos/sin factor at scale s: a Python float, or a float64 tensor (computed in
+        float64, then theta' rounded to fp32)."""
+        d, tensor = self.head_dim, isinstance(s, torch.Tensor)
+        if not tensor and s == 1.0:
+            return self.inv_freq, 1.0
+        inv_freq = self.inv_freq.double() if tensor else self.inv_freq
+        s_ = s[..., None] if tensor else s
         if self.scaling == "pi":
-            return self.inv_freq / s, 1.0
-        if self.scaling in ("ntk", "dynamic-ntk"):
-            base = self.base * s ** (d / (d - 2))
-            return base ** (-torch.arange(0, d, 2, dtype=torch.float32, device=self.inv_freq.device) / d), 1.0
-        return self.inv_freq * (1 - self.yarn_ramp()) + self.inv_freq / s * self.yarn_ramp(), 0.1 * math.log(s) + 1
+            inv = inv_freq / s_
+        elif self.scaling in ("ntk", "dynamic-ntk"):
+            exponent = -torch.arange(0, d, 2, dtype=torch.float64 if tensor else torch.float32,
+                                     device=self.inv_freq.device) / d
+            inv = (self.base * s_ ** (d / (d - 2))) ** exponent
+        else:
+            ramp = self.yarn_ramp().to(inv_freq.dtype)
+            inv = inv_freq * (1 - ramp) + inv_freq / s_ * ramp
+        if self.scaling != "yarn":
+            mscale = torch.ones_like(s) if tensor else 1.0
+        elif tensor:
+            mscale = torch.where(s > 1, 0.1 * torch.log(s) + 1, torch.ones_like(s))
+        else:
+            mscale = 0.1 * math.log(s) + 1
+        return inv.float(), mscale
 
     def yarn_ramp(self) -> torch.Tensor:
         """0 for the fast (high-frequency) dimensions YaRN keeps, 1 for the slow ones it interpolates."""
@@ -81,18 +106,32 @@ class RoPE(nn.Module):
         i = torch.arange(d // 2, dtype=torch.float32, device=self.inv_freq.device)
         return ((i - low) / (high - low)).clamp(0, 1)
 
-    def rotate(self, x: torch.Tensor, pos: torch.Tensor, length: int | None = None) -> torch.Tensor:
-        inv_freq, mscale = self.frequencies(len(pos) if length is None else length)
-        angles = pos.to(torch.float32)[:, None] * inv_freq[None, :]  # [T, d/2]
-        cos = (torch.cat([angles.cos(), angles.cos()], -1) * mscale).to(x.dtype)
-        sin = (torch.cat([angles.sin(), angles.sin()], -1) * mscale).to(x.dtype)
+    def table(self, pos: torch.Tensor, length=None, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, d] at positions pos [T], or [B, 1, T, d] per sequence (pos [B, T] or a
+        length per sequence), in `dtype`, the cos/sin factor included; `length`: see forward."""
+        inv_freq, mscale = self.frequencies(pos.shape[-1] if length is None else length)
+        angles = pos.to(torch.float32)[..., None] * inv_freq[..., None, :]  # [T, d/2] or [B, T, d/2]
+        cos, sin = angles.cos(), angles.sin()
+        cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
+        if isinstance(mscale, torch.Tensor):
+            mscale = mscale.float()[..., None, None]
+        if not (isinstance(mscale, float) and mscale == 1.0):
+            cos, sin = cos * mscale, sin * mscale
+        if cos.dim() == 3:  # one row of angles per sequence: broadcast over the heads
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return cos.to(dtype), sin.to(dtype)
+
+    @staticmethod
+    def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [B, H, T, d] rotated by a table of `table`."""
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], -1) * sin
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, length: int | None = None):
-        """Rotate q and k [..., T, d] at positions pos [T]; `length` is the context length that sets
-        an auto or dynamic scale (default T)."""
-        return self.rotate(q, pos, length), self.rotate(k, pos, length)
+    def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, length=None):
+        """Rotate q and k [..., T, d] at positions pos [T] (or [B, T], per sequence); `length` is the
+        context length that sets an auto or dynamic scale (default T; a tensor [B]: one per sequence)."""
+        cos, sin = self.table(pos, length, q.dtype)  # one table for both
+        return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
 
     def extra_repr(self) -> str:
         if self.scaling == "none":

@@ -14,13 +14,14 @@ class Softmax(nn.Module):
         return cls()
 
     def forward(self, scores, v, allowed):
-        """scores [B, H, Tq, Tk], allowed [Tq, Tk] -> (out [B, H, Tq, d], None)."""
+        """scores [B, H, Tq, Tk], allowed broadcastable to them -> (out [B, H, Tq, d], None)."""
         return masked_softmax(scores, v, allowed), None
 
     def allowed(self, q_pos, k_pos, causal: bool):
+        """[Tq, Tk], or [B, Tq, Tk] for positions per sequence ([B, Tq], [B, Tk])."""
         if not causal:
-            return torch.ones(len(q_pos), len(k_pos), dtype=torch.bool, device=q_pos.device)
-        return k_pos[None, :] <= q_pos[:, None]
+            return torch.ones(*q_pos.shape, k_pos.shape[-1], dtype=torch.bool, device=q_pos.device)
+        return k_pos[..., None, :] <= q_pos[..., :, None]
 
     def finish(self, out, rem, v):
         return out

@@ -56,4 +56,5 @@ class T5Bias(DistanceBias):
         return self.from_distance(signed_distances(T, device))  # buckets take the signed distance
 
     def forward(self, q_pos, k_pos, q=None, k=None):
-        return self.from_distance(q_pos[:, None] - k_pos[None, :])
+        """[H, Tq, Tk]; [B, H, Tq, Tk] for positions per sequence ([B, Tq], [B, Tk])."""
+        return self.from_distance(q_pos[..., :, None] - k_pos[..., None, :]).movedim(0, -3)

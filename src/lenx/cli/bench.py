@@ -5,7 +5,21 @@ import sys
 
 import typer
 
-from . import _command, _fail, _parse_ints, _user_errors
+from . import _command, _fail, _parse_ints, _parse_methods, _user_errors
+
+
+def _parse_names(text: str | None, option: str) -> list[str] | None:
+    """Comma-separated names; "none" for none; None when the option was not given."""
+    from ..config import ConfigError
+
+    if text is None:
+        return None
+    if text.strip().lower() == "none":
+        return []
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise ConfigError(f"{option} names nothing: {text!r} (none for none)")
+    return names
 
 
 def _parse_backend_for(text: str) -> dict[str, str]:
@@ -25,7 +39,8 @@ def _parse_backend_for(text: str) -> dict[str, str]:
 
 @_command("bench")
 def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: sdpa,kerple,dapev2-kerple,stickbreaking; "
-                                          "with --train-step: sdpa,rope,alibi,kerple,fire,dape-kerple,dapev2-kerple)"),
+                                          "with --train-step: sdpa,rope,alibi,kerple,fire,dape-kerple,dapev2-kerple; "
+                                          "with --decode: rope,kerple,dapev2-kerple,stickbreaking)"),
               backends: str = typer.Option("sdpa,flex,triton,chunked,dense", help="comma-separated"),
               lengths: str = typer.Option("512,2048,8192,16384,32768", help="comma-separated sequence lengths"),
               batch: int = typer.Option(None, help="batch size (default 1; with --train-step 32)"),
@@ -39,15 +54,29 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
               backend_for: str = typer.Option(None, "--backend-for",
                                               help="--train-step: force attention backends, comma-separated "
                                                    "METHOD=BACKEND (e.g. dapev2-kerple=chunked); default: the planner's"),
-              preset: str = typer.Option("125m", help="--train-step: the model preset"),
+              decode: bool = typer.Option(False, "--decode",
+                                          help="time one decode step (ms/token, tokens/s) of the --preset model per "
+                                               "method, context and batch size, eager and as a CUDA graph, beside "
+                                               "transformers' GPT-2 of the same shape, instead of the attention kernels"),
+              contexts: str = typer.Option(None, help="--decode: comma-separated tokens in the cache (default "
+                                                      "1024,8192,32768)"),
+              batches: str = typer.Option(None, help="--decode: comma-separated batch sizes (default 1,8)"),
+              modes: str = typer.Option(None, help="--decode: lenx's steps, comma-separated among eager, static, graph, "
+                                                   "compile (default eager,graph; on a CPU eager,static)"),
+              gpt2_modes: str = typer.Option(None, "--gpt2-modes",
+                                             help="--decode: GPT-2's steps among eager, static, compile, or none "
+                                                  "(default eager,compile; on a CPU eager,static)"),
+              repeats: int = typer.Option(3, help="--decode: timed runs of --steps steps per row (the median counts)"),
+              preset: str = typer.Option("125m", help="--train-step and --decode: the model preset"),
               seq_len: int = typer.Option(512, help="--train-step: training sequence length"),
-              steps: int = typer.Option(20, help="--train-step: timed steps per method"),
-              warmup: int = typer.Option(5, help="--train-step: untimed steps before them"),
+              steps: int = typer.Option(None, help="--train-step: timed steps per method (default 20); --decode: "
+                                                   "steps per timed run (default 32)"),
+              warmup: int = typer.Option(None, help="--train-step, --decode: untimed steps before them (default 5, 4)"),
               profile_steps: int = typer.Option(4, "--profile-steps",
                                                 help="--train-step: steps profiled after the timed ones for GPU kernel "
                                                      "times (the step's and the attention's); 0: none"),
-              device: str = typer.Option("cuda", help="cuda, or cpu with --train-step only")):
-    """Time attention kernels against fused SDPA on the GPU, or whole training steps.
+              device: str = typer.Option("cuda", help="cuda, or cpu with --train-step or --decode")):
+    """Time attention kernels against fused SDPA on the GPU, whole training steps, or decoding.
 
     Forward and forward+backward time and peak memory per method, backend and length on the current
     GPU, with ratios against fused causal SDPA in the same run (needs CUDA).
@@ -55,6 +84,11 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     With --train-step: time per training step and peak memory of the --preset model per method, and
     from torch.profiler the GPU kernel time of a step (x Kerple's) and of its attention, forward +
     backward (X vs SDPA's): the figures that count, as wall times also count the host launching kernels.
+
+    With --decode: ms per token and tokens/s of one decode step of the --preset model per method,
+    context and batch size (the cache already full), eager and as one CUDA graph, with transformers'
+    GPT2LMHeadModel of the same shape (eager, and its static cache compiled) timed in the same run;
+    a context that does not fit in memory is recorded as skipped.
     """
     import torch
 
@@ -67,23 +101,50 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     from ..runinfo import git_commit
 
     try:
-        if device not in ("cuda", "cpu") or (device == "cpu" and not train_step):
-            raise ConfigError("--device must be cuda (or cpu with --train-step: the kernel benchmark times GPU kernels)")
+        if train_step and decode:
+            raise ConfigError("--train-step and --decode are two benchmarks: give one of them")
+        decode_only = [name for name, value in (("--contexts", contexts), ("--batches", batches), ("--modes", modes),
+                                                ("--gpt2-modes", gpt2_modes)) if value is not None]
+        if decode_only and not decode:
+            raise ConfigError(f"{', '.join(decode_only)} apply to --decode")
+        if device not in ("cuda", "cpu") or (device == "cpu" and not (train_step or decode)):
+            raise ConfigError("--device must be cuda (or cpu with --train-step or --decode: the kernel benchmark "
+                              "times GPU kernels)")
         if device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("lenx bench needs a CUDA device (it times GPU kernels; --train-step also runs with --device cpu)")
+            raise ConfigError("lenx bench needs a CUDA device (it times GPU kernels; --train-step and --decode also "
+                              "run with --device cpu)")
+        if decode and batch is not None:
+            raise ConfigError("--decode takes its batch sizes as --batches (comma-separated), not --batch")
         length_list = _parse_ints(lengths, "--lengths")
         forced = _parse_backend_for(backend_for) if backend_for else {}
         if forced and not train_step:
             raise ConfigError("--backend-for applies to --train-step (the kernel benchmark takes --backends)")
         # before any timing: results that cannot be saved are not measured
-        out = out or Path("bench_train_step.json" if train_step else "bench.json")
+        out = out or Path("bench_train_step.json" if train_step else "bench_decode.json" if decode else "bench.json")
         check_writable_file(out, "--out")
     except _user_errors() as e:
         _fail(e)
+    if decode:
+        from ..bench.decode import BATCHES, CONTEXTS, DECODE_METHODS, decode_bench
+        from ..report.bench_tables import decode_table
+
+        try:
+            result = decode_bench(_parse_methods(methods) if methods else DECODE_METHODS,
+                                  _parse_ints(contexts, "--contexts") or CONTEXTS,
+                                  _parse_ints(batches, "--batches") or BATCHES, preset=preset,
+                                  modes=_parse_names(modes, "--modes"), gpt2_modes=_parse_names(gpt2_modes, "--gpt2-modes"),
+                                  steps=steps or 32, warmup=4 if warmup is None else warmup, repeats=repeats,
+                                  device=device, commit=commit, command=" ".join(sys.argv), out_path=str(out))
+        except _user_errors() as e:
+            _fail(e)
+        show([decode_table(result)])
+        print(f"wrote {out}")
+        return
     if train_step:
         try:
             result = train_step_bench((methods or ",".join(TRAIN_STEP_METHODS)).split(","), preset=preset,
-                                      seq_len=seq_len, batch_size=batch or 32, steps=steps, warmup=warmup, device=device,
+                                      seq_len=seq_len, batch_size=batch or 32, steps=steps or 20,
+                                      warmup=5 if warmup is None else warmup, device=device,
                                       backend_overrides=forced, profile_steps=profile_steps, commit=commit,
                                       command=" ".join(sys.argv),
                                       out_path=str(out))

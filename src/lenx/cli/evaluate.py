@@ -3,7 +3,7 @@ prompt)."""
 
 from pathlib import Path
 import sys
-from typing import Optional
+from typing import List, Optional
 
 import typer
 
@@ -147,42 +147,91 @@ def _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, wi
 
 @_command("generate")
 def generate_cmd(run: Path = typer.Argument(..., help="a run directory"),
-                 prompt: str = typer.Option(None, help="the text to continue (token ids separated by spaces for the "
-                                                       "token-level synthetic corpus)"),
-                 prompt_file: Path = typer.Option(None, help="read the prompt from this file instead"),
+                 prompt: Optional[List[str]] = typer.Option(None, help="a text to continue (token ids separated by "
+                                                                      "spaces for the token-level synthetic corpus); "
+                                                                      "repeat it for several, decoded as one batch"),
+                 prompt_file: Path = typer.Option(None, help="read one prompt from this file (all of it)"),
+                 prompts_file: Path = typer.Option(None, help="read prompts from this file, one per line (blank "
+                                                              "lines skipped), decoded as one batch"),
                  max_new_tokens: int = typer.Option(100, help="tokens to generate"),
                  temperature: float = typer.Option(1.0, help="0 is greedy (deterministic)"),
                  top_k: int = typer.Option(0, help="sample among the k most likely tokens (0: all)"),
                  top_p: float = typer.Option(1.0, help="sample among the most likely tokens up to this probability"),
                  seed: int = typer.Option(0, help="seed of the sampling"),
-                 max_context: int = typer.Option(32768, help="the cache limit: prompt plus new tokens"),
+                 stop: Optional[List[str]] = typer.Option(None, help="a text that ends a continuation, left out of "
+                                                                    "it (token ids separated by spaces on a "
+                                                                    "token-level corpus); repeatable"),
+                 stop_id: Optional[List[int]] = typer.Option(None, help="a token id that ends a continuation; "
+                                                                       "repeatable"),
+                 max_context: int = typer.Option(32768, help="the cache limit: the longest prompt plus new tokens"),
                  device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
-                 backend: str = typer.Option(None, help="force the attention backend of the prompt's forward")):
-    """Continue a prompt with a trained run, token by token with a KV cache, streaming the text.
+                 backend: str = typer.Option(None, help="force the attention backend of the prompts' forward"),
+                 cuda_graph: Optional[bool] = typer.Option(None, "--cuda-graph/--no-cuda-graph",
+                                                           help="decode each token as one CUDA graph (default: on "
+                                                                "CUDA)"),
+                 json_out: bool = typer.Option(False, "--json", help="print the result as JSON on stdout instead "
+                                                                     "of the text"),
+                 progress: Optional[bool] = ProgressOpt):
+    """Continue prompts with a trained run, token by token with a KV cache.
 
-    The prompt is read with the run's attention backends; each new token then costs one row of
-    attention per layer against the cached keys and values. Prints tokens/s at the end (on stderr).
+    Each prompt is read with the run's attention backends; each new token then costs one row of
+    attention per layer against the cached keys and values. Several prompts (--prompt repeated, or
+    --prompts-file) are decoded as one left-padded batch, each at its own positions, so greedy
+    decoding continues each as it would alone; each continuation ends at --max-new-tokens or at a
+    --stop / --stop-id. One prompt's text is streamed; several are printed when all have ended.
+    The last line (on stderr) gives the prefill's and the decoding's rates.
     """
+    import json
+
     from ..config import ConfigError
     from ..model import check_device
     from ..model.generate import generate_from_run
 
     try:
-        if (prompt is None) == (prompt_file is None):
-            raise ConfigError("give the prompt with --prompt TEXT or --prompt-file FILE (one of them)")
+        given = [name for name, value in (("--prompt", prompt), ("--prompt-file", prompt_file),
+                                          ("--prompts-file", prompts_file)) if value]
+        if len(given) != 1:
+            raise ConfigError("give the prompt with --prompt TEXT (repeatable), --prompt-file FILE or --prompts-file "
+                              f"FILE (one of them){'; got ' + ', '.join(given) if given else ''}")
+        for option, path in (("--prompt-file", prompt_file), ("--prompts-file", prompts_file)):
+            if path is not None and not path.is_file():
+                raise ConfigError(f"{option} {path} is not a file")
         if prompt_file is not None:
-            if not prompt_file.is_file():
-                raise ConfigError(f"--prompt-file {prompt_file} is not a file")
-            prompt = prompt_file.read_text()
+            prompts = prompt_file.read_text()
+        elif prompts_file is not None:
+            prompts = [line for line in prompts_file.read_text().splitlines() if line.strip()]
+            if not prompts:
+                raise ConfigError(f"--prompts-file {prompts_file} has no prompt (every line is blank)")
+        else:
+            prompts = prompt[0] if len(prompt) == 1 else list(prompt)
         check_device(_run_config(run), device, key="--device", training=False)
-        out = generate_from_run(run, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        stream = isinstance(prompts, str) and not json_out
+        out = generate_from_run(run, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                 seed=seed, device=device, backend=backend, max_context=max_context,
-                                write=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+                                write=(lambda text: (sys.stdout.write(text), sys.stdout.flush())) if stream else None,
+                                note=lambda text: print(text, file=sys.stderr, flush=True),
+                                progress=_progress(progress), stop=stop or (), stop_ids=stop_id or (),
+                                cuda_graph=cuda_graph)
     except _user_errors() as e:
         _fail(e)
-    print()
-    print(f"{len(out['new_tokens'])} tokens after a {out['prompt_tokens']}-token prompt: {out['tokens_per_s']:.1f} "
-          f"tokens/s ({out['method']}, {out['device']})", file=sys.stderr)
+    if json_out:
+        print(json.dumps(out, indent=1))
+    elif stream:
+        print()
+    else:
+        for i, o in enumerate(out["outputs"], 1):
+            ended = f"stop {o['stop']!r}" if o["stop"] is not None else "length"
+            print(f"=== {i}/{len(out['outputs'])}: {o['prompt_tokens']} prompt tokens, {len(o['new_tokens'])} new, "
+                  f"ended at {ended}")
+            print(o["text"])
+    outs = out["outputs"]
+    new = sum(len(o["new_tokens"]) for o in outs)
+    decode = "no decode step" if out["tokens_per_s"] is None else (
+        f"decode {out['tokens_per_s']:.1f} tokens/s per sequence ({out['ms_per_token']:.2f} ms/token, "
+        f"{out['decoding']})")
+    print(f"{new} tokens after {len(outs)} prompt(s) of {sum(o['prompt_tokens'] for o in outs)} tokens: prefill "
+          f"{out['prefill_tokens_per_s']:,.0f} tokens/s ({out['prefill_s']:.2f} s), {decode} "
+          f"({out['method']}, {out['device']})", file=sys.stderr)
 
 
 def _parse_factor(text: str) -> float:

@@ -1,6 +1,7 @@
 """The model floor: the decoder LM (lm.py), its config checks that run before any work
 (checks.py), the memory a step takes and what the device has (memory.py), its precision
-(precision.py), KV-cache generation (generate.py) and checkpoints (checkpoint.py).
+(precision.py), KV-cache generation (generate.py), the fixed-shape decode step and its CUDA graph
+(decoding.py) and checkpoints (checkpoint.py).
 
 Imports: lenx.attention, lenx.config and the standard library, numpy, torch and safetensors; never
 training, evaluation, reports, benchmarks or the CLI. The one reach upwards is

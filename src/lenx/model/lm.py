@@ -34,25 +34,33 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, cache: LayerCache | None = None):
-        x = x + self.drop(self.attn(self.ln1(x), cache))
+    def forward(self, x, cache: LayerCache | None = None, rows: list[int] | None = None, at: int = 0):
+        x = x + self.drop(self.attn(self.ln1(x), cache, rows, at))
         return x + self.drop(self.mlp(self.ln2(x)))
 
-    def extend(self, x, cache: LayerCache, start: int):
-        """Rows x [B, R, C] at positions start.. (see Attention.extend)."""
-        x = x + self.drop(self.attn.extend(self.ln1(x), cache, start))
+    def extend(self, x, cache: LayerCache, rows: torch.Tensor, start: torch.Tensor, end, n_keys: int | None = None):
+        """Rows x [B, R, C] in cache slots `rows` (see Attention.extend)."""
+        x = x + self.drop(self.attn.extend(self.ln1(x), cache, rows, start, end, n_keys))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
 class KVCache:
-    """What decoding keeps: every layer's keys and values and the tokens, for `capacity` positions."""
+    """What decoding keeps: every layer's keys and values and the tokens, in `capacity` slots for each
+    of the batch's sequences. Sequence b's token in slot t is at position t - start[b]: a left-padded
+    batch starts its shorter prompts later, so that every sequence's newest token is in slot
+    length - 1 (`length`: the slots in use)."""
 
     def __init__(self, layers: list[LayerCache], tokens: torch.Tensor):
         self.layers, self.tokens, self.length = layers, tokens, 0
+        self.start = torch.zeros(tokens.shape[0], dtype=torch.long, device=tokens.device)
 
     @property
     def capacity(self) -> int:
         return self.tokens.shape[1]
+
+    @property
+    def batch(self) -> int:
+        return self.tokens.shape[0]
 
 
 class LM(nn.Module):
@@ -99,7 +107,9 @@ class LM(nn.Module):
     # only once those tokens do (the forward zero-pads the key axis past the sequence's end). So a
     # row is final only when `halo` = k//2 tokens follow it, and each step recomputes the last
     # `halo` rows with the new one: every step's logits are then exactly the last row of a full
-    # forward over the tokens so far.
+    # forward over the tokens so far. A batch of prompts of different lengths is left-padded: each
+    # prompt is read alone, and the rows of a decode step take each sequence's own positions, with
+    # its padding masked (attention.cache.cached_attention).
 
     @property
     def halo(self) -> int:
@@ -107,7 +117,8 @@ class LM(nn.Module):
         return max(b.attn.processor.halo if b.attn.processor is not None else 0 for b in self.blocks)
 
     def new_cache(self, batch: int, capacity: int, device=None, dtype=None) -> KVCache:
-        """An empty cache for `batch` sequences of up to `capacity` tokens (prompt and generated)."""
+        """An empty cache for `batch` sequences of up to `capacity` slots (prompt, its padding and the
+        generated tokens)."""
         for b in self.blocks:
             if not b.attn.cfg.causal or (b.attn.processor is not None and b.attn.processor.leak):
                 raise ValueError(f"{self.cfg.method} sees future keys here (non-causal, or DAPE V2 leak=True), "
@@ -119,34 +130,75 @@ class LM(nn.Module):
                   for _ in self.blocks]
         return KVCache(layers, torch.zeros(batch, capacity, dtype=torch.long, device=device))
 
-    def prefill(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
+    def prefill(self, idx: torch.Tensor, cache: KVCache, lengths=None, progress=None) -> torch.Tensor:
         """Read the prompts idx [B, T] into an empty cache with the usual forward (the planner's
-        backends) -> logits of the last position [B, vocab]."""
+        backends) -> logits of each prompt's last position [B, vocab]. lengths [B] (default: all T)
+        makes idx a left-padded batch: prompt b is idx[b, T - lengths[b]:]. The prompts of one
+        length are read together and each length on its own, so every prompt is read as it is
+        alone. progress(done, total), if given, hears every layer of every length read."""
         if cache.length:
             raise ValueError("prefill needs an empty cache; append tokens with decode()")
-        if idx.shape[1] > cache.capacity:
-            raise ValueError(f"a prompt of {idx.shape[1]} tokens does not fit a cache of {cache.capacity}")
-        x = self.wte(idx)
-        for block, layer in zip(self.blocks, cache.layers):
-            x = block(x, layer)
-        cache.tokens[:, : idx.shape[1]] = idx
-        cache.length = idx.shape[1]
-        return self.lm_head(self.ln_f(x[:, -1]))
+        B, T = idx.shape
+        if T > cache.capacity:
+            raise ValueError(f"a prompt of {T} tokens does not fit a cache of {cache.capacity}")
+        if B != cache.batch:
+            raise ValueError(f"{B} prompts for a cache of {cache.batch} sequences")
+        lengths = [T] * B if lengths is None else [int(n) for n in lengths]
+        if len(lengths) != B or not all(1 <= n <= T for n in lengths):
+            raise ValueError(f"lengths must be {B} numbers in 1..{T}, got {lengths}")
+        groups: dict[int, list[int]] = {}
+        for b, n in enumerate(lengths):
+            groups.setdefault(n, []).append(b)
+        logits, done, total = None, 0, len(groups) * len(self.blocks)
+        for n, rows in sorted(groups.items()):
+            whole = len(rows) == B  # every prompt this long: the whole batch, no gather
+            x = self.wte(idx[:, T - n:] if whole else idx[rows, T - n:])
+            for block, layer in zip(self.blocks, cache.layers):
+                x = block(x, layer, None if whole else rows, T - n)
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+            out = self.lm_head(self.ln_f(x[:, -1]))
+            if whole:
+                logits = out
+            else:
+                logits = out.new_empty(B, out.shape[-1]) if logits is None else logits
+                logits[rows] = out
+        pad = torch.tensor([T - n for n in lengths], device=idx.device)
+        cache.tokens[:, :T] = idx.masked_fill(torch.arange(T, device=idx.device)[None, :] < pad[:, None], 0)
+        cache.start.copy_(pad)
+        cache.length = T
+        return logits
 
     def decode(self, idx: torch.Tensor, cache: KVCache) -> torch.Tensor:
         """Append tokens idx [B, m] (usually m = 1) -> logits of the new positions [B, m, vocab]: their
-        rows of a full forward over all the tokens so far (so the last is the next token's
-        distribution). O(T) per layer and token."""
+        rows of a full forward over all the tokens so far of each sequence (so the last is the next
+        token's distribution). O(T) per layer and token; the shapes grow with the cache (see
+        static_step for one that does not)."""
         n, m = cache.length, idx.shape[1]
         if n + m > cache.capacity:
             raise ValueError(f"the cache holds {cache.capacity} tokens; {n + m} do not fit")
         cache.tokens[:, n:n + m] = idx
-        start = max(0, n - self.halo)
-        x = self.wte(cache.tokens[:, start:n + m])
+        first = max(0, n - self.halo)
+        rows = torch.arange(first, n + m, device=idx.device)
+        x = self.wte(cache.tokens[:, first:n + m])
         for block, layer in zip(self.blocks, cache.layers):
-            x = block.extend(x, layer, start)
+            x = block.extend(x, layer, rows, cache.start, n + m)
         cache.length = n + m
-        return self.lm_head(self.ln_f(x[:, n - start:]))
+        return self.lm_head(self.ln_f(x[:, n - first:]))
+
+    def static_step(self, token: torch.Tensor, cache: KVCache, pos: torch.Tensor) -> torch.Tensor:
+        """Append one token per sequence (token [B]) in slot `pos` (a 0-d long tensor on the device,
+        at least `halo`) -> the next token's logits [B, vocab], as decode() gives them. Every shape
+        is the same at every slot: the halo rows before pos and pos itself against all `capacity`
+        slots, those past pos masked. No host sync and no branch on data, so a CUDA graph captures
+        it (model.decoding.StaticDecoder). Neither pos nor cache.length advances here."""
+        cache.tokens.index_copy_(1, pos.view(1), token[:, None])
+        rows = pos - self.halo + torch.arange(self.halo + 1, device=pos.device)
+        x = self.wte(cache.tokens.index_select(1, rows))
+        for block, layer in zip(self.blocks, cache.layers):
+            x = block.extend(x, layer, rows, cache.start, pos + 1, cache.capacity)
+        return self.lm_head(self.ln_f(x[:, -1]))
 
     def backends(self, device: torch.device) -> list[str]:
         return [block.attn.backend_for(device) for block in self.blocks]

@@ -1,8 +1,9 @@
-"""Tables of `lenx bench`: attention kernels against fused SDPA, and whole training steps."""
+"""Tables of `lenx bench`: attention kernels against fused SDPA, whole training steps, decoding."""
 
 from .tables import Table, columns
 
 BENCH_COLUMNS = ("method", "backend", "T", "fwd ms", "x SDPA", "fwd+bwd ms", "x SDPA", "peak MiB (f+b)", "x SDPA")
+DECODE_COLUMNS = ("method", "mode", "context", "batch", "ms/token", "tokens/s", "x GPT-2", "peak GiB")
 TRAIN_STEP_COLUMNS = ("method", "backend(s)", "wall ms/step", "step GPU ms", "x Kerple (GPU)",
                       "attn GPU ms (fwd+bwd)", "X vs SDPA", "tokens/s", "peak GiB")
 
@@ -67,3 +68,24 @@ def _train_step_caption(result: dict) -> str:
     if s["device"] != "cuda":
         text += " No GPU here: the GPU columns hold torch.profiler's CPU op self time."
     return text
+
+
+def decode_table(result: dict) -> Table:
+    """A decode_bench result, one row per method, mode, context and batch size; x GPT-2 is the row's
+    ms/token over transformers' GPT-2 (compiled, or static on a CPU) at the same context and batch."""
+    s = result["settings"]
+    m = s["model"]
+    table = Table(f"{_versions(result)} | transformers {result.get('transformers')} | preset {s['preset']} "
+                  f"(L={m['n_layer']} H={m['n_head']} C={m['d_model']} V={s['vocab_size']}) {s['precision']} | "
+                  f"{s['repeats']} x {s['steps']} steps | commit {result.get('git_commit')}",
+                  columns(*DECODE_COLUMNS, right_from=2),
+                  caption="One decode step with the cache already holding `context` tokens; the median of the runs, "
+                          "each timed without a host sync.")
+    for r in result["rows"]:
+        head = [r["method"], r["mode"], str(r["context"]), str(r["batch"])]
+        if r["status"] != "ok":
+            table.add_row(*head, r["status"].split(" (")[0], "", "", "")
+            continue
+        table.add_row(*head, f"{r['ms_per_token']:.3f}", f"{r['tokens_per_s']:,.1f}", _num(r.get("x_gpt2"), ".2f"),
+                      _num(r.get("peak_gib"), ".2f"))
+    return table

@@ -22,11 +22,15 @@ from torch.nn import functional as F
 from ..biased_softmax.reference import masked_softmax, table_bias
 
 
-def dape_v2_scores(scores, bias, w1, b1, w2, b2, q_pos=None, k_pos=None, leak: bool = False):
+def dape_v2_scores(scores, bias, w1, b1, w2, b2, q_pos=None, k_pos=None, leak: bool = False, key_valid=None):
     """S + Bias + f(tril([S; Bias])) for scores [B, H, Tq, Tk] (scaled) and bias broadcastable to
-    them (or None: then conv1 takes H channels). q_pos, k_pos: the rows' and keys' positions
-    (default: the rows are the last Tq of Tk positions). leak=True drops the tril (the paper's
-    information-leakage experiment only). No -inf masking."""
+    them (or None: then conv1 takes H channels). q_pos, k_pos: the rows' and keys' positions, [Tq]
+    and [Tk] or per sequence [B, Tq] and [B, Tk] (default: the rows are the last Tq of Tk
+    positions). leak=True drops the tril (the paper's information-leakage experiment only).
+    key_valid [B, Tk] (default: all): the keys that exist; the others (a left-padded batch's
+    padding, a fixed-size cache's empty slots) read as the zero padding past the sequence's ends,
+    both as conv1's input and as conv2's, so a row's scores are those of its sequence alone.
+    No -inf masking."""
     if bias is not None:
         bias = bias.to(scores.dtype).expand_as(scores)
         x = torch.cat([scores, bias], dim=1)
@@ -37,10 +41,16 @@ def dape_v2_scores(scores, bias, w1, b1, w2, b2, q_pos=None, k_pos=None, leak: b
         if k_pos is None:
             k_pos = torch.arange(Tk, device=scores.device)
         if q_pos is None:
-            q_pos = k_pos[Tk - Tq:]
-        x = x.masked_fill(k_pos[None, :] > q_pos[:, None], 0.0)
+            q_pos = k_pos[..., Tk - Tq:]
+        x = x.masked_fill((k_pos[..., None, :] > q_pos[..., :, None]).unsqueeze(-3), 0.0)
+    absent = None if key_valid is None else ~key_valid[:, None, None, :]
+    if absent is not None:
+        x = x.masked_fill(absent, 0.0)
     pad = (0, w1.shape[-1] // 2)
-    f = F.conv2d(F.leaky_relu(F.conv2d(x, w1, b1, padding=pad), 0.01), w2, b2, padding=pad)
+    hidden = F.leaky_relu(F.conv2d(x, w1, b1, padding=pad), 0.01)
+    if absent is not None:
+        hidden = hidden.masked_fill(absent, 0.0)
+    f = F.conv2d(hidden, w2, b2, padding=pad)
     out = scores + f.to(scores.dtype)
     return out if bias is None else out + bias
 

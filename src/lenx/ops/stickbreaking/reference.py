@@ -13,10 +13,11 @@ from torch.nn import functional as F
 
 
 def stickbreaking_allowed(q_pos: torch.Tensor, k_pos: torch.Tensor, attend_current: bool) -> torch.Tensor:
-    """[Tq, Tk] mask of the keys each query may take a share of the stick from."""
+    """[Tq, Tk] mask of the keys each query may take a share of the stick from ([B, Tq, Tk] for
+    positions per sequence, [B, Tq] and [B, Tk])."""
     if attend_current:
-        return k_pos[None, :] <= q_pos[:, None]
-    return k_pos[None, :] < q_pos[:, None]
+        return k_pos[..., None, :] <= q_pos[..., :, None]
+    return k_pos[..., None, :] < q_pos[..., :, None]
 
 
 def stickbreaking_weights(logits: torch.Tensor, allowed: torch.Tensor):

@@ -1,0 +1,16 @@
+#!/bin/bash
+# Issue 32 part 4 on one GPU: the decoding GPU tests (the CUDA graph's and the compiled step's tokens
+# against the eager step's, `lenx bench --decode` on a tiny model), then `lenx bench --decode` of the
+# 125m preset: rope, kerple, dapev2-kerple, stickbreaking at 1024, 8192, 32768 x batch 1, 8, eager and
+# graph, beside transformers' GPT-2 (eager, and static cache + torch.compile) in the same run.
+# Usage (repository root on the device, no install): COMMIT=<sha> OUT=/some/dir [TESTS=0|BENCH=0] bash scripts/device/decode_check.sh
+# (BENCH=0: the tests only; TESTS=0: the benchmark only, up to 9 minutes: GPT-2 compiles once per context
+# and batch). Compare with the eager figures of the same run, not with other machines.
+set -o pipefail
+export PYTHONPATH=src PYTHONUNBUFFERED=1 LENX_GIT_COMMIT=$COMMIT
+mkdir -p "$OUT"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+[ "${TESTS:-1}" = 1 ] && timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu --junitxml="$OUT/decode-tests.xml" \
+    tests/model/test_gpu_decoding.py tests/bench/test_decode.py 2>&1 | tail -15 | tee "$OUT/decode-tests.log"
+[ "${BENCH:-1}" = 1 ] && timeout 540 python3 -m lenx bench --decode --commit "$COMMIT" -o "$OUT/bench_decode.json" \
+    2>&1 | grep -v -i "warn" | tail -60 | tee "$OUT/bench_decode.log"
