@@ -293,14 +293,14 @@ def test_prepare_cli_reports_the_filter_and_keeps_with_the_flag(tmp_path, mixed_
     args = ["prepare", "mixed", "--from", str(mixed_jsonl), "--root", "data", "--vocab-size", "300", "--no-progress"]
     out = lenx(*args, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    m = json.loads(out.stdout)
+    m = json.loads((tmp_path / "data" / "mixed" / "manifest.json").read_text())  # stdout: a summary
     assert m["non_text"]["docs_dropped"] == 4
     assert ("non-text documents: 4 of 15 dropped, 11,899 characters (non-text share >= 0.3 (control characters, "
             "encoded runs of >= 40, unbroken runs of >= 256 of >= 16 different characters))") in out.stderr.splitlines()
 
     out = lenx(*args, "--keep-non-text", "--force", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["fingerprint"] == BEFORE_THE_FILTER["with_non_text"]
+    assert json.loads((tmp_path / "data" / "mixed" / "manifest.json").read_text())["fingerprint"] == BEFORE_THE_FILTER["with_non_text"]
     assert "non-text documents: 4 of 15 kept (--keep-non-text; rule: non-text share >= 0.3" in out.stderr
 
     out = lenx("prepare", "synthetic", "--root", "data", "--keep-non-text", cwd=tmp_path)

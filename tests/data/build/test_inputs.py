@@ -233,7 +233,7 @@ def test_a_dataset_in_the_hugging_face_cache_offline(tmp_path):
     work.mkdir()
     out = lenx("prepare", "tiny", "--from", "hf:lenxtiny", "--vocab-size", "300", "--no-progress", cwd=work, env=hf)
     assert out.returncode == 0, out.stderr
-    m = json.loads(out.stdout)
+    m = json.loads((work / "data" / "tiny" / "manifest.json").read_text())  # stdout: a summary
     assert m["cleaning"]["docs_read"] == 40 and m["params"]["from_path"] == "hf:lenxtiny"
     write_jsonl(tmp_path / "docs.jsonl", texts())
     prepare_corpus("ref", work / "data", from_path=tmp_path / "docs.jsonl", **KW)
@@ -241,7 +241,7 @@ def test_a_dataset_in_the_hugging_face_cache_offline(tmp_path):
     out = lenx("prepare", "held", "--from", "hf:lenxtiny", "--split", "test", "--vocab-size", "300", "--no-progress",
                cwd=work, env=hf)
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["cleaning"]["docs_read"] == 3
+    assert json.loads((work / "data" / "held" / "manifest.json").read_text())["cleaning"]["docs_read"] == 3
     out = lenx("prepare", "gone", "--from", "hf:nobody/nothing", cwd=work, env=hf)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "error: --from hf:nobody/nothing: nobody/nothing is not in the Hugging Face datasets cache" in out.stderr

@@ -173,7 +173,7 @@ def test_prepare_cli_with_a_tokenizer_and_parquet(tmp_path):
                           "--text-field", "body", "--tokenizer", "../inputs/words.json", "--root", "../data",
                           "--no-progress"], capture_output=True, text=True, timeout=600, cwd=here, env=env)
     assert out.returncode == 0, out.stderr
-    m = json.loads(out.stdout)
+    m = json.loads((work / "data" / "mine" / "manifest.json").read_text())  # stdout: a summary
     assert m["params"]["text_field"] == "body" and m["params"]["tokenizer"] == str(work / "inputs" / "words.json")
     assert m["tokenizer"]["sha256"] == m["params"]["tokenizer_sha256"] == hashlib.sha256(
         Tokenizer.from_file(str(work / "inputs" / "words.json")).to_str().encode()).hexdigest()
