@@ -164,11 +164,11 @@ def test_sweep_passes_seeds_and_force_and_prints_mean_and_std(tmp_path, monkeypa
     monkeypatch.setenv("COLUMNS", "300")
     out = invoke("sweep", "--methods", "rope,kerple", "--seeds", "0,1,2", "--force", "-o", str(tmp_path / "sw"))
     assert out.exit_code == 0, out.output
-    assert calls == [(["rope", "kerple"], 0, {"seeds": [0, 1, 2], "force": True})]
+    assert calls == [(["rope", "kerple"], 0, {"seeds": [0, 1, 2], "force": True, "memory_check": True})]
     assert "over 3 seeds" in out.output and "9.00 ± 1.00" in out.output and "(+0.10 ± 0.10)" in out.output
     calls.clear()
     assert invoke("sweep", "--methods", "rope", "-o", str(tmp_path / "one")).exit_code == 0
-    assert calls == [(["rope"], 0, {"seeds": None, "force": False})]
+    assert calls == [(["rope"], 0, {"seeds": None, "force": False, "memory_check": True})]
 
 
 def test_eval_passes_the_step(tmp_path, monkeypatch):
