@@ -108,11 +108,13 @@ def generate_cmd(run: Path = typer.Argument(..., help="a run directory"),
     """Continue prompts with a trained run, token by token with a KV cache.
 
     Each prompt is read with the run's attention backends; each new token then costs one row of
-    attention per layer against the cached keys and values. Several prompts (--prompt repeated, or
-    --prompts-file) are decoded as one left-padded batch, each at its own positions, so greedy
-    decoding continues each as it would alone; each continuation ends at --max-new-tokens or at a
-    --stop / --stop-id. One prompt's text is streamed; several are printed when all have ended.
-    The last line (on stderr) gives the prefill's and the decoding's rates.
+    attention per layer against the cached keys and values. The last line (on stderr) gives the
+    prefill's and the decoding's rates.
+
+    Several prompts (--prompt repeated, or --prompts-file) are decoded as one left-padded batch,
+    each at its own positions, so greedy decoding continues each as it would alone; each
+    continuation ends at --max-new-tokens or at a --stop / --stop-id. One prompt's text is
+    streamed; several are printed when all have ended.
     """
     import json
 
