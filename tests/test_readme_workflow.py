@@ -65,7 +65,7 @@ SKIPPED = {
                                                                    "a GPU measurement",
     "lenx bench --decode -o bench_decode.json": "decode steps of a 125m model per method and context, against "
                                                 "transformers' compiled GPT-2: a GPU measurement "
-                                                "(tests/bench/test_decode.py runs it with --device cpu)",
+                                                "(tests/bench/test_decode_bench.py runs it with --device cpu)",
     "torchrun --nproc-per-node 2 -m lenx train -c 125m": "two GPUs (tests/test_distributed.py runs DDP and FSDP2 "
                                                          "on CPU processes)",
 }

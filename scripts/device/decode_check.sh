@@ -11,6 +11,6 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1 LENX_GIT_COMMIT=$COMMIT
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 [ "${TESTS:-1}" = 1 ] && timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu --junitxml="$OUT/decode-tests.xml" \
-    tests/model/test_gpu_decoding.py tests/bench/test_decode.py 2>&1 | tail -15 | tee "$OUT/decode-tests.log"
+    tests/model/test_gpu_decoding.py tests/bench/test_decode_bench.py 2>&1 | tail -15 | tee "$OUT/decode-tests.log"
 [ "${BENCH:-1}" = 1 ] && timeout 540 python3 -m lenx bench --decode --commit "$COMMIT" -o "$OUT/bench_decode.json" \
     2>&1 | grep -v -i "warn" | tail -60 | tee "$OUT/bench_decode.log"

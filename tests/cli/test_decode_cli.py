@@ -41,6 +41,7 @@ def test_generate_streams_and_greedy_is_deterministic(runs):
     (["generate", "rope", "--prompts-file", "nowhere.txt"], "not a file"),
     (["generate", "rope", "--prompt", "1", "--stop-id", "99999"], "vocabulary"),
     (["generate", "rope", "--prompt", "1", "--stop", ""], "--stop"),
+    (["generate", "rope", "--prompt", "1", "--stop", "hello"], "--stop 'hello': corpus 'synthetic' is token-level"),
     (["generate", "rope", "--prompt", "1", "--prompt", "x"], "token ids"),
     (["generate", "rope", "--prompt", "1", "--cuda-graph", "--device", "cpu"], "CUDA"),
     (["eval", "rope", "--task", "haystack"], "--task"),

@@ -194,9 +194,16 @@ class Stops:
             raise ConfigError("--stop is empty: give the text (or token ids) that ends a continuation")
         self.token_level = corpus.tokenizer() is None
         self.strings = list(strings)
-        self.sequences = [encode_prompt(corpus, s) for s in strings] if self.token_level else []
+        self.sequences = [self._ids(s) for s in strings] if self.token_level else []
         # what streaming holds back: the end of the text that may yet turn out to start a stop
         self.hold = max([len(s) for s in (self.sequences if self.token_level else self.strings)] + [1]) - 1
+
+    def _ids(self, text: str) -> list[int]:
+        try:
+            return encode_prompt(self.corpus, text)
+        except ConfigError:
+            raise ConfigError(f"--stop {text!r}: corpus {self.corpus.name!r} is token-level, so a stop is token ids "
+                              f"0..{self.corpus.vocab_size - 1} separated by spaces") from None
 
     def __bool__(self) -> bool:
         return bool(self.ids or self.strings)
