@@ -269,7 +269,9 @@ class HFReader:
         return out.logits
 
     @torch.no_grad()
-    def prefill(self, idx: torch.Tensor, cache: _Cache) -> torch.Tensor:
+    def prefill(self, idx: torch.Tensor, cache: _Cache, lengths=None, progress=None) -> torch.Tensor:
+        if lengths is not None and any(n != idx.shape[1] for n in lengths):
+            raise ValueError("an HF model's passkey prompts are read one at a time, without padding")
         return self._step(idx, cache, True)[:, -1]
 
     @torch.no_grad()
