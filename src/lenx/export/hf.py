@@ -183,7 +183,8 @@ class LenxForCausalLM(PreTrainedModel, GenerationMixin):
     def restore_buffers(self) -> None:
         """Compute the non-persistent buffers again: every block is built alike from the config, so
         one block built on the CPU has them all."""
-        fresh = dict(_non_persistent(Block(self.model.cfg, {}).to("cpu")))
+        with torch.device("cpu"):
+            fresh = dict(_non_persistent(Block(self.model.cfg, {})))
         for block in self.model.blocks:
             for name, buf in _non_persistent(block):
                 buf.copy_(fresh[name])
@@ -265,8 +266,10 @@ def shared_parameters(module: torch.nn.Module) -> dict[str, str]:
     """{name: the first name of the same parameter} for every parameter `module` holds under more than one name."""
     first, tied = {}, {}
     for name, p in module.named_parameters(remove_duplicate=False):
-        tied.update({name: first[id(p)]} if id(p) in first else {})
-        first.setdefault(id(p), name)
+        if id(p) in first:
+            tied[name] = first[id(p)]
+        else:
+            first[id(p)] = name
     return tied
 
 
