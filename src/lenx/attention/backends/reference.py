@@ -128,10 +128,11 @@ class Chunked(Backend):
 
     def memory(self, parts, work: Work) -> LayerMemory:
         # one block of rows at a time (the last has every key): its maps while the forward computes
-        # it, and in the backward (which recomputes it) the maps again with their gradients
+        # it, and in the backward (which recomputes it) the maps, their gradients and the parts'
+        # transient gradients (DAPE V2's conv measured 2.2x the two sets alone: tests/model/test_memory.py)
         block = work.batch * work.heads * min(work.chunk_size, work.length) * work.length * 4
         maps = score_maps(parts, work)
-        return LayerMemory(kept=0, peak=round((2 * maps + 1 if work.training else maps + 3) * block))
+        return LayerMemory(kept=0, peak=round((3 * maps + 1 if work.training else maps + 3) * block))
 
     def run(self, q, k, v, parts, chunk_size=256):
         return chunked_attention(q, k, v, parts, chunk_size)
