@@ -54,5 +54,5 @@ def test_how_each_backend_grows_with_the_length(training):
         assert fused[0].kept > 0
     else:
         assert dense[0].kept == fused[0].kept == 0
-    # at 1024 keys the dense map is 8 blocks of 128 rows
-    assert dense[0].peak > 4 * chunked[0].peak
+    # at 1024 keys the dense map is 8 blocks of 128 rows; a chunked backward holds ~3 sets of one block
+    assert dense[0].peak > 3 * chunked[0].peak
