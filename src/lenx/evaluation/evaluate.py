@@ -24,6 +24,7 @@ from ..model import LM
 from ..model.checkpoint import weights_step
 from ..model.precision import autocast_for
 from ..runs import load_model, open_run_corpus, run_config, run_weights
+from .batches import halving_batches
 from .files import describe, write_evaluation
 
 
@@ -104,22 +105,16 @@ def token_nll(model: LM, x: torch.Tensor, y: torch.Tensor, last: int) -> torch.T
 def _forward_nll(model, windows: np.ndarray, L: int, last: int, device, precision: str, budget: int, bar=None):
     """NLL [N, last] of the last `last` targets of every window cut to length L, batched to the token
     budget; on CUDA out-of-memory the batch halves and the slice is retried."""
-    batch = max(1, budget // L)
-    rows, i = [], 0
-    while i < len(windows):
-        chunk = torch.from_numpy(windows[i:i + batch, -(L + 1):]).to(device)
-        try:
-            with torch.no_grad(), autocast_for(device, precision):
-                rows.append(token_nll(model, chunk[:, :-1], chunk[:, 1:], last).cpu())
-        except torch.OutOfMemoryError:
-            if batch == 1:
-                raise
-            torch.cuda.empty_cache()
-            batch //= 2
-            continue
-        i += len(chunk)
+    def read(start, stop):
+        chunk = torch.from_numpy(windows[start:stop, -(L + 1):]).to(device)
+        with torch.no_grad(), autocast_for(device, precision):
+            return token_nll(model, chunk[:, :-1], chunk[:, 1:], last).cpu()
+
+    rows = []
+    for start, stop, part in halving_batches(len(windows), max(1, budget // L), read):
+        rows.append(part)
         if bar is not None:
-            bar.update(len(chunk))
+            bar.update(stop - start)
     return torch.cat(rows)
 
 

@@ -21,6 +21,7 @@ import torch
 from torch.nn import functional as F
 
 from ..config import ConfigError
+from .batches import halving_batches
 
 INSTALL = "lenx eval --hf needs transformers: pip install 'lenx[hf]'"
 WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -238,22 +239,13 @@ class HFReader:
         index first[i] on (at least 1), each predicted from the tokens before it. Batches of up to
         `budget` tokens (one sequence at least); on CUDA out-of-memory the batch halves and is
         retried. on_batch(n) hears each finished batch."""
-        out: list = [None] * len(seqs)
-        batch, i = max(1, budget // max(1, max(len(s) for s in seqs))), 0
-        while i < len(seqs):
-            part = slice(i, min(i + batch, len(seqs)))
-            try:
-                rows = self._read_batch(seqs[part], first[part])
-            except torch.OutOfMemoryError:
-                if batch == 1:
-                    raise
-                torch.cuda.empty_cache()
-                batch //= 2
-                continue
-            out[part] = rows
-            i += len(rows)
+        out: list = []
+        batch = max(1, budget // max(1, max(len(s) for s in seqs)))
+        for start, stop, rows in halving_batches(len(seqs), batch,
+                                                 lambda a, b: self._read_batch(seqs[a:b], first[a:b])):
+            out += rows
             if on_batch is not None:
-                on_batch(len(rows))
+                on_batch(stop - start)
         return out
 
     # lenx.model.generate's interface: greedy answers of the passkey task
