@@ -102,7 +102,7 @@ def generate(model, prompts, max_new_tokens: int, *, lengths=None, temperature: 
     if decoding not in MODES:
         raise ConfigError(f"decoding must be one of {', '.join(MODES)}, got {decoding!r}")
     autocast = autocast or nullcontext
-    device = getattr(model, "device", None) or model.wte.weight.device  # an LM, or a reader with a device
+    device = model.device
     # the static step recomputes the halo rows before the new token: give it that many slots
     idx, lengths = batch_prompts(prompts, lengths, device, model.halo if decoding != "eager" else 0)
     B, T = idx.shape

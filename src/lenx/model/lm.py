@@ -112,6 +112,11 @@ class LM(nn.Module):
     # its padding masked (attention.cache.cached_attention).
 
     @property
+    def device(self) -> torch.device:
+        """Where the weights are (generation's readers name theirs the same way)."""
+        return self.wte.weight.device
+
+    @property
     def halo(self) -> int:
         """Positions before the newest whose outputs change when a token is appended."""
         return max(b.attn.processor.halo if b.attn.processor is not None else 0 for b in self.blocks)
