@@ -49,6 +49,7 @@ def main():
     ap.add_argument("--kernel", default="_conv_dy")
     ap.add_argument("--tiles", default="8,16,8", help="BM,BN,warps")
     ap.add_argument("--stages", type=int, default=1)
+    ap.add_argument("--all-loops", action="store_true", help="also count every loop's body")
     a = ap.parse_args()
     BM, BN, warps = (int(x) for x in a.tiles.split(","))
     fn = getattr(load(a.file), a.kernel)
@@ -75,6 +76,12 @@ def main():
     memory = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in body
                                  if re.search(r"\b(LDG|STG|LDS|STS)", t))
     print("  loop's memory instructions by width", dict(sorted(memory.items())))
+    if a.all_loops:  # every backward branch's body, e.g. a flash kernel's masked and unmasked loops
+        for lo_, hi_ in sorted(loops):
+            part = [t for addr, t in insts if lo_ <= addr <= hi_]
+            widths = collections.Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0] for t in part
+                                         if re.search(r"\b(LDG|STG|LDS|STS)", t))
+            print(f"  loop {lo_:#x}-{hi_:#x}: {len(part)} instructions", dict(sorted(widths.items())))
 
 
 if __name__ == "__main__":

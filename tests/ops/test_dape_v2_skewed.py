@@ -136,6 +136,31 @@ def test_causal():
     assert causal_gap(lambda q, k, v: (skewed.dape_v2_skewed(q, k, v, *w, tab),), T, t) < 1e-6
 
 
+def test_unequal_flash_tiles():
+    """The flash kernels' unmasked tiles read t2 from the tile table: rows a multiple of the keys in
+    the forward (tiles step by the keys), keys a multiple of the rows in the backward."""
+    tiles = {"attn_fwd": (32, 16, 4, 1), "attn_bwd": (16, 32, 4, 1)}
+
+    def unequal(q, k, v, w1, b1, w2, b2, table):
+        return skewed.dape_v2_skewed(q, k, v, w1, b1, w2, b2, table, config=tiles)
+
+    run_dape(1, 3, 100, 16, 3, 8, "kerple", torch.float32, op=unequal)
+
+
+@pytest.mark.parametrize("T,BM,BN", [(1, 16, 16), (45, 32, 16), (100, 16, 32), (130, 64, 64)])
+def test_t2_tile_table_holds_t2_by_distance(T, BM, BN):
+    """Tile q, row a, key x holds t2 at distance q min(BM, BN) + a - x, zero outside 0 .. T - 1."""
+    H = 3
+    t2f = torch.randn(H, 2 * T - 1, device=DEVICE)
+    table, nq = skewed._t2_tiles(t2f, T, BM, BN)
+    assert table.shape == (H, nq, BM, BN) and nq == -(-T // min(BM, BN)) + 1
+    q, a, x = torch.meshgrid(torch.arange(nq), torch.arange(BM), torch.arange(BN), indexing="ij")
+    dist = (q * min(BM, BN) + a - x).to(DEVICE)
+    inside = (dist >= 0) & (dist < T)
+    want = torch.where(inside, t2f[:, (T - 1 + dist).clamp(0, 2 * T - 2)], torch.zeros((), device=DEVICE))
+    assert torch.equal(table, want)
+
+
 def test_buffer_bytes_match_the_buffers():
     q = torch.randn(2, 3, 21, 16, device=DEVICE)
     sb = skewed._scores_buffer(q, q, skewed.CONFIG_FP32)

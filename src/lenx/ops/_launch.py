@@ -48,3 +48,20 @@ def check_qkv(q, k, v):
         raise ValueError(f"the fused kernels take head dims 16, 32, 64 or 128, got {q.shape[-1]}")
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32) or k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k, v must share one of fp16/bf16/fp32, got {q.dtype}, {k.dtype}, {v.dtype}")
+
+
+def check_table(table, H: int, T: int):
+    """A per-distance bias table must be [H, 2T - 1]."""
+    if tuple(table.shape) != (H, 2 * T - 1):
+        raise ValueError(f"bias table must be [H, 2T - 1] = [{H}, {2 * T - 1}], got {tuple(table.shape)}")
+
+
+def check_dape_v2_weights(w1, w2, H: int, T: int, table):
+    """DAPE V2's conv weights w1 [D, C, 1, k] (C = 2H with a bias table, H without) and w2 [H, D, 1, k]
+    against H heads, and the table against [H, 2T - 1]."""
+    D, C, _, ks = w1.shape
+    if C != (2 * H if table is not None else H) or tuple(w2.shape) != (H, D, 1, ks):
+        raise ValueError(f"conv weights {tuple(w1.shape)}, {tuple(w2.shape)} do not fit {H} heads "
+                         f"{'with' if table is not None else 'without'} a bias table")
+    if table is not None:
+        check_table(table, H, T)

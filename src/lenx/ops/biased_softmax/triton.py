@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from .. import fastmath
-from .._launch import LOG2E, check_qkv, dot_precision, new, new_like, strides
+from .._launch import LOG2E, check_qkv, check_table, dot_precision, new, new_like, strides
 from ..tiles import key_tile
 
 
@@ -469,8 +469,8 @@ def biased_attention(q, k, v, table=None, kerple=None, tail=None, config: dict |
     config: tile settings over the defaults (see CONFIG and tile_config), for tuning and tests."""
     check_qkv(q, k, v)
     H = q.shape[1]
-    if table is not None and tuple(table.shape) != (H, 2 * q.shape[2] - 1):
-        raise ValueError(f"bias table must be [H, 2T - 1] = [{H}, {2 * q.shape[2] - 1}], got {tuple(table.shape)}")
+    if table is not None:
+        check_table(table, H, q.shape[2])
     kind = x = y = None
     if kerple is not None:
         kind, x, y = kerple

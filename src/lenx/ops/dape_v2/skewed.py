@@ -33,12 +33,14 @@ causal triangle (the hidden buffers also h keys right of it). The forward may ke
 for the backward (keep=True) or the backward recomputes them (memory).
 """
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
-from .._launch import LOG2E, check_qkv, dot_precision, new, new_like, pow2, strides
+from .._launch import LOG2E, check_dape_v2_weights, check_qkv, dot_precision, new, new_like, pow2, strides
 
 LN2 = 0.6931471805599453
 
@@ -80,8 +82,8 @@ def _band_table(T1, n0, T, BN: tl.constexpr, DP: tl.constexpr):
 
 
 @triton.jit
-def _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
-            DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
+def _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, HP: tl.constexpr, KS: tl.constexpr, DP: tl.constexpr,
+            BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
     """conv1 at the tile from row i0, distance n0 (pairs i, keys j): y [pairs, DP] (pre-activation)
     and where the key lies in [0, T) (conv2's zero padding elsewhere). t1b: the band's table rows."""
     HALF: tl.constexpr = KS // 2
@@ -129,7 +131,7 @@ def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.co
     t1b = _band_table(T1, n0, T, BN, DP)
     for i0 in range((tl.maximum(n0, 0) // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
-        y, keyok = _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, H, HP, KS, DP, BM, BN, CDT, PREC)
+        y, keyok = _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, HP, KS, DP, BM, BN, CDT, PREC)
         z = tl.where(y > 0, y, 0.01 * y)
         ok = keyok & (n >= -HALF)
         ptr = ZB + (b * T + i).to(tl.int64)[:, None] * T * DP + (j * DP)[:, None] + cc[None, :]
@@ -180,7 +182,7 @@ def _conv_dy(SB, GB, DYB, T1, K0, W1C, W2C, DW2, DT1, DK0, DT2, T,
     t1b = _band_table(T1, n0, T, BN, DP)
     for i0 in range((tl.maximum(n0, 0) // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
-        y, keyok = _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, H, HP, KS, DP, BM, BN, CDT, PREC)
+        y, keyok = _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, HP, KS, DP, BM, BN, CDT, PREC)
         keyok = keyok & (n >= -HALF)
         z = tl.where(keyok[:, None], tl.where(y > 0, y, 0.01 * y), 0.0)
         dz = tl.zeros((BM * BN, DP), tl.float32)
@@ -281,10 +283,12 @@ def _scores(Q, K, SB, sqb, sqh, sqt, skb, skh, skt, T, scale,
 
 
 @triton.jit
-def _logits2(q, k, fb, T2H, rows, cols, T, qk_scale, MASK: tl.constexpr, PREC: tl.constexpr):
+def _logits2(q, k, fb, T2H, t2w, rows, cols, T, qk_scale, MASK: tl.constexpr, PREC: tl.constexpr):
     """Logits in base 2 of a [rows, keys] tile: q k^T scale + F + t2. MASK (tiles that cross the
-    diagonal): -inf outside the causal triangle; else every key is before every row, and rows past
-    T read row T - 1 (finite values that are never used)."""
+    diagonal): -inf outside the causal triangle, t2 gathered from the head's table T2H by distance;
+    else every key is before every row, rows past T read row T - 1 of F (finite values that are
+    never used), and t2 is the tile's own run of the tile table (_t2_tiles; t2w its first element):
+    a gather by distance is a 4-byte load per element, the tile table's rows are vector loads."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     if MASK:
         ok = (rows < T)[:, None] & (cols[None, :] <= rows[:, None])
@@ -294,13 +298,15 @@ def _logits2(q, k, fb, T2H, rows, cols, T, qk_scale, MASK: tl.constexpr, PREC: t
     else:
         rows_c = tl.minimum(rows, T - 1)
         f = tl.load(fb + rows_c[:, None] * T + cols[None, :]).to(tl.float32)
-        t2 = tl.load(T2H + rows_c[:, None] - cols[None, :])
+        a = tl.arange(0, rows.shape[0])
+        x = tl.arange(0, cols.shape[0])
+        t2 = tl.load(t2w + a[:, None] * cols.shape[0] + x[None, :])
         s += (f + t2) * 1.4426950408889634
     return s
 
 
 @triton.jit
-def _fwd_tile(q, K, V, fb, t2h, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb, svh, svt, T, qk_scale,
+def _fwd_tile(q, K, V, fb, t2h, t2w, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb, svh, svt, T, qk_scale,
               DH: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
     cols = n0 + tl.arange(0, BN)
     dd = tl.arange(0, DH)
@@ -312,7 +318,7 @@ def _fwd_tile(q, K, V, fb, t2h, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, sv
     else:
         k = tl.load(kp)
         v = tl.load(vp)
-    s = _logits2(q, k, fb, t2h, rows, cols, T, qk_scale, MASK, PREC)
+    s = _logits2(q, k, fb, t2h, t2w, rows, cols, T, qk_scale, MASK, PREC)
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
@@ -322,10 +328,11 @@ def _fwd_tile(q, K, V, fb, t2h, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, sv
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, FB, T2, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-              T, qk_scale, H: tl.constexpr, DH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+def _attn_fwd(Q, K, V, FB, T2, T2W, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
+              T, nq, qk_scale, H: tl.constexpr, DH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
               PREC: tl.constexpr):
-    """Online softmax over the logits of _logits2; lse in base 2. BM a multiple of BN."""
+    """Online softmax over the logits of _logits2; lse in base 2. BM a multiple of BN; T2W the tile
+    table of t2 for BM x BN tiles (nq tiles per head)."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
@@ -339,12 +346,13 @@ def _attn_fwd(Q, K, V, FB, T2, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, s
     m_i = tl.full([BM], -1e30, tl.float32)  # finite: padding rows see no key
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DH], tl.float32)
+    t2w = T2W + (h * nq).to(tl.int64) * BM * BN
     for n0 in range(0, m0, BN):
-        m_i, l_i, acc = _fwd_tile(q, K, V, fb, t2h, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb, svh, svt,
-                                  T, qk_scale, DH, BN, False, PREC)
+        m_i, l_i, acc = _fwd_tile(q, K, V, fb, t2h, t2w + ((m0 - n0) // BN) * BM * BN, b, h, rows, n0, m_i, l_i,
+                                  acc, skb, skh, skt, svb, svh, svt, T, qk_scale, DH, BN, False, PREC)
     for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
-        m_i, l_i, acc = _fwd_tile(q, K, V, fb, t2h, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb, svh, svt,
-                                  T, qk_scale, DH, BN, True, PREC)
+        m_i, l_i, acc = _fwd_tile(q, K, V, fb, t2h, t2w, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb, svh,
+                                  svt, T, qk_scale, DH, BN, True, PREC)
     l_i = tl.maximum(l_i, 1e-30)
     tl.store(O + b * sob + h * soh + rows[:, None] * sot + dd[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
              mask=(rows < T)[:, None])
@@ -352,7 +360,7 @@ def _attn_fwd(Q, K, V, FB, T2, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, s
 
 
 @triton.jit
-def _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, b, h, bh, cols, m0, dv, sqb, sqh, sqt, sdb, sdh, sdt, T,
+def _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, b, h, bh, cols, m0, dv, sqb, sqh, sqt, sdb, sdh, sdt, T,
               qk_scale, DH: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
     rows = m0 + tl.arange(0, BM)
     rok = rows < T
@@ -361,7 +369,7 @@ def _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, b, h, bh, cols, m0, dv, sqb,
     do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdt + dd[None, :], mask=rok[:, None], other=0.0)
     lse = tl.load(LSE + bh * T + rows, mask=rok, other=float("inf"))  # padding rows: p = 0
     delta = tl.load(DELTA + bh * T + rows, mask=rok, other=0.0)
-    s = _logits2(q, k, fb, t2h, rows, cols, T, qk_scale, MASK, PREC)  # [rows, keys]
+    s = _logits2(q, k, fb, t2h, t2w, rows, cols, T, qk_scale, MASK, PREC)  # [rows, keys]
     p = tl.exp2(s - lse[:, None])  # 0 outside the triangle (s = -inf there) and on padding rows
     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
@@ -372,11 +380,12 @@ def _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, b, h, bh, cols, m0, dv, sqb,
 
 
 @triton.jit
-def _attn_bwd(Q, K, V, FB, T2, DO, LSE, DELTA, GB, DV, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
-              sdb, sdh, sdt, T, qk_scale, H: tl.constexpr, DH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-              PREC: tl.constexpr):
+def _attn_bwd(Q, K, V, FB, T2, T2W, DO, LSE, DELTA, GB, DV, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
+              sdb, sdh, sdt, T, nq, qk_scale, H: tl.constexpr, DH: tl.constexpr, BM: tl.constexpr,
+              BN: tl.constexpr, PREC: tl.constexpr):
     """Key owner: G = P (dO V^T - delta) into the G buffer (the gradient of the logits), and dV. BN a
-    multiple of BM: row blocks past the key block need no mask."""
+    multiple of BM: row blocks past the key block need no mask. T2W: the tile table of t2 for BM x BN
+    tiles (nq tiles per head)."""
     bh = tl.program_id(0)
     pid_n = tl.program_id(1)
     b = bh // H
@@ -389,14 +398,15 @@ def _attn_bwd(Q, K, V, FB, T2, DO, LSE, DELTA, GB, DV, sqb, sqh, sqt, skb, skh, 
     fb = FB + bh.to(tl.int64) * T * T
     gb = GB + bh.to(tl.int64) * T * T
     t2h = T2 + h * (2 * T - 1) + T - 1
+    t2w = T2W + (h * nq).to(tl.int64) * BM * BN
     dv = tl.zeros([BN, DH], tl.float32)
     hi = tl.minimum(n0 + BN, T)
     for m0 in range(n0, hi, BM):
-        dv = _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, b, h, bh, cols, m0, dv, sqb, sqh, sqt, sdb, sdh, sdt,
-                       T, qk_scale, DH, BM, True, PREC)
+        dv = _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, b, h, bh, cols, m0, dv, sqb, sqh, sqt, sdb, sdh,
+                       sdt, T, qk_scale, DH, BM, True, PREC)
     for m0 in range(hi, T, BM):
-        dv = _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, b, h, bh, cols, m0, dv, sqb, sqh, sqt, sdb, sdh, sdt,
-                       T, qk_scale, DH, BM, False, PREC)
+        dv = _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w + ((m0 - n0) // BM) * BM * BN, b, h, bh, cols, m0,
+                       dv, sqb, sqh, sqt, sdb, sdh, sdt, T, qk_scale, DH, BM, False, PREC)
     tl.store(DV + b * svb + h * svh + cols[:, None] * svt + dd[None, :], dv.to(DV.dtype.element_ty),
              mask=(cols < T)[:, None])
 
@@ -560,6 +570,28 @@ def _staged(kernel, grid, *args, num_stages, **settings):
         return
 
 
+@functools.lru_cache(maxsize=8)
+def _tile_distances(T: int, BM: int, BN: int, device: torch.device) -> torch.Tensor:
+    """[nq, BM, BN] indices into a t2 row padded by BN on the left: tile q, row a, key x at distance
+    q g + a - x (g = min(BM, BN), the step between tiles' row and key offsets), plus BN."""
+    g = min(BM, BN)
+    nq = triton.cdiv(T, g) + 1
+    a = torch.arange(BM, device=device)[:, None]
+    x = torch.arange(BN, device=device)[None, :]
+    return (torch.arange(nq, device=device)[:, None, None] * g + a - x + BN).contiguous()
+
+
+def _t2_tiles(t2f, T: int, BM: int, BN: int):
+    """The tile table of t2 for the flash kernels' unmasked BM x BN tiles: [H, nq, BM, BN], tile q
+    holding t2 at distance q g + a - x (row a, key x): a tile whose rows start q g after its keys
+    reads one contiguous run. Distances past T - 1 (rows past T) and below 0 read zeros."""
+    idx = _tile_distances(T, BM, BN, t2f.device)
+    H, nq = t2f.shape[0], idx.shape[0]
+    row = torch.zeros(H, (nq - 1) * min(BM, BN) + BM + BN, device=t2f.device)  # the largest index + 1
+    row[:, BN:BN + T] = t2f[:, T - 1:]
+    return row[:, idx], nq
+
+
 def _tl_dtype(dtype):
     return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
 
@@ -609,9 +641,12 @@ class DapeV2Skewed(torch.autograd.Function):
         out = new_like(q)
         lse = new((B, H, T), q, torch.float32)
         BM, BN, nw, ns = cfg["attn_fwd"]
-        _attn_fwd[(B * H, triton.cdiv(T, BM))](q, k, v, fb, t2f, out, lse, *strides(q), *strides(k), *strides(v),
-                                               *strides(out), T, DH ** -0.5 * LOG2E, H=H, DH=DH, BM=BM, BN=BN,
-                                               PREC=dot_precision(q.dtype), num_warps=nw, num_stages=ns)
+        t2w, nq = _t2_tiles(t2f, T, BM, BN)
+        _attn_fwd[(B * H, triton.cdiv(T, BM))](q, k, v, fb, t2f, t2w, out, lse, *strides(q), *strides(k),
+                                               *strides(v), *strides(out), T, nq, DH ** -0.5 * LOG2E, H=H, DH=DH,
+                                               BM=BM, BN=BN, PREC=dot_precision(q.dtype), num_warps=nw,
+                                               num_stages=ns)
+        del t2w
         kept = (sb, fb) if keep else (None, None)
         ctx.save_for_backward(q, k, v, out, lse, t2f, *kept)
         ctx.wts, ctx.cfg, ctx.keep = wts, cfg, keep
@@ -633,10 +668,11 @@ class DapeV2Skewed(torch.autograd.Function):
         dq, dk, dv = new_like(q), new_like(k), new_like(v)
         gb = new((B, H, T, T), q)
         BM, BN, nw, ns = cfg["attn_bwd"]
-        _attn_bwd[(B * H, triton.cdiv(T, BN))](q, k, v, fb, t2f, dout, lse, delta, gb, dv, *strides(q), *strides(k),
-                                               *strides(v), *strides(dout), T, scale * LOG2E, H=H, DH=DH, BM=BM,
-                                               BN=BN, PREC=prec, num_warps=nw, num_stages=ns)
-        del fb
+        t2w, nq = _t2_tiles(t2f, T, BM, BN)
+        _attn_bwd[(B * H, triton.cdiv(T, BN))](q, k, v, fb, t2f, t2w, dout, lse, delta, gb, dv, *strides(q),
+                                               *strides(k), *strides(v), *strides(dout), T, nq, scale * LOG2E, H=H,
+                                               DH=DH, BM=BM, BN=BN, PREC=prec, num_warps=nw, num_stages=ns)
+        del fb, t2w
         gb = _slots_buffer(gb, cfg)
         cdt = _tl_dtype(wts.w1c.dtype)
         dyb = new((B, T, T, wts.DP), sb)
@@ -687,12 +723,8 @@ def dape_v2_skewed(q, k, v, w1, b1, w2, b2, table=None, keep: bool = True, confi
 
     check_qkv(q, k, v)
     B, H, T, d = q.shape
-    D, C, _, ks = w1.shape
-    if C != (2 * H if table is not None else H) or tuple(w2.shape) != (H, D, 1, ks):
-        raise ValueError(f"conv weights {tuple(w1.shape)}, {tuple(w2.shape)} do not fit {H} heads "
-                         f"{'with' if table is not None else 'without'} a bias table")
-    if table is not None and tuple(table.shape) != (H, 2 * T - 1):
-        raise ValueError(f"bias table must be [H, 2T - 1] = [{H}, {2 * T - 1}], got {tuple(table.shape)}")
+    D, _, _, ks = w1.shape
+    check_dape_v2_weights(w1, w2, H, T, table)
     if table is not None:
         t1, k0, t2 = dape_v2_tables(w1, b1, b2, table, T)
     else:  # no bias channels: the tables are the conv biases at every distance

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._launch import check_qkv, dot_precision, new, new_like, pow2, strides
+from .._launch import check_dape_v2_weights, check_qkv, dot_precision, new, new_like, pow2, strides
 
 
 @triton.jit
@@ -485,15 +485,11 @@ def dape_v2_triton(q, k, v, w1, b1, w2, b2, table=None, conv_precision: str = "b
     settings over the defaults (see tile_config), for tuning and tests."""
     check_qkv(q, k, v)
     B, H, T, d = q.shape
-    D, C, _, ks = w1.shape
-    if C != (2 * H if table is not None else H) or tuple(w2.shape) != (H, D, 1, ks):
-        raise ValueError(f"conv weights {tuple(w1.shape)}, {tuple(w2.shape)} do not fit {H} heads "
-                         f"{'with' if table is not None else 'without'} a bias table")
+    D, _, _, ks = w1.shape
+    check_dape_v2_weights(w1, w2, H, T, table)
     reason = shape_unsupported_reason(H, d, D, ks, conv_precision)
     if reason:
         raise ValueError(reason + "; use backend='chunked'")
-    if table is not None and tuple(table.shape) != (H, 2 * T - 1):
-        raise ValueError(f"bias table must be [H, 2T - 1] = [{H}, {2 * T - 1}], got {tuple(table.shape)}")
     if conv_precision not in ("tf32", "bf16"):
         raise ValueError(f"conv_precision must be 'tf32' or 'bf16', got {conv_precision!r}")
     return DapeV2Attention.apply(q, k, v, table, w1, b1, w2, b2, conv_precision, config)
