@@ -24,4 +24,7 @@ if [ "${DECODE:-0}" = 1 ]; then
     timeout 200 python3 -m lenx bench --decode --methods rope,kerple --contexts 8192 --batches 1 \
         --modes eager,graph,compile --gpt2-modes compile --commit "$COMMIT" -o "$OUT/bench_decode.json" 2>&1 \
         | grep -v -i warn | tail -15 | tee "$OUT/bench_decode.log"
+    # the eager step ran 3-6x slower than the figures in session 14: its kernels and host ops
+    timeout 120 python3 scripts/device/decode_profile.py --methods rope,kerple --context 8192 \
+        -o "$OUT/decode_profile.json" 2>&1 | grep -v -i warn | tail -5
 fi
