@@ -82,8 +82,9 @@ def cached_attention(q, keys, values, parts, step: StepRows):
         norm.allowed(q_pos, k_pos, parts.causal) & key_valid[:, None, :]).unsqueeze(1))
     bias = None
     if bias_part is not None and bias_part.per_distance:  # the layers' distances are the same
-        dist = step.shared(("distance", type(bias_part).distance, bias_part.causal),
-                           lambda: bias_part.distance(q_pos, k_pos))
+        dtype = bias_part.distance_dtype
+        dist = step.shared(("distance", type(bias_part).distance, bias_part.causal, dtype), lambda: (
+            bias_part.distance(q_pos, k_pos) if dtype is None else bias_part.distance(q_pos, k_pos).to(dtype)))
         bias = bias_part.from_distance(dist).movedim(0, -3)
     elif bias_part is not None:
         bias = bias_part(q_pos, k_pos, q=q, k=keys)
