@@ -266,10 +266,11 @@ MAY_IMPORT = {
     "bench": {"attention", "config", "model", "runinfo", "training"},
 }
 # The reaches above a floor: generating from a run opens the run (inside generate_from_run), a sweep
-# evaluates and tabulates its runs, and `lenx plot FOLDER` re-draws a CHE result with CHE's own figure
-# (inside redraw_file).
+# evaluates and tabulates its runs, `lenx plot FOLDER` re-draws a CHE result with CHE's own figure
+# (inside redraw_file), and `lenx eval --hf` reads a lenx export with lenx's own classes (inside
+# lenx_classes).
 REACHES_UP = {("model/generate.py", "runs"), ("training/sweep.py", "evaluation"), ("training/sweep.py", "report"),
-              ("report/plot.py", "che")}
+              ("report/plot.py", "che"), ("evaluation/hf.py", "export")}
 
 
 def test_each_floor_imports_only_what_the_map_allows():

@@ -6,11 +6,14 @@
 # Usage (repository root on the device, no install): COMMIT=<sha> OUT=/some/dir [TESTS=0|BENCH=0] bash scripts/device/decode_check.sh
 # (BENCH=0: the tests only; TESTS=0: the benchmark only, up to 9 minutes: GPT-2 compiles once per context
 # and batch). Compare with the eager figures of the same run, not with other machines.
+# MODES, CONTEXTS, BATCHES: lenx bench --decode's --modes, --contexts, --batches (e.g. MODES=eager,graph,compile
+# CONTEXTS=8192 BATCHES=1: the compiled step compiles once per method, context and batch, ~30-60 s each).
 set -o pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1 LENX_GIT_COMMIT=$COMMIT
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-[ "${TESTS:-1}" = 1 ] && timeout 300 python3 -m pytest -q -p no:cacheprovider -m gpu --junitxml="$OUT/decode-tests.xml" \
-    tests/model/test_gpu_decoding.py tests/bench/test_decode_bench.py 2>&1 | tail -15 | tee "$OUT/decode-tests.log"
+[ "${TESTS:-1}" = 1 ] && timeout 540 python3 -m pytest -q -p no:cacheprovider -m gpu --junitxml="$OUT/decode-tests.xml" \
+    tests/model/test_gpu_decoding.py tests/bench/test_decode_bench.py tests/export/test_hf_model.py 2>&1 | tail -15 | tee "$OUT/decode-tests.log"
 [ "${BENCH:-1}" = 1 ] && timeout 540 python3 -m lenx bench --decode --commit "$COMMIT" -o "$OUT/bench_decode.json" \
+    ${MODES:+--modes "$MODES"} ${CONTEXTS:+--contexts "$CONTEXTS"} ${BATCHES:+--batches "$BATCHES"} \
     2>&1 | grep -v -i "warn" | tail -60 | tee "$OUT/bench_decode.log"

@@ -1,6 +1,7 @@
 """The decoding benchmark (lenx.bench.decode, `lenx bench --decode`): its rows on the CPU with a tiny
-preset (the code path a GPU runs, without the graph), transformers' GPT-2 in the same run, a context
-that does not fit recorded as skipped, the CLI, and the whole benchmark on a GPU."""
+preset (the code path a GPU runs, without the graph; the compiled step with inductor), transformers'
+GPT-2 in the same run, a context that does not fit recorded as skipped, the CLI, and the whole
+benchmark on a GPU."""
 
 import json
 import subprocess
@@ -39,6 +40,15 @@ def test_decode_bench_cpu(tmp_path):
     assert saved["git_commit"] and saved["finished"] and len(saved["rows"]) == len(rows)
     md = to_markdown(decode_table(res))
     assert "| dapev2-kerple | static | 40 | 2 |" in md and "transformers" in md
+
+
+def test_the_compiled_step_has_rows_on_the_cpu():
+    """Mode compile (torch.compile with inductor on a CPU) beside eager: one compile per row."""
+    res = decode_bench(["kerple"], [8], [1], preset="tiny", modes=["eager", "compile"], gpt2_modes=[], steps=2,
+                       warmup=1, repeats=1, device="cpu", vocab_size=64, log=None)
+    rows = {r["mode"]: r for r in res["rows"]}
+    assert sorted(rows) == ["compile", "eager"] and {r["status"] for r in rows.values()} == {"ok"}, res["rows"]
+    assert rows["compile"]["ms_per_token"] > 0 and res["settings"]["modes"] == ["eager", "compile"]
 
 
 def test_a_context_that_does_not_fit_is_a_skipped_row(monkeypatch):
@@ -95,9 +105,13 @@ def test_decode_cli_cpu(tmp_path):
 
 @pytest.mark.gpu
 def test_decode_bench_gpu(tmp_path):
-    res = decode_bench(["rope", "dapev2-kerple"], [256], [1, 2], preset="tiny", steps=4, repeats=2, device="cuda",
-                       out_path=tmp_path / "d.json", log=None)
+    """Every lenx mode (eager, graph, compile with reduce-overhead) for every method family beside
+    GPT-2's."""
+    res = decode_bench(["rope", "kerple", "dapev2-kerple", "stickbreaking"], [256], [1, 2], preset="tiny", steps=4,
+                       repeats=2, device="cuda", modes=["eager", "graph", "compile"], out_path=tmp_path / "d.json",
+                       log=None)
     rows = res["rows"]
     assert {r["status"] for r in rows} == {"ok"}, [r["status"] for r in rows]
-    assert {(r["method"], r["mode"]) for r in rows} >= {("rope", "graph"), ("dapev2-kerple", "graph"), (GPT2, "compile")}
+    assert {(r["method"], r["mode"]) for r in rows} >= {("rope", "graph"), ("dapev2-kerple", "graph"), (GPT2, "compile"),
+                                                       ("rope", "compile"), ("stickbreaking", "compile")}
     assert all(r["x_gpt2"] is not None and r["peak_gib"] > 0 for r in rows)

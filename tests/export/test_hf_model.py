@@ -1,6 +1,7 @@
 """An exported folder under transformers: AutoModelForCausalLM gives lenx's logits for every method
-family, greedy generate() gives lenx's own generate()'s tokens, and what lenx cannot do (left
-padding, an unknown setting, a missing lenx) is a one-line error."""
+family, greedy generate() gives lenx's own generate()'s tokens, alone and in a batch of left-padded
+prompts, and what lenx cannot do (a mask with holes, right-padded prompts to generate from, an
+unknown setting, a missing lenx) is a one-line error."""
 
 import importlib.util
 import sys
@@ -78,23 +79,83 @@ def test_the_cache_grows_and_extends_by_any_number_of_tokens(method, tmp_path):
     assert cache.length == 30 and cache.capacity >= 30
 
 
-def test_right_padding_gives_each_row_alone_and_other_padding_is_refused(tmp_path):
+def test_padding_on_either_side_gives_each_row_alone_and_other_masks_are_refused(tmp_path):
     lm = lenx_model("dapev2-kerple")  # its last rows depend on the keys after them
     hf = load(write_model(lm, tmp_path / "m"))
     idx = torch.randint(0, V, (3, 12))
-    mask = torch.ones(3, 12, dtype=torch.long)
-    mask[1, 7:] = 0
-    mask[2, 1:] = 0
+    right = torch.ones(3, 12, dtype=torch.long)
+    right[1, 7:] = 0
+    right[2, 1:] = 0
     with torch.no_grad():
-        logits = hf(idx, attention_mask=mask).logits
+        logits = hf(idx, attention_mask=right).logits
         for b, n in enumerate((12, 7, 1)):
             torch.testing.assert_close(logits[b, :n], lm(idx[b:b + 1, :n])[0][0], atol=1e-5, rtol=0)
-        left = torch.ones(3, 12, dtype=torch.long)
-        left[0, :2] = 0
-        with pytest.raises(ValueError, match="right padding only"):
-            hf(idx, attention_mask=left)
-    with pytest.raises(ValueError, match="padding is not supported"):
-        hf.generate(idx, attention_mask=left, max_new_tokens=2, do_sample=False)
+        left = right.flip(1)
+        logits = hf(idx, attention_mask=left).logits
+        for b, n in enumerate((12, 7, 1)):
+            torch.testing.assert_close(logits[b, 12 - n:], lm(idx[b:b + 1, 12 - n:])[0][0], atol=1e-5, rtol=0)
+        holes = torch.ones(3, 12, dtype=torch.long)
+        holes[0, 4] = 0
+        with pytest.raises(ValueError, match="padding on one side of a batch only"):
+            hf(idx, attention_mask=holes)
+    with pytest.raises(ValueError, match="generate from left-padded prompts"):
+        hf.generate(idx, attention_mask=right, max_new_tokens=2, do_sample=False)
+    with pytest.raises(ValueError, match="every prompt needs a token"):
+        hf.generate(idx, attention_mask=torch.zeros(3, 12, dtype=torch.long), max_new_tokens=2, do_sample=False)
+
+
+def left_padded(prompts, pad: int = 3):
+    """A left-padded batch of `prompts` (1-D) and its attention_mask, the padding a real token."""
+    T = max(len(p) for p in prompts)
+    idx, mask = torch.full((len(prompts), T), pad), torch.zeros(len(prompts), T, dtype=torch.long)
+    for b, p in enumerate(prompts):
+        idx[b, T - len(p):], mask[b, T - len(p):] = p, 1
+    return idx, mask
+
+
+@pytest.mark.parametrize("method", ["rope", "kerple", "dapev2-kerple", "stickbreaking"])
+def test_left_padded_prompts_generate_each_row_as_alone(method, tmp_path):
+    """generate() of a batch of prompts of different lengths (attention_mask zeros on the left) gives
+    every row the greedy tokens of its prompt alone, and lenx's own; so does generation without a
+    cache (full forwards of left-padded rows)."""
+    lm = lenx_model(method)
+    hf = load(write_model(lm, tmp_path / method))
+    prompts = [torch.randint(0, V, (n,)) for n in (7, 1, 11, 4)]
+    idx, mask = left_padded(prompts)
+    cached = hf.generate(idx, attention_mask=mask, max_new_tokens=10, do_sample=False)[:, idx.shape[1]:]
+    uncached = hf.generate(idx, attention_mask=mask, max_new_tokens=10, do_sample=False, use_cache=False)
+    for b, p in enumerate(prompts):
+        alone = hf.generate(p[None], max_new_tokens=10, do_sample=False)[0, len(p):]
+        assert torch.equal(alone, generate(lm, p[None], 10, temperature=0)["tokens"][0]), (method, b)
+        assert torch.equal(cached[b], alone), (method, b)
+        assert torch.equal(uncached[b, idx.shape[1]:], alone), (method, b)
+
+
+def test_left_padded_beams_and_a_growing_cache_keep_each_row_s_positions(tmp_path):
+    """Beam search over left-padded prompts gives each prompt's beams alone; a cache made too small
+    grows and keeps each sequence's padding (its start slot); a mask that does not continue the
+    prompts' padding is refused."""
+    from lenx.export.hf import LenxCache
+
+    lm = lenx_model("dapev2-kerple")
+    hf = load(write_model(lm, tmp_path / "m"))
+    prompts = [torch.randint(0, V, (n,)) for n in (6, 2)]
+    idx, mask = left_padded(prompts)
+    beams = hf.generate(idx, attention_mask=mask, max_new_tokens=6, do_sample=False, num_beams=3)[:, idx.shape[1]:]
+    for b, p in enumerate(prompts):
+        assert torch.equal(beams[b], hf.generate(p[None], max_new_tokens=6, do_sample=False, num_beams=3)[0, len(p):])
+    cache, tokens = LenxCache(4), idx
+    with torch.no_grad():
+        for step in range(5):  # 6 slots of prompt, then one token per step: the cache grows at the second
+            full = torch.cat([mask, torch.ones(2, step, dtype=torch.long)], 1)
+            out = hf(tokens if step == 0 else tokens[:, -1:], attention_mask=full, cache=cache, use_cache=True)
+            for b, p in enumerate(prompts):
+                alone = torch.cat([p, tokens[b, idx.shape[1]:]])
+                torch.testing.assert_close(out.logits[b, -1], lm(alone[None])[0][0, -1], atol=1e-5, rtol=0)
+            tokens = torch.cat([tokens, out.logits[:, -1].argmax(-1, keepdim=True)], 1)
+        assert cache.capacity >= 11 and cache.kv.start.tolist() == [0, 4]
+        with pytest.raises(ValueError, match="the prompts' left padding, then ones"):
+            hf(tokens[:, -1:], attention_mask=torch.ones(2, tokens.shape[1], dtype=torch.long), cache=cache)
 
 
 def test_labels_give_the_next_token_loss_and_other_inputs_are_refused(tmp_path):

@@ -32,5 +32,9 @@ class ALiBi(DistanceBias):
     def from_config(cls, ctx):
         return cls(ctx.n_head, ctx.cfg.causal)
 
+    @property
+    def distance_dtype(self) -> torch.dtype:
+        return self.slopes.dtype
+
     def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
         return -self.slopes.view(-1, *([1] * dist.dim())) * dist.to(self.slopes.dtype)

@@ -1,5 +1,10 @@
 """Keys and values of one attention layer, kept for decoding token by token, and the attention of
-new rows against them (cached_attention: positions per sequence, padding and empty slots masked)."""
+new rows against them (cached_attention: positions per sequence, padding and empty slots masked).
+
+A decode step runs every layer over the same rows and slots, so what depends only on them (the
+positions, which keys exist, each normaliser's mask, the relative distances, RoPE's cos and sin) is
+computed once per step in a StepRows and shared by the layers (a CUDA graph of the step then holds
+these kernels once, not once per layer)."""
 
 import math
 
@@ -39,25 +44,58 @@ class LayerCache:
         return self.k[:, :, :end], self.v[:, :, :end]
 
 
-def cached_attention(q, keys, values, parts, rows: torch.Tensor, start: torch.Tensor, end):
-    """Rows q [B, H, R, d] in cache slots `rows` [R] against the keys and values [B, H, Tk, d] of
-    slots 0..Tk-1. Sequence b holds slots start[b]..end-1 (start [B]; end an int or a 0-d tensor),
-    so the token in slot t is at position t - start[b]; the slots outside (a left-padded batch's
-    padding, a fixed-size cache's empty tail) are never attended, and a row outside its sequence
-    gives zeros. Every part sees each sequence's own positions (the DAPE convolution reads the
-    missing keys as its zero padding, CoPE counts no gate there, stick-breaking breaks no stick
-    there), so each row is the row of its sequence's forward alone. -> (out [B, H, R, d], the
-    normaliser's rem [B, H, R] or None), as the reference backends' block_attention."""
-    Tk = keys.shape[-2]
-    slots = torch.arange(Tk, device=q.device)
-    q_pos = rows[None, :] - start[:, None]  # [B, R]
-    k_pos = slots[None, :] - start[:, None]  # [B, Tk]; padding is at negative positions
-    key_valid = (k_pos >= 0) & (slots < end)[None, :]
-    bias = parts.bias(q_pos, k_pos, q=q, k=keys) if parts.bias is not None else None
-    allowed = (parts.normaliser.allowed(q_pos, k_pos, parts.causal) & key_valid[:, None, :]).unsqueeze(1)
-    if parts.processor is None and parts.normaliser.name == "softmax":
+class StepRows:
+    """The rows [R] (cache slots, a long tensor) that one decode step computes in every layer, of
+    sequences that hold slots start[b]..end-1 (start [B]; end an int or a 0-d tensor), against the
+    keys of slots 0..n_keys-1: the token in slot t is at position t - start[b]. rows_real: the host
+    knows that every row is a token of its sequence, none its padding (new tokens appended to a
+    cache whose sequences each hold one at least), so no row needs zeroing.
+
+    shared(key, make) computes what every layer asks for alike once per step (key: what it depends on
+    beside the rows)."""
+
+    def __init__(self, rows: torch.Tensor, start: torch.Tensor, end, n_keys: int, rows_real: bool = False):
+        self.rows, self.start, self.end, self.n_keys, self.rows_real = rows, start, end, n_keys, rows_real
+        slots = torch.arange(n_keys, device=rows.device)
+        self.q_pos = rows[None, :] - start[:, None]  # [B, R]
+        self.k_pos = slots[None, :] - start[:, None]  # [B, Tk]; padding is at negative positions
+        self.key_valid = (self.k_pos >= 0) & (slots < end)[None, :]
+        self._shared: dict = {}
+
+    def shared(self, key, make):
+        if key not in self._shared:
+            self._shared[key] = make()
+        return self._shared[key]
+
+
+def cached_attention(q, keys, values, parts, step: StepRows):
+    """Rows q [B, H, R, d] in cache slots step.rows against the keys and values [B, H, Tk, d] of
+    slots 0..Tk-1 (Tk = step.n_keys). The slots outside a sequence (a left-padded batch's padding, a
+    fixed-size cache's empty tail) are never attended, and a row outside its sequence gives zeros.
+    Every part sees each sequence's own positions (the DAPE convolution reads the missing keys as
+    its zero padding, CoPE counts no gate there, stick-breaking breaks no stick there), so each row
+    is the row of its sequence's forward alone. -> (out [B, H, R, d], the normaliser's rem [B, H, R]
+    or None), as the reference backends' block_attention."""
+    q_pos, k_pos, key_valid = step.q_pos, step.k_pos, step.key_valid
+    norm, bias_part = parts.normaliser, parts.bias
+    allowed = step.shared(("allowed", norm.allowed_key, parts.causal), lambda: (
+        norm.allowed(q_pos, k_pos, parts.causal) & key_valid[:, None, :]).unsqueeze(1))
+    bias = None
+    if bias_part is not None and bias_part.per_distance:  # the layers' distances are the same
+        dtype = bias_part.distance_dtype
+        dist = step.shared(("distance", type(bias_part).distance, bias_part.causal, dtype), lambda: (
+            bias_part.distance(q_pos, k_pos) if dtype is None else bias_part.distance(q_pos, k_pos).to(dtype)))
+        bias = bias_part.from_distance(dist).movedim(0, -3)
+    elif bias_part is not None:
+        bias = bias_part(q_pos, k_pos, q=q, k=keys)
+    if parts.processor is None and norm.name == "softmax":
         # one fused kernel for the scores, the mask and the softmax (a decode step is launch-bound)
-        mask = allowed if bias is None else bias.to(q.dtype).masked_fill(~allowed, float("-inf"))
+        blocked = step.shared(("blocked", norm.allowed_key, parts.causal), lambda: ~allowed)
+        if bias is None:  # an additive mask once per step: SDPA would turn a boolean one into it in every layer
+            mask = step.shared(("additive", norm.allowed_key, parts.causal, q.dtype), lambda: torch.zeros(
+                allowed.shape, dtype=q.dtype, device=q.device).masked_fill(blocked, float("-inf")))
+        else:
+            mask = bias.to(q.dtype).masked_fill(blocked, float("-inf"))
         out, rem = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask), None
     else:
         raw = torch.matmul(q, keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
@@ -65,6 +103,9 @@ def cached_attention(q, keys, values, parts, rows: torch.Tensor, start: torch.Te
             scores = parts.processor(raw, bias, q, q_pos, k_pos, key_valid)
         else:
             scores = raw if bias is None else raw + bias.to(raw.dtype)
-        out, rem = parts.normaliser(scores, values, allowed)
+        out, rem = norm(scores, values, allowed)
+    if step.rows_real:
+        return out, rem
     # a row of padding attends no key (softmax gives NaN there): zeros, so its keys stay finite
-    return torch.where((q_pos >= 0)[:, None, :, None], out, 0.0), rem
+    real = step.shared("real rows", lambda: (q_pos >= 0)[:, None, :, None])
+    return torch.where(real, out, 0.0), rem

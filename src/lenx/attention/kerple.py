@@ -26,6 +26,10 @@ class KerpleLog(DistanceBias):
     def fused_grad_args(self) -> dict:
         return {"kerple": ("log", *self.clamped())} if self.causal else {}
 
+    @property
+    def distance_dtype(self) -> torch.dtype:
+        return self.r1.dtype
+
     def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
         shape = (-1,) + (1,) * dist.dim()
         r1, r2 = (x.view(shape) for x in self.clamped())
@@ -51,6 +55,10 @@ class KerplePower(DistanceBias):
 
     def fused_grad_args(self) -> dict:
         return {"kerple": ("power", *self.clamped())} if self.causal else {}
+
+    @property
+    def distance_dtype(self) -> torch.dtype:
+        return self.a.dtype
 
     def from_distance(self, dist: torch.Tensor) -> torch.Tensor:
         shape = (-1,) + (1,) * dist.dim()

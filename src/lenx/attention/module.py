@@ -7,7 +7,7 @@ from torch import nn
 from ..config import AttentionConfig
 from . import profiling
 from .backends import plan_backend, run_backend
-from .cache import LayerCache, cached_attention
+from .cache import LayerCache, StepRows, cached_attention
 from .methods import BASES, NORMALISERS, PROCESSORS, parse_method
 from .parts import PartContext, Parts
 
@@ -78,24 +78,27 @@ class Attention(nn.Module):
         out, rem = run_backend(self.backend_for(q.device), q, k, v, self.parts, self.cfg.chunk_size)
         return self.normaliser.finish(out, rem, v)
 
-    def extend(self, x: torch.Tensor, cache: LayerCache, rows: torch.Tensor, start: torch.Tensor, end,
-               n_keys: int | None = None) -> torch.Tensor:
-        """Rows x [B, R, C] in cache slots `rows` [R] (a long tensor) of sequences that hold slots
-        start[b]..end-1 (see cache.cached_attention): writes the rows' keys and values into the cache
-        and returns their outputs [B, R, C], each the row of its sequence's forward over its tokens
-        up to slot end - 1. O(R T) work, never a [T, T] map. Keys are read from slots 0..n_keys-1
-        (default: end, an int); a fixed n_keys (the capacity, with end a tensor) keeps every shape
-        the same from one token to the next (LM.static_step).
+    def extend(self, x: torch.Tensor, cache: LayerCache, step: StepRows) -> torch.Tensor:
+        """Rows x [B, R, C] in cache slots step.rows of sequences that hold slots start[b]..end-1
+        (see cache.StepRows): writes the rows' keys and values into the cache and returns their
+        outputs [B, R, C], each the row of its sequence's forward over its tokens up to slot end - 1.
+        O(R T) work, never a [T, T] map. Keys are read from slots 0..step.n_keys-1; a fixed n_keys
+        (the capacity, with end a tensor) keeps every shape the same from one token to the next
+        (LM.static_step).
 
         A RoPE scale that follows the length takes each sequence's length at this step (its tokens
         up to slot end - 1) for the rows' q and k; the cached keys keep the rotation they were
         written with, as transformers' dynamic RoPE has it (rotating them again would not make the
         rows those of a full forward either: every hidden state before them would change too)."""
         B, R, C = x.shape
-        q_pos = rows[None, :] - start[:, None]  # [B, R]: each sequence's own positions
-        q, k, v = self.project(x, q_pos, end - start if self.rope is not None else None)
-        cache.write_at(rows, k, v)
-        keys, values = cache.read(end if n_keys is None else n_keys)
-        out, rem = cached_attention(q, keys, values, self.parts, rows, start, end)
+        qkv = self._qkv(x)
+        q, k, v = qkv
+        if self.rope is not None:  # one table for the step's layers; q and k rotated together (one set of ops)
+            cos, sin = step.shared(("rope", self.rope.settings, q.dtype),
+                                   lambda: self.rope.step_table(step.q_pos, step.end - step.start, q.dtype))
+            q, k = self.rope.rotate_signed(qkv[:2], cos, sin)
+        cache.write_at(step.rows, k, v)
+        keys, values = cache.read(step.n_keys)
+        out, rem = cached_attention(q, keys, values, self.parts, step)
         out = self.normaliser.finish(out, rem, v)
         return self.proj(out.transpose(1, 2).reshape(B, R, C))

@@ -39,6 +39,17 @@ class DistanceBias(ScoreBias):
         """[H, 2T - 1] bias for every signed distance i - j (see signed_distances)."""
         return self.from_distance(fold_distance(signed_distances(T, device), self.causal))
 
+    @property
+    def distance_dtype(self) -> torch.dtype | None:
+        """The dtype from_distance reads the distance in (None: as distance() gives it): a decode
+        step casts the distance once for all its layers."""
+        return None
+
+    def distance(self, q_pos, k_pos) -> torch.Tensor:
+        """What from_distance reads for rows at q_pos and keys at k_pos: i - j folded (see
+        relative_distance); a decode step computes it once for all its layers."""
+        return relative_distance(q_pos, k_pos, self.causal)
+
     def forward(self, q_pos, k_pos, q=None, k=None):
         """[H, Tq, Tk]; [B, H, Tq, Tk] for positions per sequence."""
-        return self.from_distance(relative_distance(q_pos, k_pos, self.causal)).movedim(0, -3)
+        return self.from_distance(self.distance(q_pos, k_pos)).movedim(0, -3)

@@ -48,6 +48,12 @@ class RoPE(nn.Module):
                    c.rope_yarn_beta_fast, c.rope_yarn_beta_slow)
 
     @property
+    def settings(self) -> tuple:
+        """Everything its angles depend on beside the positions (the layers of a decode step share
+        one table when these are the same)."""
+        return (self.head_dim, self.base, self.scaling, self.factor, self.train_len, self.beta_fast, self.beta_slow)
+
+    @property
     def follows_length(self) -> bool:
         """Whether the scale follows the length processed (auto factor, or dynamic-ntk)."""
         return self.scaling != "none" and (self.scaling == "dynamic-ntk" or self.factor <= 0)
@@ -126,6 +132,20 @@ class RoPE(nn.Module):
         """x [B, H, T, d] rotated by a table of `table`."""
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], -1) * sin
+
+    def step_table(self, pos: torch.Tensor, length=None, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """table()'s cos, and its sin with the first half's sign turned, for rotate_signed (decoding
+        builds it once per step for all the layers)."""
+        cos, sin = self.table(pos, length, dtype)
+        half = self.head_dim // 2
+        return cos, torch.cat([-sin[..., :half], sin[..., half:]], -1)
+
+    @staticmethod
+    def rotate_signed(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """rotate(x, cos, sin) from step_table's tables, with the same bits (-a * b is -(a * b)) and
+        one operation fewer (the sign is in the table, not negated in every layer)."""
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([x2, x1], -1) * signed_sin
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, length=None):
         """Rotate q and k [..., T, d] at positions pos [T] (or [B, T], per sequence); `length` is the

@@ -8,6 +8,7 @@ from ..ops.biased_softmax.reference import masked_softmax
 
 class Softmax(nn.Module):
     name = "softmax"
+    allowed_key = ("softmax",)  # what allowed() depends on beside the positions (decode steps share the mask)
 
     @classmethod
     def from_config(cls, ctx):

@@ -28,6 +28,11 @@ class StickBreaking(nn.Module):
     def from_config(cls, ctx):
         return cls(ctx.n_head, ctx.head_dim, ctx.cfg.sb_attend_current, ctx.cfg.sb_remainder)
 
+    @property
+    def allowed_key(self) -> tuple:
+        """What allowed() depends on beside the positions (the layers of a decode step share the mask)."""
+        return ("stickbreaking", self.attend_current)
+
     def allowed(self, q_pos, k_pos, causal: bool):
         if not causal:
             raise ValueError("stick-breaking attention is directional and cannot run non-causally")

@@ -55,6 +55,6 @@ class T5Bias(DistanceBias):
     def table(self, T: int, device=None) -> torch.Tensor:
         return self.from_distance(signed_distances(T, device))  # buckets take the signed distance
 
-    def forward(self, q_pos, k_pos, q=None, k=None):
-        """[H, Tq, Tk]; [B, H, Tq, Tk] for positions per sequence ([B, Tq], [B, Tk])."""
-        return self.from_distance(q_pos[..., :, None] - k_pos[..., None, :]).movedim(0, -3)
+    def distance(self, q_pos, k_pos) -> torch.Tensor:
+        """The signed distance i - j ([Tq, Tk], or [B, Tq, Tk] per sequence): buckets take its sign."""
+        return q_pos[..., :, None] - k_pos[..., None, :]

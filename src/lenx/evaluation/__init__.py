@@ -7,6 +7,7 @@ the model's tokens, hf_eval.py runs it.
 
 Imports: lenx.runs (a run's config, weights and corpus), lenx.data (the corpus reader, for an HF
 model's corpus), lenx.model, lenx.attention (score maps), lenx.config and the leaf utilities; never
-the trainer, reports or the CLI; transformers only inside hf.py's functions. files.py imports only
+the trainer, reports or the CLI; transformers only inside hf.py's functions, and lenx.export only
+inside hf.py's lenx_classes (a lenx export is read with lenx's own classes). files.py imports only
 lenx.fileio, so reports and plots can read evaluation files without loading a model.
 """

@@ -9,6 +9,11 @@ saved dtype under torch.no_grad, and the LM head is applied to the scored positi
 time, so a long window never holds its [T, vocab] logits (unless the model changes its logits after
 the head, e.g. soft-capping: then the model's own logits are used).
 
+A lenx export (`lenx export`: config.json's model_type "lenx") is read with the installed lenx's own
+classes (lenx.export.hf), which the folder's code only subclasses, so no code from a folder runs
+(trust_remote_code stays off), and through LenxForCausalLM.hidden_states, so that a padded row is
+read as it is alone (DAPE V2's last rows see the keys after them).
+
 transformers is an optional extra (`pip install 'lenx[hf]'`): it is imported inside the functions.
 """
 
@@ -59,6 +64,28 @@ def _first_line(e: Exception) -> str:
     return text[0] if text else type(e).__name__
 
 
+def lenx_classes(path: Path):
+    """lenx.export.hf when `path` holds a lenx export, else None."""
+    from ..export.folder import is_export
+
+    if not is_export(path):
+        return None
+    from ..export import hf
+
+    return hf
+
+
+def _lenx_config(path: Path, classes):
+    """The LenxConfig of a lenx export, checked to be one this lenx can build."""
+    try:
+        config = classes.LenxConfig.from_pretrained(path, local_files_only=True)
+        classes.require_lenx(config.lenx_version or "0")
+        config.lm_config()
+    except (ValueError, OSError, TypeError, ImportError) as e:
+        raise ConfigError(f"--hf {path}: a lenx export that this lenx cannot read ({_first_line(e)})") from None
+    return config
+
+
 def check_folder(path: Path):
     """(config, tokenizer) of a local transformers causal LM folder, before any weights are read;
     a one-line ConfigError when transformers is missing, the folder is missing, it is not a causal
@@ -73,12 +100,16 @@ def check_folder(path: Path):
                           "downloads one)")
     if not (path / "config.json").is_file():
         raise ConfigError(f"--hf {path} is not a transformers model folder: it has no config.json")
+    classes = lenx_classes(path)
     with quiet():
         try:
-            config = AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+            config = _lenx_config(path, classes) if classes is not None else \
+                AutoConfig.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+        except ConfigError:
+            raise
         except Exception as e:  # transformers raises ValueError, OSError, KeyError, ... for a bad config
             raise ConfigError(f"--hf {path}: transformers cannot read its config.json ({_first_line(e)})") from None
-    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+    if classes is None and type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
         raise ConfigError(f"--hf {path} holds a {config.model_type!r} model, which is not a causal LM "
                           "(transformers has no AutoModelForCausalLM for it)")
     if not any(any(path.glob(pattern)) for pattern in WEIGHTS):
@@ -88,7 +119,9 @@ def check_folder(path: Path):
                           "tokenizer into the folder with tokenizer.save_pretrained")
     with quiet():
         try:
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False)
+            # given its config, AutoTokenizer reads no config.json (whose AutoConfig is an export's code)
+            given = {"config": config} if classes is not None else {}
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True, trust_remote_code=False, **given)
         except Exception as e:
             raise ConfigError(f"--hf {path}: transformers cannot load its tokenizer ({_first_line(e)})") from None
     if not getattr(tokenizer, "is_fast", False):
@@ -160,10 +193,11 @@ class _Cache:
 
 
 class HFReader:
-    """A transformers causal LM on a device, read as lenx's protocol reads a model."""
+    """A transformers causal LM on a device, read as lenx's protocol reads a model. lenx: the model
+    is a lenx export's LenxForCausalLM (no position table; a padded row read as it is alone)."""
 
-    def __init__(self, model, device: torch.device):
-        self.model, self.device = model, device
+    def __init__(self, model, device: torch.device, lenx: bool = False):
+        self.model, self.device, self.lenx = model, device, lenx
         params = inspect.signature(model.forward).parameters
         self._cache_key = "cache" if "cache" in params else "past_key_values"  # transformers 5 renamed it
         self._keep_last = "logits_to_keep" in params
@@ -172,6 +206,19 @@ class HFReader:
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
+
+    def _hidden(self, ids: torch.Tensor, lengths: list[int] | None = None) -> torch.Tensor | None:
+        """The base model's last hidden states [B, T, C] of a right-padded batch (lengths: each
+        row's, None: no padding), or None when the base model gives none."""
+        if self.lenx:
+            return self.model.hidden_states(ids, None if lengths is None else ("right", lengths))
+        return getattr(self.model.base_model(input_ids=ids, use_cache=False), "last_hidden_state", None)
+
+    def _logits(self, ids: torch.Tensor, lengths: list[int] | None = None) -> torch.Tensor:
+        if self.lenx and lengths is not None:  # the mask makes LenxForCausalLM read a padded row alone
+            mask = torch.arange(ids.shape[1], device=ids.device)[None, :] < torch.tensor(lengths, device=ids.device)[:, None]
+            return self.model(input_ids=ids, attention_mask=mask.long(), use_cache=False).logits
+        return self.model(input_ids=ids, use_cache=False).logits
 
     @torch.no_grad()
     def _head_matches(self) -> bool:
@@ -184,15 +231,17 @@ class HFReader:
         if base is self.model or head is None:
             return False
         x = (torch.arange(8, device=self.device) % config.vocab_size)[None]
-        h = getattr(base(input_ids=x, use_cache=False), "last_hidden_state", None)
+        h = self._hidden(x)
         if h is None:
             return False
-        full, mine = self.model(input_ids=x, use_cache=False).logits.float(), head(h).float()
+        full, mine = self._logits(x).float(), head(h).float()
         return mine.shape == full.shape and bool((mine - full).abs().max() <= 1e-5 * full.abs().max().clamp(min=1e-6))
 
     def position_limit(self) -> int | None:
         """The most tokens a model with learned absolute positions (GPT-2's wpe) can read; None when
         its positions have no table (RoPE, ALiBi, ...)."""
+        if self.lenx:  # lenx's positions are the attention's, at any length (T5's bias table is no position table)
+            return None
         inputs = self.model.get_input_embeddings()
         most = getattr(self.model.config, "max_position_embeddings", None)
         most = most if isinstance(most, int) and most > 0 else None
@@ -209,20 +258,29 @@ class HFReader:
 
     @torch.no_grad()
     def _read_batch(self, seqs: list[np.ndarray], first: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-        T = max(len(s) for s in seqs)
+        # The model reads each sequence but its last token, which is only predicted: a row of a
+        # model that sees a few keys after it (DAPE V2) is then the row of lenx's own evaluation.
+        T = max(len(s) for s in seqs) - 1
+        if T < 1:  # nothing to predict
+            return [(np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64)) for _ in seqs]
         ids = torch.zeros(len(seqs), T, dtype=torch.long)
-        scored = torch.zeros(len(seqs), T - 1, dtype=torch.bool)  # positions whose next token is scored
+        targets = torch.zeros(len(seqs), T, dtype=torch.long)
+        scored = torch.zeros(len(seqs), T, dtype=torch.bool)  # positions whose next token is scored
         for b, (s, f) in enumerate(zip(seqs, first)):
-            ids[b, :len(s)] = torch.from_numpy(np.asarray(s, dtype=np.int64))
+            s = torch.from_numpy(np.asarray(s, dtype=np.int64))
+            ids[b, :len(s) - 1], targets[b, :len(s) - 1] = s[:-1], s[1:]
             scored[b, max(f, 1) - 1:len(s) - 1] = True
-        # right padding: a causal model's real positions never see the padding after them
+        # right padding: a causal model's real positions never see the padding after them (a lenx
+        # model's padded rows are read alone)
+        lengths = [len(s) - 1 for s in seqs]
+        lengths = None if all(n == T for n in lengths) else lengths
         ids, scored = ids.to(self.device), scored.to(self.device)
-        targets = ids[:, 1:][scored]
+        targets = targets.to(self.device)[scored]
         if self.head_on_scored:
-            rows = self.model.base_model(input_ids=ids, use_cache=False).last_hidden_state[:, :-1][scored]
+            rows = self._hidden(ids, lengths)[scored]
             head = self.model.get_output_embeddings()
         else:
-            rows = self.model(input_ids=ids, use_cache=False).logits[:, :-1][scored]
+            rows = self._logits(ids, lengths)[scored]
             head = None
         nll, pred = [], []
         for s in range(0, len(rows), 1024):
@@ -278,10 +336,14 @@ def load_model(path: Path, device: torch.device) -> HFReader:
 
     major_minor = tuple(int(x) for x in transformers.__version__.split(".")[:2])
     dtype_key = "dtype" if major_minor >= (4, 56) else "torch_dtype"  # renamed in transformers 4.56
+    classes = lenx_classes(Path(path))
     with quiet():
         try:
-            model = AutoModelForCausalLM.from_pretrained(Path(path), local_files_only=True, trust_remote_code=False,
-                                                         **{dtype_key: "auto"})
+            if classes is not None:
+                model = classes.LenxForCausalLM.from_pretrained(Path(path), local_files_only=True, **{dtype_key: "auto"})
+            else:
+                model = AutoModelForCausalLM.from_pretrained(Path(path), local_files_only=True, trust_remote_code=False,
+                                                             **{dtype_key: "auto"})
         except Exception as e:
             raise ConfigError(f"--hf {path}: transformers cannot load its weights ({_first_line(e)})") from None
-    return HFReader(model.to(device).eval(), device)
+    return HFReader(model.to(device).eval(), device, lenx=classes is not None)

@@ -112,6 +112,7 @@ class LenxCache:
             for dst, src in zip(self.kv.layers, old.layers):
                 dst.k[:, :, :n], dst.v[:, :, :n] = src.k[:, :, :n], src.v[:, :, :n]
             self.kv.tokens[:, :n], self.kv.length = old.tokens[:, :n], n
+            self.kv.start.copy_(old.start)
         self.capacity = self.kv.capacity
 
     def reorder_cache(self, beam_idx: torch.Tensor) -> None:
@@ -119,22 +120,25 @@ class LenxCache:
         if self.kv is not None:
             for layer in self.kv.layers:
                 layer.k, layer.v = layer.k[beam_idx], layer.v[beam_idx]
-            self.kv.tokens = self.kv.tokens[beam_idx]
+            self.kv.tokens, self.kv.start = self.kv.tokens[beam_idx], self.kv.start[beam_idx]
 
 
-def padding_lengths(mask: torch.Tensor | None, batch: int, length: int) -> list[int] | None:
-    """The length of every sequence of a right-padded batch (its mask: ones, then zeros), or None
-    when nothing is padded. Any other mask is a ValueError: lenx's attention takes no mask."""
+def padding(mask: torch.Tensor | None, batch: int, length: int) -> tuple[str, list[int]] | None:
+    """("right" or "left", the length of every sequence) of a padded batch's attention_mask [batch,
+    length]: every row ones then zeros (right padding) or zeros then ones (left padding); None when
+    nothing is padded. Any other mask is a ValueError: lenx's attention takes no mask."""
     if mask is None or bool(mask.all()):
         return None
     if mask.dim() != 2 or tuple(mask.shape) != (batch, length):
         raise ValueError(f"attention_mask must be [batch, length] = [{batch}, {length}], got {tuple(mask.shape)}")
     lengths = mask.long().sum(1)
-    right = torch.arange(length, device=mask.device)[None, :] < lengths[:, None]
-    if not torch.equal(mask.bool(), right):
-        raise ValueError("lenx models take right padding only (each row of attention_mask ones, then zeros); "
-                         "give left-padded prompts one at a time")
-    return lengths.tolist()
+    slots = torch.arange(length, device=mask.device)[None, :]
+    if torch.equal(mask.bool(), slots < lengths[:, None]):
+        return "right", lengths.tolist()
+    if torch.equal(mask.bool(), slots >= length - lengths[:, None]):
+        return "left", lengths.tolist()
+    raise ValueError("lenx models take padding on one side of a batch only (each row of attention_mask ones, then "
+                     "zeros; or zeros, then ones), never a mask with holes")
 
 
 class LenxForCausalLM(PreTrainedModel, GenerationMixin):
@@ -197,27 +201,25 @@ class LenxForCausalLM(PreTrainedModel, GenerationMixin):
                 labels: torch.LongTensor | None = None, logits_to_keep: int = 0, return_dict: bool | None = None,
                 inputs_embeds: torch.Tensor | None = None, **kwargs):
         """Logits [B, T, vocab] (the last `logits_to_keep` positions, 0: all). With use_cache or a
-        cache, the tokens extend the cache (one sequence per row, no padding) and the cache comes
-        back in the output; without, a right-padded batch (attention_mask) gives every row's logits
+        cache, the tokens extend the cache and the cache comes back in the output: the first call
+        may bring left-padded prompts (attention_mask zeros, then ones), which every later call's
+        mask continues with ones. Without, a right- or left-padded batch gives every row's logits
         of a forward over that row alone."""
         if inputs_embeds is not None or input_ids is None:
             raise ValueError("lenx models take input_ids (token ids), not inputs_embeds")
         asked = sorted(k for k, v in kwargs.items() if v is not None and v is not False)
         if asked:  # e.g. position_ids (lenx's attention places the tokens itself), output_hidden_states
             raise ValueError(f"lenx models take no {', '.join(asked)}: they return logits (and loss, cache) of "
-                             "input_ids at positions 0, 1, ...")
+                             "input_ids at positions 0, 1, ... of each sequence")
         state = cache if cache is not None else past_key_values
         if state is not None and not isinstance(state, LenxCache):
             raise ValueError(f"a lenx model keeps its own cache (LenxCache), not a {type(state).__name__}")
         B, T = input_ids.shape
         if state is not None or use_cache:
             state = LenxCache() if state is None else state
-            if attention_mask is not None and not bool(attention_mask.all()):
-                raise ValueError("generating with padding is not supported by lenx models: give prompts of one "
-                                 "length in a batch, or one at a time")
-            logits = self._extend(input_ids, state, logits_to_keep)
+            logits = self._extend(input_ids, attention_mask, state, logits_to_keep)
         else:
-            logits = self._full(input_ids, padding_lengths(attention_mask, B, T))
+            logits = self._full(input_ids, padding(attention_mask, B, T))
         loss = None
         if labels is not None:
             loss = F.cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
@@ -226,18 +228,46 @@ class LenxForCausalLM(PreTrainedModel, GenerationMixin):
         out = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: state})
         return out if return_dict is not False else out.to_tuple()
 
-    def _full(self, idx: torch.Tensor, lengths: list[int] | None) -> torch.Tensor:
-        logits = self.model(idx)[0]
-        for b, n in enumerate(lengths or []):
-            if n < idx.shape[1]:  # a padded row on its own: what follows a row changes DAPE V2's last rows
-                logits[b, :n] = self.model(idx[b:b + 1, :n])[0][0] if n else 0
-        return logits
+    def hidden_states(self, idx: torch.Tensor, padded: tuple[str, list[int]] | None = None) -> torch.Tensor:
+        """The last hidden states [B, T, C] (after the final LayerNorm) of a padded batch (padded:
+        padding()'s side and lengths; None: no padding): each padded row's tokens read alone, zeros
+        where a row has none; its padding keeps what the whole batch's forward gave there."""
+        h = self.model.hidden(idx)
+        side, lengths = padded or ("right", [])
+        T = idx.shape[1]
+        for b, n in enumerate(lengths):
+            if n < T:  # a row alone: its first token at position 0, and no keys after its last (DAPE V2 sees them)
+                real = slice(0, n) if side == "right" else slice(T - n, T)
+                h[b, real] = self.model.hidden(idx[b:b + 1, real])[0] if n else 0
+        return h
 
-    def _extend(self, idx: torch.Tensor, state: LenxCache, keep: int) -> torch.Tensor:
-        state.reserve(self.model, idx.shape[0], idx.shape[1])
-        if state.length == 0 and keep == 1:
-            return self.model.prefill(idx, state.kv)[:, None]  # the usual forward (fused backends)
-        return self.model.decode(idx, state.kv)
+    def _full(self, idx: torch.Tensor, padded: tuple[str, list[int]] | None) -> torch.Tensor:
+        return self.model.lm_head(self.hidden_states(idx, padded))
+
+    def _extend(self, idx: torch.Tensor, mask: torch.Tensor | None, state: LenxCache, keep: int) -> torch.Tensor:
+        B, m = idx.shape
+        state.reserve(self.model, B, m)
+        kv = state.kv
+        if kv.length == 0:  # the prompts
+            padded = padding(mask, B, m)
+            lengths = None if padded is None else padded[1]
+            if lengths is not None and min(lengths) == 0:
+                raise ValueError("a row of attention_mask is all zeros: every prompt needs a token")
+            if padded is not None and padded[0] == "right":
+                raise ValueError("lenx models generate from left-padded prompts (each row of attention_mask zeros, "
+                                 "then ones: tokenizer.padding_side = 'left'), not right-padded ones")
+            if keep == 1:
+                return self.model.prefill(idx, kv, lengths)[:, None]  # the usual forward (fused backends)
+            if lengths is not None:  # every row: each sequence at its own positions, its padding masked
+                kv.start.copy_(torch.tensor([m - n for n in lengths], device=kv.start.device))
+            return self.model.decode(idx, kv)
+        if mask is not None and not (bool(mask.all()) and not bool(kv.start.any())):
+            n = kv.length + m
+            want = torch.arange(n, device=mask.device)[None, :] >= kv.start.to(mask.device)[:, None]
+            if tuple(mask.shape) != (B, n) or not torch.equal(mask.bool(), want):
+                raise ValueError(f"with a cache of {kv.length} tokens, attention_mask must be [batch, {n}]: the "
+                                 "prompts' left padding, then ones (lenx models pad the prompts only)")
+        return self.model.decode(idx, kv)
 
     def _prepare_cache_for_generation(self, generation_config, model_kwargs, generation_mode, batch_size,
                                       max_cache_length, *args, **kwargs):

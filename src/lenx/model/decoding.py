@@ -14,11 +14,20 @@ each), and rounding once gives the same bits.
 
 from contextlib import nullcontext
 import copy
+import types
 
 import torch
 from torch import nn
 
 MODES = ("eager", "static", "graph", "compile")
+
+
+def _own_code(fn):
+    """A copy of function fn with a code object of its own. torch.compile keeps what it compiles, and
+    counts recompiles against its limit (8), per code object: a step compiled from one shared
+    function would recompile for every decoder (another model, cache or batch), and fullgraph makes
+    the ninth decoder of a process an error."""
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 def _bf16_matmul_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
@@ -65,16 +74,20 @@ class StaticDecoder:
                     torch._dynamo.mark_static_address(t)
             options = {"fullgraph": True, "dynamic": False}
             options |= {"mode": "reduce-overhead"} if device.type == "cuda" else {}
-            self._step = torch.compile(self._run, **(options | (compile_options or {})))
+            step = types.MethodType(_own_code(StaticDecoder._forward), self)  # run under __call__'s no_grad
+            self._step = torch.compile(step, **(options | (compile_options or {})))
         if mode == "graph":
             self._capture()
 
-    @torch.no_grad()
-    def _run(self) -> torch.Tensor:
+    def _forward(self) -> torch.Tensor:
         autocast = (torch.autocast(self.pos.device.type, dtype=self.dtype, cache_enabled=False)
                     if self.dtype is not None else nullcontext())
         with autocast:
             return self.model.static_step(self.token, self.cache, self.pos)
+
+    @torch.no_grad()
+    def _run(self) -> torch.Tensor:
+        return self._forward()
 
     def _capture(self) -> None:
         # Warm-up on a side stream (lazy initialisation of cuBLAS and the allocator must not happen

@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..attention import Attention
-from ..attention.cache import LayerCache
+from ..attention.cache import LayerCache, StepRows
 from ..config import LMConfig
 
 
@@ -38,9 +38,9 @@ class Block(nn.Module):
         x = x + self.drop(self.attn(self.ln1(x), cache, rows, at))
         return x + self.drop(self.mlp(self.ln2(x)))
 
-    def extend(self, x, cache: LayerCache, rows: torch.Tensor, start: torch.Tensor, end, n_keys: int | None = None):
-        """Rows x [B, R, C] in cache slots `rows` (see Attention.extend)."""
-        x = x + self.drop(self.attn.extend(self.ln1(x), cache, rows, start, end, n_keys))
+    def extend(self, x, cache: LayerCache, step: StepRows):
+        """Rows x [B, R, C] in cache slots step.rows (see Attention.extend)."""
+        x = x + self.drop(self.attn.extend(self.ln1(x), cache, step))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
@@ -185,10 +185,12 @@ class LM(nn.Module):
             raise ValueError(f"the cache holds {cache.capacity} tokens; {n + m} do not fit")
         cache.tokens[:, n:n + m] = idx
         first = max(0, n - self.halo)
-        rows = torch.arange(first, n + m, device=idx.device)
+        # every row a new token of a sequence that holds one already: none is padding
+        step = StepRows(torch.arange(first, n + m, device=idx.device), cache.start, n + m, n + m,
+                        rows_real=first == n and n > 0)
         x = self.wte(cache.tokens[:, first:n + m])
         for block, layer in zip(self.blocks, cache.layers):
-            x = block.extend(x, layer, rows, cache.start, n + m)
+            x = block.extend(x, layer, step)
         cache.length = n + m
         return self.lm_head(self.ln_f(x[:, n - first:]))
 
@@ -200,9 +202,11 @@ class LM(nn.Module):
         it (model.decoding.StaticDecoder). Neither pos nor cache.length advances here."""
         cache.tokens.index_copy_(1, pos.view(1), token[:, None])
         rows = pos - self.halo + torch.arange(self.halo + 1, device=pos.device)
+        # without a halo the one row is the new token, past every sequence's first (none is padding)
+        step = StepRows(rows, cache.start, pos + 1, cache.capacity, rows_real=self.halo == 0)
         x = self.wte(cache.tokens.index_select(1, rows))
         for block, layer in zip(self.blocks, cache.layers):
-            x = block.extend(x, layer, rows, cache.start, pos + 1, cache.capacity)
+            x = block.extend(x, layer, step)
         return self.lm_head(self.ln_f(x[:, -1]))
 
     def backends(self, device: torch.device) -> list[str]:
