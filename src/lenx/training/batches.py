@@ -116,15 +116,20 @@ def train_batches(t: TrainConfig, corpus, info: distributed.DistInfo, first_step
     tokens = corpus.tokens("train")
     batches = Batches(tokens, t.seq_len, t.batch_size, t.grad_accum, t.seed, info, sampling=t.sampling,
                       pass_block=t.pass_block)
-    if batches.order is not None and t.steps > batches.order.steps():
-        order = batches.order
-        raise ConfigError(
-            f"train.sampling=\"pass\" reads each window of the train split once, and corpus {corpus.name!r} holds "
-            f"{order.windows:,} windows of {t.seq_len + 1} tokens ({len(tokens):,} tokens at stride {t.seq_len}): "
-            f"{order.steps():,} steps of train.batch_size {t.batch_size}, fewer than train.steps {t.steps:,}; lower "
-            f"train.steps (or train.batch_size), or use a larger corpus")
+    if batches.order is not None:
+        check_pass_length(t, corpus, batches.order)
     check_shards_here(t, corpus, batches, first_step, end_step)
     return batches
+
+
+def check_pass_length(t: TrainConfig, corpus, order: PassOrder) -> None:
+    """A one-line ConfigError when one pass holds fewer steps than train.steps."""
+    if t.steps > order.steps():
+        raise ConfigError(
+            f"train.sampling=\"pass\" reads each window of the train split once, and corpus {corpus.name!r} holds "
+            f"{order.windows:,} windows of {t.seq_len + 1} tokens ({len(corpus.tokens('train')):,} tokens at stride "
+            f"{t.seq_len}): {order.steps():,} steps of train.batch_size {t.batch_size}, fewer than train.steps "
+            f"{t.steps:,}; lower train.steps (or train.batch_size), or use a larger corpus")
 
 
 def needed_shards(t: TrainConfig, corpus, first_step: int, end_step: int) -> list[int]:
@@ -136,7 +141,8 @@ def needed_shards(t: TrainConfig, corpus, first_step: int, end_step: int) -> lis
     if t.sampling != "pass":
         return list(range(len(tokens.shards)))
     order = PassOrder(len(tokens), t.seq_len, t.batch_size, t.pass_block, t.seed)
-    return list(tokens.covering(*order.token_range(first_step, min(end_step, order.steps()))))
+    check_pass_length(t, corpus, order)
+    return list(tokens.covering(*order.token_range(first_step, end_step)))
 
 
 def check_shards_here(t: TrainConfig, corpus, batches: Batches, first_step: int, end_step: int) -> None:
