@@ -62,7 +62,10 @@ def _tidy(corpus: Corpus) -> None:
             continue
         if _pid_alive(int(m.group(2))) and int(m.group(2)) != os.getpid():
             raise DataError(f"another `lenx shard` (process {m.group(2)}) is writing {path}; wait for it to end")
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
     stray = shards_dir(corpus.root, "train")
     if stray.is_dir() and shard_records(corpus.manifest, "train") is None:
         shutil.rmtree(stray)
@@ -91,7 +94,7 @@ def shard_corpus(name: str, root: Path, size: str = DEFAULT_SIZE, remove_bin: bo
     it is (remove_bin still applies, once every shard is checked). Returns the manifest's shard entry."""
     corpus = open_corpus(name, root)
     tokens = parse_size(size, corpus.token_dtype.itemsize)
-    entry = corpus.manifest.get("shards", {}).get("train")
+    entry = corpus.manifest["shards"]["train"] if shard_records(corpus.manifest, "train") is not None else None
     if entry is not None:
         if entry.get("tokens_per_shard") != tokens:
             raise DataError(f"corpus {name!r} is sharded already, in {len(entry['files'])} shards of "
@@ -136,7 +139,8 @@ def shard_corpus(name: str, root: Path, size: str = DEFAULT_SIZE, remove_bin: bo
 
 
 def check_shards(corpus: Corpus) -> list[tuple[dict, str | None]]:
-    """Each train shard with what is wrong with it: "missing", a wrong size, "sha256 differs", or None."""
+    """Each train shard's record with what is wrong with it ("is missing", a wrong size, a sha256
+    that differs), or None when it is here and intact."""
     records = shard_records(corpus.manifest, "train")
     if records is None:
         raise DataError(f"corpus {corpus.name!r} is not sharded (its train split is one file); shard it with "
