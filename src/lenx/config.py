@@ -101,6 +101,10 @@ class TrainConfig:
     val_batches: int = 8  # batches of the val split per validation
     keep_every: int = 0  # keep the weights of every Nth step besides the last checkpoint; 0 = off
     init_from: str = ""  # a trained run whose weights start this one (fine-tuning, e.g. with a scaled RoPE)
+    # random: windows drawn anywhere in the train stream, with replacement | pass: one pass over its
+    # non-overlapping windows, each read once (lenx.training.batches)
+    sampling: str = "random"
+    pass_block: int = 64  # pass: windows are shuffled within blocks of this many steps' worth, in stream order
 
 
 @dataclass
@@ -259,7 +263,7 @@ def fraction(key: str, value: float, top_open: bool = False) -> None:
 
 def _validate_train(t: TrainConfig) -> None:
     at_least("train", t, 1, "seq_len", "batch_size", "grad_accum", "steps", "ckpt_every", "log_every",
-             "val_batches")
+             "val_batches", "pass_block")
     at_least("train", t, 0, "seed", "val_every", "keep_every")
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"train.batch_size ({t.batch_size}) must be divisible by train.grad_accum ({t.grad_accum})")
@@ -273,6 +277,7 @@ def _validate_train(t: TrainConfig) -> None:
     _check_device_name(t.device, "train.device")
     one_of("train.precision", t.precision, ("auto", "bf16", "fp32"))
     one_of("train.parallel", t.parallel, ("ddp", "fsdp"))
+    one_of("train.sampling", t.sampling, ("random", "pass"))
 
 
 def _validate_eval(e: EvalConfig) -> None:

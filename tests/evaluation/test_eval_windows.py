@@ -57,3 +57,24 @@ def test_eval_windows_come_from_distinct_documents_when_there_are_enough():
     for seed in range(5):
         windows, _, documents = eval_windows_with_documents(few, "test", 200, 16, seed)
         assert (windows[:, 0] == _old_window_starts(few.docs("test"), 201, 16, seed)).all()
+
+
+def test_windows_of_a_sharded_train_split_are_those_of_the_whole_file(tmp_path):
+    """eval.split=train, and retrieval's filler, read a sharded train split (lenx shard) through its
+    view: the same windows as from train.bin."""
+    from lenx.data import open_corpus
+    from lenx.data.build import prepare_corpus
+    from lenx.data.sharding import shard_corpus
+    from lenx.evaluation.evaluate import eval_windows_with_documents
+    from lenx.evaluation.retrieval import copy_inputs
+
+    prepare_corpus("synthetic", tmp_path, progress=False)
+    whole = open_corpus("synthetic", tmp_path)
+    before = eval_windows_with_documents(whole, "train", 4096, 8, seed=3)
+    copies = copy_inputs(whole, "train", 256, 0.5, 4, seed=3)
+    shard_corpus("synthetic", tmp_path, "50K", remove_bin=True)
+    sharded = open_corpus("synthetic", tmp_path)
+    after = eval_windows_with_documents(sharded, "train", 4096, 8, seed=3)
+    assert np.array_equal(before[0], after[0]) and before[1] == after[1] and np.array_equal(before[2], after[2])
+    for a, b in zip(copies, copy_inputs(sharded, "train", 256, 0.5, 4, seed=3)):
+        assert np.array_equal(a["input"], b["input"]) and np.array_equal(a["targets"], b["targets"])

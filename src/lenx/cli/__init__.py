@@ -3,7 +3,7 @@
 Every command checks all of its input before it starts any work, and reports a user error as one
 line on stderr with exit code 2. This module holds the typer app, main() and what the commands
 share (registration, one-line errors, progress, the parsers of list options); each group of
-commands is a module of its own that registers them when imported: data (list, prepare), train,
+commands is a module of its own that registers them when imported: data (list, prepare), shard, train,
 evaluate (eval, generate), export, sweep, report (compare, plot), che, bench and demo.
 
 Imports: anything of lenx, inside the commands' functions only, so `lenx --help` loads no torch;
@@ -130,4 +130,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # The commands: importing each group registers it with `app`, in the order `lenx --help` lists them.
-from . import data, train, evaluate, export, sweep, report, che, bench, demo  # noqa: E402, F401
+from . import data, shard, train, evaluate, export, sweep, report, che, bench, demo  # noqa: E402, F401

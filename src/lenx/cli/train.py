@@ -14,11 +14,20 @@ from . import (ConfigOpt, NoMemoryCheckOpt, ProgressOpt, SetOpt, _command, _fail
 def train_cmd(ctx: typer.Context, config: str = ConfigOpt, set_: list[str] = SetOpt,
               out: Path = typer.Option(None, "--out", "-o", help="run directory (default runs/<corpus>-<method>-T<len>)"),
               resume: Path = typer.Option(None, "--resume", help="continue this run directory from its last checkpoint"),
+              until: Optional[int] = typer.Option(None, "--until", min=1,
+                                                  help="stop at this step, checkpointed (continue later with --resume); "
+                                                       "with train.sampling=\"pass\" over a sharded corpus, only the "
+                                                       "shards of the steps up to it need be here"),
               progress: Optional[bool] = ProgressOpt, no_memory_check: bool = NoMemoryCheckOpt):
     """Train a model, on one device or under torchrun on several GPUs.
 
     Several GPUs: `torchrun --nproc-per-node N -m lenx train ...` (DDP by default,
     `--set train.parallel=fsdp` for FSDP2).
+
+    A machine held for a while trains part of a run: `--until STEP` stops there with a checkpoint, and
+    `lenx train --resume RUN` continues on another one; with train.sampling="pass" over a sharded
+    corpus (`lenx shard`) each machine needs only the shards of its steps
+    (scripts/data/shards_for_steps.py lists them).
 
     Before the first step, the step's peak memory is estimated (weights, gradients, optimizer state,
     activations, the attention backend's own memory) and a run that would not fit the device is
@@ -47,13 +56,14 @@ def train_cmd(ctx: typer.Context, config: str = ConfigOpt, set_: list[str] = Set
             resumed = _run_config(resume)
             check_device(resumed, resumed.train.device)
             check_writable_dir(resume, "the run folder")
-            summary = train(None, resume, resume=True, progress=_progress(progress), memory_check=not no_memory_check)
+            summary = train(None, resume, resume=True, progress=_progress(progress), memory_check=not no_memory_check,
+                            until=until)
         else:
             cfg = load_config(config, set_ or [])
             check_device(cfg, cfg.train.device)
             run_dir = out or Path("runs") / f"{cfg.data.corpus}-{cfg.model.method}-T{cfg.train.seq_len}"
             check_writable_dir(run_dir, "--out" if out else "the run folder")
-            summary = train(cfg, run_dir, progress=_progress(progress), memory_check=not no_memory_check)
+            summary = train(cfg, run_dir, progress=_progress(progress), memory_check=not no_memory_check, until=until)
     except _user_errors(TrainingDiverged) as e:
         _fail(e)
     distributed.teardown()

@@ -8,6 +8,9 @@ Built-in corpora (CORPORA): "tech" (LaTeX/rst/POD docs from Debian packages),
 "synthetic" (generated, token-level). lenx.data.build prepares them, and any other
 name from the user's files (text files, JSONL, parquet, arrow, a saved or cached
 Hugging Face dataset); this package never imports it.
+
+`lenx shard` (sharding.py) cuts a corpus's train split into shard files; c.tokens("train") is then a
+ShardedTokens view (shards.py) that reads each shard when a slice first reaches it.
 """
 
 from .corpus import CORPORA, Corpus, open_corpus

@@ -20,9 +20,11 @@ from .layout import (
     index_file,
     is_fingerprint,
     read_manifest,
+    shard_records,
     token_dtype,
     tokens_file,
 )
+from .shards import ShardedTokens
 from .tokenizer import load_tokenizer
 
 CORPORA = ("tech", "books", "synthetic")  # the built-in corpora, which lenx.data.build knows how to build
@@ -39,6 +41,7 @@ class Corpus:
         self.token_dtype: np.dtype = token_dtype(manifest)
         self._tok = None
         self._fingerprint: dict | None = None
+        self._sharded: dict[str, ShardedTokens] = {}
 
     def __repr__(self) -> str:
         toks = {s: self.manifest["splits"][s]["tokens"] for s in SPLITS}
@@ -49,10 +52,16 @@ class Corpus:
             raise DataError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
         return split
 
-    def tokens(self, split: str) -> np.ndarray:
+    def tokens(self, split: str) -> np.ndarray | ShardedTokens:
         """The split's whole token stream (uint16, or uint32 for a vocabulary over 65536 ids;
-        memory-mapped, read-only)."""
+        memory-mapped, read-only). A sharded split (`lenx shard`) is a ShardedTokens view: len,
+        dtype and slicing [a:b] as an array, each shard mapped when first read."""
         path = tokens_file(self.root, self._split(split))
+        shards = shard_records(self.manifest, split)
+        if shards is not None:
+            if split not in self._sharded:
+                self._sharded[split] = ShardedTokens(self.name, self.root, split, self.token_dtype, shards)
+            return self._sharded[split]
         if self.manifest["splits"][split]["tokens"] == 0:
             return np.zeros(0, dtype=self.token_dtype)  # numpy cannot map an empty file
         return np.memmap(path, dtype=self.token_dtype, mode="r")

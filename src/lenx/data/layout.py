@@ -6,6 +6,10 @@ Layout of `<root>/<name>/`:
   {train,val,test}.bin      token stream (uint16, or uint32 for a vocabulary over 65536 ids:
                             manifest["token_dtype"]); each document's tokens then one EOS
   {train,val,test}.idx.npy  int64 [n_docs, 2]: start offset, length (without the EOS)
+  train.shards/00000.bin    after `lenx shard`: the train stream cut into consecutive pieces, listed
+                            in manifest["shards"]["train"] (each one's file, start, tokens, sha256);
+                            train.bin may then be gone, and a shard may be absent until it is read
+                            (a machine holds the shards of the steps it trains)
 
 A folder without a valid manifest.json counts as not prepared. A manifest without "token_dtype" (a
 corpus prepared before uint32 streams existed) is uint16.
@@ -52,6 +56,17 @@ def index_file(folder: Path, split: str) -> Path:
     return Path(folder) / f"{split}.idx.npy"
 
 
+def shards_dir(folder: Path, split: str) -> Path:
+    return Path(folder) / f"{split}.shards"
+
+
+def shard_records(m: dict, split: str) -> list[dict] | None:
+    """The shards of a split as the manifest lists them ({"file", "start", "tokens", "sha256"}, in
+    stream order), or None when the split is one file."""
+    entry = m.get("shards", {}).get(split) if isinstance(m.get("shards"), dict) else None
+    return entry["files"] if isinstance(entry, dict) and isinstance(entry.get("files"), list) else None
+
+
 def corrupt(name: str, folder: Path, what: str) -> DataError:
     """The error for a damaged corpus: `what` is wrong, and how to prepare it again."""
     return DataError(f"corpus {name!r} at {folder} is corrupt: {what}; "
@@ -72,18 +87,33 @@ def read_manifest(folder: Path) -> dict | None:
 
 
 def check_files(name: str, folder: Path, m: dict) -> None:
-    """Cheap consistency checks: every file there, .bin sizes as the manifest says."""
+    """Cheap consistency checks: every file there, .bin sizes as the manifest says. A sharded split
+    needs no .bin (its shards are checked when read: a machine may hold only some of them)."""
     itemsize = token_dtype(m).itemsize
     for split in SPLITS:
+        shards = shard_records(m, split)
+        if shards is not None:
+            _check_shard_records(name, folder, split, shards, m["splits"][split]["tokens"])
         for path in (tokens_file(folder, split), index_file(folder, split)):
-            if not path.is_file():
+            if not path.is_file() and not (shards is not None and path == tokens_file(folder, split)):
                 raise corrupt(name, folder, f"{path.name} is missing")
         want = itemsize * m["splits"][split]["tokens"]
-        have = tokens_file(folder, split).stat().st_size
-        if have != want:
+        if tokens_file(folder, split).is_file() and (have := tokens_file(folder, split).stat().st_size) != want:
             raise corrupt(name, folder, f"{split}.bin has {have} bytes, manifest says {want}")
     if m["tokenizer"]["kind"] != "none" and not (folder / "tokenizer.json").is_file():
         raise corrupt(name, folder, "tokenizer.json is missing")
+
+
+def _check_shard_records(name: str, folder: Path, split: str, shards: list[dict], tokens: int) -> None:
+    """The shards follow one another from token 0 to the split's end."""
+    at = 0
+    for s in shards:
+        if not (isinstance(s, dict) and s.get("start") == at and isinstance(s.get("tokens"), int) and s["tokens"] > 0
+                and isinstance(s.get("file"), str) and "/" not in s["file"]):
+            raise corrupt(name, folder, f"manifest.json lists a {split} shard it cannot read ({s!r})")
+        at += s["tokens"]
+    if at != tokens:
+        raise corrupt(name, folder, f"the {split} shards hold {at} tokens, the manifest's {split} split {tokens}")
 
 
 def is_fingerprint(value) -> bool:

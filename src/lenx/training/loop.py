@@ -10,7 +10,6 @@ import threading
 import time
 from typing import Callable
 
-import numpy as np
 import torch
 
 from ..config import ConfigError, RunConfig, resolve_device, to_toml
@@ -22,6 +21,7 @@ from ..model.precision import autocast_for
 from ..runinfo import environment, git_commit
 from ..runs import absolute_root, check_run_corpus, open_training_corpus, run_config, run_meta, run_weights
 from . import distributed
+from .batches import Batches, sampling_record, train_batches
 from .metrics import MetricsLogger, read_metrics
 from .optim import adamw, lr_at
 from .step import NonFiniteLoss, train_step
@@ -38,34 +38,6 @@ class TrainingInterrupted(SystemExit):
     def __init__(self, signum: int, step: int):
         super().__init__(128 + signum)
         self.signum, self.step = signum, step
-
-
-class Batches:
-    """The batch of step s depends only on (seed, s): resuming at step s reads exactly what an
-    uninterrupted run would, on any number of ranks. Each rank takes its slice of every micro-batch."""
-
-    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, grad_accum: int, seed: int,
-                 info: distributed.DistInfo, split: str = "train"):
-        if len(tokens) < seq_len + 2:
-            raise ConfigError(f"the {split} split has {len(tokens)} tokens, fewer than train.seq_len + 2")
-        micro = batch_size // grad_accum
-        if micro % info.world:
-            raise ConfigError(f"micro-batch {micro} (batch_size / grad_accum) must divide by the {info.world} ranks")
-        self.tokens, self.seq_len, self.seed, self.info = tokens, seq_len, seed, info
-        self.batch_size, self.grad_accum, self.micro = batch_size, grad_accum, micro
-
-    def window(self, step: int, micro_index: int) -> torch.Tensor:
-        """This rank's rows of one micro-batch: [rows, seq_len + 1] tokens, inputs plus targets."""
-        rng = np.random.default_rng([self.seed, step])
-        starts = rng.integers(0, len(self.tokens) - self.seq_len - 1, size=self.batch_size)
-        rows = starts[micro_index * self.micro:(micro_index + 1) * self.micro]
-        per_rank = self.micro // self.info.world
-        rows = rows[self.info.rank * per_rank:(self.info.rank + 1) * per_rank]
-        return torch.from_numpy(np.stack([self.tokens[s:s + self.seq_len + 1] for s in rows]).astype(np.int64))
-
-    def get(self, step: int, micro_index: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-        window = self.window(step, micro_index).to(device, non_blocking=True)
-        return window[:, :-1], window[:, 1:]
 
 
 # meta.json's "validation_windows": what drew a run's validation windows. Runs begun before it was
@@ -101,9 +73,10 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
 
 
 def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = True,
-          stop_after: int | None = None, memory_check: bool = True) -> dict:
+          stop_after: int | None = None, memory_check: bool = True, until: int | None = None) -> dict:
     """Train `cfg` into `run_dir`. With resume=True continue from the last checkpoint (the run's
-    saved config is used). stop_after ends the loop after that many steps (checkpointing first).
+    saved config is used). stop_after ends the loop after that many steps, `until` at that step
+    (checkpointing first); a sharded corpus need hold only the shards of the steps up to there.
     memory_check: refuse, before the model is built, a step too large for the device.
     SIGINT / SIGTERM end it, checkpointed at the last finished step, with TrainingInterrupted: in a
     single process at once, abandoning a step still in its forward and backward passes; under
@@ -111,13 +84,13 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
     Under torchrun every rank calls this; the batch, loss curve and checkpoints are those of one
     process with the same global batch. Returns the run's step, its last training loss and
     validation loss (None when none was logged) and whether it finished."""
-    run = setup_run(cfg, run_dir, resume, memory_check)
+    run = setup_run(cfg, run_dir, resume, memory_check, stop_after, until)
     total = run.cfg.train.steps
     finished = run.start_step >= total  # resumed after its last step: nothing to train, nothing to write
     if finished and run.info.is_main:
         print(f"{run.run_dir} has already finished training (step {run.start_step} of {total}): nothing to resume",
               file=sys.stderr, flush=True)
-    end = total if stop_after is None else min(total, run.start_step + stop_after)
+    end = _end_step(run.cfg, run.start_step, stop_after, until)
     metrics = MetricsLogger(run.run_dir, run.cfg, run.metrics, run.start_step, end,
                             active=run.info.is_main and not finished, progress=progress)
     done, signum = run.start_step, None
@@ -148,7 +121,14 @@ def train(cfg: RunConfig, run_dir: Path, resume: bool = False, progress: bool = 
                   f"continue with: lenx train --resume {run.run_dir}", file=sys.stderr, flush=True)
         raise TrainingInterrupted(signum, done)
     return {"run_dir": str(run.run_dir), "step": done, "final_loss": metrics.last_loss,
-            "val_loss": metrics.last_val_loss, "finished": done >= total}
+            "val_loss": metrics.last_val_loss, "finished": done >= total,
+            "sampling": run.cfg.train.sampling, "epochs": sampling_record(run.cfg.train, run.corpus)["epochs"]}
+
+
+def _end_step(cfg: RunConfig, start: int, stop_after: int | None, until: int | None) -> int:
+    """Where this call of train() stops: train.steps, or earlier with stop_after or until."""
+    end = cfg.train.steps if until is None else min(cfg.train.steps, until)
+    return end if stop_after is None else min(end, start + stop_after)
 
 
 class StepAbandoned(Exception):
@@ -218,15 +198,19 @@ class TrainingRun:
     optimizer: torch.optim.Optimizer
     batches: Batches
     start_step: int
+    corpus: object  # lenx.data.Corpus
     metrics: list[dict] = field(default_factory=list)  # the records metrics.jsonl held on resume
     val_windows: list[torch.Tensor] = field(default_factory=list)  # empty: no validation
 
 
-def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool, memory_check: bool = True) -> TrainingRun:
-    """Device and process group, corpus, (memory_check) the step's memory, model, optimizer and (on
-    resume) the checkpoint's weights, optimizer and RNG state; rank 0 writes config.toml and
-    meta.json. Damage (a checkpoint folder without its state, a corrupt metrics line) or a step too
-    large for the device is reported before anything is written."""
+def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool, memory_check: bool = True,
+              stop_after: int | None = None, until: int | None = None) -> TrainingRun:
+    """Device and process group, corpus and the batches of the steps to train (train.py's stop_after
+    and until), (memory_check) the step's memory, model, optimizer and (on resume) the checkpoint's
+    weights, optimizer and RNG state; rank 0 writes config.toml and meta.json. Damage (a checkpoint
+    folder without its state, a corrupt metrics line), data the steps cannot read (too few windows
+    for a pass, an absent shard) or a step too large for the device is reported before anything is
+    written."""
     run_dir = Path(run_dir)
     ckpt = prepare_run_dir(run_dir, resume)
     records = []
@@ -250,7 +234,11 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool, memory_check: 
     if resume:  # the run goes on with the data it began with, or not at all
         check_run_corpus(run_dir, cfg, corpus)
     cfg.model.vocab_size = corpus.vocab_size
-    if memory_check and (ckpt is None or (weights_step(ckpt) or 0) < cfg.train.steps):  # a finished run trains nothing
+    first = (weights_step(ckpt) or 0) if ckpt is not None else 0
+    if until is not None and until <= first < cfg.train.steps:
+        raise ConfigError(f"--until {until}: {run_dir} is at step {first} already; give a later step")
+    batches = train_batches(cfg.train, corpus, info, first, _end_step(cfg, first, stop_after, until))
+    if memory_check and first < cfg.train.steps:  # a finished run trains nothing
         check_training_memory(cfg, device, info.world)  # before the model takes any memory
     torch.manual_seed(cfg.train.seed)
     raw_model = LM(cfg.model)
@@ -274,8 +262,6 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool, memory_check: 
         if device.type == "cuda" and "cuda" in state["rng"]:
             torch.cuda.set_rng_state(state["rng"]["cuda"])
     step_fn = torch.compile(model) if cfg.train.compile else model
-    batches = Batches(corpus.tokens("train"), cfg.train.seq_len, cfg.train.batch_size, cfg.train.grad_accum,
-                      cfg.train.seed, info)
     val_seed = None
     if resume and run_meta(run_dir).get("validation_windows") != VALIDATION_DRAW:
         val_seed = cfg.train.seed  # begun before validation was fixed by eval.seed: the same windows as then
@@ -283,7 +269,7 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool, memory_check: 
     if info.is_main and start_step < cfg.train.steps:  # a finished run resumes nothing, so records no resume
         _write_run_files(run_dir, cfg, device, info, raw_model, corpus, start_step if resume else None)
     return TrainingRun(cfg, run_dir, device, info, raw_model, model, step_fn, optimizer, batches, start_step,
-                       records, val_windows)
+                       corpus, records, val_windows)
 
 
 def _check_nothing_lost(run_dir: Path, cfg: RunConfig, records: list[dict]) -> None:
@@ -305,7 +291,8 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM,
     """config.toml, and meta.json: written when the run starts; a resume keeps its original
     environment and command and adds an entry to its "resumes" list. meta.json pins the corpus:
     its fingerprint (lenx.data.Corpus.fingerprint) and when it was prepared, which evaluation and
-    generation check (lenx.runs.check_run_corpus)."""
+    generation check (lenx.runs.check_run_corpus); and it says how the run reads it: train.sampling
+    and the passes its train.steps make over the train split (lenx.training.batches.sampling_record)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     write_text(run_dir / "config.toml", to_toml(cfg))
     meta = run_meta(run_dir) if resumed_at is not None else {}
@@ -315,6 +302,7 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM,
                 "corpus": corpus.name, "vocab_size": corpus.vocab_size,
                 "corpus_fingerprint": corpus.fingerprint(), "corpus_prepared": corpus.manifest.get("created"),
                 "validation_windows": VALIDATION_DRAW}
+    meta.update(sampling_record(cfg.train, corpus))  # again on resume: config.toml's train.steps may have changed
     if resumed_at is not None:
         meta.setdefault("resumes", []).append({
             "step": resumed_at, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv),
