@@ -1,10 +1,10 @@
 #!/bin/bash
 # One device call after the GPU suite (gpu_check.sh or skewed_check.sh, same commit): the skewed DAPE V2
 # kernels per layer at the training shapes, the 125m training step of each method (`lenx bench
-# --train-step`, GPU kernel time from the profiler) at the issue-28 shapes, optional tile settings of
-# one kernel, and optionally lenx's decode steps beside compiled GPT-2 (issue 32).
+# --train-step`, GPU kernel time from the profiler) at the issue-28 shapes, and optional tile settings
+# of one kernel at a time (decoding: scripts/device/decode_check.sh).
 # Usage (repository root on the device): COMMIT=<sha> OUT=/some/dir [TILES="attn_fwd:64,64,4,2 ..."]
-#   [DECODE=1] bash scripts/device/step_times.sh
+#   bash scripts/device/step_times.sh
 export PYTHONPATH=src PYTHONUNBUFFERED=1 LENX_GIT_COMMIT=$COMMIT
 mkdir -p "$OUT"
 METHODS=${METHODS:-sdpa,kerple,dapev2-kerple,stickbreaking,dapev2-stickbreaking}
@@ -20,11 +20,3 @@ for t in $TILES; do  # one process per setting: a bad address poisons the CUDA c
     timeout 60 python3 scripts/tune/time_skewed.py "$OUT/tiles_${t//[:,]/_}.json" 32x512 sweep "${t%%:*}" "${t#*:}" \
         2>&1 | grep -v -i warn | tail -3 | tee -a "$OUT/tiles.log"
 done
-if [ "${DECODE:-0}" = 1 ]; then
-    timeout 200 python3 -m lenx bench --decode --methods rope,kerple --contexts 8192 --batches 1 \
-        --modes eager,graph,compile --gpt2-modes compile --commit "$COMMIT" -o "$OUT/bench_decode.json" 2>&1 \
-        | grep -v -i warn | tail -15 | tee "$OUT/bench_decode.log"
-    # the eager step ran 3-6x slower than the issue's figures in session 14: its kernels and host ops
-    timeout 120 python3 scripts/device/decode_profile.py --methods rope,kerple --context 8192 \
-        -o "$OUT/decode_profile.json" 2>&1 | grep -v -i warn | tail -5
-fi
