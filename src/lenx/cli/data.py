@@ -25,17 +25,20 @@ def list_methods():
 
 
 @_command()
-def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a new name with --from"),
+def prepare(corpus: str = typer.Argument(..., help="tech, books, code, synthetic, or a new name with --from"),
             from_path: Path = typer.Option(None, "--from", help="a folder of text files or a JSONL file with a 'text' field"),
             root: Path = typer.Option(Path("data"), help="where corpora live"),
             tokenizer: str = typer.Option("bpe", help="bpe (trained on the train split) or gpt2"),
             vocab_size: int = typer.Option(16384, help="BPE vocabulary size"),
             seed: int = typer.Option(0),
-            long_test: int = typer.Option(0, "--long-test", help="reserve this many documents of at least "
-                                          "--long-test-tokens tokens for the test split, so evaluation windows at "
-                                          "long lengths can each come from a document of their own"),
-            long_test_tokens: int = typer.Option(16384, "--long-test-tokens",
-                                                 help="the size in tokens of a document that --long-test reserves"),
+            long_test: Optional[int] = typer.Option(None, "--long-test", show_default=False,
+                                                    help="reserve this many documents of at least --long-test-tokens "
+                                                    "tokens for the test split, so evaluation windows at long lengths "
+                                                    "can each come from a document of their own (default: 300 for "
+                                                    "code, else 0)"),
+            long_test_tokens: Optional[int] = typer.Option(None, "--long-test-tokens", show_default=False,
+                                                           help="the size in tokens of a document that --long-test "
+                                                           "reserves (default: 16385 for code, else 16384)"),
             force: bool = typer.Option(False, help="rebuild even if the corpus is already prepared with these "
                                        "settings, and replace a corpus of this name prepared with other settings "
                                        "(without it, that is an error; runs trained on the old corpus refuse the "
@@ -53,10 +56,16 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
             progress: Optional[bool] = ProgressOpt):
     """Build a corpus: fetch, extract, dedupe, split by document, tokenize, pack.
 
+    `code` (the Linux kernel's source tree with tech's and books' text) also drops near-duplicate
+    documents (MinHash LSH, which needs the datasketch package: `pip install 'lenx\\[dedup]'`) and
+    reserves 300 documents of >= 16385 tokens for its test split.
+
     Prints the manifest (without its sources) as JSON on stdout, and one line per split (documents,
-    tokens, documents of >= 8192 and >= 16384 tokens) on stderr, then how many non-text documents were dropped.
+    tokens, documents of >= 8192 and >= 16384 tokens) on stderr, then how many non-text (and
+    near-duplicate) documents were dropped.
     """
     from ..data.build import prepare_corpus
+    from ..data.build.neardup import summary_line as near_dup_line
     from ..data.build.nontext import summary_line
     from ..fileio import check_writable_dir
     from ..report.corpus_summary import manifest_json, skipped_records, split_summary
@@ -73,5 +82,6 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
     print(manifest_json(manifest))
     for line in split_summary(manifest) + skipped_records(manifest):
         typer.echo(line, err=True)
-    if summary_line(manifest):
-        typer.echo(summary_line(manifest), err=True)
+    for line in (summary_line(manifest), near_dup_line(manifest)):
+        if line:
+            typer.echo(line, err=True)

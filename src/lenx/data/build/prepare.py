@@ -7,7 +7,11 @@ with other settings needs force=True (`lenx prepare --force`).
 
 `long_test=N` reserves N documents of at least `long_test_tokens` tokens for the test
 split (so evaluation windows at long lengths can each come from their own document);
-the rest is split as usual. The default, 0, builds exactly the split it always did.
+the rest is split as usual. The default is the corpus's (splits.long_test_default): 300 of
+16385 tokens for `code`, else 0, which builds exactly the split it always did.
+
+The `code` corpus also drops near-duplicate documents (lenx.data.build.neardup, MinHash LSH with
+datasketch), after the non-text ones and the same way.
 
 Non-text documents (lenx.data.build.nontext) are dropped after cleaning, unless
 keep_non_text=True (`--keep-non-text`), which builds a corpus exactly as lenx did before the filter
@@ -30,8 +34,11 @@ from ..errors import DataError
 from ..layout import FORMAT, SPLITS, check_files, fingerprint_files, read_manifest
 from .documents import missing_sources, read_docs
 from .fetch import Registries
+from .neardup import check_available, find_near_duplicates
+from .neardup import rule as near_dup_rule
 from .nontext import find_non_text, rule
-from .splits import LONG_TEST_TOKENS, check_docs
+from .sources import NEAR_DUP
+from .splits import LONG_TEST_TOKENS, check_docs, long_test_default
 from .staging import build_aside
 from .synthetic import VOCAB, build_synthetic
 from .text import build_text
@@ -45,7 +52,7 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
                    tokenizer: str = "bpe", vocab_size: int = 16384, seed: int = 0,
                    val_frac: float = 0.02, test_frac: float = 0.05, cache_dir: Path | None = None,
                    progress: bool = True, force: bool = False, allow_missing_sources: bool = False,
-                   long_test: int = 0, long_test_tokens: int = LONG_TEST_TOKENS,
+                   long_test: int | None = None, long_test_tokens: int | None = None,
                    skip_bad_records: bool = False, keep_non_text: bool = False) -> dict:
     """Build `<root>/<name>/` and return its manifest.
 
@@ -61,7 +68,8 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
     missing ones in the manifest under "missing_sources". Such a partial corpus counts
     as prepared only for a later call that allows missing sources too.
 
-    `long_test=N` (text corpora) puts N documents of at least `long_test_tokens` tokens,
+    `long_test=N` (text corpora; None: the corpus's default, long_test_default) puts N documents
+    of at least `long_test_tokens` tokens (None: the corpus's default),
     drawn by `seed`, into the test split before the rest is split as usual (so test gets
     them and its `test_frac` share of the rest); too few such documents is a DataError,
     raised before any tokenizing when the documents' sizes in bytes already tell.
@@ -81,11 +89,16 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
     """
     t0 = time.time()
     root = Path(root)
+    default_n, default_tokens = long_test_default(name)
+    long_test = default_n if long_test is None else long_test
+    long_test_tokens = default_tokens if long_test_tokens is None else long_test_tokens
     _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, root, long_test, long_test_tokens,
                 skip_bad_records, keep_non_text)
     params = _params(from_path, tokenizer, vocab_size, seed, val_frac, test_frac, long_test, long_test_tokens)
     if name != "synthetic" and not keep_non_text:
         params["non_text"] = rule()
+    if name in NEAR_DUP:
+        params["near_dup"] = near_dup_rule()
     if name == "synthetic":
         params.update(tokenizer="none", vocab_size=VOCAB)
     folder = root / name
@@ -105,6 +118,10 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
             raise DataError(f"no usable documents for {name!r}: all {len(docs)} are non-text "
                             f"({non_text['rule']} >= {non_text['max_share']}); check the input, or pass "
                             "--keep-non-text to keep them")
+        near_dup = None
+        if name in NEAR_DUP:  # dropped like the non-text documents: dealt into splits, then left out
+            near, near_dup = find_near_duplicates(docs, skip=drop, progress=progress)
+            drop = np.union1d(drop, near).astype(np.int64)
         kept = [docs[i] for i in np.setdiff1d(np.arange(len(docs)), drop)]
         check_docs(name, kept, val_frac, test_frac, long_test, long_test_tokens)
         del kept
@@ -116,6 +133,8 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | No
             manifest.update(build_synthetic(build, seed, val_frac, test_frac))
         else:
             manifest.update(sources=records, missing_sources=missing, cleaning=cleaning, non_text=non_text)
+            if near_dup is not None:
+                manifest["near_dup"] = near_dup
             manifest.update(build_text(build, name, docs, tokenizer, vocab_size, seed, val_frac, test_frac,
                                        reg, progress, long_test, long_test_tokens, drop))
         for n in LONG:
@@ -190,6 +209,8 @@ def _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, roo
                 long_test_tokens=LONG_TEST_TOKENS, skip_bad_records=False, keep_non_text=False) -> None:
     check_name(name)
     _check_long_test(name, long_test, long_test_tokens)
+    if name in NEAR_DUP:
+        check_available()
     if keep_non_text and name == "synthetic":
         raise DataError("--keep-non-text applies to text corpora; the synthetic corpus is generated token ids")
     if from_path is None and name not in CORPORA:
