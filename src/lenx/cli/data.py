@@ -57,8 +57,8 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, code, synthetic
     """Build a corpus: fetch, extract, dedupe, split by document, tokenize, pack.
 
     `code` (the Linux kernel's source tree with tech's and books' text) also drops near-duplicate
-    documents (MinHash LSH, which needs the datasketch package: `pip install 'lenx\\[dedup]'`) and
-    reserves 300 documents of >= 16385 tokens for its test split.
+    documents (MinHash LSH, with the datasketch package of lenx's `dedup` extra) and reserves 300
+    documents of >= 16385 tokens for its test split.
 
     Prints the manifest (without its sources) as JSON on stdout, and one line per split (documents,
     tokens, documents of >= 8192 and >= 16384 tokens) on stderr, then how many non-text (and
