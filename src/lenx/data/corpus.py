@@ -25,7 +25,7 @@ from .layout import (
 )
 from .tokenizer import load_tokenizer
 
-CORPORA = ("tech", "books", "synthetic")  # the built-in corpora, which lenx.data.build knows how to build
+CORPORA = ("tech", "books", "code", "synthetic")  # the built-in corpora, which lenx.data.build knows how to build
 
 
 class Corpus:
