@@ -16,6 +16,7 @@ a sibling board); notes/code_corpus.md has what it removed from the `code` corpu
 
 from __future__ import annotations
 
+import gc
 import heapq
 import re
 import zlib
@@ -139,7 +140,12 @@ class NearDupScan:
     def result(self) -> tuple[np.ndarray, dict]:
         """The indices (sorted) of the near-duplicates, and the manifest's record: the rule, the counts
         and the dropped documents (at most LISTED, most similar first) with the document each
-        duplicates."""
+        duplicates. This ends the scan: the index is freed."""
+        # Free the index now: datasketch's LSH refers to itself (its bound method _H), so dropping it
+        # leaves a few KB per document to the cyclic collector, which the next passes (the BPE trainer
+        # runs outside Python) may not wake for a long while.
+        self._index = None
+        gc.collect()
         found = np.frombuffer(self.found, dtype=np.int64).copy() if self.found else np.zeros(0, dtype=np.int64)
         record = rule() | {"docs_checked": self.checked, "docs_dropped": len(found), "chars_dropped": self.chars}
         listed = sorted(self._top, key=lambda x: (-x[0], -x[1]))
