@@ -259,8 +259,10 @@ def main(argv: list[str] | None = None) -> int:
             if tree is not None:
                 fits = "fits" if args.piece_mib + tree <= TRAVEL_MIB else "does NOT fit"
                 print(f"the working tree here is {tree:.1f} MiB: one piece beside it {fits} in a call's {TRAVEL_MIB} MiB")
-            for p in rec["pieces"]:
-                print(f"  {p['name']}  {p['bytes'] / MIB:.1f} MiB  {p['sha256'][:16]}")
+            for i, p in enumerate(rec["pieces"]):
+                print(f"  call {i + 1}: carry {args.out / p['name']} and {args.out / 'pack.json'}  "
+                      f"({p['bytes'] / MIB:.1f} MiB, sha256 {p['sha256'][:16]})")
+            print(f"then, there: python scripts/data/pack_corpus.py unpack {args.out} data/{rec['corpus']}")
         elif args.check:
             rec = read_pack(args.pieces)
             problems = check_pieces(args.pieces, rec)

@@ -41,6 +41,8 @@ def test_a_corpus_round_trips_through_pieces(packed, tmp_path):
     names = sorted(p.name for p in (here / "data" / "mine").iterdir())
     assert [f["name"] for f in record["files"]] == names  # every file of the corpus, manifest.json included
     assert f"-> {len(pieces)} pieces" in stdout and record["corpus"] == "mine"
+    assert f"call {len(pieces)}: carry .carry/mine/{pieces[-1]['name']} and .carry/mine/pack.json" in stdout
+    assert "then, there: python scripts/data/pack_corpus.py unpack .carry/mine data/mine" in stdout
     # carried elsewhere: only the pieces and pack.json travel
     there = tmp_path / "there"
     shutil.copytree(here / ".carry", there / ".carry")
