@@ -258,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             tree = tree_mib(args.out)
             if tree is not None:
                 fits = "fits" if args.piece_mib + tree <= TRAVEL_MIB else "does NOT fit"
-                print(f"the working tree here is {tree:.1f} MiB: one piece beside it {fits} in a call's {TRAVEL_MIB} MiB")
+                print(f"the working tree here is {tree:.1f} MiB: one piece beside it {fits} in a call's "
+                      f"{TRAVEL_MIB} MiB")
             for i, p in enumerate(rec["pieces"]):
                 print(f"  call {i + 1}: carry {args.out / p['name']} and {args.out / 'pack.json'}  "
                       f"({p['bytes'] / MIB:.1f} MiB, sha256 {p['sha256'][:16]})")

@@ -2,8 +2,9 @@
 pass (`scan`) cleans every record (lenx.data.build.clean), finds the non-text documents (and, when
 asked, the near-duplicate ones: lenx.data.build.neardup) and keeps only what each later pass needs,
 a few bytes per document: whether cleaning kept each record, each document's length and the dropped
-ones. The near-duplicate index holds a few KB per document while the scan runs. Every later pass reads the records again from their
-source (`Documents.texts`); for the built-in corpora that is the list of fetched documents."""
+ones. The near-duplicate index holds a few KB per document while the scan runs. Every later pass
+reads the records again from their source (`Documents.texts`); for the built-in corpora that is the
+list of fetched documents, or a source's files read again (the kernel tree of `code`)."""
 
 from __future__ import annotations
 
