@@ -203,3 +203,19 @@ def test_prepare_passes_allow_missing_sources(monkeypatch):
     assert seen[1]["progress"] is False
     assert invoke("prepare", "tech", "--progress").exit_code == 0 and seen[2]["progress"] is True
     assert invoke("prepare", "tech", "--no-progress").exit_code == 0 and seen[3]["progress"] is False
+
+
+def test_prepare_long_test_defaults_to_the_corpus_and_near_duplicates_are_reported(monkeypatch):
+    import lenx.data.build
+
+    seen = []
+    record = {"docs_checked": 74032, "docs_dropped": 1273, "chars_dropped": 8128548, "shingle_words": 5,
+              "threshold": 0.7, "num_perm": 128}
+    monkeypatch.setattr(lenx.data.build, "prepare_corpus",
+                        lambda *a, **kw: seen.append(kw) or {"name": "code", "near_dup": record})
+    out = invoke("prepare", "code")
+    assert out.exit_code == 0 and seen[0]["long_test"] is None and seen[0]["long_test_tokens"] is None
+    assert ("near-duplicate documents: 1,273 of 74,032 dropped, 8,128,548 characters (Jaccard of word 5-grams "
+            ">= 0.7, MinHash LSH with 128 permutations)") in out.output
+    assert invoke("prepare", "code", "--long-test", "0", "--long-test-tokens", "9").exit_code == 0
+    assert seen[1]["long_test"] == 0 and seen[1]["long_test_tokens"] == 9

@@ -214,3 +214,20 @@ def test_bad_compare_is_one_line_exit_2_and_writes_nothing(workdir, args, needle
     out = check_bad_input(workdir, ["compare", *args, "--out", "compare.json"], needle)
     assert out.returncode == 2
     assert not (workdir / "compare.json").exists()
+
+
+def test_code_corpus_without_datasketch_is_one_line_before_any_download(tmp_path):
+    """`lenx prepare code` where datasketch is not installed (an import of it fails)."""
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "datasketch.py").write_text("raise ImportError('No module named datasketch')\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocker), str(SRC), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "lenx", "prepare", "code", "--root", "data"], capture_output=True,
+                         text=True, timeout=600, cwd=work, env=env)
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert lines == ["error: removing near-duplicate documents needs the `datasketch` package; run "
+                     "`pip install 'lenx[dedup]'`"]
+    assert not (work / "data" / ".cache").exists() and not (work / "data" / "code").exists()

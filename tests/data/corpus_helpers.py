@@ -27,6 +27,24 @@ def tar_bytes(files: dict[str, bytes], mode: str = "w:xz", symlinks: dict[str, s
     return buf.getvalue()
 
 
+def ar_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    """A Unix ar archive, the container format of a .deb."""
+    out = [b"!<arch>\n"]
+    for name, data in members:
+        header = f"{name:<16}{0:<12}{0:<6}{0:<6}{644:<8}{len(data):<10}`\n".encode()
+        assert len(header) == 60
+        out += [header, data, b"\n" if len(data) % 2 else b""]
+    return b"".join(out)
+
+
+def make_deb(path: Path, files: dict[str, bytes], comp: str = "xz", **kw) -> Path:
+    data = tar_bytes(files, mode=f"w:{comp}", **kw)
+    control = tar_bytes({"./control": b"Package: fake\nVersion: 1.0-1\n"}, mode="w:gz")
+    path.write_bytes(ar_bytes([("debian-binary", b"2.0\n"), ("control.tar.gz", control),
+                               (f"data.tar.{comp}", data)]))
+    return path
+
+
 def mini_gpt2_files(monkeypatch) -> tuple[bytes, bytes]:
     """A miniature GPT-2 vocabulary (encoder.json, vocab.bpe): the 256 byte symbols, two merges, then EOS."""
     from tokenizers import pre_tokenizers

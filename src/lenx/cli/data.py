@@ -25,7 +25,7 @@ def list_methods():
 
 
 @_command()
-def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a new name with --from"),
+def prepare(corpus: str = typer.Argument(..., help="tech, books, code, synthetic, or a new name with --from"),
             from_path: str = typer.Option(None, "--from", help="your data: a folder of text files (a document "
                                           "each), a JSONL, parquet or arrow file, a folder of such shards, a folder "
                                           "saved by datasets' save_to_disk, or hf:NAME[:CONFIG] (a dataset in the "
@@ -40,11 +40,14 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
                                           "tokenizer.json or a transformers tokenizer folder (used as it is)"),
             vocab_size: Optional[int] = typer.Option(None, help="BPE vocabulary size [default: 16384]"),
             seed: int = typer.Option(0),
-            long_test: int = typer.Option(0, "--long-test", help="reserve this many documents of at least "
-                                          "--long-test-tokens tokens for the test split, so evaluation windows at "
-                                          "long lengths can each come from a document of their own"),
-            long_test_tokens: int = typer.Option(16384, "--long-test-tokens",
-                                                 help="the size in tokens of a document that --long-test reserves"),
+            long_test: Optional[int] = typer.Option(None, "--long-test", show_default=False,
+                                                    help="reserve this many documents of at least --long-test-tokens "
+                                                    "tokens for the test split, so evaluation windows at long lengths "
+                                                    "can each come from a document of their own (default: 300 for "
+                                                    "code, else 0)"),
+            long_test_tokens: Optional[int] = typer.Option(None, "--long-test-tokens", show_default=False,
+                                                           help="the size in tokens of a document that --long-test "
+                                                           "reserves (default: 16385 for code, else 16384)"),
             force: bool = typer.Option(False, help="rebuild even if the corpus is already prepared with these "
                                        "settings, and replace a corpus of this name prepared with other settings "
                                        "(without it, that is an error; runs trained on the old corpus refuse the "
@@ -64,11 +67,16 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
 
     Your own data streams through the build (a corpus larger than memory builds in bounded memory).
 
+    `code` (the Linux kernel's source tree with tech's and books' text) also drops near-duplicate
+    documents (MinHash LSH, with the datasketch package of lenx's `dedup` extra) and reserves 300
+    documents of >= 16385 tokens for its test split.
+
     Prints a short summary: the corpus's tokenizer and vocabulary, one line per split (documents,
     tokens, documents of >= 8192 and >= 16384 tokens) and where its manifest is (<root>/<corpus>/manifest.json,
-    everything the build recorded, as JSON); then on stderr how many non-text documents were dropped.
+    everything the build recorded, as JSON); then on stderr how many non-text (and near-duplicate) documents were dropped.
     """
     from ..data.build import prepare_corpus
+    from ..data.build.neardup import summary_line as near_dup_line
     from ..data.build.nontext import summary_line
     from ..fileio import check_writable_dir
     from ..report.corpus_summary import corpus_summary, skipped_records
@@ -87,5 +95,6 @@ def prepare(corpus: str = typer.Argument(..., help="tech, books, synthetic, or a
         print(line)
     for line in skipped_records(manifest):
         typer.echo(line, err=True)
-    if summary_line(manifest):
-        typer.echo(summary_line(manifest), err=True)
+    for line in (summary_line(manifest), near_dup_line(manifest)):
+        if line:
+            typer.echo(line, err=True)

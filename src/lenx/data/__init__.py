@@ -4,8 +4,9 @@
     c.tokens("test"), c.docs("test")         # uint16 (or uint32) stream, [n_docs, 2] (start, len)
 
 Built-in corpora (CORPORA): "tech" (LaTeX/rst/POD docs from Debian packages),
-"books" (speeches, novels, plays, a commentary from Debian, npm and PyPI) and
-"synthetic" (generated, token-level). lenx.data.build prepares them, and any other
+"books" (speeches, novels, plays, a commentary from Debian, npm and PyPI), "code" (the
+Linux kernel's source tree with tech's and books' text, near-deduplicated, with a test
+split of long documents) and "synthetic" (generated, token-level). lenx.data.build prepares them, and any other
 name from the user's files (text files, JSONL, parquet, arrow, a saved or cached
 Hugging Face dataset); this package never imports it.
 

@@ -27,7 +27,7 @@ from .layout import (
 from .shards import ShardedTokens
 from .tokenizer import load_tokenizer
 
-CORPORA = ("tech", "books", "synthetic")  # the built-in corpora, which lenx.data.build knows how to build
+CORPORA = ("tech", "books", "code", "synthetic")  # the built-in corpora, which lenx.data.build knows how to build
 
 
 class Corpus:

@@ -12,28 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from corpus_helpers import tar_bytes
+from corpus_helpers import make_deb, tar_bytes
 from lenx.data import DataError
 from lenx.data.build.archives import iter_deb, iter_deb_nested_tarball, iter_tarball, read_r_lazyload
 from lenx.data.build.sources import want_linux_doc, want_linux_tarball, want_sotu, want_tex
-
-
-def ar_bytes(members: list[tuple[str, bytes]]) -> bytes:
-    """A Unix ar archive, the container format of a .deb."""
-    out = [b"!<arch>\n"]
-    for name, data in members:
-        header = f"{name:<16}{0:<12}{0:<6}{0:<6}{644:<8}{len(data):<10}`\n".encode()
-        assert len(header) == 60
-        out += [header, data, b"\n" if len(data) % 2 else b""]
-    return b"".join(out)
-
-
-def make_deb(path: Path, files: dict[str, bytes], comp: str = "xz", **kw) -> Path:
-    data = tar_bytes(files, mode=f"w:{comp}", **kw)
-    control = tar_bytes({"./control": b"Package: fake\nVersion: 1.0-1\n"}, mode="w:gz")
-    path.write_bytes(ar_bytes([("debian-binary", b"2.0\n"), ("control.tar.gz", control),
-                               (f"data.tar.{comp}", data)]))
-    return path
 
 
 @pytest.mark.parametrize("comp", ["xz", "gz"])

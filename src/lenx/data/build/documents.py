@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from itertools import chain
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -15,7 +16,7 @@ from ..errors import DataError
 from .clean import normalise
 from .fetch import Registries
 from .inputs import JSONL_SUFFIXES, UserInput, jsonl_file, text_folder
-from .scan import Documents, scan
+from .scan import Documents, Records, scan
 from .sources import BUILTIN_SOURCES, Source
 from .tables import SHARD_SUFFIXES, TABLE_SUFFIXES, cached_dataset, is_saved_dataset, is_shard, saved_dataset, \
     shard_folder, table_file
@@ -63,16 +64,16 @@ def open_user_data(from_path, text_field: str | None = None, split: str | None =
 
 
 def read_docs(name: str, user: UserInput | None, reg: Registries, progress: bool, allow_missing: bool,
-              keep_non_text: bool = False, min_bytes: int = 0) -> tuple[Documents, list, list]:
-    """The corpus's documents, scanned (cleaned, deduplicated, non-text found): (documents, source
-    records, missing sources)."""
+              keep_non_text: bool = False, min_bytes: int = 0, near_dup: bool = False) -> tuple[Documents, list, list]:
+    """The corpus's documents, scanned (cleaned, deduplicated, non-text and, with `near_dup`,
+    near-duplicates found): (documents, source records, missing sources)."""
     if user is not None:
-        docs = scan(user.what, user.records, keep_non_text, min_bytes, progress)
+        docs = scan(user.what, user.records, keep_non_text, min_bytes, progress, near_dup)
         records, missing = [user.record], []
         records[0].update(docs=len(docs), chars=int(docs.lengths.sum()))
     else:
         raw, records, missing = _gather_builtin(name, BUILTIN_SOURCES[name](), reg, progress, allow_missing)
-        docs = scan(f"the sources of {name}", lambda: raw, keep_non_text, min_bytes, progress)
+        docs = scan(f"the sources of {name}", raw, keep_non_text, min_bytes, progress, near_dup)
     if not len(docs):
         raise DataError(f"no usable documents for {name!r} (all empty or duplicates); check the input")
     return docs, records, missing
@@ -87,14 +88,16 @@ def missing_sources(name: str, m: dict) -> list[str]:
 
 
 def _gather_builtin(name: str, sources: list[Source], reg: Registries, progress: bool,
-                     allow_missing: bool) -> tuple[list, list, list]:
-    """Fetch and read every source (two at a time: decompression releases the GIL).
+                     allow_missing: bool) -> tuple[Records, list, list]:
+    """Fetch and read every source (two at a time: decompression releases the GIL); return the
+    reader of all their documents in order (a source that reads its documents again from its files
+    on every pass is read once here, to count them).
 
     Any source that fails makes this fail, naming each failed source and why, unless
     `allow_missing`: then they are left out (and listed in the manifest), as long as
     one source is left.
     """
-    docs, records, missing = [], [], []
+    parts, records, missing = [], [], []
 
     def run(src: Source):
         t = time.time()
@@ -117,10 +120,14 @@ def _gather_builtin(name: str, sources: list[Source], reg: Registries, progress:
         if res is None:
             continue
         src, files, src_docs, secs = res
-        chars = sum(len(normalise(d)) for _, d in src_docs)
+        t, n_docs, chars = time.time(), 0, 0
+        for _, d in (src_docs() if callable(src_docs) else src_docs):
+            n_docs, chars = n_docs + 1, chars + len(normalise(d))
+        if callable(src_docs):  # a reader: reading its files is part of the source's time
+            secs += time.time() - t
         records.append({"name": src.name, "files": [f.record() for f in files],
-                        "docs": len(src_docs), "chars": chars, "seconds": round(secs, 1)})
-        docs.extend(src_docs)
+                        "docs": n_docs, "chars": chars, "seconds": round(secs, 1)})
+        parts.append(src_docs)
     if missing and (not allow_missing or not records):
         hint = ("fix that and run again" if not records else
                 "fix that and run again, or pass --allow-missing-sources to build without them")
@@ -129,4 +136,4 @@ def _gather_builtin(name: str, sources: list[Source], reg: Registries, progress:
                         f"{hint} | {reasons}")
     for m in missing:
         log.warning("building %s without source %s: %s", name, m["source"], m["reason"])
-    return docs, records, missing
+    return lambda: chain.from_iterable(p() if callable(p) else p for p in parts), records, missing

@@ -39,6 +39,7 @@ class Fetched:
     package: str
     version: str
     path: Path
+    note: dict | None = None  # what the source took from the file (counts, rules), for the manifest
 
     def record(self) -> dict:
         return {
@@ -47,7 +48,7 @@ class Fetched:
             "version": self.version,
             "file": self.path.name,
             "sha256": sha256_file(self.path),
-        }
+        } | (self.note or {})
 
 
 def run_cmd(cmd: list[str], what: str, cwd: Path | None = None, timeout: float = 1800) -> str:

@@ -10,7 +10,12 @@ with other settings needs force=True (`lenx prepare --force`).
 
 `long_test=N` reserves N documents of at least `long_test_tokens` tokens for the test
 split (so evaluation windows at long lengths can each come from their own document);
-the rest is split as usual. The default, 0, builds exactly the split it always did.
+the rest is split as usual. The default is the corpus's (splits.long_test_default): 300 of
+16385 tokens for `code`, else 0, which builds exactly the split it always did.
+
+The `code` corpus also drops near-duplicate documents (lenx.data.build.neardup, MinHash LSH with
+datasketch), found in the same scan and dropped the way the non-text ones are; while the scan runs,
+its index holds a few KB per document.
 
 Non-text documents (lenx.data.build.nontext) are dropped after cleaning, unless
 keep_non_text=True (`--keep-non-text`), which builds a corpus exactly as lenx did before the filter
@@ -33,8 +38,11 @@ from ..errors import DataError
 from ..layout import FORMAT, SPLITS, check_files, fingerprint_files, read_manifest
 from .documents import missing_sources, open_user_data, read_docs
 from .fetch import Registries
+from .neardup import check_available
+from .neardup import rule as near_dup_rule
 from .nontext import rule
-from .splits import LONG_TEST_TOKENS, check_docs
+from .sources import NEAR_DUP
+from .splits import LONG_TEST_TOKENS, check_docs, long_test_default
 from .staging import build_aside
 from .synthetic import VOCAB, build_synthetic
 from .text import build_text
@@ -51,7 +59,7 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | st
                    tokenizer: str = "bpe", vocab_size: int | None = None, seed: int = 0,
                    val_frac: float = 0.02, test_frac: float = 0.05, cache_dir: Path | None = None,
                    progress: bool = True, force: bool = False, allow_missing_sources: bool = False,
-                   long_test: int = 0, long_test_tokens: int = LONG_TEST_TOKENS,
+                   long_test: int | None = None, long_test_tokens: int | None = None,
                    skip_bad_records: bool = False, keep_non_text: bool = False,
                    text_field: str | None = None, split: str | None = None) -> dict:
     """Build `<root>/<name>/` and return its manifest.
@@ -75,7 +83,8 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | st
     missing ones in the manifest under "missing_sources". Such a partial corpus counts
     as prepared only for a later call that allows missing sources too.
 
-    `long_test=N` (text corpora) puts N documents of at least `long_test_tokens` tokens,
+    `long_test=N` (text corpora; None: the corpus's default, long_test_default) puts N documents
+    of at least `long_test_tokens` tokens (None: the corpus's default),
     drawn by `seed`, into the test split before the rest is split as usual (so test gets
     them and its `test_frac` share of the rest); too few such documents is a DataError,
     raised before any tokenizing when the documents' sizes in bytes already tell.
@@ -96,6 +105,9 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | st
     """
     t0 = time.time()
     root = Path(root)
+    default_n, default_tokens = long_test_default(name)
+    long_test = default_n if long_test is None else long_test
+    long_test_tokens = default_tokens if long_test_tokens is None else long_test_tokens
     _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, root, long_test, long_test_tokens,
                 skip_bad_records, keep_non_text, text_field, split)
     user = open_user_data(from_path, text_field, split, skip_bad_records) if from_path is not None else None
@@ -105,6 +117,8 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | st
                      text_field, split)
     if name != "synthetic" and not keep_non_text:
         params["non_text"] = rule()
+    if name in NEAR_DUP:
+        params["near_dup"] = near_dup_rule()
     if name == "synthetic":
         params.update(tokenizer="none", vocab_size=VOCAB)
     folder = root / name
@@ -118,7 +132,7 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | st
     if name != "synthetic":  # read and check the documents before any build folder exists
         reg = Registries(Path(cache_dir) if cache_dir else root / ".cache")
         docs, records, missing = read_docs(name, user, reg, progress, allow_missing_sources, keep_non_text,
-                                           long_test_tokens if long_test else 0)
+                                           long_test_tokens if long_test else 0, near_dup=name in NEAR_DUP)
         if len(docs.drop) == len(docs):
             raise DataError(f"no usable documents for {name!r}: all {len(docs)} are non-text "
                             f"({docs.non_text['rule']} >= {docs.non_text['max_share']}); check the input, or pass "
@@ -134,6 +148,8 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | st
             manifest.update(build_synthetic(build, seed, val_frac, test_frac))
         else:
             manifest.update(sources=records, missing_sources=missing, cleaning=docs.cleaning, non_text=docs.non_text)
+            if docs.near_dup is not None:
+                manifest["near_dup"] = docs.near_dup
             manifest.update(build_text(build, name, docs, tokenizer, params["vocab_size"], seed, val_frac, test_frac,
                                        reg, progress, long_test, long_test_tokens))
         manifest.setdefault("token_dtype", "uint16")  # the synthetic corpus's
@@ -222,6 +238,8 @@ def _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, roo
                 split=None) -> None:
     check_name(name)
     _check_long_test(name, long_test, long_test_tokens)
+    if name in NEAR_DUP:
+        check_available()
     if keep_non_text and name == "synthetic":
         raise DataError("--keep-non-text applies to text corpora; the synthetic corpus is generated token ids")
     if from_path is None and name not in CORPORA:

@@ -1,8 +1,10 @@
 """A corpus's documents as the build reads them, pass after pass, without holding them: the first
-pass (`scan`) cleans every record (lenx.data.build.clean), finds the non-text documents and keeps
-only what each later pass needs, a few bytes per document: whether cleaning kept each record, each
-document's length and the non-text ones. Every later pass reads the records again from their
-source (`Documents.texts`); for the built-in corpora that is the list of fetched documents."""
+pass (`scan`) cleans every record (lenx.data.build.clean), finds the non-text documents (and, when
+asked, the near-duplicate ones: lenx.data.build.neardup) and keeps only what each later pass needs,
+a few bytes per document: whether cleaning kept each record, each document's length and the dropped
+ones. The near-duplicate index holds a few KB per document while the scan runs. Every later pass
+reads the records again from their source (`Documents.texts`); for the built-in corpora that is the
+list of fetched documents, or a source's files read again (the kernel tree of `code`)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from tqdm.auto import tqdm
 
 from ..errors import DataError
 from .clean import Cleaner, normalise
+from .neardup import NearDupScan
 from .nontext import NonTextScan
 
 Records = Callable[[], Iterable[tuple[str, "str | bytes"]]]  # the (doc_id, text or bytes) records, from the start
@@ -23,12 +26,13 @@ class Documents:
     """The cleaned documents of a corpus, numbered 0.. in the order their source holds them."""
 
     def __init__(self, what: str, records: Records, kept: bytearray, lengths: np.ndarray, drop: np.ndarray,
-                 cleaning: dict, non_text: dict, long_bytes: int):
+                 cleaning: dict, non_text: dict, long_bytes: int, near_dup: dict | None = None):
         self.what = what  # the source, in words, for the error when it changes between passes
         self._records, self._kept = records, kept
         self.lengths = lengths  # int64: the characters of each document
-        self.drop = drop  # the non-text documents (sorted), none when they are kept
+        self.drop = drop  # the non-text (unless kept) and near-duplicate documents, sorted
         self.cleaning, self.non_text = cleaning, non_text
+        self.near_dup = near_dup  # the near-duplicate filter's record, None when it did not run
         self.long_bytes = long_bytes  # text documents of at least `min_bytes` UTF-8 bytes (see scan)
 
     def __len__(self) -> int:
@@ -65,10 +69,14 @@ class Documents:
                          "read); leave it as it is while `lenx prepare` runs, and run it again")
 
 
-def scan(what: str, records: Records, keep_non_text: bool, min_bytes: int = 0, progress: bool = False) -> Documents:
-    """Read every record once: clean it, check it for non-text and count the text documents of at
-    least `min_bytes` UTF-8 bytes (when > 0). Holds one digest and a few numbers per document."""
+def scan(what: str, records: Records, keep_non_text: bool, min_bytes: int = 0, progress: bool = False,
+         near_dup: bool = False) -> Documents:
+    """Read every record once: clean it, check it for non-text and, with `near_dup`, check the text
+    documents against the ones kept before them for near-duplicates; count the documents left of at
+    least `min_bytes` UTF-8 bytes (when > 0). Holds one digest and a few numbers per document (and
+    the near-duplicate index while it runs)."""
     cleaner, non_text = Cleaner(), NonTextScan()
+    near = NearDupScan() if near_dup else None
     kept, lengths, long_bytes = bytearray(), array("q"), 0
     with tqdm(desc="reading", unit="doc", unit_scale=True, disable=not progress) as bar:
         for doc_id, data in records():
@@ -78,8 +86,14 @@ def scan(what: str, records: Records, keep_non_text: bool, min_bytes: int = 0, p
             if text is None:
                 continue
             lengths.append(len(text))
-            if not non_text.add(doc_id, text) or keep_non_text:
+            dropped = non_text.add(doc_id, text) and not keep_non_text
+            # Non-text documents are neither checked nor kept for near-duplicates (they go anyway).
+            if not dropped and near is not None:
+                dropped = near.add(len(lengths) - 1, doc_id, text)
+            if not dropped:
                 long_bytes += bool(min_bytes) and len(text.encode("utf-8", "surrogatepass")) >= min_bytes
     drop, record = non_text.result(keep_non_text)
+    near_drop, near_record = near.result() if near is not None else (drop[:0], None)
     lengths = np.frombuffer(lengths, dtype=np.int64).copy() if lengths else np.zeros(0, dtype=np.int64)
-    return Documents(what, records, kept, lengths, drop, cleaner.stats, record, long_bytes)
+    return Documents(what, records, kept, lengths, np.union1d(drop, near_drop).astype(np.int64), cleaner.stats,
+                     record, long_bytes, near_record)

@@ -9,6 +9,16 @@ from ..errors import DataError
 from ..layout import SPLITS
 
 LONG_TEST_TOKENS = 16384  # the default size of a document that `long_test` reserves for test
+# Built-in corpora whose test split holds long documents unless asked otherwise: (documents, tokens).
+# 16385 tokens: an evaluation window of 16384 tokens plus the target of its last one.
+LONG_TEST_DEFAULTS = {"code": (300, 16385)}
+
+
+def long_test_default(name: str) -> tuple[int, int]:
+    """(long_test, long_test_tokens) of corpus `name` when `lenx prepare` is not given them: the
+    `code` corpus reserves 300 documents of >= 16385 tokens for test (reserve_long_docs draws them,
+    by the seed, from all documents that long); every other corpus none, as it always did."""
+    return LONG_TEST_DEFAULTS.get(name, (0, LONG_TEST_TOKENS))
 
 
 def split_docs(lengths: np.ndarray, seed: int, val_frac: float, test_frac: float) -> np.ndarray:
