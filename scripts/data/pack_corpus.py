@@ -16,6 +16,11 @@ destination, checks its size and sha256, and moves the folder into place.
 xz because Python reads it without anything installed (lzma), on this machine and the other; the
 tokens of a code corpus shrink to about a quarter.
 
+A sharded corpus (`lenx shard`) packs its top-level files only (manifest, tokenizer, val and test,
+the train index); its train shards travel as files of their own, as many as the run's steps need
+(scripts/data/shards_for_steps.py lists them): `xz -k` each here, `xz -d` it into
+`<corpus>/train.shards/` there, and `lenx shard NAME --check` verifies what arrived.
+
 A device call carries the repository's working tree too (64 MiB in all), so a piece must leave room
 for it: `pack` prints how big the tree is here and whether a piece fits beside it. Carry the pieces
 one call at a time into the same ignored folder of a warm machine (`.carry/` is ignored), and

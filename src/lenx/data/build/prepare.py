@@ -173,7 +173,7 @@ def _is_prepared(name: str, folder: Path, m: dict, params: dict, allow_missing: 
     return True
 
 
-CORPUS_FILES = re.compile(r"manifest\.json|tokenizer\.json|(train|val|test)\.(bin|idx\.npy)|\..*\.tmp-\d+")
+CORPUS_FILES = re.compile(r"manifest\.json|tokenizer\.json|(train|val|test)\.(bin|idx\.npy)|train\.shards|\..*\.tmp-\d+")
 
 
 def _check_replace(name: str, folder: Path, old: dict | None, params: dict, allow_missing: bool) -> None:
