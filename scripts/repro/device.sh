@@ -1,8 +1,11 @@
 #!/bin/bash
-# A plan of jobs (scripts/repro/plan.py) on the device: [PLAN=repro|controls] bash scripts/repro/device.sh SECONDS
+# A plan of jobs (scripts/repro/plan.py) on the device: [PLAN=repro|controls|epoch] bash scripts/repro/device.sh SECONDS
 #   repro (issue 7): carries carry/data.tar.xz (tech + books, pack_data.sh) and carry/commit.txt;
 #   controls (issue 19): carries .carry/tech.tar.xz (data/tech) and .carry/tech-long.tar.xz
 #   (data-long/tech, for the 125M runs); the commit comes in $COMMIT.
+#   epoch (issue 29 step 4): the sharded `code` corpus, carried over earlier calls of the same machine
+#   as .carry/code (scripts/data/pack_corpus.py pack of its top-level files) and .carry/shards/*.bin.xz
+#   (`xz -k` of the shards scripts/data/shards_for_steps.py lists); the commit comes in $COMMIT.
 # On a fresh machine: unpack the corpora, write the plan and start run_jobs.py detached (setsid), so
 # the jobs outlive this call. Every call then waits SECONDS, reporting progress, and packs every
 # finished file except checkpoints into $OUT/$PLAN.tar.gz. The next call (same machine) picks up where
@@ -29,6 +32,16 @@ if ! { [ -f $pid_file ] && kill -0 "$(cat $pid_file)" 2>/dev/null; }; then
       dest=$R/che/$(basename "$(dirname "$log")")
       [ -f "$dest/runs.jsonl" ] || { mkdir -p "$dest" && cp "$log" "$dest/"; }
     done
+  elif [ "$PLAN" = epoch ]; then
+    # issue 29 step 4: the sharded `code` corpus came in earlier calls: .carry/code (pack_corpus.py's
+    # pieces of its top-level files) and .carry/shards/*.bin.xz (the train shards the runs read)
+    [ -f data/code/manifest.json ] || python3 scripts/data/pack_corpus.py unpack .carry/code data/code || exit 1
+    mkdir -p data/code/train.shards
+    for f in .carry/shards/*.bin.xz; do
+      n=data/code/train.shards/$(basename "$f" .xz)
+      if [ ! -f "$n" ]; then xz -dc "$f" > "$n.part" && mv "$n.part" "$n" || exit 1; fi
+    done
+    python3 -m lenx shard code --check || exit 1
   else
     [ -f data/tech/manifest.json ] || { mkdir -p data && tar xJf .carry/tech.tar.xz -C data; } || exit 1
     [ -f data-long/tech/manifest.json ] || { mkdir -p data-long && tar xJf .carry/tech-long.tar.xz -C data-long; } \

@@ -1,8 +1,9 @@
-"""The reduced-scale reproduction of the DAPE V2 paper (issue 7) and issue 19's controls, as lists of jobs.
+"""The reduced-scale reproduction of the DAPE V2 paper (issue 7), issue 19's controls and issue 29's
+single-epoch 125M runs, as lists of jobs.
 
 Every language-model job trains the `small` preset (6 layers, d 384, 12 heads) with the same data,
 tokenizer, seed policy and token budget (2000 steps x 8192 tokens), then evaluates it with the same
-windows. `python scripts/repro/plan.py [repro|controls] > plan.json` writes the plan that run_jobs.py
+windows. `python scripts/repro/plan.py [repro|controls|epoch] > plan.json` writes the plan that run_jobs.py
 executes; `controls` also holds issue 19's 125M runs (exclusive jobs: one at a time on the last GPU).
 Jobs are listed in priority order: the machine may be taken back before the last ones run.
 """
@@ -107,6 +108,39 @@ def v125_job(method: str, seed: int) -> dict:
     return {"id": f"v125/{method}-s{seed}", "kind": "exclusive", "run": run, "cmd": cmd}
 
 
+EPOCH = "runs/epoch"
+# 3052 steps x 256 sequences x 128 tokens = 100.0M tokens: one pass over the first 0.30 of the `code`
+# corpus's train split (train.sampling=pass: every window at most once), shards 00000-00003 of 30M tokens
+EPOCH_STEPS = 4 if SMOKE else 3052
+
+
+def epoch_job(method: str, seed: int, extra: tuple = (), name: str | None = None) -> dict:
+    """One 125M run of issue 29 step 4: T 128, batch 256, one pass over fresh `code` tokens, evaluated
+    to 16384 on code's long test split; the checkpoint is deleted once the evaluation has run."""
+    run = f"{EPOCH}/T128/{name or f'{method}-s{seed}'}"
+    sets = [f"model.method={method}", f"train.seed={seed}", f"train.steps={EPOCH_STEPS}", "train.sampling=pass",
+            "train.ckpt_every=1000", "train.val_every=250", "train.val_batches=16", "data.corpus=code",
+            "eval.max_length=16384", *extra]
+    if SMOKE:
+        sets += ["model.n_layer=2", "model.d_model=96", "train.batch_size=2", "eval.windows=2",
+                 "eval.max_length=512", "train.device=cpu"]
+    cmd = train_and_eval("125m", sets, run) + f" && rm -rf {run}/ckpt"
+    return {"id": f"epoch/{method}-s{seed}" if name is None else f"epoch/{name}", "kind": "exclusive", "run": run,
+            "cmd": cmd}
+
+
+def epoch() -> list[dict]:
+    """Issue 29 step 4: the headline methods on seed 0, then their seeds 1 and 2, then the one-seed
+    methods, then the capacity control (paper section 4.6) at 125M on 2 seeds."""
+    headline = ["kerple", "dapev2-kerple", "dape-kerple", "rope", "stickbreaking"]
+    jobs = [epoch_job(m, s) for s in (0, 1, 2) for m in headline]
+    jobs += [epoch_job(m, 0) for m in ("alibi", "fire", "nope")]
+    jobs += [epoch_job("dape-kerple", s, ("model.dape_hidden=64",), f"dape-kerple-D64-s{s}") for s in (0, 1)]
+    jobs += [epoch_job("dapev2-kerple", s, (f"model.dape_hidden={D}",), f"dapev2-kerple-D{D}-s{s}")
+             for D in (10, 21) for s in (0, 1)]
+    return jobs
+
+
 def controls() -> list[dict]:
     """Issue 19: the second seeds of the 125M verdict (then its other methods), and part 2's controls
     with the `small` preset, each evaluated like run 1 of the reproduction (to 16384) so it pairs with
@@ -147,6 +181,7 @@ def controls() -> list[dict]:
 
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "repro"
-    if which not in ("repro", "controls"):
-        sys.exit(f"plan.py: the plan is repro or controls, got {which!r}")
-    json.dump(plan() if which == "repro" else controls(), sys.stdout, indent=1)
+    plans = {"repro": plan, "controls": controls, "epoch": epoch}
+    if which not in plans:
+        sys.exit(f"plan.py: the plan is one of {', '.join(plans)}, got {which!r}")
+    json.dump(plans[which](), sys.stdout, indent=1)
