@@ -39,6 +39,18 @@ def write_json(path: Path, obj) -> None:
     write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs (one of another user's counts): a hidden build folder named after
+    a live process belongs to a command still at work, not to a killed one."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 
-from ..fileio import TMP_MARK, write_json
+from ..fileio import TMP_MARK, pid_alive, write_json
 from .corpus import Corpus, open_corpus
 from .errors import DataError
 from .layout import index_file, shard_records, shards_dir, tokens_file
@@ -42,15 +42,6 @@ def parse_size(text: str, itemsize: int) -> int:
     return tokens
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process
-    return True
-
 
 def _tidy(corpus: Corpus) -> None:
     """Remove what a killed `lenx shard` left: its hidden folders and files (a running one's is an
@@ -60,7 +51,7 @@ def _tidy(corpus: Corpus) -> None:
         m = pattern.fullmatch(path.name)
         if not m:
             continue
-        if _pid_alive(int(m.group(2))) and int(m.group(2)) != os.getpid():
+        if pid_alive(int(m.group(2))) and int(m.group(2)) != os.getpid():
             raise DataError(f"another `lenx shard` (process {m.group(2)}) is writing {path}; wait for it to end")
         if path.is_dir():
             shutil.rmtree(path)

@@ -132,16 +132,18 @@ def check_pass_length(t: TrainConfig, corpus, order: PassOrder) -> None:
             f"{t.steps:,}; lower train.steps (or train.batch_size), or use a larger corpus")
 
 
-def needed_shards(t: TrainConfig, corpus, first_step: int, end_step: int) -> list[int]:
+def needed_shards(t: TrainConfig, corpus, first_step: int, end_step: int, order: PassOrder | None = None) -> list[int]:
     """The indices of the train shards that steps [first_step, end_step) read: those of the steps'
-    token range for pass sampling, every shard for random sampling ([] for an unsharded split)."""
+    token range for pass sampling, every shard for random sampling ([] for an unsharded split).
+    order: the run's pass order, already checked against train.steps (else built and checked here)."""
     tokens = corpus.tokens("train")
     if not isinstance(tokens, ShardedTokens) or end_step <= first_step:
         return []
     if t.sampling != "pass":
         return list(range(len(tokens.shards)))
-    order = PassOrder(len(tokens), t.seq_len, t.batch_size, t.pass_block, t.seed)
-    check_pass_length(t, corpus, order)
+    if order is None:
+        order = PassOrder(len(tokens), t.seq_len, t.batch_size, t.pass_block, t.seed)
+        check_pass_length(t, corpus, order)
     return list(tokens.covering(*order.token_range(first_step, end_step)))
 
 
@@ -149,7 +151,7 @@ def check_shards_here(t: TrainConfig, corpus, batches: Batches, first_step: int,
     """A one-line ConfigError naming the train shards that steps [first_step, end_step) read and
     that are absent (or of the wrong size) here."""
     tokens = batches.tokens
-    need = needed_shards(t, corpus, first_step, end_step)
+    need = needed_shards(t, corpus, first_step, end_step, batches.order)
     absent = [i for i in need if tokens.problem(i) is not None]
     if not absent:
         return

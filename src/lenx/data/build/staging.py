@@ -10,6 +10,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ...fileio import pid_alive
+
 
 @contextmanager
 def build_aside(folder: Path) -> Iterator[Path]:
@@ -30,15 +32,6 @@ def build_aside(folder: Path) -> Iterator[Path]:
         shutil.rmtree(build, ignore_errors=True)  # gone already after a successful swap
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # someone else's process
-    return True
-
 
 def _clean_dead_builds(folder: Path) -> None:
     """Tidy the hidden siblings that a killed prepare of `folder` left behind: drop its
@@ -46,7 +39,7 @@ def _clean_dead_builds(folder: Path) -> None:
     pattern = re.compile(rf"\.{re.escape(folder.name)}\.(build|old)-(\d+)")
     for p in folder.parent.glob(f".{folder.name}.*-*"):
         m = pattern.fullmatch(p.name)
-        if not m or _pid_alive(int(m.group(2))):
+        if not m or pid_alive(int(m.group(2))):
             continue
         if m.group(1) == "old" and not folder.exists():
             os.rename(p, folder)
