@@ -8,8 +8,9 @@
 # and batch). Compare with the eager figures of the same run, not with other machines.
 # MODES, CONTEXTS, BATCHES: lenx bench --decode's --modes, --contexts, --batches (e.g. MODES=eager,graph,compile
 # CONTEXTS=8192 BATCHES=1: the compiled step compiles once per method, context and batch, ~30-60 s each).
-# PROFILE=1: then one eager and one static step of RoPE and Kerple at 8192 under the profiler
-# (scripts/device/decode_profile.py: wall against the kernels' sum, the top kernels and host ops).
+# PROFILE=1: then one step of RoPE and Kerple at 8192 under the profiler in PROFILE_MODES (default
+# eager,static,compile) and GPT-2's compiled step (scripts/device/decode_profile.py: wall against the
+# kernels' sum, the top kernels and host ops).
 set -o pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1 LENX_GIT_COMMIT=$COMMIT
 mkdir -p "$OUT"
@@ -19,5 +20,6 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu
 [ "${BENCH:-1}" = 1 ] && timeout 540 python3 -m lenx bench --decode --commit "$COMMIT" -o "$OUT/bench_decode.json" \
     ${MODES:+--modes "$MODES"} ${CONTEXTS:+--contexts "$CONTEXTS"} ${BATCHES:+--batches "$BATCHES"} \
     2>&1 | grep -v -i "warn" | tail -60 | tee "$OUT/bench_decode.log"
-[ "${PROFILE:-0}" = 1 ] && timeout 180 python3 scripts/device/decode_profile.py --methods rope,kerple --context 8192 \
+[ "${PROFILE:-0}" = 1 ] && timeout 300 python3 scripts/device/decode_profile.py --methods rope,kerple --context 8192 \
+    --modes "${PROFILE_MODES:-eager,static,compile}" --gpt2 compile \
     -o "$OUT/decode_profile.json" 2>&1 | grep -v -i "warn" | tail -40 | tee "$OUT/decode_profile.log"

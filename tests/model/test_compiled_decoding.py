@@ -13,7 +13,7 @@ from lenx.model.decoding import StaticDecoder
 from lenx.model.generate import batch_prompts, generate
 
 
-@pytest.mark.parametrize("method", ["rope", "kerple"])
+@pytest.mark.parametrize("method", ["rope", "kerple", "stickbreaking"])
 def test_the_inductor_compiled_step_gives_the_eager_tokens(method):
     import torch._dynamo
 

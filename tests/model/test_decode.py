@@ -59,3 +59,29 @@ def test_decoding_refuses_what_cannot_decode():
     model.prefill(torch.zeros(1, 3, dtype=torch.long), cache)
     with pytest.raises(ValueError, match="do not fit"):
         model.decode(torch.zeros(1, 2, dtype=torch.long), cache)
+
+
+def test_the_growing_step_keeps_sdpa_off_cudnn(monkeypatch):
+    """LM.decode's key count grows every token: cuDNN's SDPA would build a plan per step (~4 ms a
+    layer on an H100), so the eager step runs SDPA with cuDNN off; the static step's shapes are fixed,
+    so it leaves the choice to PyTorch."""
+    from lenx.attention import cache as cache_module
+    seen = []
+    sdpa = cache_module.F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(cache_module.F, "scaled_dot_product_attention", spy)
+    model = model_for("rope")
+    idx = torch.randint(0, V, (1, 6))
+    with torch.no_grad():
+        cache = model.new_cache(1, 8)
+        model.prefill(idx[:, :3], cache)
+        seen.clear()
+        model.decode(idx[:, 3:4], cache)
+        assert seen and not any(seen), "the eager step ran SDPA with cuDNN allowed"
+        seen.clear()
+        model.static_step(idx[:, 4], cache, torch.tensor(4))
+        assert seen and all(seen), "the static step ran SDPA with cuDNN turned off"

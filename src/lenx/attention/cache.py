@@ -6,10 +6,16 @@ positions, which keys exist, each normaliser's mask, the relative distances, RoP
 computed once per step in a StepRows and shared by the layers (a CUDA graph of the step then holds
 these kernels once, not once per layer)."""
 
+from contextlib import nullcontext
 import math
 
 import torch
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# cuDNN's SDPA builds an execution plan for every new shape (~4 ms a layer on an H100, torch 2.11):
+# fine for a step of fixed shapes, ruinous for one whose key count grows by a token each step
+_GROWING_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class LayerCache:
@@ -49,13 +55,16 @@ class StepRows:
     sequences that hold slots start[b]..end-1 (start [B]; end an int or a 0-d tensor), against the
     keys of slots 0..n_keys-1: the token in slot t is at position t - start[b]. rows_real: the host
     knows that every row is a token of its sequence, none its padding (new tokens appended to a
-    cache whose sequences each hold one at least), so no row needs zeroing.
+    cache whose sequences each hold one at least), so no row needs zeroing. grows: n_keys changes from
+    one step to the next (LM.decode), so no kernel that plans per shape is used.
 
     shared(key, make) computes what every layer asks for alike once per step (key: what it depends on
     beside the rows)."""
 
-    def __init__(self, rows: torch.Tensor, start: torch.Tensor, end, n_keys: int, rows_real: bool = False):
+    def __init__(self, rows: torch.Tensor, start: torch.Tensor, end, n_keys: int, rows_real: bool = False,
+                 grows: bool = False):
         self.rows, self.start, self.end, self.n_keys, self.rows_real = rows, start, end, n_keys, rows_real
+        self.grows = grows
         slots = torch.arange(n_keys, device=rows.device)
         self.q_pos = rows[None, :] - start[:, None]  # [B, R]
         self.k_pos = slots[None, :] - start[:, None]  # [B, Tk]; padding is at negative positions
@@ -96,7 +105,8 @@ def cached_attention(q, keys, values, parts, step: StepRows):
                 allowed.shape, dtype=q.dtype, device=q.device).masked_fill(blocked, float("-inf")))
         else:
             mask = bias.to(q.dtype).masked_fill(blocked, float("-inf"))
-        out, rem = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask), None
+        with sdpa_kernel(_GROWING_SDPA) if step.grows else nullcontext():
+            out, rem = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask), None
     else:
         raw = torch.matmul(q, keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
         if parts.processor is not None:

@@ -187,7 +187,7 @@ class LM(nn.Module):
         first = max(0, n - self.halo)
         # every row a new token of a sequence that holds one already: none is padding
         step = StepRows(torch.arange(first, n + m, device=idx.device), cache.start, n + m, n + m,
-                        rows_real=first == n and n > 0)
+                        rows_real=first == n and n > 0, grows=True)
         x = self.wte(cache.tokens[:, first:n + m])
         for block, layer in zip(self.blocks, cache.layers):
             x = block.extend(x, layer, step)

@@ -24,9 +24,11 @@ def stickbreaking_weights(logits: torch.Tensor, allowed: torch.Tensor):
     """logits [..., Tq, Tk], allowed [Tq, Tk] -> (A [..., Tq, Tk] fp32, rem [..., Tq] fp32)."""
     z = logits.double() if logits.dtype == torch.float64 else logits.float()  # at least fp32
     sp = F.softplus(z).masked_fill(~allowed, 0.0)
-    total = sp.sum(-1, keepdim=True)
-    # Strict suffix sums: sum over l > j of softplus(z_il).
-    suffix = total - sp.cumsum(-1)
+    # Strict suffix sums: sum over l > j of softplus(z_il). The total is the prefix sums' last entry,
+    # not a separate sum: inductor (torch 2.11, CUDA) fails to fuse a split sum with the scan.
+    prefix = sp.cumsum(-1)
+    total = prefix[..., -1:]
+    suffix = total - prefix
     log_a = (F.logsigmoid(z) - suffix).masked_fill(~allowed, -math.inf)
     return log_a.exp(), torch.exp(-total.squeeze(-1))
 
