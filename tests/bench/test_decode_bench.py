@@ -115,3 +115,25 @@ def test_decode_bench_gpu(tmp_path):
     assert {(r["method"], r["mode"]) for r in rows} >= {("rope", "graph"), ("dapev2-kerple", "graph"), (GPT2, "compile"),
                                                        ("rope", "compile"), ("stickbreaking", "compile")}
     assert all(r["x_gpt2"] is not None and r["peak_gib"] > 0 for r in rows)
+
+
+@pytest.mark.parametrize("mode", ["eager", "static"])
+def test_the_gpt2_step_decodes_with_its_context(mode):
+    """The GPT-2 rows time a step that reads the prompt from the cache: its logits are the last row of
+    a forward over prompt + token, not those of the token alone (transformers 5.17 ignored `cache=`:
+    the argument's name differs between 5.x releases)."""
+    pytest.importorskip("transformers")
+    from lenx.bench.decode import _gpt2, _gpt2_step
+    from lenx.config import load_config
+
+    cfg = load_config("tiny", ["model.vocab_size=512"])
+    model = _gpt2(cfg.model, 80, torch.device("cpu"))
+    step = _gpt2_step(model, mode, 40, 1, 8, torch.device("cpu"), 512)
+    prompt = torch.randint(0, 512, (1, 40), generator=torch.Generator().manual_seed(0))  # _gpt2_step's prompt
+    token = torch.tensor([7])
+    with torch.no_grad():
+        got = step.forward(token)
+        full = model(torch.cat([prompt, token[None]], 1)).logits[:, -1]
+        alone = model(token[None]).logits[:, -1]
+    torch.testing.assert_close(got, full, atol=1e-4, rtol=1e-4)
+    assert (got - alone).abs().max() > 1e-2

@@ -16,6 +16,7 @@ Library use: decode_bench(...) -> dict (also written as JSON); its table: lenx.r
 
 from dataclasses import replace
 import gc
+import inspect
 import json
 import statistics
 import time
@@ -77,18 +78,26 @@ def _lenx_step(model, mode: str, context: int, batch: int, room: int, device, vo
 
 
 def _gpt2_step(model, mode: str, context: int, batch: int, room: int, device, vocab: int):
-    """A decode step of transformers' GPT-2 after a prompt of `context` random tokens."""
+    """A decode step of transformers' GPT-2 after a prompt of `context` random tokens (step.forward: the
+    step's logits [B, vocab] before the argmax)."""
+    import transformers
     from transformers import DynamicCache, StaticCache
 
     cache = DynamicCache(config=model.config) if mode == "eager" else StaticCache(config=model.config,
                                                                                 max_cache_len=context + room)
+    # transformers 5.17 names the argument past_key_values, 5.24 cache; a name the model does not take
+    # lands in **kwargs unread, and GPT-2 then decodes every token with no context at all
+    name = "cache" if "cache" in inspect.signature(model.transformer.forward).parameters else "past_key_values"
     prompt = torch.randint(0, vocab, (batch, context), device=device,
                            generator=torch.Generator(device=device).manual_seed(0))
     with torch.no_grad():
-        model.transformer(prompt, cache=cache, use_cache=True)  # the prefill: no logits over the prompt
+        model.transformer(prompt, use_cache=True, **{name: cache})  # the prefill: no logits over the prompt
+    if int(cache.get_seq_length()) != context:
+        raise RuntimeError(f"transformers {transformers.__version__}: GPT-2 did not fill its cache in the prefill "
+                           f"({int(cache.get_seq_length())} of {context} tokens): its rows would time a step without context")
 
     def forward(token):
-        return model(token[:, None], cache=cache, use_cache=True).logits[:, -1]
+        return model(token[:, None], use_cache=True, **{name: cache}).logits[:, -1]
 
     if mode == "compile":
         forward = torch.compile(forward, mode="reduce-overhead")
@@ -96,6 +105,7 @@ def _gpt2_step(model, mode: str, context: int, batch: int, room: int, device, vo
     def step(token):
         with torch.no_grad():
             return forward(token).argmax(-1)  # outside the graph, as lenx's: a new tensor, not its output buffer
+    step.forward = forward
     return step
 
 
