@@ -10,12 +10,13 @@
 # the jobs outlive this call. Every call then waits SECONDS, reporting progress, and packs every
 # finished file except checkpoints into $OUT/$PLAN.tar.gz. The next call (same machine) picks up where
 # this one left; on a fresh machine the jobs listed in $SKIP (default for PLAN=repro: carry/done.txt,
-# which pack_data.sh writes from results/repro/status.json; for controls: none) are skipped, and CHE jobs resume from the logs committed
+# which pack_data.sh writes from results/repro/status.json; for epoch: results/epoch/done.txt, the runs
+# committed under results/epoch/runs; for controls: none) are skipped, and CHE jobs resume from the logs committed
 # under results/repro/che/runs/. LM_SLOTS: training runs sharing one GPU (default 1).
 set -u
 PLAN=${PLAN:-repro}
 # the repro plan's finished jobs (carry/done.txt) are not the controls'
-default_skip=$([ "$PLAN" = repro ] && echo carry/done.txt || echo "")
+case $PLAN in repro) default_skip=carry/done.txt ;; epoch) default_skip=results/epoch/done.txt ;; *) default_skip="" ;; esac
 R=runs/$PLAN
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 export LENX_GIT_COMMIT=${COMMIT:-$(cat carry/commit.txt)}
