@@ -61,16 +61,20 @@ def test_decoding_refuses_what_cannot_decode():
         model.decode(torch.zeros(1, 2, dtype=torch.long), cache)
 
 
-def test_the_growing_step_keeps_sdpa_off_cudnn(monkeypatch):
+@pytest.mark.parametrize("small_scores", [1 << 24, 0])
+def test_the_growing_step_keeps_sdpa_off_cudnn(monkeypatch, small_scores):
     """LM.decode's key count grows every token: cuDNN's SDPA would build a plan per step (~4 ms a
-    layer on an H100), so the eager step runs SDPA with cuDNN off; the static step's shapes are fixed,
-    so it leaves the choice to PyTorch."""
+    layer on an H100), so the eager step runs SDPA with cuDNN off, and with only the plain product
+    while its scores are small (the memory-efficient kernel walks all keys in one block per head);
+    the static step's shapes are fixed, so it leaves the choice to PyTorch."""
     from lenx.attention import cache as cache_module
+    monkeypatch.setattr(cache_module, "_SMALL_SCORES", small_scores)
     seen = []
     sdpa = cache_module.F.scaled_dot_product_attention
 
     def spy(*args, **kwargs):
-        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        b = torch.backends.cuda
+        seen.append((b.cudnn_sdp_enabled(), b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled()))
         return sdpa(*args, **kwargs)
 
     monkeypatch.setattr(cache_module.F, "scaled_dot_product_attention", spy)
@@ -81,7 +85,8 @@ def test_the_growing_step_keeps_sdpa_off_cudnn(monkeypatch):
         model.prefill(idx[:, :3], cache)
         seen.clear()
         model.decode(idx[:, 3:4], cache)
-        assert seen and not any(seen), "the eager step ran SDPA with cuDNN allowed"
+        growing = {(False, False, False, True)} if small_scores else {(False, True, True, True)}
+        assert seen and set(seen) == growing
         seen.clear()
         model.static_step(idx[:, 4], cache, torch.tensor(4))
-        assert seen and all(seen), "the static step ran SDPA with cuDNN turned off"
+        assert seen and set(seen) == {(True, True, True, True)}

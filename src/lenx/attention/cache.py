@@ -14,8 +14,12 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # cuDNN's SDPA builds an execution plan for every new shape (~4 ms a layer on an H100, torch 2.11):
-# fine for a step of fixed shapes, ruinous for one whose key count grows by a token each step
+# fine for a step of fixed shapes, ruinous for one whose key count grows by a token each step. Without
+# it a masked SDPA runs the memory-efficient kernel, one block of rows per head (12 blocks walking
+# 8192 keys: ~0.45 ms a layer on an H100), so a step of few rows takes the plain product and softmax
+# (three bandwidth-bound kernels) while its scores stay small.
 _GROWING_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+_SMALL_SCORES = 1 << 24  # score entries (B H R Tk) up to which a growing step uses the plain product
 
 
 class LayerCache:
@@ -105,7 +109,11 @@ def cached_attention(q, keys, values, parts, step: StepRows):
                 allowed.shape, dtype=q.dtype, device=q.device).masked_fill(blocked, float("-inf")))
         else:
             mask = bias.to(q.dtype).masked_fill(blocked, float("-inf"))
-        with sdpa_kernel(_GROWING_SDPA) if step.grows else nullcontext():
+        if step.grows and q.shape[0] * q.shape[1] * q.shape[2] * keys.shape[2] <= _SMALL_SCORES:
+            context = sdpa_kernel([SDPBackend.MATH])
+        else:
+            context = sdpa_kernel(_GROWING_SDPA) if step.grows else nullcontext()
+        with context:
             out, rem = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask), None
     else:
         raw = torch.matmul(q, keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
