@@ -4,7 +4,8 @@ single-epoch 125M runs, as lists of jobs.
 Every language-model job trains the `small` preset (6 layers, d 384, 12 heads) with the same data,
 tokenizer, seed policy and token budget (2000 steps x 8192 tokens), then evaluates it with the same
 windows. `python scripts/repro/plan.py [repro|controls|epoch] > plan.json` writes the plan that run_jobs.py
-executes; `controls` also holds issue 19's 125M runs (exclusive jobs: one at a time on the last GPU).
+executes; `controls` also holds issue 19's 125M runs (exclusive jobs: one at a time on the last GPU);
+`epoch` is 125M runs only, each alone on a GPU (solo jobs: one per GPU at once).
 Jobs are listed in priority order: the machine may be taken back before the last ones run.
 """
 
@@ -109,35 +110,47 @@ def v125_job(method: str, seed: int) -> dict:
 
 
 EPOCH = "runs/epoch"
-# 3052 steps x 256 sequences x 128 tokens = 100.0M tokens: one pass over the first 0.30 of the `code`
-# corpus's train split (train.sampling=pass: every window at most once), shards 00000-00003 of 30M tokens
+# 3052 steps x 32768 tokens (256 x 128, 64 x 512, 16 x 2048) = 100.0M tokens: one pass over the first 0.30
+# of the `code` corpus's train split (train.sampling=pass: every window at most once). The pass reads
+# whole blocks of 64 steps, so every length reads tokens [0, 100663297): shards 00000-00003 of 30M tokens
+# (scripts/data/shards_for_steps.py).
 EPOCH_STEPS = 4 if SMOKE else 3052
+EPOCH_TOKENS_PER_STEP = 256 * 128  # the 125m preset's batch at T 128
 
 
-def epoch_job(method: str, seed: int, extra: tuple = (), name: str | None = None) -> dict:
-    """One 125M run of issue 29 step 4: T 128, batch 256, one pass over fresh `code` tokens, evaluated
-    to 16384 on code's long test split; the checkpoint is deleted once the evaluation has run."""
-    run = f"{EPOCH}/T128/{name or f'{method}-s{seed}'}"
+def epoch_job(method: str, seed: int, extra: tuple = (), name: str | None = None, seq_len: int = 128) -> dict:
+    """One 125M run of issue 29 step 4: one pass over fresh `code` tokens at training length seq_len
+    (32768 tokens a step, no gradient accumulation: 64 x 512 fits an 80 GB GPU), evaluated to 16384 on
+    code's long test split; the checkpoint is deleted once the evaluation has run. A job takes one whole
+    GPU ("solo": several run at once on a machine of several GPUs)."""
+    name = name or f"{method}-s{seed}"
+    run = f"{EPOCH}/T{seq_len}/{name}"
     sets = [f"model.method={method}", f"train.seed={seed}", f"train.steps={EPOCH_STEPS}", "train.sampling=pass",
             "train.ckpt_every=1000", "train.val_every=250", "train.val_batches=16", "data.corpus=code",
             "eval.max_length=16384", *extra]
+    if seq_len != 128:  # T 128 x 256 is the preset's own: those commands stay those of the runs already made
+        sets[3:3] = [f"train.seq_len={seq_len}", f"train.batch_size={EPOCH_TOKENS_PER_STEP // seq_len}"]
     if SMOKE:
         sets += ["model.n_layer=2", "model.d_model=96", "train.batch_size=2", "eval.windows=2",
-                 "eval.max_length=512", "train.device=cpu"]
+                 f"eval.max_length={max(512, 2 * seq_len)}", "train.device=cpu"]
     cmd = train_and_eval("125m", sets, run) + f" && rm -rf {run}/ckpt"
-    return {"id": f"epoch/{method}-s{seed}" if name is None else f"epoch/{name}", "kind": "exclusive", "run": run,
-            "cmd": cmd}
+    # T 128's ids are those of the runs already made (results/epoch/done.txt)
+    job_id = f"epoch/{name}" if seq_len == 128 else f"epoch/T{seq_len}/{name}"
+    return {"id": job_id, "kind": "solo", "run": run, "cmd": cmd}
 
 
 def epoch() -> list[dict]:
-    """Issue 29 step 4: the headline methods on seed 0, then their seeds 1 and 2, then the one-seed
-    methods, then the capacity control (paper section 4.6) at 125M on 2 seeds."""
+    """Issue 29 step 4. T 128 (batch 256): the headline methods on seed 0, then their seeds 1 and 2,
+    then the one-seed methods, then the capacity control (paper section 4.6) on 2 seeds. Then T 512
+    with the paper's batch (64 x 512) on 2 seeds, then T 2048 (16 x 2048) on 1 seed."""
     headline = ["kerple", "dapev2-kerple", "dape-kerple", "rope", "stickbreaking"]
     jobs = [epoch_job(m, s) for s in (0, 1, 2) for m in headline]
     jobs += [epoch_job(m, 0) for m in ("alibi", "fire", "nope")]
     jobs += [epoch_job("dape-kerple", s, ("model.dape_hidden=64",), f"dape-kerple-D64-s{s}") for s in (0, 1)]
     jobs += [epoch_job("dapev2-kerple", s, (f"model.dape_hidden={D}",), f"dapev2-kerple-D{D}-s{s}")
              for D in (10, 21) for s in (0, 1)]
+    jobs += [epoch_job(m, s, seq_len=512) for s in (0, 1) for m in headline]
+    jobs += [epoch_job(m, 0, seq_len=2048) for m in ("stickbreaking", "rope", "kerple")]
     return jobs
 
 

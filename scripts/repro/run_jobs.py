@@ -2,11 +2,13 @@
 
 Slots per GPU: `--lm-slots` "lm" jobs (training runs; small models leave an H200 mostly idle, so
 several can share it) and `--small-slots` "small" jobs (CHE processes) at a time; "exclusive" jobs
-(timing, the 125M runs) run one after another on the last GPU, alone, and nothing else starts there
-until they have all run. Jobs start in plan order. Each job runs in its own process group with
-one GPU (CUDA_VISIBLE_DEVICES), logs to <run>/job.log, and its exact command goes to
-<run>/command.txt. status.json (rewritten after every change) says what ran, where and for how long.
-Jobs listed in --skip (ids, one per line) are not run: they finished on an earlier machine.
+(timing, the 125M runs of the controls) run one after another on the last GPU, alone, and nothing else
+starts there until they have all run; a "solo" job (the epoch plan's 125M runs) takes any GPU with
+nothing else on it, alone, so a machine of N GPUs runs N of them at once. Jobs start in plan order.
+Each job runs in its own process group with one GPU (CUDA_VISIBLE_DEVICES), logs to <run>/job.log,
+and its exact command goes to <run>/command.txt. status.json (rewritten after every change) says
+what ran, where and for how long. Jobs listed in --skip (ids, one per line) are not run: they
+finished on an earlier machine.
 """
 
 import argparse
@@ -15,6 +17,8 @@ import os
 from pathlib import Path
 import subprocess
 import time
+
+KINDS = ("lm", "small", "exclusive", "solo")
 
 
 def main():
@@ -28,7 +32,13 @@ def main():
     args = p.parse_args()
 
     jobs = json.loads(Path(args.plan).read_text())
+    odd = sorted({j["kind"] for j in jobs} - set(KINDS))
+    if odd:
+        raise SystemExit(f"run_jobs.py: unknown job kind {', '.join(odd)} in {args.plan} (kinds: {', '.join(KINDS)})")
     skip = set(Path(args.skip).read_text().split()) if args.skip and Path(args.skip).exists() else set()
+    unknown = sorted(skip - {j["id"] for j in jobs})
+    if unknown:  # a job renamed in the plan would run again: say so
+        print(f"[jobs] --skip ids not in the plan, ignored: {' '.join(unknown)}", flush=True)
     status = {j["id"]: {"state": "skipped" if j["id"] in skip else "pending", **j} for j in jobs}
     pending = [j for j in jobs if j["id"] not in skip]
     threads = str(max(1, (os.cpu_count() or 8) // (args.gpus * (args.lm_slots + args.small_slots))))
@@ -42,12 +52,14 @@ def main():
 
     def free(gpu: int, kind: str) -> bool:
         here = [k for (_, g, k) in running.values() if g == gpu]
-        if "exclusive" in here:
+        if "exclusive" in here or "solo" in here:
             return False
         if kind == "exclusive":
             return not here
         if gpu == exclusive_gpu:  # held back until the exclusive job has run
             return False
+        if kind == "solo":
+            return not here
         return here.count(kind) < (args.lm_slots if kind == "lm" else args.small_slots)
 
     Path(args.status).parent.mkdir(parents=True, exist_ok=True)

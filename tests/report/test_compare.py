@@ -187,6 +187,19 @@ def test_what_cannot_be_compared_is_a_one_line_error(tmp_path, template):
         compare_runs([a0, old])
 
 
+def test_labels_tell_apart_runs_of_one_method(tmp_path, template):
+    """Two widths of one method on the same seed are one method to eval.json: labels make them two."""
+    wide = fake_run(tmp_path / "a-D64-s0", template, "a", 0, {32: 2.0, 64: 2.0})
+    narrow = [fake_run(tmp_path / f"a-D10-s{s}", template, "a", s, {32: 2.2, 64: 2.1}) for s in (0, 1)]
+    with pytest.raises(CompareError, match="both a with training seed 0"):
+        compare_runs([wide, *narrow])
+    out = compare_runs([wide, *narrow], reference="a (D=64)", n=200, labels=["a (D=64)", "a (D=10)", None])
+    assert out["methods"]["a (D=10)"]["seeds"] == [0] and out["methods"]["a"]["seeds"] == [1]
+    assert math.isclose(out["differences"]["a (D=10)"]["32"]["diff"], math.exp(2.2) - math.exp(2.0), rel_tol=1e-6)
+    with pytest.raises(CompareError, match="2 labels for 3 runs"):
+        compare_runs([wide, *narrow], labels=["x", "y"])
+
+
 def test_folders_stand_for_their_runs(tmp_path, template):
     sweep = tmp_path / "sweep"
     for name in ("b-s0", "a-s1", "a-s0", "a-s0.old-20250101-000000"):

@@ -117,10 +117,10 @@ def _training_seed(run_dir: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def load_run(run_dir: Path) -> dict:
-    """One run for comparison: {"run", "method" (the eval label when it has one, e.g. a fine-tuned
-    RoPE extension), "seed", "train_len", "step", "finished", "windows" (what fixes its windows),
-    "nll" {length: window NLLs}, "delta_p_tokens"}."""
+def load_run(run_dir: Path, label: str | None = None) -> dict:
+    """One run for comparison: {"run", "method" (`label` when given, else the eval label when it has
+    one, e.g. a fine-tuned RoPE extension), "seed", "train_len", "step", "finished", "windows" (what
+    fixes its windows), "nll" {length: window NLLs}, "delta_p_tokens"}."""
     run_dir = Path(run_dir)
     path = run_dir / "eval.json"
     try:
@@ -155,7 +155,7 @@ def load_run(run_dir: Path) -> dict:
     except (OSError, ValueError, AttributeError):
         vocab = None  # a run folder without meta.json: no ln(vocabulary) check
     return {"run": str(run_dir), "vocab_size": vocab if isinstance(vocab, int) and vocab > 1 else None,
-            "method": result.get("label") or result.get("method"), "seed": _training_seed(run_dir),
+            "method": label or result.get("label") or result.get("method"), "seed": _training_seed(run_dir),
             "corpus_fingerprint": fingerprint if isinstance(fingerprint, dict) else None,
             "train_len": result.get("train_len"), "step": result.get("step"), "finished": result.get("finished"),
             "windows": windows, "nll": {L: nll[L] for L in lengths}, "delta_p_tokens": result.get("delta_p_tokens"),
@@ -305,17 +305,21 @@ def _checked_options(n, seed, level) -> None:
 
 
 def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 2000, seed: int = 0,
-                 level: float = 0.95) -> dict:
+                 level: float = 0.95, labels: list[str | None] | None = None) -> dict:
     """Seed-mean perplexity of every method at every length with its percentile bootstrap interval
     over documents (n resamples, drawn by `seed`, the same draw for every method and length), ΔP
     likewise where the window NLLs allow it, and with `reference` (a method name) each other
-    method's paired difference to it over seeds and documents (_difference). All of it JSON-ready; see the module docstring. A CompareError
+    method's paired difference to it over seeds and documents (_difference). `labels`: one method name
+    per run (None: its eval.json's), for runs that one method's name does not tell apart (a DAPE of
+    another hidden width). All of it JSON-ready; see the module docstring. A CompareError
     (one line) when the runs cannot be compared: no per-window NLLs, other windows, a seed twice, an
     unknown reference."""
     _checked_options(n, seed, level)
     if not run_dirs:
         raise CompareError("no run to compare")
-    runs = [load_run(Path(r)) for r in run_dirs]
+    if labels is not None and len(labels) != len(run_dirs):
+        raise CompareError(f"{len(labels)} labels for {len(run_dirs)} runs")
+    runs = [load_run(Path(r), label) for r, label in zip(run_dirs, labels or [None] * len(run_dirs))]
     _check_same_windows(runs)
     tokenizers = sorted({run["tokenizer"] for run in runs})
     # NLL per token of different tokenizers measures different units: compared per byte of the same text
