@@ -13,7 +13,9 @@ results/epoch, adding to the runs already there:
 - <T>/compare.json and <T>/tables.md: `lenx compare` of those runs (seed-mean perplexity with 95%
   intervals over documents; differences to Kerple with intervals over seeds and documents; at T 128
   the capacity control again against DAPE-Kerple D 64), and a training table;
-- done.txt: the plan ids of the finished runs (device.sh's PLAN=epoch skips them on the next machine).
+- done.txt: the plan ids of the finished runs (device.sh's PLAN=epoch skips them on the next machine);
+- claims.md and claims.json: the claims of claims.toml (when --out has one) tested on all the runs
+  (claims_epoch.py; claims.toml is checked before anything is written).
 
 A SOURCE is a device tree (runs/epoch as it came back: T128/<run>, status.json, ...) or another
 results tree (runs/T128/<run>, device/<session>/, done.txt). A run counts once it has trained every
@@ -30,6 +32,7 @@ import shutil
 import sys
 import tomllib
 
+from claims_epoch import ClaimsError, load_claims, tally, write_claims
 from collect import KEEP, load_run
 from plan import EPOCH, epoch
 
@@ -235,6 +238,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     plan = epoch()
     out = args.out
+    claims_path = out / "claims.toml"
+    try:  # a bad claims.toml stops the collector before it writes anything
+        claims = load_claims(claims_path) if claims_path.is_file() else None
+    except ClaimsError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     found = find_runs(args.sources)
     out.mkdir(parents=True, exist_ok=True)
     for (T, name), run in found.items():
@@ -260,6 +269,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"note: not in plan.py's epoch plan, so not in done.txt: {', '.join(unplanned)}")
     (out / "done.txt").write_text("".join(f"{ids[run]}\n" for run in ids if run in done))
     print(f"wrote {out / 'done.txt'} ({len(done) - len(unplanned)} of {len(ids)} planned runs done)")
+    if claims is None:
+        print(f"note: no {claims_path}, so no claims table")
+        return 0
+    try:
+        report = write_claims(out, claims_path, args.resamples, checked=claims)
+    except CompareError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {out / 'claims.md'} ({tally(report)})")
     return 0
 
 

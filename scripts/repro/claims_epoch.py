@@ -1,0 +1,373 @@
+"""The claims table of issue 29: each claim of the DAPE V2 and stick-breaking papers (results/epoch/
+claims.toml) against what the single-epoch runs of results/epoch measured, with a verdict.
+
+    python scripts/repro/claims_epoch.py                 # --results results/epoch --resamples 2000
+
+writes <results>/claims.md (a table for people) and <results>/claims.json. collect_epoch.py runs it at its
+end, so one command updates the tables and the claims.
+
+Each claim's test compares two sets of window NLLs on the same 64 test windows (claims.toml says
+how): method a against method b at each length, or one method at each length against itself at
+b_length, or ΔP's two terms of one method. The figure is the seed-mean perplexity difference (or ΔP),
+or with scale "ratio" exp of the difference of seed-mean NLLs, and its 95% interval is
+lenx.report.stats.method_difference's, over the documents (paired) and each side's seeds; where a side
+has one seed it covers documents only, and the table says so. The two sides of a ratio against the
+method's own other length, and ΔP's two terms, come from the same seeds, which the interval treats
+as independent: wider, never narrower, than a paired one would be.
+"""
+
+import argparse
+import json
+from pathlib import Path
+import re
+import shlex
+import sys
+import tomllib
+
+import numpy as np
+
+from collect import label, load_run as load_finished
+from plan import epoch
+
+from lenx.report.compare import MIN_RESAMPLES, CompareError, load_run
+from lenx.report.stats import method_difference
+from lenx.report.tables import Table, columns, to_markdown
+
+WRITTEN_BY = "scripts/repro/claims_epoch.py"
+LEVEL = 0.95
+METRICS = {"ppl": "perplexity of the last 256 tokens", "in_distribution": "in-distribution perplexity",
+           "delta_p": "ΔP"}
+REQUIRED = ("id", "paper", "claim", "evidence", "train_len", "metric", "a", "direction")
+OPTIONAL = ("b", "b_length", "scale", "threshold", "lengths", "note")
+UNTESTED = ("id", "paper", "claim", "evidence", "why", "report")
+EVERY = re.compile(r"every length >= (\d+)T")
+RULE = ("confirmed: the 95% interval lies on the claimed side of the boundary at every length tested; "
+        "contradicted: it lies on the other side at some length; inconclusive: otherwise (it covers the "
+        "boundary); not tested: a run it needs is missing. Intervals cover the test documents and each "
+        "method's training seeds; \"documents only\" marks a figure where a side has one seed (its seed-to-seed "
+        "spread is unknown, so the interval is too narrow for a claim about the method).")
+
+
+class ClaimsError(ValueError):
+    """A claims.toml that cannot be read or checked; the message is one line for the user."""
+
+
+def eval_lengths(train_len: int, max_length: int, scored: int) -> list[int]:
+    """The lengths `lenx eval` scores by default (evaluation.evaluate.default_lengths; that module
+    loads torch, which this script never needs)."""
+    lengths, L = [], train_len
+    while L < scored:
+        L *= 2
+    while L <= max_length:
+        lengths.append(L)
+        L *= 2
+    return lengths
+
+
+def planned() -> dict[int, dict]:
+    """train_len -> {"lengths": the evaluated lengths, "runs": {label: [planned run names]}}, from
+    plan.py's epoch plan."""
+    from lenx.config import load_config
+
+    out = {}
+    for job in epoch():
+        words = shlex.split(job["cmd"].split(" && ")[0])
+        sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+        cfg = load_config("125m", sets)
+        T = cfg.train.seq_len
+        name = label({"model": {"method": cfg.model.method, "dape_hidden": cfg.model.dape_hidden}})
+        entry = out.setdefault(T, {"lengths": eval_lengths(T, cfg.eval.max_length, cfg.eval.scored), "runs": {}})
+        entry["runs"].setdefault(name, []).append(Path(job["run"]).name)
+    return out
+
+
+def resolve_lengths(claim: dict, lengths: list[int]) -> list[int] | None:
+    """The lengths a claim is tested at (None for in_distribution)."""
+    if claim["metric"] == "in_distribution":
+        return None
+    spec = claim.get("lengths")
+    if isinstance(spec, str) and EVERY.fullmatch(spec):
+        return [L for L in lengths if L >= int(EVERY.fullmatch(spec).group(1)) * claim["train_len"]]
+    return list(spec)
+
+
+def check_claim(claim, plan: dict, seen: set) -> dict:
+    """A claim with its defaults filled in, or a ClaimsError naming it and what is wrong."""
+    if not isinstance(claim, dict):
+        raise ClaimsError("a [[claim]] must be a table of keys")
+    name = claim.get("id")
+    where = f"claim {name!r}" if isinstance(name, str) else "a claim"
+
+    def bad(message):
+        raise ClaimsError(f"{where}: {message}")
+
+    missing = [k for k in REQUIRED if k not in claim]
+    if missing:
+        bad(f"missing {', '.join(missing)}")
+    unknown = sorted(set(claim) - set(REQUIRED) - set(OPTIONAL))
+    if unknown:
+        bad(f"unknown key {', '.join(unknown)} (keys: {', '.join(REQUIRED + OPTIONAL)})")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        bad("id must be a plain name (letters, digits, . _ -)")
+    if name in seen:
+        bad("id used twice")
+    for key in ("paper", "claim", "evidence", "note"):
+        if key in claim and not (isinstance(claim[key], str) and claim[key].strip()):
+            bad(f"{key} must be a non-empty string")
+    T = claim["train_len"]
+    if T not in plan or isinstance(T, bool):
+        bad(f"train_len must be one of the epoch plan's {', '.join(map(str, sorted(plan)))}, got {T!r}")
+    if claim["metric"] not in METRICS:
+        bad(f"metric must be one of {', '.join(METRICS)}, got {claim['metric']!r}")
+    if claim["direction"] not in ("below", "above"):
+        bad(f"direction must be below or above, got {claim['direction']!r}")
+    c = {"scale": "difference", "b": None, "b_length": None, "note": None} | claim
+    if c["scale"] not in ("difference", "ratio"):
+        bad(f"scale must be difference or ratio, got {c['scale']!r}")
+    c.setdefault("threshold", 1.0 if c["scale"] == "ratio" else 0.0)
+    if isinstance(c["threshold"], bool) or not isinstance(c["threshold"], (int, float)):
+        bad(f"threshold must be a number, got {c['threshold']!r}")
+    if c["scale"] == "ratio" and c["threshold"] <= 0:
+        bad(f"a ratio's threshold must be above 0, got {c['threshold']}")
+    runs, lengths = plan[T]["runs"], plan[T]["lengths"]
+    for side in ("a", "b"):
+        if c[side] is not None and c[side] not in runs:
+            bad(f"{side} = {c[side]!r} is not a method of the epoch plan at T {T} ({', '.join(runs)})")
+    if c["metric"] == "delta_p" and (c["b"] is not None or c["b_length"] is not None or c["scale"] != "difference"):
+        bad("delta_p is one method's ΔP against the threshold: no b, b_length or ratio")
+    if c["metric"] == "in_distribution":
+        if "lengths" in c or c["b_length"] is not None:
+            bad("in_distribution is measured at the training length: no lengths or b_length")
+        if c["b"] is None:
+            bad("in_distribution needs b, the method to compare with")
+    elif "lengths" not in c:
+        bad("lengths is missing (a list of lengths, or \"every length >= 2T\")")
+    if c["metric"] == "ppl" and c["b"] is None and c["b_length"] is None:
+        bad("ppl needs b (another method) or b_length (the same method at another length)")
+    spec = c.get("lengths")
+    if isinstance(spec, str):
+        if not EVERY.fullmatch(spec):
+            bad(f"lengths must be a list of lengths or \"every length >= 2T\", got {spec!r}")
+    elif spec is not None:
+        if not isinstance(spec, list) or not spec or any(isinstance(L, bool) or not isinstance(L, int) for L in spec):
+            bad(f"lengths must be a list of lengths or \"every length >= 2T\", got {spec!r}")
+        if len(set(spec)) != len(spec):
+            bad("a length is listed twice")
+    wanted = (resolve_lengths(c, lengths) or []) + ([c["b_length"]] if c["b_length"] is not None else [])
+    odd = [str(L) for L in wanted if L not in lengths]
+    if odd:
+        bad(f"length {', '.join(odd)} is not evaluated at T {T} (lengths: {', '.join(map(str, lengths))})")
+    if c["metric"] != "in_distribution" and not resolve_lengths(c, lengths):
+        bad(f"no evaluated length matches {spec!r} at T {T}")
+    if c["metric"] == "delta_p" and min(resolve_lengths(c, lengths)) <= T:
+        bad(f"ΔP is measured beyond the training length only (above {T})")
+    seen.add(name)
+    return c
+
+
+def load_claims(path: Path) -> tuple[list[dict], list[dict]]:
+    """claims.toml's claims (checked against the epoch plan) and its untested entries."""
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ClaimsError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ClaimsError(f"{path}: not readable TOML ({e})") from None
+    odd = sorted(set(data) - {"claim", "untested"})
+    if odd:
+        raise ClaimsError(f"{path}: unknown table {', '.join(odd)} (it holds [[claim]] and [[untested]] entries)")
+    if not isinstance(data.get("claim"), list) or not data["claim"]:
+        raise ClaimsError(f"{path}: no [[claim]] entry")
+    plan, seen = planned(), set()
+    try:
+        claims = [check_claim(c, plan, seen) for c in data["claim"]]
+        untested = data.get("untested", [])
+        for u in untested:
+            if not isinstance(u, dict) or sorted(u) != sorted(UNTESTED):
+                raise ClaimsError(f"untested {u.get('id') if isinstance(u, dict) else u!r}: needs exactly the keys "
+                                  f"{', '.join(UNTESTED)}")
+            if u["id"] in seen:
+                raise ClaimsError(f"untested {u['id']!r}: id used twice")
+            seen.add(u["id"])
+    except ClaimsError as e:
+        raise ClaimsError(f"{path}: {e}") from None
+    return claims, untested
+
+
+def load_length(results: Path, T: int) -> dict:
+    """{label: [compare.load_run of each finished run, seed order]} of results/runs/T<T>; a CompareError
+    when two runs were evaluated on other windows, or one method has a seed twice."""
+    groups = {}
+    for run in sorted((results / "runs" / f"T{T}").glob("*")):
+        r = load_finished(run) if (run / "config.toml").is_file() else None
+        if r is not None and r["results"]:
+            groups.setdefault(r["label"], []).append(load_run(run, r["label"]))
+    first = next((runs[0] for runs in groups.values()), None)
+    for method, runs in groups.items():
+        other = [r["run"] for r in runs if r["windows"] != first["windows"]]
+        if other:
+            raise CompareError(f"runs evaluated on other windows than {first['run']}: {', '.join(other)}")
+        seeds = [r["seed"] for r in runs]
+        if len(set(seeds)) != len(seeds):
+            raise CompareError(f"two {method} runs at T {T} have the same training seed: {', '.join(r['run'] for r in runs)}")
+        runs.sort(key=lambda r: r["seed"])
+    return groups
+
+
+def sides(c: dict, groups: dict, L: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """The [seeds, windows] NLLs of a and b for one length; None when ΔP's terms were not kept."""
+    a, b = groups[c["a"]], groups[c["b"] or c["a"]]
+    if c["metric"] == "in_distribution":
+        kept = all(r["short"] is not None for r in a + b)
+        return (np.stack([r["short"] for r in a]), np.stack([r["short"] for r in b])) if kept else None
+    if c["metric"] == "delta_p":
+        kept = all(r["short"] is not None and L in r["tails"] for r in a)
+        # ΔP = P(the last T tokens read alone) - P(the same tokens read at L)
+        return (np.stack([r["short"] for r in a]), np.stack([r["tails"][L] for r in a])) if kept else None
+    return np.stack([r["nll"][L] for r in a]), np.stack([r["nll"][c["b_length"] or L] for r in b])
+
+
+def verdict_of(lo: float, hi: float, boundary: float, direction: str) -> str:
+    below = hi < boundary
+    above = lo > boundary
+    if not below and not above:
+        return "inconclusive"
+    return "confirmed" if (below if direction == "below" else above) else "contradicted"
+
+
+def evaluate_claim(c: dict, groups: dict, plan: dict, n: int, seed: int) -> dict:
+    """One claim's figures per length, its verdict, and the runs it rests on or misses."""
+    T = c["train_len"]
+    names = [c["a"]] + ([c["b"]] if c["b"] and c["b"] != c["a"] else [])
+    out = {key: c[key] for key in REQUIRED + OPTIONAL if key in c} | {"test": describe(c)}
+    out["runs"] = {m: [Path(r["run"]).name for r in groups.get(m, [])] for m in names}
+    out["planned"] = {m: plan[T]["runs"][m] for m in names}
+    missing = [m for m in names if not groups.get(m)]
+    if missing:
+        absent = [f"runs/T{T}/{name}" for m in missing for name in plan[T]["runs"][m]]
+        return out | {"verdict": "not tested", "missing": absent, "figures": []}
+    lengths = resolve_lengths(c, plan[T]["lengths"]) or [None]
+    documents = np.asarray(groups[c["a"]][0]["windows"]["window_documents"])
+    ratio = c["scale"] == "ratio"
+    figures = []
+    for L in lengths:
+        pair = sides(c, groups, L)
+        if pair is None:
+            return out | {"verdict": "not tested", "missing": [], "figures": [],
+                          "why": "an eval.json keeps no ΔP terms per window (an older lenx eval)"}
+        d = method_difference(*pair, documents, n=n, seed=seed, level=LEVEL, scale="nll" if ratio else "ppl")
+        value, lo, hi = (np.exp([d["diff"], d["lo"], d["hi"]]) if ratio else (d["diff"], d["lo"], d["hi"]))
+        figures.append({"length": L, "value": float(value), "lo": float(lo), "hi": float(hi), "covers": d["covers"],
+                        "verdict": verdict_of(lo, hi, c["threshold"], c["direction"])})
+    found = {f["verdict"] for f in figures}
+    verdict = ("contradicted" if "contradicted" in found else "confirmed" if found == {"confirmed"} else "inconclusive")
+    return out | {"verdict": verdict, "missing": [], "figures": figures, "documents": int(len(np.unique(documents))),
+                  "covers": "documents only" if any(f["covers"] == "documents only" for f in figures)
+                  else "seeds and documents"}
+
+
+def describe(c: dict) -> str:
+    """The test in words: `ppl(dapev2-kerple) - ppl(kerple) < 0 at 8192, 16384`."""
+    metric = {"ppl": "ppl", "in_distribution": "in-distribution ppl", "delta_p": "ΔP"}[c["metric"]]
+    at_b = f" at {c['b_length']}" if c["b_length"] else ""
+    if c["metric"] == "delta_p":
+        left = f"ΔP({c['a']})"
+    else:
+        op = " / " if c["scale"] == "ratio" else " - "
+        left = f"{metric}({c['a']}){op}{metric}({c['b'] or c['a']}{at_b})"
+    threshold = f"{c['threshold']:g}"
+    where = "" if c["metric"] == "in_distribution" else " at " + (
+        c["lengths"] if isinstance(c["lengths"], str) else ", ".join(map(str, c["lengths"])))
+    return f"{left} {'<' if c['direction'] == 'below' else '>'} {threshold}{where} (T {c['train_len']})"
+
+
+def number(x: float, ratio: bool) -> str:
+    return f"{x:.3f}" if ratio else f"{x:+.2f}" if abs(x) < 100 else f"{x:+.0f}"
+
+
+def figure_text(r: dict) -> str:
+    if r["verdict"] == "not tested":
+        return r.get("why") or "missing: " + ", ".join(r["missing"])
+    ratio = r.get("scale") == "ratio"
+    parts = []
+    for f in r["figures"]:
+        at = "" if f["length"] is None else f"{f['length']}: "
+        parts.append(f"{at}{number(f['value'], ratio)} [{number(f['lo'], ratio)}, {number(f['hi'], ratio)}]")
+    return "; ".join(parts)
+
+
+def seeds_text(r: dict) -> str:
+    if r["verdict"] == "not tested":
+        return ""
+    runs = "; ".join(f"{m}: {len(names)} of {len(r['planned'][m])} seeds" for m, names in r["runs"].items())
+    return f"{runs}; {r['documents']} documents" + (" (covers documents only)" if r["covers"] == "documents only" else "")
+
+
+def tally(report: dict) -> str:
+    """"1 confirmed, 31 not tested"."""
+    verdicts = [r["verdict"] for r in report["claims"]]
+    return ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts)))
+
+
+def markdown(report: dict) -> str:
+    lines = ["# Claims of the two papers against the single-epoch runs", "",
+             "Made by scripts/repro/claims_epoch.py from claims.toml and runs/<T>/*/eval.json; the numbers are "
+             "in claims.json.", "",
+             f"Verdicts: {tally(report)}.", "", f"Rule: {RULE}", "",
+             f"The interval: lenx.report.stats.method_difference ({report['resamples']} bootstrap resamples of the "
+             f"documents, seed {report['seed']}, plus each side's seed-to-seed variance); a ratio is exp of the "
+             "difference of seed-mean NLLs.", ""]
+    table = Table("each claim, the paper's evidence, lenx's figure at each length with its 95% interval",
+                  columns("claim", "paper", "paper's evidence", "test", "lenx [95% interval]", "seeds, documents",
+                          "verdict"))
+    for r in report["claims"]:
+        claim = f"**{r['id']}**: {r['claim']}" + (f" ({r['note']})" if r.get("note") else "")
+        one_seed = " (one seed: documents only)" if r.get("covers") == "documents only" else ""
+        table.add_row(claim, r["paper"], r["evidence"], r["test"], figure_text(r), seeds_text(r),
+                      f"**{r['verdict']}**{one_seed}")
+    lines += [to_markdown(table), "", "## Not tested in the epoch runs", ""]
+    untested = Table("claims the epoch plan cannot test, and where REPORT.md covers them",
+                     columns("claim", "paper", "paper's evidence", "why not here", "covered in"))
+    for u in report["untested"]:
+        untested.add_row(f"**{u['id']}**: {u['claim']}", u["paper"], u["evidence"], u["why"], u["report"])
+    lines.append(to_markdown(untested))
+    return "\n".join(lines)
+
+
+def write_claims(results: Path, claims_path: Path, n: int = 2000, seed: int = 0,
+                 checked: tuple[list, list] | None = None) -> dict:
+    """claims.json and claims.md under `results` from claims.toml (`checked`: load_claims' result,
+    when the caller checked it before its own work)."""
+    claims, untested = checked or load_claims(claims_path)
+    plan = planned()
+    groups = {T: load_length(results, T) for T in sorted({c["train_len"] for c in claims})}
+    report = {"written_by": WRITTEN_BY, "rule": RULE, "level": LEVEL, "resamples": n, "seed": seed,
+              "claims": [evaluate_claim(c, groups[c["train_len"]], plan, n, seed) for c in claims], "untested": untested}
+    (results / "claims.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
+    (results / "claims.md").write_text(markdown(report) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", type=Path, default=Path("results/epoch"), help="the results tree (runs/<T>/<run>)")
+    p.add_argument("--claims", type=Path, default=None, help="the claims (default: RESULTS/claims.toml)")
+    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of the documents")
+    args = p.parse_args(argv)
+    if not args.results.is_dir():
+        print(f"error: --results {args.results} is not a folder", file=sys.stderr)
+        return 2
+    if args.resamples < MIN_RESAMPLES:
+        print(f"error: --resamples must be at least {MIN_RESAMPLES}, got {args.resamples}", file=sys.stderr)
+        return 2
+    try:
+        report = write_claims(args.results, args.claims or args.results / "claims.toml", args.resamples)
+    except (ClaimsError, CompareError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.results / 'claims.md'} ({tally(report)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
