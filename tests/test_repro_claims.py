@@ -1,0 +1,277 @@
+"""scripts/repro/claims_epoch.py, issue 29's claims table: results/epoch/claims.toml names only methods
+and lengths of the epoch plan, and on synthetic run folders (the committed kerple-s0 shifted) whose
+truth is known the verdicts come out right (confirmed, contradicted, inconclusive, not tested), with
+the intervals of lenx compare; a bad claims.toml gets a one-line error before anything is written."""
+
+import json
+from pathlib import Path
+import shutil
+import tomllib
+
+import numpy as np
+import pytest
+
+from lenx.config import load_config
+from lenx.evaluation.evaluate import default_lengths
+from lenx.report.compare import compare_runs
+from test_repro_epoch import RESULTS, epoch_plan, fake_run, script, train_sets
+
+CLAIMS = RESULTS / "claims.toml"
+
+
+def plan_methods() -> dict[int, tuple[set, list]]:
+    """train_len -> (the plan's method labels, the lengths lenx eval scores)."""
+    out = {}
+    for job in epoch_plan():
+        cfg = load_config("125m", train_sets(job["cmd"])[0])
+        T, m = cfg.train.seq_len, cfg.model
+        name = m.method + (f" (D={m.dape_hidden})" if m.dape_hidden != 32 else "")
+        labels, _ = out.setdefault(T, (set(), default_lengths(T, cfg.eval.max_length, cfg.eval.scored)))
+        labels.add(name)
+    return out
+
+
+def test_every_claim_names_methods_and_lengths_of_the_epoch_plan():
+    data = tomllib.loads(CLAIMS.read_text())
+    plan = plan_methods()
+    assert sorted(plan) == [128, 512, 2048] and plan[128][1] == [256, 512, 1024, 2048, 4096, 8192, 16384]
+    for claim in data["claim"]:
+        labels, lengths = plan[claim["train_len"]]
+        assert claim["a"] in labels and claim.get("b", claim["a"]) in labels, claim["id"]
+        spec = claim.get("lengths", [])
+        assert spec == "every length >= 2T" or set(spec) <= set(lengths), claim["id"]
+        assert claim.get("b_length", lengths[0]) in lengths, claim["id"]
+    ids = {c["id"] for c in data["claim"]}
+    # the claims the issue names, at every training length where the plan has their runs
+    for T in ("T128", "T512"):
+        assert {f"rope-fails-{T}", f"kerple-flat-{T}", f"dape-below-kerple-{T}", f"dapev2-below-dape-{T}",
+                f"dapev2-below-kerple-in-{T}", f"dapev2-below-kerple-beyond-{T}", f"dp-dapev2-positive-{T}",
+                f"dp-rope-negative-{T}", f"sb-competitive-in-{T}"} <= ids
+    assert {"alibi-flat-T128", "capacity-D10-T128", "capacity-D21-T128", "sb-below-nope-T128", "rope-fails-T2048",
+            "sb-2048-to-16384-T2048", "sb-competitive-in-T2048"} <= ids
+    untested = {u["id"] for u in data["untested"]}
+    assert {"kernel-size", "che", "leakage", "dapev2-nope-rope", "dapev2-alibi-fire"} <= untested
+    assert all(u["report"] for u in data["untested"]) and not ids & untested
+
+
+def test_the_committed_claims_table_is_up_to_date(tmp_path):
+    """claims.md and claims.json are what the script makes of the committed runs and claims.toml."""
+    here = tmp_path / "results" / "epoch"
+    shutil.copytree(RESULTS, here)
+    out = script("claims_epoch.py", "--results", "results/epoch", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    for name in ("claims.md", "claims.json"):
+        assert (here / name).read_text() == (RESULTS / name).read_text(), name
+    report = json.loads((RESULTS / "claims.json").read_text())
+    kerple = {r["id"]: r for r in report["claims"]}["kerple-flat-T128"]
+    assert kerple["verdict"] != "not tested" and kerple["covers"] == "documents only"
+
+
+TEST_CLAIMS = '''
+[[claim]]
+id = "holds"
+paper = "p"
+claim = "DAPE V2 below Kerple"
+evidence = "e"
+train_len = 128
+metric = "ppl"
+a = "dapev2-kerple"
+b = "kerple"
+direction = "below"
+lengths = [8192, 16384]
+
+[[claim]]
+id = "contradicted"
+paper = "p"
+claim = "DAPE below Kerple"
+evidence = "e"
+train_len = 128
+metric = "ppl"
+a = "dape-kerple"
+b = "kerple"
+direction = "below"
+lengths = "every length >= 2T"
+
+[[claim]]
+id = "inconclusive"
+paper = "p"
+claim = "stick-breaking below Kerple"
+evidence = "e"
+train_len = 128
+metric = "ppl"
+a = "stickbreaking"
+b = "kerple"
+direction = "below"
+lengths = [16384]
+
+[[claim]]
+id = "missing"
+paper = "p"
+claim = "RoPE above Kerple"
+evidence = "e"
+train_len = 128
+metric = "ppl"
+a = "rope"
+b = "kerple"
+direction = "above"
+lengths = [16384]
+
+[[claim]]
+id = "dp"
+paper = "p"
+claim = "DAPE V2's ΔP positive"
+evidence = "e"
+train_len = 128
+metric = "delta_p"
+a = "dapev2-kerple"
+direction = "above"
+lengths = "every length >= 2T"
+
+[[claim]]
+id = "in"
+paper = "p"
+claim = "DAPE V2 below Kerple in distribution"
+evidence = "e"
+train_len = 128
+metric = "in_distribution"
+a = "dapev2-kerple"
+b = "kerple"
+direction = "below"
+
+[[claim]]
+id = "flat"
+paper = "p"
+claim = "ALiBi flat"
+evidence = "e"
+train_len = 128
+metric = "ppl"
+a = "alibi"
+b_length = 256
+scale = "ratio"
+threshold = 1.25
+direction = "below"
+lengths = [8192]
+
+[[untested]]
+id = "kernel"
+paper = "p"
+claim = "kernels"
+evidence = "e"
+why = "no runs"
+report = "REPORT.md section 3"
+'''
+
+
+@pytest.fixture
+def results(tmp_path):
+    """results/epoch with runs whose truth is known: DAPE V2 0.3 nats below Kerple, DAPE 0.3 above,
+    stick-breaking 0.001 above (within the noise), ALiBi one seed, no RoPE."""
+    res = tmp_path / "results" / "epoch"
+    runs = res / "runs" / "T128"
+    for method, shift in (("kerple", 0.0), ("dapev2-kerple", -0.3), ("dape-kerple", 0.3), ("stickbreaking", 0.001)):
+        for seed in (0, 1):
+            fake_run(runs / f"{method}-s{seed}", method, seed, shift + 0.002 * seed)
+    fake_run(runs / "alibi-s0", "alibi", 0, 0.05)
+    (res / "claims.toml").write_text(TEST_CLAIMS)
+    return tmp_path, res
+
+
+def test_verdicts_on_runs_whose_truth_is_known(results):
+    cwd, res = results
+    out = script("claims_epoch.py", "--results", "results/epoch", "--resamples", "200", cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    report = json.loads((res / "claims.json").read_text())
+    by_id = {r["id"]: r for r in report["claims"]}
+    assert {k: r["verdict"] for k, r in by_id.items()} == {
+        "holds": "confirmed", "contradicted": "contradicted", "inconclusive": "inconclusive",
+        "missing": "not tested", "dp": "confirmed", "in": "inconclusive", "flat": "confirmed"}
+    assert "3 confirmed, 1 contradicted, 2 inconclusive, 1 not tested" in out.stdout
+    assert by_id["missing"]["missing"] == ["runs/T128/rope-s0", "runs/T128/rope-s1", "runs/T128/rope-s2"]
+    assert by_id["contradicted"]["figures"][0]["length"] == 256 and len(by_id["contradicted"]["figures"]) == 7
+    inc = by_id["inconclusive"]["figures"][0]
+    assert inc["lo"] < 0 < inc["hi"]
+    assert by_id["holds"]["covers"] == "seeds and documents" and by_id["holds"]["runs"]["kerple"] == ["kerple-s0",
+                                                                                                        "kerple-s1"]
+    assert by_id["holds"]["planned"]["kerple"] == ["kerple-s0", "kerple-s1", "kerple-s2"]
+    assert by_id["flat"]["covers"] == "documents only"
+    # fake_run shifts only the scored windows, not the in-distribution term: no difference there
+    assert abs(by_id["in"]["figures"][0]["value"]) < 1e-9
+
+    # the figures are lenx compare's differences (the same bootstrap)
+    folders = sorted((res / "runs" / "T128").glob("*-s*"))
+    direct = compare_runs([f for f in folders if not f.name.startswith("alibi")], reference="kerple", n=200)
+    for L, f in zip((8192, 16384), by_id["holds"]["figures"]):
+        d = direct["differences"]["dapev2-kerple"][str(L)]
+        assert f["length"] == L and np.allclose([f["value"], f["lo"], f["hi"]], [d["diff"], d["lo"], d["hi"]])
+    dp = direct["methods"]["dapev2-kerple"]["lengths"]["8192"]["delta_p"]
+    assert np.isclose(by_id["dp"]["figures"][5]["value"], dp["value"])
+
+    table = (res / "claims.md").read_text()
+    assert "| **holds**: DAPE V2 below Kerple |" in table and "**contradicted**" in table
+    assert "missing: runs/T128/rope-s0, runs/T128/rope-s1, runs/T128/rope-s2" in table
+    assert "**confirmed** (one seed: documents only)" in table and "Rule: confirmed: the 95% interval" in table
+    assert "| **kernel**: kernels | p | e | no runs | REPORT.md section 3 |" in table
+    assert "ppl(alibi) / ppl(alibi at 256) < 1.25 at 8192 (T 128)" in table
+
+
+BAD = [
+    ("a = \"dapev2-kerple\"\nb = \"kerple\"", "a = \"dapev2-kerple\"\nb = \"cope\"",
+     "claim 'holds': b = 'cope' is not a method of the epoch plan at T 128"),
+    ("lengths = [8192, 16384]", "lengths = [8192, 9000]", "claim 'holds': length 9000 is not evaluated at T 128"),
+    ("direction = \"below\"\nlengths = [8192, 16384]", "direction = \"lower\"\nlengths = [8192, 16384]",
+     "claim 'holds': direction must be below or above, got 'lower'"),
+    ("id = \"contradicted\"", "id = \"holds\"", "claim 'holds': id used twice"),
+    ("metric = \"delta_p\"", "metric = \"loss\"", "claim 'dp': metric must be one of ppl, in_distribution, delta_p"),
+    ("threshold = 1.25", "threshold = 1.25\nthreshhold = 2", "claim 'flat': unknown key threshhold"),
+    ("train_len = 128\nmetric = \"in_distribution\"", "train_len = 1024\nmetric = \"in_distribution\"",
+     "claim 'in': train_len must be one of the epoch plan's 128, 512, 2048, got 1024"),
+    ("lengths = \"every length >= 2T\"\n\n[[claim]]\nid = \"inconclusive\"",
+     "lengths = \"all\"\n\n[[claim]]\nid = \"inconclusive\"", "lengths must be a list of lengths or"),
+    ("evidence = \"e\"\ntrain_len = 128\nmetric = \"ppl\"\na = \"rope\"", "train_len = 128\nmetric = \"ppl\"\na = \"rope\"",
+     "claim 'missing': missing evidence"),
+    ("[[claim]]\nid = \"holds\"", "[other]\nk = 1\n\n[[claim]]\nid = \"holds\"", "unknown table other"),
+    ("[[claim]]\nid = \"holds\"", "[claim\nid = \"holds\"", "not readable TOML"),
+]
+
+
+@pytest.mark.parametrize("old, new, message", BAD, ids=[m.split(":")[-1][:30] for _, _, m in BAD])
+def test_a_bad_claims_file_gets_one_line_before_any_work(results, old, new, message):
+    cwd, res = results
+    assert old in TEST_CLAIMS
+    (res / "claims.toml").write_text(TEST_CLAIMS.replace(old, new, 1))
+    before = {p: p.read_bytes() for p in res.rglob("*") if p.is_file()}
+    out = script("claims_epoch.py", "--results", "results/epoch", cwd=cwd)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: results/epoch/claims.toml: ")
+    assert message in lines[0], lines
+    assert {p: p.read_bytes() for p in res.rglob("*") if p.is_file()} == before
+
+
+def test_collect_epoch_checks_the_claims_before_it_writes(results):
+    """The collector runs the claims at its end, so it checks claims.toml first: a bad one leaves the
+    tree as it was; a good one gives claims.md beside the tables."""
+    cwd, res = results
+    (res / "claims.toml").write_text(TEST_CLAIMS.replace('direction = "above"', 'direction = "up"', 1))
+    before = {p: p.read_bytes() for p in res.rglob("*") if p.is_file()}
+    out = script("collect_epoch.py", "results/epoch", "--resamples", "200", cwd=cwd)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and lines == ["error: results/epoch/claims.toml: claim 'missing': direction must be "
+                                             "below or above, got 'up'"]
+    assert {p: p.read_bytes() for p in res.rglob("*") if p.is_file()} == before
+    (res / "claims.toml").write_text(TEST_CLAIMS)
+    out = script("collect_epoch.py", "results/epoch", "--resamples", "200", cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    assert "wrote results/epoch/claims.md (3 confirmed, 1 contradicted, 2 inconclusive, 1 not tested)" in out.stdout
+    assert (res / "T128" / "tables.md").is_file() and (res / "claims.json").is_file()
+
+
+def test_claims_cli_options(results, tmp_path):
+    cwd, res = results
+    for args, message in [(("--results", "nowhere"), "--results nowhere is not a folder"),
+                          (("--results", "results/epoch", "--resamples", "5"), "--resamples must be at least 100"),
+                          (("--results", "results/epoch", "--claims", "none.toml"), "none.toml: no such file")]:
+        out = script("claims_epoch.py", *args, cwd=cwd)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and message in lines[0], lines
+    help_out = script("claims_epoch.py", "--help", cwd=cwd)
+    assert help_out.returncode == 0 and "--claims" in help_out.stdout and "claims.md" in help_out.stdout
