@@ -29,6 +29,7 @@ import numpy as np
 from collect import label, load_run as load_finished
 from plan import epoch
 
+from lenx.evaluation.evaluate import default_lengths
 from lenx.report.compare import MIN_RESAMPLES, CompareError, load_run
 from lenx.report.stats import method_difference
 from lenx.report.tables import Table, columns, to_markdown
@@ -52,18 +53,6 @@ class ClaimsError(ValueError):
     """A claims.toml that cannot be read or checked; the message is one line for the user."""
 
 
-def eval_lengths(train_len: int, max_length: int, scored: int) -> list[int]:
-    """The lengths `lenx eval` scores by default (evaluation.evaluate.default_lengths; that module
-    loads torch, which this script never needs)."""
-    lengths, L = [], train_len
-    while L < scored:
-        L *= 2
-    while L <= max_length:
-        lengths.append(L)
-        L *= 2
-    return lengths
-
-
 def planned() -> dict[int, dict]:
     """train_len -> {"lengths": the evaluated lengths, "runs": {label: [planned run names]}}, from
     plan.py's epoch plan."""
@@ -76,7 +65,7 @@ def planned() -> dict[int, dict]:
         cfg = load_config("125m", sets)
         T = cfg.train.seq_len
         name = label({"model": {"method": cfg.model.method, "dape_hidden": cfg.model.dape_hidden}})
-        entry = out.setdefault(T, {"lengths": eval_lengths(T, cfg.eval.max_length, cfg.eval.scored), "runs": {}})
+        entry = out.setdefault(T, {"lengths": default_lengths(T, cfg.eval.max_length, cfg.eval.scored), "runs": {}})
         entry["runs"].setdefault(name, []).append(Path(job["run"]).name)
     return out
 
