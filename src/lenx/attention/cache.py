@@ -22,6 +22,12 @@ _GROWING_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDP
 _SMALL_SCORES = 1 << 24  # score entries (B H R Tk) up to which a growing step uses the plain product
 
 
+def _sdpa_backends(step, n_scores: int):
+    if not step.grows:
+        return nullcontext()
+    return sdpa_kernel([SDPBackend.MATH] if n_scores <= _SMALL_SCORES else _GROWING_SDPA)
+
+
 class LayerCache:
     """K (already rotated for RoPE) and V [B, H, capacity, d] of slots 0..capacity-1."""
 
@@ -109,11 +115,7 @@ def cached_attention(q, keys, values, parts, step: StepRows):
                 allowed.shape, dtype=q.dtype, device=q.device).masked_fill(blocked, float("-inf")))
         else:
             mask = bias.to(q.dtype).masked_fill(blocked, float("-inf"))
-        if step.grows and q.shape[0] * q.shape[1] * q.shape[2] * keys.shape[2] <= _SMALL_SCORES:
-            context = sdpa_kernel([SDPBackend.MATH])
-        else:
-            context = sdpa_kernel(_GROWING_SDPA) if step.grows else nullcontext()
-        with context:
+        with _sdpa_backends(step, q.shape[0] * q.shape[1] * q.shape[2] * keys.shape[2]):
             out, rem = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask), None
     else:
         raw = torch.matmul(q, keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
