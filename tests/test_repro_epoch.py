@@ -175,10 +175,17 @@ def fake_run(folder: Path, method: str, seed: int, shift: float, seq_len: int = 
 
 @pytest.fixture
 def trees(tmp_path):
-    """here/results/epoch: a copy of the committed one; here/back/runs/epoch: a device tree of a later
-    session with finished runs at T 128 and T 512, one cut off and one not evaluated."""
+    """here/results/epoch: the committed one cut back to its first run (its README, claims.toml, the run
+    kerple-s0 and the device files of the machine that ran it; the later runs left out, so the test
+    does not change as runs land); here/back/runs/epoch: a device tree of a later session with finished runs
+    at T 128 and T 512, one cut off and one not evaluated."""
     here = tmp_path / "here"
-    shutil.copytree(RESULTS, here / "results" / "epoch")
+    base = here / "results" / "epoch"
+    for part in ("runs/T128/kerple-s0", "device/session16"):
+        shutil.copytree(RESULTS / part, base / part)
+    for name in ("README.md", "claims.toml"):
+        shutil.copy(RESULTS / name, base / name)
+    (base / "done.txt").write_text("epoch/kerple-s0\n")
     device = here / "back" / "runs" / "epoch"
     made = {("T128", "dapev2-kerple-s0"): fake_run(device / "T128" / "dapev2-kerple-s0", "dapev2-kerple", 0, -0.1),
             ("T128", "kerple-s1"): fake_run(device / "T128" / "kerple-s1", "kerple", 1, 0.02),

@@ -6,14 +6,15 @@ claims.toml) against what the single-epoch runs of results/epoch measured, with 
 writes <results>/claims.md (a table for people) and <results>/claims.json. collect_epoch.py runs it at its
 end, so one command updates the tables and the claims.
 
-Each claim's test compares two sets of window NLLs on the same 64 test windows (claims.toml says
-how): method a against method b at each length, or one method at each length against itself at
-b_length, or ΔP's two terms of one method. The figure is the seed-mean perplexity difference (or ΔP),
-or with scale "ratio" exp of the difference of seed-mean NLLs, and its 95% interval is
-lenx.report.stats.method_difference's, over the documents (paired) and each side's seeds; where a side
-has one seed it covers documents only, and the table says so. The two sides of a ratio against the
-method's own other length, and ΔP's two terms, come from the same seeds, which the interval treats
-as independent: wider, never narrower, than a paired one would be.
+Each claim's test compares window NLLs on the same 64 test windows (claims.toml says how): method a
+against method b at each length, or one method at each length against itself at b_length, or ΔP's
+two terms of one method, or method a's ΔP against method b's. The figure is the seed-mean perplexity
+difference (or ΔP, or the difference of two ΔP), or with scale "ratio" exp of the difference of
+seed-mean NLLs, and its 95% interval covers the documents (paired: one resample for every side) and
+the seeds (lenx.report.stats): method_difference for two methods, same_seeds_difference where both
+sides are the same seeds' models (a method against its own other length, ΔP's two terms: the spread
+of each seed's own difference), delta_p_difference for two methods' ΔP. Where a method has one seed
+the interval covers documents only, and the table says so.
 """
 
 import argparse
@@ -31,7 +32,7 @@ from plan import epoch
 
 from lenx.evaluation.evaluate import default_lengths
 from lenx.report.compare import MIN_RESAMPLES, CompareError, load_run
-from lenx.report.stats import method_difference
+from lenx.report.stats import delta_p_difference, method_difference, same_seeds_difference
 from lenx.report.tables import Table, columns, to_markdown
 
 WRITTEN_BY = "scripts/repro/claims_epoch.py"
@@ -122,8 +123,8 @@ def check_claim(claim, plan: dict, seen: set) -> dict:
     for side in ("a", "b"):
         if c[side] is not None and c[side] not in runs:
             bad(f"{side} = {c[side]!r} is not a method of the epoch plan at T {T} ({', '.join(runs)})")
-    if c["metric"] == "delta_p" and (c["b"] is not None or c["b_length"] is not None or c["scale"] != "difference"):
-        bad("delta_p is one method's ΔP against the threshold: no b, b_length or ratio")
+    if c["metric"] == "delta_p" and (c["b_length"] is not None or c["scale"] != "difference" or c["b"] == c["a"]):
+        bad("delta_p is one method's ΔP, or with b another method's ΔP subtracted: no b_length, ratio or b = a")
     if c["metric"] == "in_distribution":
         if "lengths" in c or c["b_length"] is not None:
             bad("in_distribution is measured at the training length: no lengths or b_length")
@@ -203,17 +204,34 @@ def load_length(results: Path, T: int) -> dict:
     return groups
 
 
-def sides(c: dict, groups: dict, L: int | None) -> tuple[np.ndarray, np.ndarray] | None:
-    """The [seeds, windows] NLLs of a and b for one length; None when ΔP's terms were not kept."""
+def sides(c: dict, groups: dict, L: int | None) -> tuple[np.ndarray, ...] | None:
+    """The [seeds, windows] NLLs that one length's figure is computed from: (a, b), or for ΔP (a's
+    short, a's tail[, b's short, b's tail]); None when ΔP's terms were not kept."""
     a, b = groups[c["a"]], groups[c["b"] or c["a"]]
     if c["metric"] == "in_distribution":
         kept = all(r["short"] is not None for r in a + b)
         return (np.stack([r["short"] for r in a]), np.stack([r["short"] for r in b])) if kept else None
     if c["metric"] == "delta_p":
-        kept = all(r["short"] is not None and L in r["tails"] for r in a)
+        both = a + (b if c["b"] else [])
+        if not all(r["short"] is not None and L in r["tails"] for r in both):
+            return None
         # ΔP = P(the last T tokens read alone) - P(the same tokens read at L)
-        return (np.stack([r["short"] for r in a]), np.stack([r["tails"][L] for r in a])) if kept else None
+        terms = [np.stack([r["short"] for r in a]), np.stack([r["tails"][L] for r in a])]
+        if c["b"]:
+            terms += [np.stack([r["short"] for r in b]), np.stack([r["tails"][L] for r in b])]
+        return tuple(terms)
     return np.stack([r["nll"][L] for r in a]), np.stack([r["nll"][c["b_length"] or L] for r in b])
+
+
+def interval(c: dict, terms: tuple, documents, n: int, seed: int) -> dict:
+    """The figure and its interval: two methods' ΔP, or the same seeds measured twice (ΔP, a method at
+    its own other length), or two methods."""
+    scale = "nll" if c["scale"] == "ratio" else "ppl"
+    if len(terms) == 4:
+        return delta_p_difference(*terms, documents, n=n, seed=seed, level=LEVEL, scale=scale)
+    if c["metric"] == "delta_p" or (c["metric"] == "ppl" and c["b"] is None):
+        return same_seeds_difference(*terms, documents, n=n, seed=seed, level=LEVEL, scale=scale)
+    return method_difference(*terms, documents, n=n, seed=seed, level=LEVEL, scale=scale)
 
 
 def verdict_of(lo: float, hi: float, boundary: float, direction: str) -> str:
@@ -240,11 +258,11 @@ def evaluate_claim(c: dict, groups: dict, plan: dict, n: int, seed: int) -> dict
     ratio = c["scale"] == "ratio"
     figures = []
     for L in lengths:
-        pair = sides(c, groups, L)
-        if pair is None:
+        terms = sides(c, groups, L)
+        if terms is None:
             return out | {"verdict": "not tested", "missing": [], "figures": [],
                           "why": "an eval.json keeps no ΔP terms per window (an older lenx eval)"}
-        d = method_difference(*pair, documents, n=n, seed=seed, level=LEVEL, scale="nll" if ratio else "ppl")
+        d = interval(c, terms, documents, n, seed)
         value, lo, hi = (np.exp([d["diff"], d["lo"], d["hi"]]) if ratio else (d["diff"], d["lo"], d["hi"]))
         figures.append({"length": L, "value": float(value), "lo": float(lo), "hi": float(hi), "covers": d["covers"],
                         "verdict": verdict_of(lo, hi, c["threshold"], c["direction"])})
@@ -260,7 +278,7 @@ def describe(c: dict) -> str:
     metric = {"ppl": "ppl", "in_distribution": "in-distribution ppl", "delta_p": "ΔP"}[c["metric"]]
     at_b = f" at {c['b_length']}" if c["b_length"] else ""
     if c["metric"] == "delta_p":
-        left = f"ΔP({c['a']})"
+        left = f"ΔP({c['a']})" + (f" - ΔP({c['b']})" if c["b"] else "")
     else:
         op = " / " if c["scale"] == "ratio" else " - "
         left = f"{metric}({c['a']}){op}{metric}({c['b'] or c['a']}{at_b})"
@@ -303,9 +321,11 @@ def markdown(report: dict) -> str:
              "Made by scripts/repro/claims_epoch.py from claims.toml and runs/<T>/*/eval.json; the numbers are "
              "in claims.json.", "",
              f"Verdicts: {tally(report)}.", "", f"Rule: {RULE}", "",
-             f"The interval: lenx.report.stats.method_difference ({report['resamples']} bootstrap resamples of the "
-             f"documents, seed {report['seed']}, plus each side's seed-to-seed variance); a ratio is exp of the "
-             "difference of seed-mean NLLs.", ""]
+             f"The interval: Student's t over the variance of {report['resamples']} bootstrap resamples of the "
+             f"documents (seed {report['seed']}) plus the seeds' (lenx.report.stats: method_difference for two "
+             "methods, each side's seed-to-seed variance; same_seeds_difference for a method against its own other "
+             "length and for ΔP, the variance of each seed's own difference; delta_p_difference for two methods' "
+             "ΔP); a ratio is exp of the difference of seed-mean NLLs.", ""]
     table = Table("each claim, the paper's evidence, lenx's figure at each length with its 95% interval",
                   columns("claim", "paper", "paper's evidence", "test", "lenx [95% interval]", "seeds, documents",
                           "verdict"))

@@ -11,11 +11,12 @@ import subprocess
 import sys
 
 import numpy as np
+import scipy.stats
 import pytest
 
 from lenx.config import load_config, to_toml
 from lenx.report.compare import CompareError, compare_runs, find_runs
-from lenx.report.stats import seed_mean_difference
+from lenx.report.stats import method_difference
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 TINY = ["model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=32", "train.batch_size=4",
@@ -117,7 +118,11 @@ def test_seeds_pool_as_the_mean_of_their_perplexities(tmp_path, template):
     assert out["methods"]["a"]["seeds"] == [0, 1]
     assert np.allclose(e["per_seed"], [math.exp(2), math.exp(3)])
     assert math.isclose(e["ppl"], (math.exp(2) + math.exp(3)) / 2)  # not exp of the mean NLL 2.5
-    assert math.isclose(e["lo"], e["ppl"]) and math.isclose(e["hi"], e["ppl"])
+    # every window alike: the documents add nothing, the two seeds' spread is the whole interval
+    # (Student's t with 1 degree of freedom over the standard error of two values)
+    half = scipy.stats.t.ppf(0.975, 1) * (math.exp(3) - math.exp(2)) / 2
+    assert math.isclose(e["hi"] - e["ppl"], half) and math.isclose(e["ppl"] - e["lo"], half)
+    assert e["covers"] == "seeds and documents"
 
 
 def test_a_constant_shift_is_a_difference_that_excludes_zero(tmp_path, template):
@@ -142,8 +147,8 @@ def test_a_constant_shift_is_a_difference_that_excludes_zero(tmp_path, template)
     up, down = paired["32"], paired["64"]
     assert 0 < up["lo"] <= up["diff"] <= up["hi"] and up["excludes_zero"]
     assert down["lo"] <= down["diff"] <= down["hi"] < 0 and down["excludes_zero"]
-    paired = seed_mean_difference(noisy(template, 0, shift=0.2), noisy(template, 0), template[0]["window_documents"],
-                                  n=500)
+    paired = method_difference(noisy(template, 0, shift=0.2), noisy(template, 0), template[0]["window_documents"],
+                               n=500)
     assert math.isclose(up["diff"], paired["diff"], rel_tol=1e-5)
 
 
@@ -240,11 +245,11 @@ def test_the_command_from_another_folder(tmp_path, template):
     assert written["methods"]["kerple"]["runs"] == ["../runs/sweep/kerple-s0", "../runs/sweep/kerple-s1"]
     # two seeds a method: the interval covers seeds too, and it is wider than the documents alone
     d = written["differences"]["dapev2-kerple"]["64"]
-    docs_only = seed_mean_difference(np.stack([noisy(template, 5 + s, -0.6) for s in (0, 1)]),
-                                     np.stack([noisy(template, 5 + s) for s in (0, 1)]),
-                                     template[0]["window_documents"], n=300, seed=2)
+    parts = method_difference(np.stack([noisy(template, 5 + s, -0.6) for s in (0, 1)]),
+                              np.stack([noisy(template, 5 + s) for s in (0, 1)]),
+                              template[0]["window_documents"], n=300, seed=2)
     assert d["covers"] == "seeds and documents" and d["seed_sd"] > 0 and d["reference_seed_sd"] > 0
-    assert d["hi"] - d["lo"] > docs_only["hi"] - docs_only["lo"] and d["diff"] < 0
+    assert math.isclose(d["lo"], parts["lo"], rel_tol=1e-4) and parts["var_seeds"] > 0 and d["diff"] < 0
     cell = expected["methods"]["kerple"]["lengths"]["32"]
     assert f"{cell['ppl']:.2f} [{cell['lo']:.2f}, {cell['hi']:.2f}]" in out.stdout
     assert "perplexity minus kerple's" in out.stdout and "kerple (2 seeds)" in out.stdout

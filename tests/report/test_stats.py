@@ -1,20 +1,24 @@
-"""Bootstrap intervals over documents."""
+"""Intervals over documents and training seeds (lenx.report.stats)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from lenx.report.stats import seed_mean_difference, seed_mean_interval
+from lenx.report.stats import (delta_p_difference, document_shares, document_win_rate, leave_one_document_out,
+                               method_difference, method_interval, same_seeds_difference, window_summary)
 
 
 def test_interval_brackets_the_estimate_and_is_seeded():
     rng = np.random.default_rng(0)
     docs = np.repeat(np.arange(20), 3)
     nll = 3 + 0.3 * rng.standard_normal(60) + 0.5 * rng.standard_normal(20)[docs]
-    a = seed_mean_interval(nll, docs, seed=1)
-    assert a == seed_mean_interval(nll, docs, seed=1)
-    assert a["lo"] < a["ppl"] < a["hi"] and math.isclose(a["ppl"], math.exp(nll.mean()))
+    a = method_interval(nll, docs, seed=1)
+    assert a == method_interval(nll, docs, seed=1)
+    assert a["lo"] < a["value"] < a["hi"] and math.isclose(a["value"], math.exp(nll.mean()))
+    assert a["covers"] == "documents only" and a["seed_sd"] is None
+    three = method_interval(nll + 0.1 * rng.standard_normal((3, 1)), docs, seed=1)
+    assert three["covers"] == "seeds and documents" and three["seed_sd"] > 0 and len(three["per_seed"]) == 3
 
 
 def test_windows_of_one_document_are_not_independent():
@@ -23,27 +27,75 @@ def test_windows_of_one_document_are_not_independent():
     rng = np.random.default_rng(2)
     doc_effect = np.repeat(rng.standard_normal(6), 10)
     nll = 3 + doc_effect + 0.05 * rng.standard_normal(60)
-    wide = seed_mean_interval(nll, np.repeat(np.arange(6), 10))
-    narrow = seed_mean_interval(nll, np.arange(60))
+    wide = method_interval(nll, np.repeat(np.arange(6), 10))
+    narrow = method_interval(nll, np.arange(60))
     assert wide["hi"] - wide["lo"] > 1.5 * (narrow["hi"] - narrow["lo"])
 
 
-def test_seed_mean_difference():
+def test_same_seeds_difference():
     rng = np.random.default_rng(3)
     docs = np.repeat(np.arange(30), 2)
-    a = 3 + rng.standard_normal(60)
-    same = seed_mean_difference(a, a, docs)
-    assert same == {"diff": 0.0, "lo": 0.0, "hi": 0.0}
-    better = seed_mean_difference(a, a - 0.1, docs)  # b is better on every window by the same margin
-    assert better["diff"] > 0 and better["lo"] > 0
+    a = 3 + rng.standard_normal((3, 60))
+    same = same_seeds_difference(a, a, docs)
+    assert (same["diff"], same["lo"], same["hi"]) == (0.0, 0.0, 0.0)
+    better = same_seeds_difference(a, a - 0.1, docs)  # b is better on every window by the same margin
+    assert better["diff"] > 0 and better["lo"] > 0 and better["covers"] == "seeds and documents"
     with pytest.raises(ValueError, match="paired windows"):
-        seed_mean_difference(a, a[:10], docs)
+        same_seeds_difference(a, a[:, :10], docs)
+    with pytest.raises(ValueError, match="same seeds"):
+        same_seeds_difference(a, a[:2], docs)
+
+
+def simulated_delta_p(rng, seeds=3, documents=30, per_doc=2, sd_seed=0.1, sd_gain=0.02, sd_doc=0.5, sd_noise=0.2,
+                      gain=0.05):
+    """ΔP's two terms of one method, [seeds, windows] each, in mean NLL: a seed's model is better or
+    worse on both (sd_seed, shared), its gain from the longer context varies less (sd_gain), and
+    each document and window adds its own; the true ΔP (short minus tail) is `gain`."""
+    docs = np.repeat(np.arange(documents), per_doc)
+    doc = rng.normal(0, sd_doc, documents)[docs]
+    luck = rng.normal(0, sd_seed, (seeds, 1))
+    short = 3 + doc + luck + rng.normal(0, sd_noise, (seeds, len(docs)))
+    tail = short - gain - rng.normal(0, sd_gain, (seeds, 1)) - rng.normal(0, 0.1, documents)[docs] \
+        - rng.normal(0, 0.05, (seeds, len(docs)))
+    return short, tail, docs
+
+
+@pytest.mark.parametrize("seeds", [2, 3, 5])
+def test_delta_p_covers_the_truth(seeds):
+    """ΔP's terms share each seed's luck: the interval of each seed's own difference covers the true
+    ΔP about 95 % of the time, where counting the two terms' seed spreads apart (method_difference)
+    covers it nearly always, with wider intervals."""
+    rng = np.random.default_rng(seeds)
+    hits, apart, widths = 0, 0, []
+    for _ in range(300):
+        short, tail, docs = simulated_delta_p(rng, seeds=seeds)
+        r = same_seeds_difference(short, tail, docs, n=300, seed=int(rng.integers(1 << 30)), scale="nll")
+        loose = method_difference(short, tail, docs, n=300, seed=1, scale="nll")
+        hits += r["lo"] <= 0.05 <= r["hi"]
+        apart += loose["lo"] <= 0.05 <= loose["hi"]
+        widths.append((r["hi"] - r["lo"]) / (loose["hi"] - loose["lo"]))
+    assert 0.92 <= hits / 300 <= 0.99, hits / 300
+    assert apart / 300 > 0.99 and np.median(widths) < 0.6
+
+
+def test_delta_p_difference_covers_the_truth():
+    """Two methods' ΔP (each over its own seeds, on shared documents): the interval of the difference
+    covers the true difference (0.05 - 0.02) about 95 % of the time."""
+    rng = np.random.default_rng(11)
+    hits = 0
+    for _ in range(300):
+        sa, ta, docs = simulated_delta_p(rng, gain=0.05)
+        sb, tb, _ = simulated_delta_p(rng, gain=0.02)
+        # the same documents for both methods: one document effect
+        shared = rng.normal(0, 0.5, 30)[docs]
+        r = delta_p_difference(sa + shared, ta + shared, sb + shared, tb + shared, docs, n=300,
+                               seed=int(rng.integers(1 << 30)), scale="nll")
+        hits += r["lo"] <= 0.03 <= r["hi"]
+    assert 0.92 <= hits / 300 <= 0.99, hits / 300
 
 
 # --- method differences over seeds and documents ------------------------------------------------------
 
-from lenx.report.stats import (document_shares, document_win_rate, leave_one_document_out, method_difference,  # noqa: E402
-                        window_summary)
 
 
 def simulated(rng, seeds=3, documents=30, per_doc=2, sd_seed=0.05, sd_doc=0.5, sd_inter=0.05, sd_noise=0.2,

@@ -26,10 +26,10 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
 
     Reads each run's eval.json (`lenx eval` writes it, with one NLL per window), groups the runs by
     method (each run one training seed) and prints per method and length the mean perplexity over
-    seeds with its 95% percentile bootstrap interval (documents resampled, one draw for all).
+    seeds and its ΔP, each with a 95% interval over the documents (one bootstrap draw for all) and the
+    seeds (marked † where a method has one seed: documents only).
 
-    With --reference, the paired difference of every other method to it, with an interval over both
-    the documents and each method's seeds (marked † where a method has one seed: documents only),
+    With --reference, the paired difference of every other method to it, with the same interval,
     and the verdicts that a single document decides.
 
     All runs must be

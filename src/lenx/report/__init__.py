@@ -6,7 +6,7 @@ REPORT files (tables.py), and the lines a command prints beside them; a builder 
 (eval_tables, compare_tables, bench_tables, che_tables, list_tables) turns result dicts into
 tables.Table objects. The JSON that machines read is the result dicts themselves, written where they
 are computed; corpus_summary.py prints a corpus manifest's. `lenx compare` (compare.py) pools runs'
-eval.json over seeds with bootstrap intervals over documents (stats.py); plot.py draws every figure
+eval.json over seeds with intervals over documents and seeds (stats.py); plot.py draws every figure
 from JSON on disk (`lenx plot`).
 
 Imports: the standard library, numpy, scipy and matplotlib (compare, stats, plot), rich inside the

@@ -1,4 +1,4 @@
-"""Compare methods over training seeds: perplexity with bootstrap intervals over documents.
+"""Compare methods over training seeds: perplexity with intervals over documents and seeds.
 
 Each run's eval.json keeps one mean NLL per window and length ("window_nll") and the document of
 each window ("window_documents"). The windows depend only on the corpus, split, eval seed, window
@@ -7,9 +7,12 @@ the very same windows: a method's seeds are pooled window by window, and two met
 pairwise on the same resamples of documents (lenx.report.stats).
 
 Per method and length the point estimate is the seed-mean perplexity, the mean over seeds of each
-seed's exp(mean window NLL). Differences to a reference method get intervals over both the documents
-and each method's seeds (stats.method_difference: two seeds of one method can differ by more than a
-document-only interval allows), with the seed-to-seed spreads, the document win rate, the documents
+seed's exp(mean window NLL), and every interval covers both the documents and the training seeds
+(two seeds of one method can differ by more than a document-only interval allows): a method's
+perplexity (stats.method_interval), its ΔP (stats.same_seeds_difference: each seed's two terms
+are the same model's) and its difference to a reference method (stats.method_difference); a method
+of one seed gets an interval over documents only, marked "covers": "documents only". Differences
+come with the seed-to-seed spreads, the document win rate, the documents
 that carry most of the difference and those whose removal alone changes the verdict. ΔP
 (P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluation/evaluate.py) and the in-distribution
 perplexity (its first term) get intervals from the seeds whose eval.json keeps both terms per window
@@ -33,8 +36,8 @@ import tomllib
 import numpy as np
 
 from ..fileio import write_json
-from .stats import (document_shares, document_win_rate, leave_one_document_out, method_difference,
-                    seed_mean_difference, seed_mean_interval, window_summary)
+from .stats import (document_shares, document_win_rate, leave_one_document_out, method_difference, method_interval,
+                    same_seeds_difference, window_summary)
 
 MIN_RESAMPLES = 100
 WINDOW_KEYS = ("corpus", "split", "eval_seed", "scored", "lengths", "window_documents")  # what fixes the windows
@@ -269,14 +272,14 @@ def _delta_p_windows(members: list[dict], lengths: list[int]) -> tuple[np.ndarra
 
 
 def _interval_entry(window_nll: np.ndarray, documents: np.ndarray, boot: dict, unit: str = "ppl") -> dict:
-    """The seed-mean perplexity (unit "bpb": bits per byte) with its interval over documents."""
+    """The seed-mean perplexity (unit "bpb": bits per byte) with its interval over documents and seeds."""
     if unit == "bpb":
-        interval = seed_mean_interval(window_nll, documents, scale="nll", **boot)
-        return {"bpb": interval["mean"], "lo": interval["lo"], "hi": interval["hi"], "per_seed": interval["per_seed"],
-                "median_bpb": float(np.median(window_nll))}
-    interval = seed_mean_interval(window_nll, documents, **boot)
-    return {"ppl": interval["ppl"], "lo": interval["lo"], "hi": interval["hi"], "per_seed": interval["per_seed"],
-            "median_nll": float(np.median(window_nll))}
+        interval = method_interval(window_nll, documents, scale="nll", **boot)
+        return {"bpb": interval["value"], "lo": interval["lo"], "hi": interval["hi"], "per_seed": interval["per_seed"],
+                "covers": interval["covers"], "median_bpb": float(np.median(window_nll))}
+    interval = method_interval(window_nll, documents, **boot)
+    return {"ppl": interval["value"], "lo": interval["lo"], "hi": interval["hi"], "per_seed": interval["per_seed"],
+            "covers": interval["covers"], "median_nll": float(np.median(window_nll))}
 
 
 def _difference(a: np.ndarray, b: np.ndarray, documents: np.ndarray, boot: dict, scale: str = "ppl") -> dict:
@@ -306,8 +309,8 @@ def _checked_options(n, seed, level) -> None:
 
 def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 2000, seed: int = 0,
                  level: float = 0.95, labels: list[str | None] | None = None) -> dict:
-    """Seed-mean perplexity of every method at every length with its percentile bootstrap interval
-    over documents (n resamples, drawn by `seed`, the same draw for every method and length), ΔP
+    """Seed-mean perplexity of every method at every length with its interval over documents (n
+    bootstrap resamples, drawn by `seed`, the same draw for every method and length) and seeds, ΔP
     likewise where the window NLLs allow it, and with `reference` (a method name) each other
     method's paired difference to it over seeds and documents (_difference). `labels`: one method name
     per run (None: its eval.json's), for runs that one method's name does not tell apart (a DAPE of
@@ -356,9 +359,10 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
             if terms is not None and L > T:
                 # per seed: exp(mean NLL read with T_train tokens) - exp(mean NLL of the same tokens at L)
                 short, tail = terms[0], terms[1][L]
-                dp = seed_mean_difference(short, tail, documents, scale=scale, **boot)
+                dp = same_seeds_difference(short, tail, documents, scale=scale, **boot)
                 per_seed = short.mean(1) - tail.mean(1) if unit == "bpb" else np.exp(short.mean(1)) - np.exp(tail.mean(1))
-                entry["delta_p"] = {"value": dp["diff"], "lo": dp["lo"], "hi": dp["hi"], "per_seed": per_seed.tolist()}
+                entry["delta_p"] = {"value": dp["diff"], "lo": dp["lo"], "hi": dp["hi"], "per_seed": per_seed.tolist(),
+                                    "covers": dp["covers"]}
             per_length[str(L)] = entry
         methods[method] = {"runs": [r["run"] for r in members], "seeds": [r["seed"] for r in members],
                            "train_len": T, "delta_p_note": note, "lengths": per_length}

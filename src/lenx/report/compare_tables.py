@@ -10,11 +10,16 @@ def _interval(value: float, lo: float, hi: float, sign: str = "", digits: int = 
     return f"{value:{sign}.{digits}f} [{lo:{sign}.{digits}f}, {hi:{sign}.{digits}f}]"
 
 
+def _dagger(entry: dict) -> str:
+    """† after an interval that covers documents only (a method of one seed)."""
+    return "†" if entry.get("covers") == "documents only" else ""
+
+
 def _ppl(entry: dict) -> str:
     """A perplexity, or bits per byte ("bpb", 3 decimals), with its interval."""
     if "bpb" in entry:
-        return _interval(entry["bpb"], entry["lo"], entry["hi"], digits=3)
-    return _interval(entry["ppl"], entry["lo"], entry["hi"])
+        return _interval(entry["bpb"], entry["lo"], entry["hi"], digits=3) + _dagger(entry)
+    return _interval(entry["ppl"], entry["lo"], entry["hi"]) + _dagger(entry)
 
 
 def tokenizer_note(result: dict) -> str | None:
@@ -44,8 +49,9 @@ def compare_report(result: dict) -> list[Table | str]:
     """The tables and notes (strings) of a compare_runs result, in print order (tables.show)."""
     lengths = [str(L) for L in result["lengths"]]
     pct = f"{100 * result['level']:g}%"
-    where = (f"{result['windows']} windows from {result['documents']} documents; {pct} bootstrap intervals over "
-             f"documents ({result['resamples']} resamples, seed {result['seed']})")
+    where = (f"{result['windows']} windows from {result['documents']} documents; {pct} intervals over documents "
+             f"({result['resamples']} bootstrap resamples, seed {result['seed']}) and seeds; †: a method with one seed, "
+             "so the interval covers documents only")
     # the in-distribution point (each window's last T_train tokens read alone) where eval.json kept it
     inside = any("in_distribution" in m for m in result["methods"].values())
     if inside:
@@ -71,7 +77,7 @@ def compare_report(result: dict) -> list[Table | str]:
             seeds = m["delta_p_seeds"]
             known = [str(seed) for seed in seeds if seed is not None]  # an HF model has no training seed
             dp.add_row(f"{method} ({_plural('seed', len(known))} {', '.join(known)})" if known else method,
-                       *("" if e is None else _interval(e["value"], e["lo"], e["hi"], "+", 3 if bpb else 2)
+                       *("" if e is None else _interval(e["value"], e["lo"], e["hi"], "+", 3 if bpb else 2) + _dagger(e)
                          for e in entries))
         items.append(dp)
     items += _notes(result, lengths)
@@ -109,7 +115,7 @@ def _difference_tables(result: dict, lengths: list[str], pct: str, inside: bool,
 
     def cell(d: dict) -> str:
         digits = 3 if what == "bits per byte" else 2
-        text = _interval(d["diff"], d["lo"], d["hi"], "+", digits) + ("†" if d.get("covers") == "documents only" else "")
+        text = _interval(d["diff"], d["lo"], d["hi"], "+", digits) + _dagger(d)
         return Strong(text) if d["excludes_zero"] else text
 
     decided = Table("verdicts that one document can change (dropping it alone changes the verdict)",

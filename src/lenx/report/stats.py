@@ -1,5 +1,7 @@
-"""Confidence intervals for evaluation results: a bootstrap over documents, and over seeds and
-documents for method differences (method_difference), with per-document diagnostics.
+"""Confidence intervals for evaluation results over documents and training seeds: a method's
+perplexity (method_interval), two methods' difference (method_difference), the same seeds measured
+twice (same_seeds_difference: a method at two lengths, ΔP), two methods' ΔP (delta_p_difference),
+with per-document diagnostics.
 
 eval.json keeps, for every length, one mean NLL per window ("window_nll") and the document each
 window's scored tokens come from ("window_documents"). Windows of one document are not independent,
@@ -21,11 +23,6 @@ def _resamples(documents, n: int, seed: int):
     return counts[:, inverse]  # [n, windows]
 
 
-def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
-    lo, hi = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
-    return float(lo), float(hi)
-
-
 def _nll_rows(window_nll) -> np.ndarray:
     """[seeds, windows] float64 from one run's window NLLs ([windows]) or several seeds' ([seeds, windows])."""
     nll = np.asarray(window_nll, dtype=np.float64)
@@ -36,50 +33,68 @@ def _nll_rows(window_nll) -> np.ndarray:
     return nll
 
 
-def _seed_mean(nll: np.ndarray, w: np.ndarray, scale: str = "ppl") -> np.ndarray:
-    """For each resample (row of the window weights w, [n, windows]), the mean over seeds of each
-    seed's perplexity (or, scale="nll", mean window value) on the resampled windows: [n]."""
-    return _per_seed(nll, w, scale).mean(1)
-
-
-def seed_mean_interval(window_nll, documents, n: int = 2000, seed: int = 0, level: float = 0.95,
-                       scale: str = "ppl") -> dict:
-    """{"ppl", "lo", "hi", "per_seed"} of runs that differ only in their training seed, measured
-    on the same windows: window_nll is [seeds, windows]. "ppl" is the mean over seeds of each
-    seed's perplexity exp(mean window NLL), "per_seed" those perplexities; the interval resamples
-    documents once per resample and applies the draw to every seed at once. scale="nll": the same of
-    the mean window value itself (e.g. bits per byte), under "mean" instead of "ppl"."""
-    nll = _nll_rows(window_nll)
-    if nll.shape[1] != len(documents):
-        raise ValueError(f"{nll.shape[1]} windows but {len(documents)} window documents")
-    per_seed = _per_seed(nll, np.ones((1, nll.shape[1])), scale)[0]
-    lo, hi = _interval(_seed_mean(nll, _resamples(documents, n, seed), scale), level)
-    return {"ppl" if scale == "ppl" else "mean": float(per_seed.mean()), "lo": lo, "hi": hi,
-            "per_seed": per_seed.tolist()}
-
-
-def seed_mean_difference(window_nll_a, window_nll_b, documents, n: int = 2000, seed: int = 0,
-                         level: float = 0.95, scale: str = "ppl") -> dict:
-    """{"diff", "lo", "hi"}: the seed-mean perplexity (scale="nll": mean window value) of a
-    ([seeds_a, windows]) minus that of b ([seeds_b, windows]) on the same windows, with a paired
-    bootstrap interval over documents (one draw of documents for both and for every seed of each).
-    The seed counts may differ."""
-    a, b = _nll_rows(window_nll_a), _nll_rows(window_nll_b)
-    if a.shape[1] != b.shape[1] or a.shape[1] != len(documents):
-        raise ValueError(f"paired windows must match: {a.shape[1]} vs {b.shape[1]} windows, "
-                         f"{len(documents)} window documents")
-    w, ones = _resamples(documents, n, seed), np.ones((1, a.shape[1]))
-    lo, hi = _interval(_seed_mean(a, w, scale) - _seed_mean(b, w, scale), level)
-    return {"diff": float(_seed_mean(a, ones, scale)[0] - _seed_mean(b, ones, scale)[0]), "lo": lo, "hi": hi}
-
-
-# --- methods over seeds and documents ---------------------------------------------------------------
-
 def _per_seed(nll: np.ndarray, w: np.ndarray, scale: str) -> np.ndarray:
     """Each seed's statistic under window weights w ([n, windows]): [n, seeds]; mean NLL ("nll") or
     its exponential, the perplexity ("ppl")."""
     mean = (w @ nll.T) / w.sum(1, keepdims=True)
     return np.exp(mean) if scale == "ppl" else mean
+
+
+def _contrast(stat_a, stat_b, documents, n: int, seed: int, level: float, paired: bool = False) -> dict:
+    """The seed mean of a per-seed statistic of a minus that of b (b None: zero), with a t interval for
+    the documents (shared: one bootstrap draw reweights every seed of both) and the seeds. stat_a and
+    stat_b map window weights [m, windows] to the statistic per seed, [m, seeds]. paired: a and b are
+    the same seeds' models measured twice, so the seeds' part is the spread of each seed's a - b."""
+    import scipy.stats
+
+    ones = np.ones((1, len(documents)))
+    pa = stat_a(ones)[0]
+    pb = stat_b(ones)[0] if stat_b is not None else None
+    diff = float(pa.mean() - (pb.mean() if pb is not None else 0.0))
+    w = _resamples(documents, n, seed)
+    boot = stat_a(w).mean(1) - (stat_b(w).mean(1) if stat_b is not None else 0.0)
+    parts = [(float(boot.var(ddof=1)), len(np.unique(documents)) - 1)]
+    spreads = [pa - pb] if paired else [p for p in (pa, pb) if p is not None]
+    for p in spreads:
+        if len(p) > 1:
+            parts.append((float(p.var(ddof=1)) / len(p), len(p) - 1))
+    var = sum(v for v, _ in parts)
+    if var == 0:
+        lo = hi = diff
+        dof = float("inf")
+    else:
+        dof = var ** 2 / sum(v ** 2 / max(k, 1) for v, k in parts)
+        half = float(scipy.stats.t.ppf((1 + level) / 2, dof)) * var ** 0.5
+        lo, hi = diff - half, diff + half
+    return {"diff": diff, "lo": lo, "hi": hi,
+            "seed_sd_a": float(pa.std(ddof=1)) if len(pa) > 1 else None,
+            "seed_sd_b": float(pb.std(ddof=1)) if pb is not None and len(pb) > 1 else None,
+            "var_documents": parts[0][0], "var_seeds": var - parts[0][0], "dof": dof,
+            "covers": "seeds and documents" if all(len(p) > 1 for p in spreads) else "documents only"}
+
+
+def _checked(*window_nlls, documents, scale: str) -> list[np.ndarray]:
+    """Each argument as [seeds, windows], all on the same windows as `documents`."""
+    rows = [_nll_rows(x) for x in window_nlls]
+    if any(r.shape[1] != len(documents) for r in rows):
+        raise ValueError(f"paired windows must match: {', '.join(str(r.shape[1]) for r in rows)} windows, "
+                         f"{len(documents)} window documents")
+    if scale not in ("ppl", "nll"):
+        raise ValueError(f"scale must be 'ppl' or 'nll', got {scale!r}")
+    return rows
+
+
+def method_interval(window_nll, documents, n: int = 2000, seed: int = 0, level: float = 0.95,
+                    scale: str = "ppl") -> dict:
+    """One method's seed-mean perplexity (scale="nll": mean window value) over its training seeds
+    ([seeds, windows] window NLLs), with an interval over the documents and the seeds (as
+    method_difference's, against zero). Returns value, lo, hi, per_seed, seed_sd, covers ("documents
+    only" with one seed)."""
+    (a,) = _checked(window_nll, documents=documents, scale=scale)
+    r = _contrast(lambda w: _per_seed(a, w, scale), None, documents, n, seed, level)
+    per_seed = _per_seed(a, np.ones((1, a.shape[1])), scale)[0]
+    return {"value": r["diff"], "lo": r["lo"], "hi": r["hi"], "per_seed": per_seed.tolist(),
+            "seed_sd": r["seed_sd_a"], "covers": r["covers"]}
 
 
 def method_difference(window_nll_a, window_nll_b, documents, n: int = 2000, seed: int = 0, level: float = 0.95,
@@ -102,36 +117,33 @@ def method_difference(window_nll_a, window_nll_b, documents, n: int = 2000, seed
     seed); var_documents, var_seeds, dof; covers: "seeds and documents", or "documents only" when a
     method has one seed (its seed-to-seed spread is unknown, so the interval is too narrow for a claim
     about the method)."""
-    import scipy.stats
+    a, b = _checked(window_nll_a, window_nll_b, documents=documents, scale=scale)
+    return _contrast(lambda w: _per_seed(a, w, scale), lambda w: _per_seed(b, w, scale), documents, n, seed, level)
 
-    a, b = _nll_rows(window_nll_a), _nll_rows(window_nll_b)
-    if a.shape[1] != b.shape[1] or a.shape[1] != len(documents):
-        raise ValueError(f"paired windows must match: {a.shape[1]} vs {b.shape[1]} windows, "
-                         f"{len(documents)} window documents")
-    if scale not in ("ppl", "nll"):
-        raise ValueError(f"scale must be 'ppl' or 'nll', got {scale!r}")
-    ones = np.ones((1, a.shape[1]))
-    pa, pb = _per_seed(a, ones, scale)[0], _per_seed(b, ones, scale)[0]
-    diff = float(pa.mean() - pb.mean())
-    w = _resamples(documents, n, seed)
-    boot = _per_seed(a, w, scale).mean(1) - _per_seed(b, w, scale).mean(1)
-    parts = [(float(boot.var(ddof=1)), len(np.unique(documents)) - 1)]
-    for p in (pa, pb):
-        if len(p) > 1:
-            parts.append((float(p.var(ddof=1)) / len(p), len(p) - 1))
-    var = sum(v for v, _ in parts)
-    if var == 0:
-        lo = hi = diff
-        dof = float("inf")
-    else:
-        dof = var ** 2 / sum(v ** 2 / max(k, 1) for v, k in parts)
-        half = float(scipy.stats.t.ppf((1 + level) / 2, dof)) * var ** 0.5
-        lo, hi = diff - half, diff + half
-    return {"diff": diff, "lo": lo, "hi": hi,
-            "seed_sd_a": float(pa.std(ddof=1)) if len(pa) > 1 else None,
-            "seed_sd_b": float(pb.std(ddof=1)) if len(pb) > 1 else None,
-            "var_documents": parts[0][0], "var_seeds": var - parts[0][0], "dof": dof,
-            "covers": "seeds and documents" if len(pa) > 1 and len(pb) > 1 else "documents only"}
+
+def same_seeds_difference(window_nll_a, window_nll_b, documents, n: int = 2000, seed: int = 0, level: float = 0.95,
+                          scale: str = "ppl") -> dict:
+    """a minus b where both are the same seeds' models measured twice ([seeds, windows] each, row s of
+    a and of b the same model): a method at two lengths, or ΔP's two terms (the last T_train tokens read
+    alone, and read at L). As method_difference, but the seeds' part is the spread of each seed's own
+    a - b: the two sides share each seed's luck, which method_difference would count twice."""
+    a, b = _checked(window_nll_a, window_nll_b, documents=documents, scale=scale)
+    if a.shape[0] != b.shape[0]:
+        raise ValueError(f"the same seeds measured twice: {a.shape[0]} vs {b.shape[0]} seeds")
+    return _contrast(lambda w: _per_seed(a, w, scale), lambda w: _per_seed(b, w, scale), documents, n, seed, level,
+                     paired=True)
+
+
+def delta_p_difference(short_a, tail_a, short_b, tail_b, documents, n: int = 2000, seed: int = 0,
+                       level: float = 0.95, scale: str = "ppl") -> dict:
+    """Method a's ΔP minus method b's at one length (ΔP per seed: the perplexity of the last T_train
+    tokens read alone minus that of the same tokens read at L; each [seeds, windows]), with an interval
+    over the documents (shared) and each method's seeds (its per-seed ΔP)."""
+    sa, ta, sb, tb = _checked(short_a, tail_a, short_b, tail_b, documents=documents, scale=scale)
+    if sa.shape[0] != ta.shape[0] or sb.shape[0] != tb.shape[0]:
+        raise ValueError("ΔP's two terms must come from the same seeds")
+    return _contrast(lambda w: _per_seed(sa, w, scale) - _per_seed(ta, w, scale),
+                     lambda w: _per_seed(sb, w, scale) - _per_seed(tb, w, scale), documents, n, seed, level)
 
 
 def document_shares(window_nll_a, window_nll_b, documents) -> list[dict]:
