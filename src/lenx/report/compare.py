@@ -143,6 +143,10 @@ def load_run(run_dir: Path, label: str | None = None) -> dict:
     if any(v.shape != (len(documents),) for v in nll.values()):
         raise CompareError(f"{path} has window NLLs that do not match its {len(documents)} window documents; "
                            f"re-run `lenx eval {run_dir}`")
+    bad = [str(L) for L, v in nll.items() if not np.isfinite(v).all()]
+    if bad:
+        raise CompareError(f"{path} has NaN or infinite window NLLs at length {', '.join(bad)}; re-run "
+                           f"`lenx eval {run_dir}`")
     lengths = sorted(nll)
     windows = {key: result.get(key) for key in WINDOW_KEYS} | {"lengths": lengths}
     # ΔP's two terms per window (eval.json from lenx eval since the 125M runs' second seeds)
@@ -152,6 +156,8 @@ def load_run(run_dir: Path, label: str | None = None) -> dict:
              if "delta_p_window_nll" in r}
     if short is None or any(v is None for v in tails.values()):
         short, tails = None, {}
+    elif not all(np.isfinite(v).all() for v in [short, *tails.values()]):
+        raise CompareError(f"{path} has NaN or infinite ΔP terms per window; re-run `lenx eval {run_dir}`")
     fingerprint = result.get("corpus_fingerprint")
     try:
         vocab = json.loads((run_dir / "meta.json").read_text()).get("vocab_size")
@@ -337,6 +343,9 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
     windows = runs[0]["windows"]
     documents = np.asarray(windows["window_documents"])
     distinct = int(len(np.unique(documents)))
+    if distinct < 2:
+        raise CompareError(f"every window comes from one document ({documents[0]}): an interval over documents "
+                           "needs at least 2; evaluate on a split with more documents")
     lengths = windows["lengths"]
     boot = {"n": n, "seed": seed, "level": level}
 
