@@ -31,9 +31,12 @@ def comparison():
 
 
 def test_tables_and_notes_in_order():
-    items = compare_report(comparison())
-    assert [type(i) for i in items] == [Table, Table, str, Table, Table]
-    ppl, dp, note, diff, decided = items
+    result = comparison()
+    result["differences"]["rope"]["64"] |= {"seed_sd": 0.25, "reference_seed_sd": None, "document_win_rate": 0.5}
+    result["methods"]["rope"]["lengths"]["64"]["median_nll"] = 2.0
+    items = compare_report(result)
+    assert [type(i) for i in items] == [Table, Table, str, Table, Table, Table]
+    ppl, dp, note, diff, beside, decided = items
     assert ppl.caption.startswith("8 windows from 6 documents; 95% intervals over documents (200 bootstrap "
                                   "resamples, seed 0) and seeds; †: a method with one seed")
     assert [c.name for c in ppl.columns] == ["method", "64", "128"]
@@ -45,6 +48,8 @@ def test_tables_and_notes_in_order():
     assert diff.rows == [["rope", "+1.00 [+0.50, +1.50]", "+1.50 [-0.50, +3.50]†"]]
     assert isinstance(diff.rows[0][1], Strong) and not isinstance(diff.rows[0][2], Strong)
     assert decided.rows == [["rope", "64", "worse", "1: 3"]]
+    # beside each difference: the seeds' spread, the documents won, the median NLL (where known)
+    assert beside.rows == [["kerple (reference)", "sd -", "sd -"], ["rope", "sd 0.25 · wins 50% · med 2.000", "sd -"]]
 
 
 def test_without_reference_only_the_perplexity_table():

@@ -129,7 +129,47 @@ def _difference_tables(result: dict, lengths: list[str], pct: str, inside: bool,
             if flips:
                 ids = ", ".join(str(f["document"]) for f in flips[:5]) + (", ..." if len(flips) > 5 else "")
                 decided.add_row(method, column, d["verdict"], f"{len(flips)}: {ids}")
-    return [diff, decided] if decided.rows else [diff]
+    tables = [diff, _beside(result, lengths, inside)]
+    return tables + [decided] if decided.rows else tables
+
+
+def _beside(result: dict, lengths: list[str], inside: bool) -> Table:
+    """Beside each difference: each method's seed-to-seed spread, the share of documents on which it
+    beats the reference, and its median window NLL (beside exp(mean NLL): a few bad windows move the
+    mean, not the median)."""
+    reference = result["reference"]
+    table = _by_length(f"beside the differences: each method's seed spread (sd of its seeds' values), the "
+                       f"documents on which it is lower than {reference} (win rate), its median window NLL",
+                       lengths, inside, "sd -: one seed; the median NLL pools every seed's windows")
+
+    def median(entry: dict | None) -> str:
+        value = None if entry is None else entry.get("median_nll", entry.get("median_bpb"))
+        return "" if value is None else f"med {value:.3f}"
+
+    def sd(value) -> str:
+        return "sd -" if value is None else f"sd {value:.2f}"
+
+    def columns(method: dict, rows: dict | None) -> list[str]:
+        keys = (["in_distribution"] if inside else []) + lengths
+        cells = []
+        for key in keys:
+            entry = method.get("in_distribution") if key == "in_distribution" else method["lengths"][key]
+            d = None if rows is None else rows.get(key)
+            if rows is None:  # the reference: its spread, from any difference at this length
+                other = next((r.get(key) for r in result["differences"].values() if r.get(key)), None)
+                parts = [sd(other.get("reference_seed_sd")) if other else "", median(entry)]
+            elif d is None:
+                parts = []
+            else:
+                win = d.get("document_win_rate")
+                parts = [sd(d.get("seed_sd")), "" if win is None else f"wins {100 * win:.0f}%", median(entry)]
+            cells.append(" · ".join(p for p in parts if p))
+        return cells
+
+    table.add_row(f"{reference} (reference)", *columns(result["methods"][reference], None))
+    for method, rows in result["differences"].items():
+        table.add_row(method, *columns(result["methods"][method], rows))
+    return table
 
 
 def unfinished_runs(result: dict) -> list[str]:
