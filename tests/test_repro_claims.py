@@ -277,3 +277,56 @@ def test_claims_cli_options(results, tmp_path):
         assert out.returncode == 2 and len(lines) == 1 and message in lines[0], lines
     help_out = script("claims_epoch.py", "--help", cwd=cwd)
     assert help_out.returncode == 0 and "--claims" in help_out.stdout and "claims.md" in help_out.stdout
+
+
+CROSS = '''
+[[claim]]
+id = "same-tokens"
+paper = "p"
+claim = "DAPE V2 at 128 matches RoPE at 2048"
+evidence = "e"
+train_len = 128
+metric = "ppl"
+a = "dapev2-kerple"
+b = "rope"
+b_train_len = 2048
+scale = "ratio"
+threshold = 1.02
+direction = "below"
+lengths = [2048, 16384]
+'''
+
+
+def test_a_claim_across_training_lengths(results):
+    """b_train_len pairs a run trained at 128 with one trained at 2048 on the same scored windows: the
+    figure is method_difference's ratio of the two (independent models, so not the same seeds'
+    difference); a bad b_train_len is a one-line error."""
+    from lenx.report.stats import method_difference
+
+    cwd, res = results
+    (res / "claims.toml").write_text(CROSS)
+    out = script("claims_epoch.py", "--results", "results/epoch", "--resamples", "200", cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    first = json.loads((res / "claims.json").read_text())["claims"][0]
+    assert first["verdict"] == "not tested" and first["missing"] == ["runs/T2048/rope-s0"]
+    rope = fake_run(res / "runs" / "T2048" / "rope-s0", "rope", 0, 0.2, seq_len=2048)
+    out = script("claims_epoch.py", "--results", "results/epoch", "--resamples", "200", cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    r = json.loads((res / "claims.json").read_text())["claims"][0]
+    assert r["verdict"] == "confirmed" and r["covers"] == "documents only"  # RoPE has one seed
+    assert r["runs"] == {"dapev2-kerple": ["dapev2-kerple-s0", "dapev2-kerple-s1"], "rope at T 2048": ["rope-s0"]}
+    a = [json.loads((res / "runs" / "T128" / f"dapev2-kerple-s{s}" / "eval.json").read_text()) for s in (0, 1)]
+    b = json.loads((rope / "eval.json").read_text())
+    for f in r["figures"]:
+        L = str(f["length"])
+        d = method_difference(np.stack([e["results"][L]["window_nll"] for e in a]), b["results"][L]["window_nll"],
+                              b["window_documents"], n=200, scale="nll")
+        assert np.allclose([f["value"], f["lo"], f["hi"]], np.exp([d["diff"], d["lo"], d["hi"]]))
+    assert "ppl(dapev2-kerple) / ppl(rope trained at 2048) < 1.02 at 2048, 16384 (T 128)" in (res / "claims.md").read_text()
+    for old, new, message in [("b_train_len = 2048", "b_train_len = 1024", "b_train_len must be one of the epoch plan's"),
+                              ("lengths = [2048, 16384]", "lengths = [1024, 2048]", "length 1024 is not evaluated at T 2048"),
+                              ("b = \"rope\"", "b = \"dapev2-kerple\"", "b = 'dapev2-kerple' is not a method of the epoch "
+                                                                     "plan at T 2048")]:
+        (res / "claims.toml").write_text(CROSS.replace(old, new))
+        bad = script("claims_epoch.py", "--results", "results/epoch", cwd=cwd)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr

@@ -7,8 +7,9 @@ writes <results>/claims.md (a table for people) and <results>/claims.json. colle
 end, so one command updates the tables and the claims.
 
 Each claim's test compares window NLLs on the same 64 test windows (claims.toml says how): method a
-against method b at each length, or one method at each length against itself at b_length, or ΔP's
-two terms of one method, or method a's ΔP against method b's. The figure is the seed-mean perplexity
+against method b at each length (b trained at another length with b_train_len: the same tokens spent
+at another training length; the scored windows are the same), or one method at each length against
+itself at b_length, or ΔP's two terms of one method, or method a's ΔP against method b's. The figure is the seed-mean perplexity
 difference (or ΔP, or the difference of two ΔP), or with scale "ratio" exp of the difference of
 seed-mean NLLs, and its 95% interval covers the documents (paired: one resample for every side) and
 the seeds (lenx.report.stats): method_difference for two methods, same_seeds_difference where both
@@ -31,7 +32,7 @@ from collect import label, load_run as load_finished
 from plan import epoch
 
 from lenx.evaluation.evaluate import default_lengths
-from lenx.report.compare import MIN_RESAMPLES, CompareError, load_run
+from lenx.report.compare import MIN_RESAMPLES, WINDOW_KEYS, CompareError, load_run
 from lenx.report.stats import delta_p_difference, method_difference, same_seeds_difference
 from lenx.report.tables import Table, columns, to_markdown
 
@@ -40,7 +41,7 @@ LEVEL = 0.95
 METRICS = {"ppl": "perplexity of the last 256 tokens", "in_distribution": "in-distribution perplexity",
            "delta_p": "ΔP"}
 REQUIRED = ("id", "paper", "claim", "evidence", "train_len", "metric", "a", "direction")
-OPTIONAL = ("b", "b_length", "scale", "threshold", "lengths", "note")
+OPTIONAL = ("b", "b_length", "b_train_len", "scale", "threshold", "lengths", "note")
 UNTESTED = ("id", "paper", "claim", "evidence", "why", "report")
 EVERY = re.compile(r"every length >= (\d+)T")
 RULE = ("confirmed: the 95% interval lies on the claimed side of the boundary at every length tested; "
@@ -122,9 +123,15 @@ def check_claim(claim, plan: dict, seen: set) -> dict:
     if c["scale"] == "ratio" and c["threshold"] <= 0:
         bad(f"a ratio's threshold must be above 0, got {c['threshold']}")
     runs, lengths = plan[T]["runs"], plan[T]["lengths"]
-    for side in ("a", "b"):
-        if c[side] is not None and c[side] not in runs:
-            bad(f"{side} = {c[side]!r} is not a method of the epoch plan at T {T} ({', '.join(runs)})")
+    Tb = c.get("b_train_len", T)
+    if Tb not in plan or isinstance(Tb, bool):
+        bad(f"b_train_len must be one of the epoch plan's {', '.join(map(str, sorted(plan)))}, got {Tb!r}")
+    if Tb != T and (c["metric"] != "ppl" or c["b"] is None or c["b_length"] is not None):
+        bad("b_train_len compares perplexity with another method trained at another length: metric ppl, b, "
+            "no b_length")
+    for side, at in (("a", T), ("b", Tb)):
+        if c[side] is not None and c[side] not in plan[at]["runs"]:
+            bad(f"{side} = {c[side]!r} is not a method of the epoch plan at T {at} ({', '.join(plan[at]['runs'])})")
     if c["metric"] == "delta_p" and (c["b_length"] is not None or c["scale"] != "difference" or c["b"] == c["a"]):
         bad("delta_p is one method's ΔP, or with b another method's ΔP subtracted: no b_length, ratio or b = a")
     if c["metric"] == "in_distribution":
@@ -146,9 +153,11 @@ def check_claim(claim, plan: dict, seen: set) -> dict:
         if len(set(spec)) != len(spec):
             bad("a length is listed twice")
     wanted = (resolve_lengths(c, lengths) or []) + ([c["b_length"]] if c["b_length"] is not None else [])
-    odd = [str(L) for L in wanted if L not in lengths]
-    if odd:
-        bad(f"length {', '.join(odd)} is not evaluated at T {T} (lengths: {', '.join(map(str, lengths))})")
+    for at in sorted({T, Tb}):
+        odd = [str(L) for L in wanted if L not in plan[at]["lengths"]]
+        if odd:
+            bad(f"length {', '.join(odd)} is not evaluated at T {at} (lengths: "
+                f"{', '.join(map(str, plan[at]['lengths']))})")
     if c["metric"] != "in_distribution" and not resolve_lengths(c, lengths):
         bad(f"no evaluated length matches {spec!r} at T {T}")
     if c["metric"] == "delta_p" and min(resolve_lengths(c, lengths)) <= T:
@@ -206,10 +215,12 @@ def load_length(results: Path, T: int) -> dict:
     return groups
 
 
-def sides(c: dict, groups: dict, L: int | None) -> tuple[np.ndarray, ...] | None:
+def sides(c: dict, by_T: dict, L: int | None) -> tuple[np.ndarray, ...] | None:
     """The [seeds, windows] NLLs that one length's figure is computed from: (a, b), or for ΔP (a's
-    short, a's tail[, b's short, b's tail]); None when ΔP's terms were not kept."""
-    a, b = groups[c["a"]], groups[c["b"] or c["a"]]
+    short, a's tail[, b's short, b's tail]); None when ΔP's terms were not kept. by_T: training length
+    -> {label: runs}."""
+    a = by_T[c["train_len"]][c["a"]]
+    b = by_T[c.get("b_train_len", c["train_len"])][c["b"] or c["a"]]
     if c["metric"] == "in_distribution":
         kept = all(r["short"] is not None for r in a + b)
         return (np.stack([r["short"] for r in a]), np.stack([r["short"] for r in b])) if kept else None
@@ -231,7 +242,8 @@ def interval(c: dict, terms: tuple, documents, n: int, seed: int) -> dict:
     scale = "nll" if c["scale"] == "ratio" else "ppl"
     if len(terms) == 4:
         return delta_p_difference(*terms, documents, n=n, seed=seed, level=LEVEL, scale=scale)
-    if c["metric"] == "delta_p" or (c["metric"] == "ppl" and c["b"] in (None, c["a"])):
+    same_models = c["b"] in (None, c["a"]) and c.get("b_train_len", c["train_len"]) == c["train_len"]
+    if c["metric"] == "delta_p" or (c["metric"] == "ppl" and same_models):
         return same_seeds_difference(*terms, documents, n=n, seed=seed, level=LEVEL, scale=scale)
     return method_difference(*terms, documents, n=n, seed=seed, level=LEVEL, scale=scale)
 
@@ -244,23 +256,30 @@ def verdict_of(lo: float, hi: float, boundary: float, direction: str) -> str:
     return "confirmed" if (below if direction == "below" else above) else "contradicted"
 
 
-def evaluate_claim(c: dict, groups: dict, plan: dict, n: int, seed: int) -> dict:
-    """One claim's figures per length, its verdict, and the runs it rests on or misses."""
-    T = c["train_len"]
-    names = [c["a"]] + ([c["b"]] if c["b"] and c["b"] != c["a"] else [])
+def evaluate_claim(c: dict, by_T: dict, plan: dict, n: int, seed: int) -> dict:
+    """One claim's figures per length, its verdict, and the runs it rests on or misses. by_T: training
+    length -> {label: runs}."""
+    T, Tb = c["train_len"], c.get("b_train_len", c["train_len"])
+    compared = [(c["a"], T)] + ([(c["b"], Tb)] if c["b"] and (c["b"], Tb) != (c["a"], T) else [])
+    names = {(m, at): m if at == T else f"{m} at T {at}" for m, at in compared}
     out = {key: c[key] for key in REQUIRED + OPTIONAL if key in c} | {"test": describe(c)}
-    out["runs"] = {m: [Path(r["run"]).name for r in groups.get(m, [])] for m in names}
-    out["planned"] = {m: plan[T]["runs"][m] for m in names}
-    missing = [m for m in names if not groups.get(m)]
+    out["runs"] = {names[m, at]: [Path(r["run"]).name for r in by_T[at].get(m, [])] for m, at in compared}
+    out["planned"] = {names[m, at]: plan[at]["runs"][m] for m, at in compared}
+    missing = [(m, at) for m, at in compared if not by_T[at].get(m)]
     if missing:
-        absent = [f"runs/T{T}/{name}" for m in missing for name in plan[T]["runs"][m]]
+        absent = [f"runs/T{at}/{name}" for m, at in missing for name in plan[at]["runs"][m]]
         return out | {"verdict": "not tested", "missing": absent, "figures": []}
+    first, other = by_T[T][c["a"]][0], by_T[Tb][c["b"] or c["a"]][0]
+    differ = [key for key in WINDOW_KEYS if key != "lengths" and first["windows"][key] != other["windows"][key]]
+    if differ:  # another training length: the scored windows must still be the same
+        raise CompareError(f"claim {c['id']!r}: {other['run']} was evaluated on other windows than {first['run']} "
+                           f"({', '.join(differ)})")
     lengths = resolve_lengths(c, plan[T]["lengths"]) or [None]
-    documents = np.asarray(groups[c["a"]][0]["windows"]["window_documents"])
+    documents = np.asarray(first["windows"]["window_documents"])
     ratio = c["scale"] == "ratio"
     figures = []
     for L in lengths:
-        terms = sides(c, groups, L)
+        terms = sides(c, by_T, L)
         if terms is None:
             return out | {"verdict": "not tested", "missing": [], "figures": [],
                           "why": "an eval.json keeps no ΔP terms per window (an older lenx eval)"}
@@ -283,7 +302,9 @@ def describe(c: dict) -> str:
         left = f"ΔP({c['a']})" + (f" - ΔP({c['b']})" if c["b"] else "")
     else:
         op = " / " if c["scale"] == "ratio" else " - "
-        left = f"{metric}({c['a']}){op}{metric}({c['b'] or c['a']}{at_b})"
+        Tb = c.get("b_train_len", c["train_len"])
+        trained = f" trained at {Tb}" if Tb != c["train_len"] else ""
+        left = f"{metric}({c['a']}){op}{metric}({c['b'] or c['a']}{trained}{at_b})"
     threshold = f"{c['threshold']:g}"
     where = "" if c["metric"] == "in_distribution" else " at " + (
         c["lengths"] if isinstance(c["lengths"], str) else ", ".join(map(str, c["lengths"])))
@@ -351,9 +372,10 @@ def write_claims(results: Path, claims_path: Path, n: int = 2000, seed: int = 0,
     when the caller checked it before its own work)."""
     claims, untested = checked or load_claims(claims_path)
     plan = planned()
-    groups = {T: load_length(results, T) for T in sorted({c["train_len"] for c in claims})}
+    lengths = {c["train_len"] for c in claims} | {c.get("b_train_len", c["train_len"]) for c in claims}
+    by_T = {T: load_length(results, T) for T in sorted(lengths)}
     report = {"written_by": WRITTEN_BY, "rule": RULE, "level": LEVEL, "resamples": n, "seed": seed,
-              "claims": [evaluate_claim(c, groups[c["train_len"]], plan, n, seed) for c in claims], "untested": untested}
+              "claims": [evaluate_claim(c, by_T, plan, n, seed) for c in claims], "untested": untested}
     (results / "claims.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     (results / "claims.md").write_text(markdown(report) + "\n")
     return report
