@@ -74,16 +74,13 @@ def _contrast(stat_a, stat_b, documents, n: int, seed: int, level: float, paired
 
 
 def _checked(*window_nlls, documents, scale: str) -> list[np.ndarray]:
-    """Each argument as [seeds, windows], all on the same windows as `documents`, finite, from at
-    least two documents (one document has no spread to measure: its interval would have no width)."""
+    """Each argument as [seeds, windows], all on the same windows as `documents`, and finite."""
     rows = [_nll_rows(x) for x in window_nlls]
     if any(r.shape[1] != len(documents) for r in rows):
         raise ValueError(f"paired windows must match: {', '.join(str(r.shape[1]) for r in rows)} windows, "
                          f"{len(documents)} window documents")
     if not all(np.isfinite(r).all() for r in rows):
         raise ValueError("window NLLs must be finite (a NaN or infinite NLL: evaluate the run again)")
-    if len(np.unique(np.asarray(documents))) < 2:
-        raise ValueError("an interval over documents needs windows from at least 2 documents")
     if scale not in ("ppl", "nll"):
         raise ValueError(f"scale must be 'ppl' or 'nll', got {scale!r}")
     return rows
