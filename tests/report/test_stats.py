@@ -111,6 +111,20 @@ def test_method_interval_covers_the_truth(seeds):
     assert 0.92 <= hits / 300 <= 0.99, hits / 300
 
 
+def test_what_an_interval_covers():
+    """One seed: documents only; windows of one document: seeds only (no document spread to measure);
+    both: nothing, an interval of no width."""
+    rng = np.random.default_rng(8)
+    many, one = np.repeat(np.arange(5), 2), np.zeros(10, dtype=int)
+    three, single = 3 + 0.1 * rng.standard_normal((3, 10)), 3 + 0.1 * rng.standard_normal((1, 10))
+    assert method_difference(three, three + 0.1, many)["covers"] == "seeds and documents"
+    assert method_difference(single, three, many)["covers"] == "documents only"
+    seeds_only = method_difference(three, three + 0.1, one)
+    assert seeds_only["covers"] == "seeds only" and seeds_only["var_documents"] == 0 and seeds_only["lo"] < seeds_only["hi"]
+    nothing = method_interval(single, one)
+    assert nothing["covers"] == "nothing" and nothing["lo"] == nothing["value"] == nothing["hi"]
+
+
 def test_bad_window_nlls_are_refused():
     docs = np.repeat(np.arange(5), 2)
     nll = np.full((2, 10), 3.0)

@@ -11,7 +11,8 @@ seed's exp(mean window NLL), and every interval covers both the documents and th
 (two seeds of one method can differ by more than a document-only interval allows): a method's
 perplexity (stats.method_interval), its ΔP (stats.same_seeds_difference: each seed's two terms
 are the same model's) and its difference to a reference method (stats.method_difference); a method
-of one seed gets an interval over documents only, marked "covers": "documents only". Differences
+of one seed gets an interval over documents only, marked "covers": "documents only" (windows from
+one document: "seeds only"; both: "nothing", and such a difference excludes nothing). Differences
 come with the seed-to-seed spreads, the document win rate, the documents
 that carry most of the difference and those whose removal alone changes the verdict. ΔP
 (P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluation/evaluate.py) and the in-distribution
@@ -298,7 +299,9 @@ def _difference(a: np.ndarray, b: np.ndarray, documents: np.ndarray, boot: dict,
     loo = leave_one_document_out(a, b, documents, scale=scale, **boot)
     words = {"a lower": "lower than the reference", "b lower": "higher than the reference",
              "no difference": "no difference"}
-    return {"diff": d["diff"], "lo": d["lo"], "hi": d["hi"], "excludes_zero": bool(d["lo"] > 0 or d["hi"] < 0),
+    # an interval that measured no spread ("nothing": one seed, one document) excludes nothing
+    excludes = bool(d["lo"] > 0 or d["hi"] < 0) and d["covers"] != "nothing"
+    return {"diff": d["diff"], "lo": d["lo"], "hi": d["hi"], "excludes_zero": excludes,
             "covers": d["covers"], "seed_sd": d["seed_sd_a"], "reference_seed_sd": d["seed_sd_b"],
             "document_win_rate": document_win_rate(a, b, documents), "top_documents": document_shares(a, b, documents)[:3],
             "verdict": words[loo["verdict"]], "decided_by": [f | {"verdict": words[f["verdict"]]} for f in loo["flips"]]}

@@ -11,8 +11,8 @@ def _interval(value: float, lo: float, hi: float, sign: str = "", digits: int = 
 
 
 def _dagger(entry: dict) -> str:
-    """† after an interval that covers documents only (a method of one seed)."""
-    return "†" if entry.get("covers") == "documents only" else ""
+    """† after an interval that does not cover both seeds and documents (one seed, or one document)."""
+    return "†" if entry.get("covers") not in (None, "seeds and documents") else ""
 
 
 def _ppl(entry: dict) -> str:
@@ -51,7 +51,7 @@ def compare_report(result: dict) -> list[Table | str]:
     pct = f"{100 * result['level']:g}%"
     where = (f"{result['windows']} windows from {result['documents']} documents; {pct} intervals over documents "
              f"({result['resamples']} bootstrap resamples, seed {result['seed']}) and seeds; †: a method with one seed, "
-             "so the interval covers documents only")
+             "so the interval covers documents only (or windows from one document: seeds only)")
     # the in-distribution point (each window's last T_train tokens read alone) where eval.json kept it
     inside = any("in_distribution" in m for m in result["methods"].values())
     if inside:
@@ -111,7 +111,8 @@ def _difference_tables(result: dict, lengths: list[str], pct: str, inside: bool,
     diff = _by_length(f"{what} minus {result['reference']}'s, mean over seeds [{pct} interval over seeds and "
                       "documents]", lengths, inside,
                       "bold: the interval excludes 0 (negative: better than the reference); †: a method with one "
-                      "seed, so the interval covers documents only (not a claim about the method)")
+                      "seed, so the interval covers documents only (not a claim about the method), or windows "
+                      "from one document (seeds only)")
 
     def cell(d: dict) -> str:
         digits = 3 if what == "bits per byte" else 2

@@ -42,7 +42,8 @@ def _per_seed(nll: np.ndarray, w: np.ndarray, scale: str) -> np.ndarray:
 
 def _contrast(stat_a, stat_b, documents, n: int, seed: int, level: float, paired: bool = False) -> dict:
     """The seed mean of a per-seed statistic of a minus that of b (b None: zero), with a t interval for
-    the documents (shared: one bootstrap draw reweights every seed of both) and the seeds. stat_a and
+    the documents (shared: one bootstrap draw reweights every seed of both) and the seeds, each where
+    it can be measured ("covers" says which: one seed, or windows of one document, leave one out). stat_a and
     stat_b map window weights [m, windows] to the statistic per seed, [m, seeds]. paired: a and b are
     the same seeds' models measured twice, so the seeds' part is the spread of each seed's a - b."""
     import scipy.stats
@@ -51,9 +52,13 @@ def _contrast(stat_a, stat_b, documents, n: int, seed: int, level: float, paired
     pa = stat_a(ones)[0]
     pb = stat_b(ones)[0] if stat_b is not None else None
     diff = float(pa.mean() - (pb.mean() if pb is not None else 0.0))
-    w = _resamples(documents, n, seed)
-    boot = stat_a(w).mean(1) - (stat_b(w).mean(1) if stat_b is not None else 0.0)
-    parts = [(float(boot.var(ddof=1)), len(np.unique(documents)) - 1)]
+    distinct = len(np.unique(documents))
+    parts = []  # (variance, degrees of freedom) of each source that can be measured
+    if distinct > 1:
+        w = _resamples(documents, n, seed)
+        boot = stat_a(w).mean(1) - (stat_b(w).mean(1) if stat_b is not None else 0.0)
+        parts.append((float(boot.var(ddof=1)), distinct - 1))
+    var_documents = parts[0][0] if parts else 0.0
     spreads = [pa - pb] if paired else [p for p in (pa, pb) if p is not None]
     for p in spreads:
         if len(p) > 1:
@@ -69,8 +74,15 @@ def _contrast(stat_a, stat_b, documents, n: int, seed: int, level: float, paired
     return {"diff": diff, "lo": lo, "hi": hi,
             "seed_sd_a": float(pa.std(ddof=1)) if len(pa) > 1 else None,
             "seed_sd_b": float(pb.std(ddof=1)) if pb is not None and len(pb) > 1 else None,
-            "var_documents": parts[0][0], "var_seeds": var - parts[0][0], "dof": dof,
-            "covers": "seeds and documents" if all(len(p) > 1 for p in spreads) else "documents only"}
+            "var_documents": var_documents, "var_seeds": var - var_documents, "dof": dof,
+            "covers": _covers(distinct > 1, all(len(p) > 1 for p in spreads))}
+
+
+def _covers(documents: bool, seeds: bool) -> str:
+    """What an interval's spread comes from: a method with one seed has no seed spread to measure,
+    windows from one document no document spread."""
+    return {(True, True): "seeds and documents", (True, False): "documents only", (False, True): "seeds only",
+            (False, False): "nothing"}[documents, seeds]
 
 
 def _checked(*window_nlls, documents, scale: str) -> list[np.ndarray]:
@@ -123,7 +135,7 @@ def method_difference(window_nll_a, window_nll_b, documents, n: int = 2000, seed
     Returns diff, lo, hi; seed_sd_a / seed_sd_b (the spread of the per-seed values; None with one
     seed); var_documents, var_seeds, dof; covers: "seeds and documents", or "documents only" when a
     method has one seed (its seed-to-seed spread is unknown, so the interval is too narrow for a claim
-    about the method)."""
+    about the method); with windows from one document "seeds only", or "nothing" (zero width)."""
     a, b = _checked(window_nll_a, window_nll_b, documents=documents, scale=scale)
     return _contrast(lambda w: _per_seed(a, w, scale), lambda w: _per_seed(b, w, scale), documents, n, seed, level)
 
