@@ -32,8 +32,8 @@ def comparison():
 
 def test_tables_and_notes_in_order():
     result = comparison()
-    result["differences"]["rope"]["64"] |= {"seed_sd": 0.25, "reference_seed_sd": None, "document_win_rate": 0.5}
-    result["methods"]["rope"]["lengths"]["64"]["median_nll"] = 2.0
+    result["differences"]["rope"]["64"]["document_win_rate"] = 0.5
+    result["methods"]["rope"]["lengths"]["64"] |= {"median_nll": 2.0, "per_seed": [7.75, 8.25]}
     items = compare_report(result)
     assert [type(i) for i in items] == [Table, Table, str, Table, Table, Table]
     ppl, dp, note, diff, beside, decided = items
@@ -49,7 +49,7 @@ def test_tables_and_notes_in_order():
     assert isinstance(diff.rows[0][1], Strong) and not isinstance(diff.rows[0][2], Strong)
     assert decided.rows == [["rope", "64", "worse", "1: 3"]]
     # beside each difference: the seeds' spread, the documents won, the median NLL (where known)
-    assert beside.rows == [["kerple (reference)", "sd -", "sd -"], ["rope", "sd 0.25 · wins 50% · med 2.000", "sd -"]]
+    assert beside.rows == [["kerple (reference)", "sd -", "sd -"], ["rope", "sd 0.35 · wins 50% · med 2.000", "sd -"]]
 
 
 def test_without_reference_only_the_perplexity_table():

@@ -280,13 +280,11 @@ def _delta_p_windows(members: list[dict], lengths: list[int]) -> tuple[np.ndarra
 
 def _interval_entry(window_nll: np.ndarray, documents: np.ndarray, boot: dict, unit: str = "ppl") -> dict:
     """The seed-mean perplexity (unit "bpb": bits per byte) with its interval over documents and seeds."""
-    if unit == "bpb":
-        interval = method_interval(window_nll, documents, scale="nll", **boot)
-        return {"bpb": interval["value"], "lo": interval["lo"], "hi": interval["hi"], "per_seed": interval["per_seed"],
-                "covers": interval["covers"], "median_bpb": float(np.median(window_nll))}
-    interval = method_interval(window_nll, documents, **boot)
-    return {"ppl": interval["value"], "lo": interval["lo"], "hi": interval["hi"], "per_seed": interval["per_seed"],
-            "covers": interval["covers"], "median_nll": float(np.median(window_nll))}
+    bpb = unit == "bpb"
+    interval = method_interval(window_nll, documents, scale="nll" if bpb else "ppl", **boot)
+    return {"bpb" if bpb else "ppl": interval["value"], "lo": interval["lo"], "hi": interval["hi"],
+            "per_seed": interval["per_seed"], "covers": interval["covers"],
+            "median_bpb" if bpb else "median_nll": float(np.median(window_nll))}
 
 
 def _difference(a: np.ndarray, b: np.ndarray, documents: np.ndarray, boot: dict, scale: str = "ppl") -> dict:

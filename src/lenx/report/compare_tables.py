@@ -3,6 +3,8 @@ byte, and a line that says why, when the results use different tokenizers), ΔP 
 recomputed, the differences to the reference method, the verdicts one document decides,
 and the notes between them."""
 
+import statistics
+
 from .tables import Column, Strong, Table
 
 
@@ -135,41 +137,35 @@ def _difference_tables(result: dict, lengths: list[str], pct: str, inside: bool,
 
 
 def _beside(result: dict, lengths: list[str], inside: bool) -> Table:
-    """Beside each difference: each method's seed-to-seed spread, the share of documents on which it
-    beats the reference, and its median window NLL (beside exp(mean NLL): a few bad windows move the
-    mean, not the median)."""
+    """Beside each difference: each method's seed-to-seed spread (of its per-seed values), the share of
+    documents on which it beats the reference, and its median window NLL (beside exp(mean NLL): a few
+    bad windows move the mean, not the median)."""
     reference = result["reference"]
     table = _by_length(f"beside the differences: each method's seed spread (sd of its seeds' values), the "
                        f"documents on which it is lower than {reference} (win rate), its median window NLL",
                        lengths, inside, "sd -: one seed; the median NLL pools every seed's windows")
+    keys = (["in_distribution"] if inside else []) + lengths
 
-    def median(entry: dict | None) -> str:
-        value = None if entry is None else entry.get("median_nll", entry.get("median_bpb"))
-        return "" if value is None else f"med {value:.3f}"
+    def cell(entry: dict | None, difference: dict | None) -> str:
+        if entry is None:
+            return ""
+        seeds = entry.get("per_seed") or []
+        parts = ["sd -" if len(seeds) < 2 else f"sd {statistics.stdev(seeds):.2f}"]
+        if difference is not None and difference.get("document_win_rate") is not None:
+            parts.append(f"wins {100 * difference['document_win_rate']:.0f}%")
+        median = entry.get("median_nll", entry.get("median_bpb"))
+        if median is not None:
+            parts.append(f"med {median:.3f}")
+        return " · ".join(parts)
 
-    def sd(value) -> str:
-        return "sd -" if value is None else f"sd {value:.2f}"
+    def row(method: str, differences: dict) -> list[str]:
+        m = result["methods"][method]
+        entries = {key: m.get("in_distribution") if key == "in_distribution" else m["lengths"][key] for key in keys}
+        return [cell(entries[key], differences.get(key)) for key in keys]
 
-    def columns(method: dict, rows: dict | None) -> list[str]:
-        keys = (["in_distribution"] if inside else []) + lengths
-        cells = []
-        for key in keys:
-            entry = method.get("in_distribution") if key == "in_distribution" else method["lengths"][key]
-            d = None if rows is None else rows.get(key)
-            if rows is None:  # the reference: its spread, from any difference at this length
-                other = next((r.get(key) for r in result["differences"].values() if r.get(key)), None)
-                parts = [sd(other.get("reference_seed_sd")) if other else "", median(entry)]
-            elif d is None:
-                parts = []
-            else:
-                win = d.get("document_win_rate")
-                parts = [sd(d.get("seed_sd")), "" if win is None else f"wins {100 * win:.0f}%", median(entry)]
-            cells.append(" · ".join(p for p in parts if p))
-        return cells
-
-    table.add_row(f"{reference} (reference)", *columns(result["methods"][reference], None))
-    for method, rows in result["differences"].items():
-        table.add_row(method, *columns(result["methods"][method], rows))
+    table.add_row(f"{reference} (reference)", *row(reference, {}))
+    for method, differences in result["differences"].items():
+        table.add_row(method, *row(method, differences))
     return table
 
 
