@@ -54,14 +54,23 @@ def test_every_claim_names_methods_and_lengths_of_the_epoch_plan():
     assert all(u["report"] for u in data["untested"]) and not ids & untested
 
 
+SUMMARY_BEGIN = "<!-- claims summary: made by scripts/repro/claims_epoch.py from results/epoch/claims.json -->"
+SUMMARY_END = "<!-- end of the claims summary -->"
+
+
 def test_the_committed_claims_table_is_up_to_date(tmp_path):
-    """claims.md and claims.json are what the script makes of the committed runs and claims.toml."""
+    """claims.md and claims.json are what the script makes of the committed runs and claims.toml, and
+    REPORT.md carries their summary (a hand edit or a stale copy of it fails here)."""
     here = tmp_path / "results" / "epoch"
     shutil.copytree(RESULTS, here)
+    report_md = RESULTS.parent / "REPORT.md"
+    assert report_md.read_text().count(SUMMARY_BEGIN) == 1 and report_md.read_text().count(SUMMARY_END) == 1
+    shutil.copy(report_md, here.parent / "REPORT.md")
     out = script("claims_epoch.py", "--results", "results/epoch", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     for name in ("claims.md", "claims.json"):
         assert (here / name).read_text() == (RESULTS / name).read_text(), name
+    assert (here.parent / "REPORT.md").read_text() == report_md.read_text()
     report = json.loads((RESULTS / "claims.json").read_text())
     kerple = {r["id"]: r for r in report["claims"]}["kerple-flat-T128"]
     one_seed = len(kerple["runs"]["kerple"]) == 1
@@ -214,6 +223,30 @@ def test_verdicts_on_runs_whose_truth_is_known(results):
     assert "**confirmed** (one seed: documents only)" in table and "Rule: confirmed: the 95% interval" in table
     assert "| **kernel**: kernels | p | e | no runs | REPORT.md section 3 |" in table
     assert "ppl(alibi) / ppl(alibi at 256) < 1.25 at 8192 (T 128)" in table
+    # the one-line summary: a confirmed claim's weakest figure, the first figure on the wrong side or
+    # across the boundary otherwise (with the other lengths where it is), what an untested one waits for
+    weakest = max(by_id["holds"]["figures"], key=lambda f: f["hi"])
+    assert f"weakest, at {weakest['length']}: {weakest['value']:+.2f} [" in table
+    wrong = [f["length"] for f in by_id["contradicted"]["figures"] if f["verdict"] == "contradicted"]
+    assert f"at {wrong[0]}: " in table and f"(contradicted also at {', '.join(map(str, wrong[1:]))})" in table
+    assert "| waits for 3 runs at T 128 | **not tested** |" in table
+    assert "| **confirmed** (one seed) |" in table
+
+
+def test_the_summary_goes_into_a_report_with_markers(results):
+    cwd, res = results
+    report_md = res.parent / "REPORT.md"
+    report_md.write_text(f"# R\n\nbefore\n{SUMMARY_BEGIN}\nold table\n{SUMMARY_END}\nafter\n")
+    out = script("claims_epoch.py", "--results", "results/epoch", "--resamples", "200", cwd=cwd)
+    assert out.returncode == 0, out.stderr
+    assert "updated the claims summary in results/REPORT.md" in out.stdout
+    text = report_md.read_text()
+    assert "old table" not in text and text.startswith("# R\n\nbefore\n") and text.endswith("after\n")
+    assert "| **holds**: DAPE V2 below Kerple |" in text
+    report_md.write_text("# R\n\nno markers\n")
+    out = script("claims_epoch.py", "--results", "results/epoch", "--resamples", "200", cwd=cwd)
+    assert out.returncode == 0 and "updated the claims summary" not in out.stdout
+    assert report_md.read_text() == "# R\n\nno markers\n"
 
 
 BAD = [

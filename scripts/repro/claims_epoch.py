@@ -333,6 +333,61 @@ def seeds_text(r: dict) -> str:
     return f"{runs}; {r['documents']} documents" + (" (covers documents only)" if r["covers"] == "documents only" else "")
 
 
+def deciding_figure(r: dict) -> str:
+    """The figure that decides a verdict, in one line: for a confirmed claim the one nearest the boundary
+    (the weakest); otherwise the first on the wrong side (contradicted) or across it (inconclusive), with
+    the other lengths where that happens."""
+    if r["verdict"] == "not tested":
+        Ts = sorted({int(m.split("/")[1][1:]) for m in r["missing"]})
+        n = len(r["missing"])
+        return r.get("why") or f"waits for {n} run{'s' if n > 1 else ''} at T {', '.join(map(str, Ts))}"
+    ratio = r.get("scale") == "ratio"
+    sign = 1 if r["direction"] == "below" else -1
+
+    def margin(f: dict) -> float:  # > 0: the whole interval on the claimed side
+        return sign * (r["threshold"] - (f["hi"] if sign == 1 else f["lo"]))
+
+    figures = r["figures"]
+    if r["verdict"] == "confirmed":
+        chosen, others = min(figures, key=margin), []
+        lead = "weakest, " if len(figures) > 1 else ""
+    else:
+        wrong = [f for f in figures if f["verdict"] == r["verdict"]]
+        chosen, others, lead = wrong[0], wrong[1:], ""
+    at = "in distribution" if chosen["length"] is None else f"at {chosen['length']}"
+    text = f"{lead}{at}: {number(chosen['value'], ratio)} [{number(chosen['lo'], ratio)}, {number(chosen['hi'], ratio)}]"
+    if others:
+        text += f" ({r['verdict']} also at {', '.join(str(f['length']) for f in others)})"
+    return text
+
+
+def summary(report: dict) -> str:
+    """Each claim in one row: the claim, its paper, the figure that decides it and the verdict (REPORT.md
+    carries this table between SUMMARY_BEGIN and SUMMARY_END)."""
+    table = Table("each claim in one line: the figure that decides its verdict, with its 95% interval",
+                  columns("claim", "paper", "test", "lenx [95% interval]", "verdict"))
+    for r in report["claims"]:
+        one_seed = " (one seed)" if r.get("covers") == "documents only" else ""
+        table.add_row(f"**{r['id']}**: {r['claim']}", r["paper"], r["test"], deciding_figure(r),
+                      f"**{r['verdict']}**{one_seed}")
+    return to_markdown(table)
+
+
+SUMMARY_BEGIN = "<!-- claims summary: made by scripts/repro/claims_epoch.py from results/epoch/claims.json -->"
+SUMMARY_END = "<!-- end of the claims summary -->"
+
+
+def sync_report(path: Path, report: dict) -> bool:
+    """Write the summary between the markers of `path` (REPORT.md); False when it has none."""
+    text = path.read_text() if path.is_file() else ""
+    if SUMMARY_BEGIN not in text or SUMMARY_END not in text:
+        return False
+    head, rest = text.split(SUMMARY_BEGIN, 1)
+    tail = rest.split(SUMMARY_END, 1)[1]
+    path.write_text(f"{head}{SUMMARY_BEGIN}\n\n{summary(report)}\n{SUMMARY_END}{tail}")
+    return True
+
+
 def tally(report: dict) -> str:
     """"1 confirmed, 31 not tested"."""
     verdicts = [r["verdict"] for r in report["claims"]]
@@ -343,7 +398,7 @@ def markdown(report: dict) -> str:
     lines = ["# Claims of the two papers against the single-epoch runs", "",
              "Made by scripts/repro/claims_epoch.py from claims.toml and runs/<T>/*/eval.json; the numbers are "
              "in claims.json.", "",
-             f"Verdicts: {tally(report)}.", "", f"Rule: {RULE}", "",
+             f"Verdicts: {tally(report)}.", "", f"Rule: {RULE}", "", summary(report), "",
              f"The interval: Student's t over the variance of {report['resamples']} bootstrap resamples of the "
              f"documents (seed {report['seed']}) plus the seeds' (lenx.report.stats: method_difference for two "
              "methods, each side's seed-to-seed variance; same_seeds_difference for a method against its own other "
@@ -369,7 +424,8 @@ def markdown(report: dict) -> str:
 def write_claims(results: Path, claims_path: Path, n: int = 2000, seed: int = 0,
                  checked: tuple[list, list] | None = None) -> dict:
     """claims.json and claims.md under `results` from claims.toml (`checked`: load_claims' result,
-    when the caller checked it before its own work)."""
+    when the caller checked it before its own work), and the summary in the REPORT.md beside `results`
+    where it has the markers."""
     claims, untested = checked or load_claims(claims_path)
     plan = planned()
     lengths = {c["train_len"] for c in claims} | {c.get("b_train_len", c["train_len"]) for c in claims}
@@ -378,6 +434,8 @@ def write_claims(results: Path, claims_path: Path, n: int = 2000, seed: int = 0,
               "claims": [evaluate_claim(c, by_T, plan, n, seed) for c in claims], "untested": untested}
     (results / "claims.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     (results / "claims.md").write_text(markdown(report) + "\n")
+    if sync_report(results.parent / "REPORT.md", report):
+        print(f"updated the claims summary in {results.parent / 'REPORT.md'}")
     return report
 
 
