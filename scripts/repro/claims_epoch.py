@@ -3,8 +3,9 @@ claims.toml) against what the single-epoch runs of results/epoch measured, with 
 
     python scripts/repro/claims_epoch.py                 # --results results/epoch --resamples 2000
 
-writes <results>/claims.md (a table for people) and <results>/claims.json. collect_epoch.py runs it at its
-end, so one command updates the tables and the claims.
+writes <results>/claims.md (a table for people) and <results>/claims.json, and the one-line summary of
+each claim into the REPORT.md beside <results> (between its markers, where it has them).
+collect_epoch.py runs it at its end, so one command updates the tables, the claims and the summary.
 
 Each claim's test compares window NLLs on the same 64 test windows (claims.toml says how): method a
 against method b at each length (b trained at another length with b_train_len: the same tokens spent
@@ -338,14 +339,14 @@ def deciding_figure(r: dict) -> str:
     (the weakest); otherwise the first on the wrong side (contradicted) or across it (inconclusive), with
     the other lengths where that happens."""
     if r["verdict"] == "not tested":
-        Ts = sorted({int(m.split("/")[1][1:]) for m in r["missing"]})
-        n = len(r["missing"])
-        return r.get("why") or f"waits for {n} run{'s' if n > 1 else ''} at T {', '.join(map(str, Ts))}"
+        if r.get("why"):
+            return r["why"]
+        n, Ts = len(r["missing"]), sorted({int(m.split("/")[1][1:]) for m in r["missing"]})
+        return f"waits for {n} run{'s' if n > 1 else ''} at T {', '.join(map(str, Ts))}"
     ratio = r.get("scale") == "ratio"
-    sign = 1 if r["direction"] == "below" else -1
 
     def margin(f: dict) -> float:  # > 0: the whole interval on the claimed side
-        return sign * (r["threshold"] - (f["hi"] if sign == 1 else f["lo"]))
+        return r["threshold"] - f["hi"] if r["direction"] == "below" else f["lo"] - r["threshold"]
 
     figures = r["figures"]
     if r["verdict"] == "confirmed":
