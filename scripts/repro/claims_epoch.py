@@ -316,15 +316,16 @@ def number(x: float, ratio: bool) -> str:
     return f"{x:.3f}" if ratio else f"{x:+.2f}" if abs(x) < 100 else f"{x:+.0f}"
 
 
+def value_text(f: dict, ratio: bool) -> str:
+    """A figure with its interval: `-0.42 [-0.60, -0.24]`."""
+    return f"{number(f['value'], ratio)} [{number(f['lo'], ratio)}, {number(f['hi'], ratio)}]"
+
+
 def figure_text(r: dict) -> str:
     if r["verdict"] == "not tested":
         return r.get("why") or "missing: " + ", ".join(r["missing"])
     ratio = r.get("scale") == "ratio"
-    parts = []
-    for f in r["figures"]:
-        at = "" if f["length"] is None else f"{f['length']}: "
-        parts.append(f"{at}{number(f['value'], ratio)} [{number(f['lo'], ratio)}, {number(f['hi'], ratio)}]")
-    return "; ".join(parts)
+    return "; ".join(("" if f["length"] is None else f"{f['length']}: ") + value_text(f, ratio) for f in r["figures"])
 
 
 def seeds_text(r: dict) -> str:
@@ -356,7 +357,7 @@ def deciding_figure(r: dict) -> str:
         wrong = [f for f in figures if f["verdict"] == r["verdict"]]
         chosen, others, lead = wrong[0], wrong[1:], ""
     at = "in distribution" if chosen["length"] is None else f"at {chosen['length']}"
-    text = f"{lead}{at}: {number(chosen['value'], ratio)} [{number(chosen['lo'], ratio)}, {number(chosen['hi'], ratio)}]"
+    text = f"{lead}{at}: {value_text(chosen, ratio)}"
     if others:
         text += f" ({r['verdict']} also at {', '.join(str(f['length']) for f in others)})"
     return text
