@@ -119,9 +119,9 @@ def test_seeds_pool_as_the_mean_of_their_perplexities(tmp_path, template):
     assert np.allclose(e["per_seed"], [math.exp(2), math.exp(3)])
     assert math.isclose(e["ppl"], (math.exp(2) + math.exp(3)) / 2)  # not exp of the mean NLL 2.5
     # every window alike: the documents add nothing, the two seeds' spread is the whole interval
-    # (Student's t with 1 degree of freedom over the standard error of two values)
-    half = scipy.stats.t.ppf(0.975, 1) * (math.exp(3) - math.exp(2)) / 2
-    assert math.isclose(e["hi"] - e["ppl"], half) and math.isclose(e["ppl"] - e["lo"], half)
+    # (Student's t with 1 degree of freedom over the standard error of two mean NLLs, exponentiated)
+    half = scipy.stats.t.ppf(0.975, 1) * (3 - 2) / 2
+    assert math.isclose(e["lo"], math.exp(2.5 - half)) and math.isclose(e["hi"], math.exp(2.5 + half))
     assert e["covers"] == "seeds and documents"
 
 

@@ -38,7 +38,8 @@ def test_tables_and_notes_in_order():
     assert [type(i) for i in items] == [Table, Table, str, Table, Table, Table]
     ppl, dp, note, diff, beside, decided = items
     assert ppl.caption.startswith("8 windows from 6 documents; 95% intervals over documents (200 bootstrap "
-                                  "resamples, seed 0) and seeds; †: a method with one seed")
+                                  "resamples, seed 0) and seeds (a perplexity's: its mean NLL's, exponentiated); "
+                                  "†: a method with one seed")
     assert [c.name for c in ppl.columns] == ["method", "64", "128"]
     assert ppl.rows == [["kerple (1 seed)", "7.00 [6.00, 8.00]", "7.50 [6.50, 8.50]"],
                         ["rope (2 seeds)", "8.00 [7.00, 9.00]", "9.00 [8.00, 10.00]"]]

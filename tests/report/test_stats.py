@@ -21,6 +21,18 @@ def test_interval_brackets_the_estimate_and_is_seeded():
     assert three["covers"] == "seeds and documents" and three["seed_sd"] > 0 and len(three["per_seed"]) == 3
 
 
+def test_a_perplexity_interval_stays_positive():
+    """Two seeds of a failing method far apart (RoPE at 16 x its training length: perplexities near 90
+    and 180): a t interval on the perplexity itself would reach below zero; the mean NLL's, exponentiated,
+    holds the seed mean and stays above zero."""
+    rng = np.random.default_rng(5)
+    docs = np.arange(64)
+    nll = np.log([[90.0], [180.0]]) + 0.3 * rng.standard_normal((2, 64))
+    r = method_interval(nll, docs)
+    assert 0 < r["lo"] < r["value"] < r["hi"] and r["covers"] == "seeds and documents"
+    assert math.isclose(r["value"], float(np.mean(r["per_seed"])))
+
+
 def test_windows_of_one_document_are_not_independent():
     """The same NLLs, once as 60 documents and once as 6 documents of 10 windows each: clustering by
     document must widen the interval when documents differ."""

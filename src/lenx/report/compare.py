@@ -9,7 +9,7 @@ pairwise on the same resamples of documents (lenx.report.stats).
 Per method and length the point estimate is the seed-mean perplexity, the mean over seeds of each
 seed's exp(mean window NLL), and every interval covers both the documents and the training seeds
 (two seeds of one method can differ by more than a document-only interval allows): a method's
-perplexity (stats.method_interval), its ΔP (stats.same_seeds_difference: each seed's two terms
+perplexity (stats.method_interval, on the NLL scale and exponentiated, so never below zero), its ΔP (stats.same_seeds_difference: each seed's two terms
 are the same model's) and its difference to a reference method (stats.method_difference); a method
 of one seed gets an interval over documents only, marked "covers": "documents only" (windows from
 one document: "seeds only"; both: "nothing", and such a difference excludes nothing). Differences

@@ -52,7 +52,8 @@ def compare_report(result: dict) -> list[Table | str]:
     lengths = [str(L) for L in result["lengths"]]
     pct = f"{100 * result['level']:g}%"
     where = (f"{result['windows']} windows from {result['documents']} documents; {pct} intervals over documents "
-             f"({result['resamples']} bootstrap resamples, seed {result['seed']}) and seeds; †: a method with one seed, "
+             f"({result['resamples']} bootstrap resamples, seed {result['seed']}) and seeds (a perplexity's: its mean "
+             "NLL's, exponentiated); †: a method with one seed, "
              "so the interval covers documents only (or windows from one document: seeds only)")
     # the in-distribution point (each window's last T_train tokens read alone) where eval.json kept it
     inside = any("in_distribution" in m for m in result["methods"].values())

@@ -103,12 +103,16 @@ def method_interval(window_nll, documents, n: int = 2000, seed: int = 0, level: 
     """One method's seed-mean perplexity (scale="nll": mean window value) over its training seeds
     ([seeds, windows] window NLLs), with an interval over the documents and the seeds (as
     method_difference's, against zero). Returns value, lo, hi, per_seed, seed_sd, covers ("documents
-    only" with one seed)."""
+    only" with one seed).
+
+    A perplexity's interval is the mean NLL's, exponentiated: a t interval on the perplexity itself
+    reaches below zero when two seeds of a failing method are far apart."""
     (a,) = _checked(window_nll, documents=documents, scale=scale)
-    r = _contrast(lambda w: _per_seed(a, w, scale), None, documents, n, seed, level)
+    r = _contrast(lambda w: _per_seed(a, w, "nll"), None, documents, n, seed, level)
     per_seed = _per_seed(a, np.ones((1, a.shape[1])), scale)[0]
-    return {"value": r["diff"], "lo": r["lo"], "hi": r["hi"], "per_seed": per_seed.tolist(),
-            "seed_sd": r["seed_sd_a"], "covers": r["covers"]}
+    lo, hi = (np.exp(r["lo"]), np.exp(r["hi"])) if scale == "ppl" else (r["lo"], r["hi"])
+    return {"value": float(per_seed.mean()), "lo": float(lo), "hi": float(hi), "per_seed": per_seed.tolist(),
+            "seed_sd": float(per_seed.std(ddof=1)) if len(per_seed) > 1 else None, "covers": r["covers"]}
 
 
 def method_difference(window_nll_a, window_nll_b, documents, n: int = 2000, seed: int = 0, level: float = 0.95,
