@@ -194,6 +194,10 @@ def trees(tmp_path):
             ("T128", "dapev2-kerple-D10-s0"): fake_run(device / "T128" / "dapev2-kerple-D10-s0", "dapev2-kerple", 0,
                                                        -0.08, hidden=10),
             ("T512", "kerple-s0"): fake_run(device / "T512" / "kerple-s0", "kerple", 0, -0.2, seq_len=512),
+            ("T512", "dapev2-kerple-s0"): fake_run(device / "T512" / "dapev2-kerple-s0", "dapev2-kerple", 0, -0.4,
+                                                   seq_len=512),
+            ("T512", "dape-kerple-s0"): fake_run(device / "T512" / "dape-kerple-s0", "dape-kerple", 0, -0.3,
+                                                 seq_len=512),
             ("T512", "rope-s0"): fake_run(device / "T512" / "rope-s0", "rope", 0, 0.5, seq_len=512),
             ("T512", "kerple-s1"): fake_run(device / "T512" / "kerple-s1", "kerple", 1, -0.22, seq_len=512)}
     fake_run(device / "T128" / "rope-s0", "rope", 0, 0.3, steps_done=1500)  # cut off: the machine went back
@@ -214,7 +218,8 @@ def test_collect_epoch_merges_device_trees_into_results(trees):
     res = here / "results" / "epoch"
     assert (res / "done.txt").read_text().split() == [
         "epoch/kerple-s0", "epoch/dapev2-kerple-s0", "epoch/kerple-s1", "epoch/dape-kerple-D64-s0",
-        "epoch/dapev2-kerple-D10-s0", "epoch/T512/kerple-s0", "epoch/T512/rope-s0", "epoch/T512/kerple-s1"]
+        "epoch/dapev2-kerple-D10-s0", "epoch/T512/kerple-s0", "epoch/T512/dapev2-kerple-s0",
+        "epoch/T512/dape-kerple-s0", "epoch/T512/rope-s0", "epoch/T512/kerple-s1"]
     assert sorted(p.name for p in (res / "runs" / "T128").iterdir()) == [
         "dape-kerple-D64-s0", "dapev2-kerple-D10-s0", "dapev2-kerple-s0", "kerple-s0", "kerple-s1"]
     assert (res / "device" / "s17" / "status.json").is_file() and (res / "device" / "session16" / "status.json").is_file()
@@ -249,9 +254,14 @@ def test_collect_epoch_merges_device_trees_into_results(trees):
     assert "| kerple (2 seeds) |" in tables and "## Capacity" in tables and "| kerple-s0 | 0 | NVIDIA H100" in tables
     assert "one pass over 100.0M tokens of `code` (3052 steps of 256 x 128)" in tables
 
-    t512 = json.loads((res / "T512" / "compare.json").read_text())["all"]
-    assert t512["lengths"][0] == 512 and t512["methods"]["kerple"]["seeds"] == [0, 1]
-    assert "(3052 steps of 64 x 512)" in (res / "T512" / "tables.md").read_text()
+    assert "dape" not in compared  # T 128 here has no DAPE with D 32
+    t512 = json.loads((res / "T512" / "compare.json").read_text())
+    assert t512["all"]["lengths"][0] == 512 and t512["all"]["methods"]["kerple"]["seeds"] == [0, 1]
+    assert "capacity" not in t512 and t512["dape"]["reference"] == "dape-kerple"
+    assert set(t512["dape"]["methods"]) == {"dapev2-kerple", "dape-kerple"}
+    assert t512["dape"]["differences"]["dapev2-kerple"]["16384"]["diff"] < 0  # shifted down by 0.1 more
+    tables = (res / "T512" / "tables.md").read_text()
+    assert "(3052 steps of 64 x 512)" in tables and "## DAPE V2 against DAPE" in tables
 
     # collected again (the committed tree alone): the same files
     before = {p: p.read_bytes() for p in res.rglob("*") if p.is_file()}

@@ -12,7 +12,8 @@ results/epoch, adding to the runs already there:
   curves apart;
 - <T>/compare.json and <T>/tables.md: `lenx compare` of those runs (seed-mean perplexity with 95%
   intervals over documents; differences to Kerple with intervals over seeds and documents; at T 128
-  the capacity control again against DAPE-Kerple D 64), and a training table;
+  the capacity control again against DAPE-Kerple D 64; DAPE V2 against DAPE where both ran), and a
+  training table;
 - done.txt: the plan ids of the finished runs (device.sh's PLAN=epoch skips them on the next machine);
 - claims.md and claims.json: the claims of claims.toml (when --out has one) tested on all the runs
   (claims_epoch.py; claims.toml is checked before anything is written).
@@ -45,6 +46,12 @@ DEVICE_FILES = ("plan.json", "status.json", "machine.txt", "scheduler.log")
 META_KEYS = ("corpus", "sampling", "epochs", "epochs_are", "train_tokens", "params", "environment")
 REFERENCE = "kerple"  # every method against the bias that DAPE and DAPE V2 are built on
 CAPACITY = "dape-kerple (D=64)"  # paper section 4.6: DAPE V2 with a smaller D against DAPE with D 64
+SECTIONS = (  # after "all": (compare.json key, reference, which runs by label, title) where the runs exist
+    ("capacity", CAPACITY, lambda label: label.startswith("dape"),
+     f"Capacity (paper section 4.6): DAPE and DAPE V2 against {CAPACITY}"),
+    ("dape", "dape-kerple", lambda label: label in ("dape-kerple", "dapev2-kerple"),
+     "DAPE V2 against DAPE (paper section 4.1), both with D 32"),
+)
 
 
 def is_results_tree(src: Path) -> bool:
@@ -180,13 +187,12 @@ def collect_length(out: Path, T: str, times: dict, resamples: int, order: list[s
     comparisons["all"] = relative_runs(main, out)
     tables += ["## Every method" + (f" against {REFERENCE}" if main["differences"] else ""), ""]
     tables += markdown(compare_report(main))
-    dape = [(run, lab) for run, lab in zip(runs, labels) if lab.startswith("dape")]
-    capacity = compare_section([r for r, _ in dape], [lab for _, lab in dape], CAPACITY, resamples, out) \
-        if dape else None
-    if capacity is not None:
-        comparisons["capacity"] = capacity
-        tables += [f"## Capacity (paper section 4.6): DAPE and DAPE V2 against {CAPACITY}", ""]
-        tables += markdown(compare_report(capacity))
+    for key, reference, takes, title in SECTIONS:
+        chosen = [(run, label) for run, label in zip(runs, labels) if takes(label)]
+        section = compare_section([r for r, _ in chosen], [label for _, label in chosen], reference, resamples, out)
+        if section is not None:
+            comparisons[key] = section
+            tables += [f"## {title}", ""] + markdown(compare_report(section))
     (out / T / "compare.json").write_text(json.dumps(comparisons, indent=1))
     training = Table("final training and validation loss, tokens/s (median over logging intervals), device "
                      "time (train + eval)", columns("run", "seed", "GPU", "session", "final loss", "val loss",
