@@ -199,7 +199,8 @@ def trees(tmp_path):
             ("T512", "dape-kerple-s0"): fake_run(device / "T512" / "dape-kerple-s0", "dape-kerple", 0, -0.3,
                                                  seq_len=512),
             ("T512", "rope-s0"): fake_run(device / "T512" / "rope-s0", "rope", 0, 0.5, seq_len=512),
-            ("T512", "kerple-s1"): fake_run(device / "T512" / "kerple-s1", "kerple", 1, -0.22, seq_len=512)}
+            ("T512", "kerple-s1"): fake_run(device / "T512" / "kerple-s1", "kerple", 1, -0.22, seq_len=512),
+            ("T2048", "kerple-s0"): fake_run(device / "T2048" / "kerple-s0", "kerple", 0, 0.1, seq_len=2048)}
     fake_run(device / "T128" / "rope-s0", "rope", 0, 0.3, steps_done=1500)  # cut off: the machine went back
     fake_run(device / "T128" / "stickbreaking-s0", "stickbreaking", 0, 0.1, evaluated=False)
     status = {"updated": 2e9, "jobs": [{"state": "done", "id": f"epoch/{name}", "run": f"runs/epoch/{T}/{name}",
@@ -219,12 +220,21 @@ def test_collect_epoch_merges_device_trees_into_results(trees):
     assert (res / "done.txt").read_text().split() == [
         "epoch/kerple-s0", "epoch/dapev2-kerple-s0", "epoch/kerple-s1", "epoch/dape-kerple-D64-s0",
         "epoch/dapev2-kerple-D10-s0", "epoch/T512/kerple-s0", "epoch/T512/dapev2-kerple-s0",
-        "epoch/T512/dape-kerple-s0", "epoch/T512/rope-s0", "epoch/T512/kerple-s1"]
+        "epoch/T512/dape-kerple-s0", "epoch/T512/rope-s0", "epoch/T512/kerple-s1", "epoch/T2048/kerple-s0"]
     assert sorted(p.name for p in (res / "runs" / "T128").iterdir()) == [
         "dape-kerple-D64-s0", "dapev2-kerple-D10-s0", "dapev2-kerple-s0", "kerple-s0", "kerple-s1"]
     assert (res / "device" / "s17" / "status.json").is_file() and (res / "device" / "session16" / "status.json").is_file()
     assert (res / "README.md").read_text() == (RESULTS / "README.md").read_text()
-    assert not (res / "T2048").exists()
+
+    # Kerple at T 128 (2 seeds, shifted 0 and +0.02) and at T 512 (2 seeds, -0.2 and -0.22) minus Kerple at
+    # T 2048 (1 seed, +0.1), paired window by window at each length both evaluated; one seed on the T 2048
+    # side, so documents only
+    across = json.loads((res / "across.json").read_text())["rows"]
+    assert [(r["trained_at"], r["length"]) for r in across] == [(T, L) for T in (128, 512) for L in (2048, 4096, 8192,
+                                                                                                   16384)]
+    assert all(r["method"] == "kerple" and r["against"] == 2048 and r["seeds"] == [2, 1] for r in across)
+    assert all(r["lo"] <= r["diff"] < 0 and r["covers"] == "documents only" for r in across)
+    assert "| kerple | 512 (2 seeds) |" in (res / "across.md").read_text()
 
     results = json.loads((res / "T128" / "results.json").read_text())
     by_name = {r["name"]: r for r in results["runs"]}

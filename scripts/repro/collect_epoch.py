@@ -14,6 +14,8 @@ results/epoch, adding to the runs already there:
   intervals over documents; differences to Kerple with intervals over seeds and documents; at T 128
   the capacity control again against DAPE-Kerple D 64; DAPE V2 against DAPE where both ran), and a
   training table;
+- across.json and across.md: a method trained at T 128 or 512 minus the same method trained at 2048, at each
+  length both evaluated (intervals over seeds and documents);
 - done.txt: the plan ids of the finished runs (device.sh's PLAN=epoch skips them on the next machine);
 - claims.md and claims.json: the claims of claims.toml (when --out has one) tested on all the runs
   (claims_epoch.py; claims.toml is checked before anything is written).
@@ -39,6 +41,7 @@ from plan import EPOCH, epoch
 
 from lenx.report.compare import MIN_RESAMPLES, CompareError, compare_runs
 from lenx.report.compare_tables import compare_report
+from lenx.report.stats import method_difference
 from lenx.report.tables import Table, columns, to_markdown
 
 LENGTHS = ("T128", "T512", "T2048")
@@ -210,6 +213,49 @@ def collect_length(out: Path, T: str, times: dict, resamples: int, order: list[s
     return [run.name for run in runs]
 
 
+def collect_across(out: Path, resamples: int) -> int:
+    """across.json and across.md: each method trained at a shorter length minus the same method trained at
+    the longest (T 2048), at every length both evaluated, on the same windows (the same 100M tokens spent on
+    short or on long sequences). The number of pairs written (0: no method ran at two lengths)."""
+    by_T = {}  # T -> label -> its seeds' eval.json
+    for T in LENGTHS:
+        if (out / T / "results.json").is_file():
+            for r in json.loads((out / T / "results.json").read_text())["runs"]:
+                evaluation = json.loads((out / "runs" / T / r["name"] / "eval.json").read_text())
+                by_T.setdefault(T, {}).setdefault(r["label"], []).append(evaluation)
+    longest = LENGTHS[-1]
+    rows = []
+    for label, long in by_T.get(longest, {}).items():
+        for T in LENGTHS[:-1]:
+            short = by_T.get(T, {}).get(label)
+            documents = long[0]["window_documents"]
+            if not short or any(e["window_documents"] != documents for e in short):
+                continue
+            for L in sorted(set(long[0]["results"]) & set(short[0]["results"]), key=int):
+                def nll(evals):
+                    return [e["results"][L]["window_nll"] for e in evals]
+                d = method_difference(nll(short), nll(long), documents, n=resamples)
+                rows.append({"method": label, "trained_at": int(T[1:]), "against": int(longest[1:]),
+                             "length": int(L), "seeds": [len(short), len(long)], **d})
+    if not rows:
+        return 0
+    note = (f"perplexity of a method trained at T minus the same method trained at {longest[1:]}, mean over seeds "
+            "[95% interval over seeds and documents; †: a side has one seed, so documents only]")
+    (out / "across.json").write_text(json.dumps({"note": note, "resamples": resamples, "rows": rows}, indent=1))
+    lengths = sorted({r["length"] for r in rows})
+    table = Table(note, columns("method", "trained at", *map(str, lengths), right_from=2))
+    for key in dict.fromkeys((r["method"], r["trained_at"]) for r in rows):
+        cells = {r["length"]: r for r in rows if (r["method"], r["trained_at"]) == key}
+        table.add_row(key[0], f"{key[1]} ({cells[max(cells)]['seeds'][0]} seeds)",
+                      *(f"{c['diff']:+.2f} [{c['lo']:+.2f}, {c['hi']:+.2f}]" + ("" if c["covers"] == "seeds and documents"
+                                                                                 else "†")
+                        if (c := cells.get(L)) else "" for L in lengths))
+    (out / "across.md").write_text("# The same tokens at two training lengths\n\nMade by "
+                                   "scripts/repro/collect_epoch.py from runs/<T>/*/eval.json; the numbers are in "
+                                   f"across.json.\n\n{to_markdown(table)}")
+    return len(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sources", type=Path, nargs="+", help="device trees (runs/epoch as it came back) and/or an "
@@ -269,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if collect_across(out, args.resamples):
+        print(f"wrote {out / 'across.md'}")
     ids = {job["run"]: job["id"] for job in plan}
     unplanned = sorted(set(done) - set(ids))
     if unplanned:
