@@ -226,12 +226,12 @@ def collect_across(out: Path, resamples: int) -> int:
     longest = LENGTHS[-1]
     rows = []
     for label, long in by_T.get(longest, {}).items():
+        documents = long[0]["window_documents"]
         for T in LENGTHS[:-1]:
-            short = by_T.get(T, {}).get(label)
-            documents = long[0]["window_documents"]
-            if not short or any(e["window_documents"] != documents for e in short):
-                continue
-            for L in sorted(set(long[0]["results"]) & set(short[0]["results"]), key=int):
+            short = by_T.get(T, {}).get(label, [])
+            if any(e["window_documents"] != documents for e in short + long):
+                raise CompareError(f"{label} at {T} and at {longest}: not evaluated on the same windows")
+            for L in sorted(set(long[0]["results"]) & set(short[0]["results"]), key=int) if short else []:
                 def nll(evals):
                     return [e["results"][L]["window_nll"] for e in evals]
                 d = method_difference(nll(short), nll(long), documents, n=resamples)
@@ -242,14 +242,17 @@ def collect_across(out: Path, resamples: int) -> int:
     note = (f"perplexity of a method trained at T minus the same method trained at {longest[1:]}, mean over seeds "
             "[95% interval over seeds and documents; †: a side has one seed, so documents only]")
     (out / "across.json").write_text(json.dumps({"note": note, "resamples": resamples, "rows": rows}, indent=1))
+
+    def cell(r: dict) -> str:
+        mark = "" if r["covers"] == "seeds and documents" else "†"
+        return f"{r['diff']:+.2f} [{r['lo']:+.2f}, {r['hi']:+.2f}]{mark}"
+
     lengths = sorted({r["length"] for r in rows})
     table = Table(note, columns("method", "trained at", *map(str, lengths), right_from=2))
-    for key in dict.fromkeys((r["method"], r["trained_at"]) for r in rows):
-        cells = {r["length"]: r for r in rows if (r["method"], r["trained_at"]) == key}
-        table.add_row(key[0], f"{key[1]} ({cells[max(cells)]['seeds'][0]} seeds)",
-                      *(f"{c['diff']:+.2f} [{c['lo']:+.2f}, {c['hi']:+.2f}]" + ("" if c["covers"] == "seeds and documents"
-                                                                                 else "†")
-                        if (c := cells.get(L)) else "" for L in lengths))
+    for method, T in dict.fromkeys((r["method"], r["trained_at"]) for r in rows):
+        cells = {r["length"]: r for r in rows if (r["method"], r["trained_at"]) == (method, T)}
+        seeds = next(iter(cells.values()))["seeds"][0]
+        table.add_row(method, f"{T} ({seeds} seeds)", *(cell(cells[L]) if L in cells else "" for L in lengths))
     (out / "across.md").write_text("# The same tokens at two training lengths\n\nMade by "
                                    "scripts/repro/collect_epoch.py from runs/<T>/*/eval.json; the numbers are in "
                                    f"across.json.\n\n{to_markdown(table)}")
@@ -315,8 +318,12 @@ def main(argv: list[str] | None = None) -> int:
     except CompareError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if collect_across(out, args.resamples):
-        print(f"wrote {out / 'across.md'}")
+    try:
+        if collect_across(out, args.resamples):
+            print(f"wrote {out / 'across.md'}")
+    except CompareError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     ids = {job["run"]: job["id"] for job in plan}
     unplanned = sorted(set(done) - set(ids))
     if unplanned:

@@ -9,12 +9,13 @@ pairwise on the same resamples of documents (lenx.report.stats).
 Per method and length the point estimate is the seed-mean perplexity, the mean over seeds of each
 seed's exp(mean window NLL), and every interval covers both the documents and the training seeds
 (two seeds of one method can differ by more than a document-only interval allows): a method's
-perplexity (stats.method_interval, on the NLL scale and exponentiated, so never below zero), its ΔP (stats.same_seeds_difference: each seed's two terms
-are the same model's) and its difference to a reference method (stats.method_difference); a method
-of one seed gets an interval over documents only, marked "covers": "documents only" (windows from
-one document: "seeds only"; both: "nothing", and such a difference excludes nothing). Differences
-come with the seed-to-seed spreads, the document win rate, the documents
-that carry most of the difference and those whose removal alone changes the verdict. ΔP
+perplexity (stats.method_interval, on the NLL scale and exponentiated, so never below zero), its ΔP
+(stats.same_seeds_difference: each seed's two terms are the same model's) and its difference to a
+reference method (stats.method_difference); a method of one seed gets an interval over documents
+only, marked "covers": "documents only" (windows from one document: "seeds only"; both: "nothing",
+and such a difference excludes nothing). Differences come with the seed-to-seed spreads, the
+document win rate, the documents that carry most of the difference and those whose removal alone
+changes the verdict. ΔP
 (P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluation/evaluate.py) and the in-distribution
 perplexity (its first term) get intervals from the seeds whose eval.json keeps both terms per window
 ("in_distribution" and each length's "delta_p_window_nll"); where no seed's does (an older lenx
