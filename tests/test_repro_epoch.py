@@ -309,3 +309,15 @@ def test_collect_epoch_refuses_bad_input_before_writing(trees):
     assert {p: p.read_bytes() for p in res.rglob("*") if p.is_file()} == before
     help_out = script("collect_epoch.py", "--help", cwd=here)
     assert help_out.returncode == 0 and "--session" in help_out.stdout
+
+
+def test_collect_epoch_refuses_lengths_scored_on_other_windows(trees):
+    """A T 2048 run evaluated with another eval seed cannot be set against the same method at T 128 or 512."""
+    here, device, made = trees
+    evaluation = made[("T2048", "kerple-s0")] / "eval.json"
+    result = json.loads(evaluation.read_text())
+    evaluation.write_text(json.dumps(result | {"eval_seed": result["eval_seed"] + 1}))
+    out = script("collect_epoch.py", "results/epoch", "back/runs/epoch", "--session", "s17", "--resamples", "200",
+                 cwd=here)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "was evaluated on other windows than" in lines[0], lines

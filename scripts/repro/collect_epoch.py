@@ -35,7 +35,7 @@ import shutil
 import sys
 import tomllib
 
-from claims_epoch import ClaimsError, load_claims, tally, write_claims
+from claims_epoch import ClaimsError, load_claims, load_length, tally, write_claims
 from collect import KEEP, load_run
 from plan import EPOCH, epoch
 
@@ -217,26 +217,20 @@ def collect_across(out: Path, resamples: int) -> int:
     """across.json and across.md: each method trained at a shorter length minus the same method trained at
     the longest (T 2048), at every length both evaluated, on the same windows (the same 100M tokens spent on
     short or on long sequences). The number of pairs written (0: no method ran at two lengths)."""
-    by_T = {}  # T -> label -> its seeds' eval.json
-    for T in LENGTHS:
-        if (out / T / "results.json").is_file():
-            for r in json.loads((out / T / "results.json").read_text())["runs"]:
-                evaluation = json.loads((out / "runs" / T / r["name"] / "eval.json").read_text())
-                by_T.setdefault(T, {}).setdefault(r["label"], []).append(evaluation)
+    by_T = {T: load_length(out, int(T[1:])) for T in LENGTHS}  # T -> label -> its runs, seed order
     longest = LENGTHS[-1]
     rows = []
-    for label, long in by_T.get(longest, {}).items():
-        documents = long[0]["window_documents"]
+    for label, long in by_T[longest].items():
+        windows = {k: v for k, v in long[0]["windows"].items() if k != "lengths"}
         for T in LENGTHS[:-1]:
-            short = by_T.get(T, {}).get(label, [])
-            if any(e["window_documents"] != documents for e in short + long):
-                raise CompareError(f"{label} at {T} and at {longest}: not evaluated on the same windows")
-            for L in sorted(set(long[0]["results"]) & set(short[0]["results"]), key=int) if short else []:
-                def nll(evals):
-                    return [e["results"][L]["window_nll"] for e in evals]
-                d = method_difference(nll(short), nll(long), documents, n=resamples)
+            short = by_T[T].get(label, [])
+            if short and {k: v for k, v in short[0]["windows"].items() if k != "lengths"} != windows:
+                raise CompareError(f"{short[0]['run']} was evaluated on other windows than {long[0]['run']}")
+            for L in sorted(set(long[0]["nll"]) & set(short[0]["nll"])) if short else []:
+                d = method_difference([r["nll"][L] for r in short], [r["nll"][L] for r in long],
+                                      windows["window_documents"], n=resamples)
                 rows.append({"method": label, "trained_at": int(T[1:]), "against": int(longest[1:]),
-                             "length": int(L), "seeds": [len(short), len(long)], **d})
+                             "length": L, "seeds": [len(short), len(long)], **d})
     if not rows:
         return 0
     note = (f"perplexity of a method trained at T minus the same method trained at {longest[1:]}, mean over seeds "

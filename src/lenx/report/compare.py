@@ -15,11 +15,10 @@ reference method (stats.method_difference); a method of one seed gets an interva
 only, marked "covers": "documents only" (windows from one document: "seeds only"; both: "nothing",
 and such a difference excludes nothing). Differences come with the seed-to-seed spreads, the
 document win rate, the documents that carry most of the difference and those whose removal alone
-changes the verdict. ΔP
-(P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluation/evaluate.py) and the in-distribution
-perplexity (its first term) get intervals from the seeds whose eval.json keeps both terms per window
-("in_distribution" and each length's "delta_p_window_nll"); where no seed's does (an older lenx
-eval), the method's "delta_p_note" says so.
+changes the verdict. ΔP (P(M(x[-T_train:]), T_train) - P(M(x), T_train), evaluation/evaluate.py)
+and the in-distribution perplexity (its first term) get intervals from the seeds whose eval.json
+keeps both terms per window ("in_distribution" and each length's "delta_p_window_nll"); where no
+seed's does (an older lenx eval), the method's "delta_p_note" says so.
 
 Results of models with different tokenizers (`lenx eval --hf`, lenx.evaluation.hf_eval) are on the
 same windows, but an NLL per token of one tokenizer is not one of another: then every figure is in
