@@ -6,7 +6,6 @@ directory with relative paths."""
 
 import os
 from pathlib import Path
-import time
 
 import pytest
 
@@ -69,19 +68,26 @@ def test_plot_to_an_unwritable_folder_is_one_line(work, tmp_path):  # noqa: F811
     one_line_error(lenx("plot", "../runs/r/eval.json", cwd=here), "perplexity.png")
 
 
-def test_eval_of_an_unwritable_run_folder_fails_before_any_work(work, tmp_path):  # noqa: F811
+def test_eval_of_an_unwritable_run_folder_fails_before_any_work(work, tmp_path, monkeypatch, capsys):  # noqa: F811
     w = copy_work(work, tmp_path / "w")
     run = w / "runs" / "r"
     os.replace(run / "eval.json", run / "kept.json")
     (run / "eval.json").mkdir()  # a folder where the evaluation file goes
     before = snapshot(run)
-    start = time.monotonic()
-    out = lenx("eval", "../runs/r", "--lengths", "32,64,128,256,512,1024,2048", "--windows", "64",
-               "--device", "cpu", cwd=w / "elsewhere")
-    one_line_error(out, "eval.json", "folder")
-    assert time.monotonic() - start < 60
+    args = ["eval", "../runs/r", "--lengths", "32,64,128,256,512,1024,2048", "--windows", "64", "--device", "cpu"]
+    one_line_error(lenx(*args, cwd=w / "elsewhere"), "eval.json", "folder")
     assert snapshot(run) == before, "the evaluation wrote something"
     assert not list(run.glob("eval.*.json")), "an earlier evaluation was moved"
+    # the same in this process, with the evaluation itself replaced: it must never start
+    from lenx.cli import main
+    from lenx.evaluation import evaluate as evaluation
+
+    def started(*a, **k):
+        raise AssertionError("the evaluation started before the output was checked")
+
+    monkeypatch.setattr(evaluation, "evaluate", started)
+    monkeypatch.chdir(w / "elsewhere")
+    assert main(args) == 2 and "eval.json" in capsys.readouterr().err
 
 
 def test_eval_task_to_a_folder_is_one_line(work, tmp_path):  # noqa: F811

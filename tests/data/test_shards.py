@@ -172,7 +172,7 @@ def test_a_killed_shard_command_leaves_the_corpus_usable(root, stage):
     original = np.array(open_corpus("mine", root).tokens("train"))
     env = {**os.environ, "PYTHONPATH": SRC}
     out = subprocess.run([sys.executable, "-c", KILLED, str(root), stage], capture_output=True, text=True, env=env,
-                         timeout=120)
+                         timeout=600)
     assert out.returncode == 9, out.stderr
     left = sorted(p.name for p in (root / "mine").iterdir() if "shards" in p.name)
     if stage == "writing":

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -176,21 +175,19 @@ def test_cgroup_limits_count_and_the_tightest_wins(tmp_path):
     assert memory._cgroup_room(tmp_path / "missing", tmp_path / "fs") is None
 
 
-def lenx_with_peak(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, int, float]:
+def lenx_with_peak(args: list[str], cwd: Path) -> tuple[subprocess.CompletedProcess, int]:
     """`lenx ARGS` run by a fresh Python whose only child it is: (its output, the child's peak
-    resident bytes (RUSAGE_CHILDREN), seconds)."""
+    resident bytes (RUSAGE_CHILDREN))."""
     code = ("import json, resource, subprocess, sys\n"
             "out = subprocess.run([sys.executable, '-m', 'lenx', *sys.argv[1:]], capture_output=True, text=True)\n"
             "print(json.dumps([out.returncode, out.stdout, out.stderr, "
             "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024]))")
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    start = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=600,
                          cwd=cwd, env=env)
-    seconds = time.perf_counter() - start
     assert out.returncode == 0, out.stderr[-3000:]
     rc, stdout, stderr, peak = json.loads(out.stdout)
-    return subprocess.CompletedProcess(args, rc, stdout, stderr), peak, seconds
+    return subprocess.CompletedProcess(args, rc, stdout, stderr), peak
 
 
 @LINUX
@@ -202,14 +199,13 @@ def test_train_at_seq_len_100000_fails_at_once_without_allocating(tmp_path):
     estimate = estimate_memory(cfg.model, cfg.train.batch_size, 100000, CPU)
     assert estimate.total > 30e9
     batch = cfg.train.batch_size * (1 + memory.available_memory(CPU) // estimate.total)
-    out, peak, seconds = lenx_with_peak(["train", "--set", "train.seq_len=100000", "--set",
+    out, peak = lenx_with_peak(["train", "--set", "train.seq_len=100000", "--set",
                                          f"train.batch_size={batch}", "-o", "run"], tmp_path)
     lines = out.stderr.splitlines()
     assert out.returncode == 2 and len(lines) == 1, out.stderr[-3000:]
     assert lines[0].startswith("error: training at train.seq_len=100000") and "GB available" in lines[0]
     assert "--no-memory-check" in lines[0]
     assert peak < 2e9, f"the refused run took {peak / 1e9:.1f} GB"
-    assert seconds < 120
     assert not (tmp_path / "run").exists()
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -322,18 +321,3 @@ def test_get_task_and_unknown_names():
     with pytest.raises(ValueError):
         get_task("nonsense")
     assert issubclass(UnknownTaskError, KeyError)
-
-
-def test_speed():
-    # Training samples batch 128 up to length 40 every step; evaluation goes
-    # to batch 512 at length 500.
-    for name, task in TASKS.items():
-        rng = np.random.default_rng(0)
-        start = time.perf_counter()
-        task.sample(512, 500, rng)
-        long_time = time.perf_counter() - start
-        start = time.perf_counter()
-        task.sample(128, 40, rng)
-        short_time = time.perf_counter() - start
-        assert long_time < 2.0, (name, long_time)
-        assert short_time < 0.1, (name, short_time)
