@@ -169,7 +169,8 @@ def load_run(run_dir: Path, label: str | None = None) -> dict:
             "corpus_fingerprint": fingerprint if isinstance(fingerprint, dict) else None,
             "train_len": result.get("train_len"), "step": result.get("step"), "finished": result.get("finished"),
             "windows": windows, "nll": {L: nll[L] for L in lengths}, "delta_p_tokens": result.get("delta_p_tokens"),
-            "short": short, "tails": tails, "tokenizer": tokenizer_of(result), "sizes": _window_sizes(result, len(documents))}
+            "short": short, "tails": tails, "tokenizer": tokenizer_of(result), "sizes": _window_sizes(result, len(documents)),
+            "hf": result.get("kind") == "hf", "labelled": label is not None}
 
 
 def tokenizer_of(result: dict) -> str:
@@ -224,7 +225,16 @@ def _window_array(values, windows: int) -> np.ndarray | None:
 
 def _check_same_windows(runs: list[dict]) -> None:
     """Every run must be evaluated on the first one's windows; the error names the runs that are not."""
+    # the same corpus name prepared anew is another corpus (so are its windows): said first, by name;
+    # an eval.json from before fingerprints says nothing
     first = runs[0]
+    pinned = [run for run in runs if run["corpus_fingerprint"] is not None]
+    other = [run["run"] for run in pinned[1:] if run["corpus_fingerprint"] != pinned[0]["corpus_fingerprint"]]
+    if other:
+        raise CompareError(f"runs evaluated on another version of corpus {first['windows']['corpus']!r} than "
+                           f"{pinned[0]['run']}: {', '.join(other)} (their eval.json records other corpus "
+                           "fingerprints: the corpus was prepared anew in between); compare runs evaluated on the "
+                           "same corpus")
     differ = {}
     for run in runs[1:]:
         keys = [key for key in WINDOW_KEYS if run["windows"][key] != first["windows"][key]]
@@ -234,13 +244,17 @@ def _check_same_windows(runs: list[dict]) -> None:
         listed = "; ".join(f"{run} ({', '.join(keys)})" for run, keys in differ.items())
         raise CompareError(f"runs evaluated on other windows than {first['run']}: {listed}; evaluate every run "
                            "with the same corpus, split, eval.seed, windows, scored tokens and lengths")
-    # the same corpus name prepared anew is another corpus; an eval.json from before fingerprints says nothing
-    pinned = [run for run in runs if run["corpus_fingerprint"] is not None]
-    other = [run["run"] for run in pinned[1:] if run["corpus_fingerprint"] != pinned[0]["corpus_fingerprint"]]
-    if other:
-        raise CompareError(f"runs evaluated on another version of corpus {first['windows']['corpus']!r} than "
-                           f"{pinned[0]['run']}: {', '.join(other)} (their eval.json records other corpus "
-                           "fingerprints); compare runs evaluated on the same corpus")
+
+
+def _hf_apart(runs: list[dict]) -> list[dict]:
+    """`lenx eval --hf` results kept apart from training seeds: one named like a run's method, or like
+    another such result (an export named after its method, e.g. exp/rope), is the method
+    "<name> (hf: <its folder>)", never one more seed of it."""
+    names = [run["method"] for run in runs]
+    taken = {name for name, run in zip(names, runs) if not run["hf"]}
+    return [run | {"method": f"{run['method']} (hf: {run['run']})"}
+            if run["hf"] and run["labelled"] is False and (run["method"] in taken or names.count(run["method"]) > 1)
+            else run for run in runs]
 
 
 def _group(runs: list[dict]) -> dict[str, list[dict]]:
@@ -331,6 +345,7 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
         raise CompareError(f"{len(labels)} labels for {len(run_dirs)} runs")
     runs = [load_run(Path(r), label) for r, label in zip(run_dirs, labels or [None] * len(run_dirs))]
     _check_same_windows(runs)
+    runs = _hf_apart(runs)
     tokenizers = sorted({run["tokenizer"] for run in runs})
     # NLL per token of different tokenizers measures different units: compared per byte of the same text
     unit = "bpb" if len(tokenizers) > 1 else "ppl"
