@@ -29,6 +29,7 @@ difference in bits per byte; the report says so in one line. Otherwise ("unit": 
 Numpy only: comparing runs loads no model and no torch.
 """
 
+import errno
 import json
 from pathlib import Path
 import re
@@ -36,7 +37,7 @@ import tomllib
 
 import numpy as np
 
-from ..fileio import write_json
+from ..fileio import OutputError, check_writable_file, write_json
 from .stats import (document_shares, document_win_rate, leave_one_document_out, method_difference, method_interval,
                     same_seeds_difference, window_summary)
 
@@ -66,20 +67,27 @@ def is_compare_output(path: Path) -> bool:
                                                      "runs", "windows", "documents"} <= set(data)
 
 
-def check_out(out: Path, named: bool, force: bool) -> None:
+def check_out(out: Path, named: bool, force: bool) -> str | None:
     """Whether compare may write `out`: a new file; a file of an earlier compare when the user named
-    it (--out) or passed --force; never a file lenx compare did not write."""
+    it (--out) or passed --force; never a file lenx compare did not write (a CompareError), nor a
+    path that cannot be written. An earlier comparison in the default compare.json without --force
+    is kept: the refusal is returned, for after the table is shown."""
     out = Path(out)
     if out.is_dir():
         raise CompareError(f"--out {out} is a folder; give a file name such as {out / 'compare.json'}")
+    try:
+        check_writable_file(out, "--out")
+    except OutputError as e:
+        raise CompareError(str(e)) from None
     if not out.exists() and not out.is_symlink():
-        return
+        return None
     if not is_compare_output(out):
         raise CompareError(f"{out} exists and was not written by lenx compare; lenx does not overwrite it: "
                            "choose another --out, or move that file away")
     if not named and not force:
-        raise CompareError(f"{out} holds an earlier comparison; pass --force to replace it, or --out FILE to "
-                           "write this one elsewhere")
+        return (f"{out} holds an earlier comparison; pass --force to replace it, or --out FILE to write this one "
+                "elsewhere (the table above was not saved)")
+    return None
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -418,14 +426,23 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
 
 
 def compare_to_file(paths: list[Path], out: Path, named: bool, force: bool, reference: str | None = None,
-                    n: int = 2000, seed: int = 0) -> dict:
+                    n: int = 2000, seed: int = 0, show=None) -> dict:
     """compare_runs over the runs that `paths` name (find_runs), written to `out` as JSON; whether
-    `out` may be written (check_out: `named` by the user, `force`) is checked before any work."""
-    check_out(out, named, force)
+    `out` may be written (check_out: `named` by the user, `force`) is checked before any work.
+    show(result) hears the result before it is written, or before an earlier comparison in `out`
+    refuses to be replaced (a CompareError then: the table is still seen, the old file kept)."""
+    refusal = check_out(out, named, force)
     result = compare_runs(find_runs(paths), reference, n=n, seed=seed)
+    if show is not None:
+        show(result)
+    if refusal:
+        raise CompareError(refusal)
+    out = Path(out)
     try:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
         write_json(out, result)
-    except OSError as e:
-        raise CompareError(f"cannot write --out {out}: {e}") from None
+    except OSError as e:  # e.g. a folder that only root's permission check let through (chattr +i)
+        denied = e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+        why = f"{out.parent} is not writable (permission denied)" if denied else (e.strerror or str(e))
+        raise CompareError(f"cannot write --out {out}: {why}") from None
     return result
