@@ -18,6 +18,7 @@ import json
 import math
 from pathlib import Path
 import re
+import sys
 
 import numpy as np
 
@@ -25,7 +26,8 @@ from ..config import ConfigError, EvalConfig, resolve_device
 from ..data import DataError, open_corpus
 from ..fileio import check_writable_dir, check_writable_file, write_json
 from ..runs import check_run_corpus, run_config
-from .evaluate import _positive_int, _rounded, _write, check_options, default_lengths, eval_windows_with_documents
+from .evaluate import _positive_int, _rounded, check_options, default_lengths, eval_windows_with_documents
+from .files import kept_note, write_evaluation
 from .hf import HFReader, check_folder, config_summary, default_train_len, load_model, quiet, tokenizer_summary
 from .text import Retokenized, SameTokens, byte_lengths, token_bytes
 
@@ -179,7 +181,9 @@ class _Prepared:
 
     def write(self, file_name: str, result: dict) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        _write(self.out, file_name, result)
+        kept = write_evaluation(self.out / file_name, result)
+        if kept is not None:
+            print(kept_note(self.out / file_name, kept, result), file=sys.stderr)
         write_json(self.out / "meta.json", {
             "kind": KIND, "model": result["model"], "method": self.name, "hf_config": result["hf_config"],
             "tokenizer": self.tokenizer_info, "vocab_size": int(self.config.vocab_size),
