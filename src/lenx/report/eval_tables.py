@@ -53,9 +53,9 @@ def hf_table(result: dict) -> Table:
     caption = "perplexity per model token; bits per byte of the text the scored tokens cover"
     at_train = (result["results"].get(str(train_len)) or {}).get("input_tokens")
     if not same:  # the training length is the model's, in its tokens; lenx's lengths count the corpus's
-        caption += (f"; lengths, ΔP and the (train) row count corpus tokens: the training length {train_len} is "
-                    "placed at that many corpus tokens"
-                    + (f", where the model reads {statistics.mean(at_train):.0f} of its own" if at_train else ""))
+        caption += (f"; the lengths and the training length {train_len} (ΔP's, the (train) row's) count corpus "
+                    "tokens" + (f": at {train_len} the model reads {statistics.mean(at_train):.0f} of its own"
+                                if at_train else ""))
     table = Table(f"{result['method']}: the last {result['scored']} corpus tokens of each window{own} "
                   f"(trained at {train_len}); {result['window_note']}",
                   columns("length" if same else "corpus tokens", "model tokens read", "perplexity (ΔP)",
