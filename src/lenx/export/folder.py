@@ -24,6 +24,7 @@ from ..data.tokenizer import EOS_TOKEN
 from ..fileio import check_writable_dir, write_json, write_text
 from ..model.checkpoint import load_weights, weights_step
 from ..runs import open_run_corpus, run_config, run_weights
+from .lm_eval_task import write_tasks
 
 MIN_TRANSFORMERS = "5.0"  # the model kwargs of generate() and dataclass configs
 CODE = ("configuration_lenx.py", "modeling_lenx.py")
@@ -76,7 +77,6 @@ HF_DATASETS_OFFLINE=1 lm_eval --model hf --model_args pretrained={folder},trust_
     --include_path {folder}/lm_eval_tasks --tasks lenx_text --batch_size 1
 ```
 """
-TASK_FILES = ("lenx_text.yaml", "lenx_text.py")  # lenx.export's lm_eval_task/, written to DIR/lm_eval_tasks
 
 
 def transformers_classes():
@@ -192,13 +192,6 @@ def write_tokenizer(folder: Path, tokenizer_file: Path) -> None:
                                                   "clean_up_tokenization_spaces": False,
                                                   "model_input_names": ["input_ids", "attention_mask"]})
     write_json(folder / "special_tokens_map.json", {"eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN})
-
-
-def write_tasks(folder: Path) -> None:
-    """The lenx_text lm-eval task (lm_eval_task/ of this package) into `folder`."""
-    folder.mkdir()
-    for name in TASK_FILES:
-        shutil.copyfile(Path(__file__).parent / "lm_eval_task" / name, folder / name)
 
 
 def card(model, cfg, source: dict, out: Path, has_tokenizer: bool) -> str:
