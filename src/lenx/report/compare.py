@@ -241,8 +241,7 @@ def _check_same_windows(runs: list[dict]) -> None:
     if other:
         raise CompareError(f"runs evaluated on another version of corpus {first['windows']['corpus']!r} than "
                            f"{pinned[0]['run']}: {', '.join(other)} (their eval.json records other corpus "
-                           "fingerprints: the corpus was prepared anew in between); compare runs evaluated on the "
-                           "same corpus")
+                           "fingerprints); it was prepared anew in between: compare runs evaluated on the same corpus")
     differ = {}
     for run in runs[1:]:
         keys = [key for key in WINDOW_KEYS if run["windows"][key] != first["windows"][key]]
