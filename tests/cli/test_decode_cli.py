@@ -50,6 +50,8 @@ def test_generate_streams_and_greedy_is_deterministic(runs):
     (["eval", "rope", "--rope-scaling", "pi", "--rope-scaling-factor", "0.5"], "factor"),
     (["eval", "rope", "--task", "copy", "--depths", "0,2"], "depths"),
     (["eval", "rope", "--depths", "0.5"], "--task"),
+    # the backend judged on the device the evaluation runs on, not on CUDA
+    (["eval", "rope", "--backend", "triton", "--device", "cpu"], "model.backend=triton (model.method=rope) on cpu: "),
 ])
 def test_bad_input_is_one_line(runs, args, words):
     out = lenx(*args, cwd=runs)
@@ -76,6 +78,7 @@ def test_eval_copy_task_and_rope_scaling(runs):
     assert out.returncode == 0, out.stderr
     scaled = json.loads((runs / "rope" / "eval_rope-yarn.json").read_text())
     assert scaled["label"] == "rope+yarn" and scaled["rope_scaling"]["factor"] == "auto"
+    assert [line.split()[1] for line in out.stdout.splitlines() if line.startswith("│")] == ["rope+yarn"]
     assert scaled["rope_scaling"]["train_len"] == 64
     plain = lenx("eval", "rope", "--lengths", "64,128,256", "--windows", "4", cwd=runs)
     assert plain.returncode == 0, plain.stderr

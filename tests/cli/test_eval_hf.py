@@ -79,9 +79,17 @@ def test_a_transformers_model_beside_a_lenx_run(workdir):
     report = json.loads((workdir / "both.json").read_text())
     assert report["unit"] == "bpb" and set(report["methods"]) == {"rope", "llama", "gpt2"}
     assert "bpb" in report["methods"]["gpt2"]["lengths"]["128"] and "delta_p" in report["methods"]["rope"]["lengths"]["64"]
-    # and its figures
+    # its own tokenizer: the table says that the lengths and the (train) row count corpus tokens
+    table = " ".join(out.stdout.split())
+    assert "corpus tokens" in table.split("model tokens read")[0]
+    assert "the lengths and the training length 1024 (ΔP's, the (train) row's) count corpus tokens" in table
+    # and its figures: one model's, and those of the folder of models, drawn together
     plot = lenx("plot", "evals/gpt2", cwd=workdir)
     assert plot.returncode == 0 and (workdir / "evals" / "gpt2" / "perplexity.png").is_file(), plot.stderr
+    plot = lenx("plot", "evals", cwd=workdir)
+    assert plot.returncode == 0, plot.stderr
+    assert plot.stdout.split() == ["evals/perplexity.png", "evals/delta_p.png"]
+    assert (workdir / "evals" / "perplexity.png").is_file()
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -128,3 +136,50 @@ def test_help_names_the_hf_options():
     assert out.returncode == 0
     for option in ("--hf", "--corpus", "--data-root", "--like", "--out", "--name", "--train-len"):
         assert option in out.stdout, option
+
+
+def tiny_run(cwd: Path, out: str, corpus: str, root: str = "data") -> None:
+    cmd = ["train", "-c", "tiny", "-o", out, "--no-progress", "--set", f"data.corpus={corpus!r}",
+           "--set", f"data.root={root!r}"]
+    for key in ("model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=32", "train.batch_size=4",
+                "train.steps=2", "train.device='cpu'", "eval.windows=4", "eval.scored=16"):
+        cmd += ["--set", key]
+    out = lenx(*cmd, cwd=cwd)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+
+def test_a_token_level_run_needs_a_text_corpus(workdir, tmp_path):
+    """The README's `lenx eval --hf exported/dv2 --like runs/dv2` with dv2 trained on the token-level
+    synthetic corpus: its export has no tokenizer, but what stops it is the corpus, and the error says so."""
+    tiny_run(tmp_path, "runs/dv2", "synthetic")
+    exported = tmp_path / "exported" / "dv2"
+    exported.mkdir(parents=True)
+    for f in ("config.json", "model.safetensors"):  # a model folder without a tokenizer, as such an export is
+        (exported / f).write_bytes((workdir / "models" / "llama" / f).read_bytes())
+    out = lenx("eval", "--hf", "exported/dv2", "--like", "runs/dv2", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("error: --like runs/dv2 was trained on the token-level corpus 'synthetic': --hf "
+                                 "reads text in the model's own tokens, so it needs a text corpus"), out.stderr
+    out = lenx("eval", "--hf", "exported/dv2", "--corpus", "synthetic", cwd=tmp_path)
+    assert out.returncode == 2 and "error: corpus 'synthetic' is token-level: --hf reads text" in out.stderr
+
+
+def test_a_like_run_whose_corpus_was_prepared_anew_is_refused(workdir, tmp_path):
+    """As `lenx eval RUN` refuses it: the windows of a corpus the run was not trained on are not its windows."""
+    from hf_helpers import text_corpus
+
+    from lenx.data.build import prepare_corpus
+
+    text_corpus(tmp_path / "data", "idc")
+    tiny_run(tmp_path, "runs/idc", "idc")
+    other = tmp_path / "data" / "idc-texts"
+    for doc in sorted(other.iterdir())[::2]:  # the same name, other documents
+        doc.unlink()
+    prepare_corpus("idc", tmp_path / "data", from_path=other, vocab_size=300, progress=False, val_frac=0.1,
+                   test_frac=0.3, force=True)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    model = os.path.relpath(workdir / "models" / "llama", tmp_path)
+    out = lenx("eval", "--hf", model, "--like", "runs/idc", "-o", "hf/llama", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("error: corpus 'idc' at ") and "is not the one runs/idc was trained on" in out.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written

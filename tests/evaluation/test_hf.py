@@ -186,7 +186,7 @@ def test_retrieval_tasks(world):
         assert 0 <= r["exact"][0][0] <= 1 and r["logprob"][0][0] < 0 and r["chance"] == 1 / 90000
 
 
-def test_results_land_in_an_output_folder_that_keeps_another_models_evaluation(world, tmp_path):
+def test_results_land_in_an_output_folder_that_keeps_another_models_evaluation(world, tmp_path, capsys):
     root, _ = world
     out = tmp_path / "evals" / "m"
     first = run_hf(world, "llama", out=out, write=True, name="m")
@@ -197,7 +197,11 @@ def test_results_land_in_an_output_folder_that_keeps_another_models_evaluation(w
     run_hf(world, "llama", out=out, write=True, name="m")  # the same evaluation again replaces itself
     assert sorted(p.name for p in out.iterdir()) == ["eval.json", "meta.json"]
     run_hf(world, "llama-yarn", out=out, write=True, name="m")  # another model: the first one is kept
-    assert len(list(out.glob("eval.*.json"))) == 1
+    kept = list(out.glob("eval.*.json"))
+    assert len(kept) == 1
+    # the note names what differs: the model, not settings that are the same
+    assert capsys.readouterr().err.strip() == (f"note: {out / 'eval.json'} held an evaluation of another model "
+                                               f"(llama); kept it as {kept[0]}")
 
 
 def error(world, match, folder="llama", **options):
@@ -229,6 +233,49 @@ def test_bad_model_folders_are_one_line_errors(world, tmp_path):
     error(world, "embedding has 300 rows", folder=tmp_path / "mismatch")
     gpt2_folder(tmp_path / "short", own_tokenizer(corpus_texts(corpus)), n_positions=64)
     error(world, "learned position table holds 64", folder=tmp_path / "short")
+
+
+def bert_folder(path: Path, tokenizer, is_decoder: bool = False) -> Path:
+    """A random 1-layer BERT (a bidirectional encoder; with is_decoder, BERT built as a causal decoder)."""
+    from transformers import BertConfig, BertLMHeadModel, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=512, is_decoder=is_decoder)
+    (BertLMHeadModel if is_decoder else BertModel)(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_a_bidirectional_encoder_is_not_a_causal_lm(world, tmp_path):
+    """transformers has a causal-LM class for BERT, but a BERT folder's attention sees the tokens
+    after each one: refused before the position table is looked at, at given and default lengths."""
+    root, corpus = world
+    bert = bert_folder(tmp_path / "bert", corpus_tokenizer(corpus))
+    for lengths in ([32, 64, 128], None):  # None: the defaults, past BERT's 512 positions
+        with pytest.raises(ConfigError, match=r"bert is not a causal LM \(a 'bert' model with is_decoder false: a "
+                                              r"bidirectional encoder.*names BertModel\)"):
+            evaluate_hf(bert, data_root=root / "data", **(SETTINGS | {"lengths": lengths, "write": False}))
+    decoder = bert_folder(tmp_path / "bert-decoder", corpus_tokenizer(corpus), is_decoder=True)
+    config, _ = check_folder(decoder)  # BERT built as a decoder is causal
+    assert config.is_decoder
+    check_folder(root / "llama")
+    check_folder(root / "gpt2")
+
+
+def test_a_learned_position_table_holds_exactly_its_length(world, tmp_path):
+    """The model reads all but the predicted last token: a 64-position GPT-2 reads 64 tokens at
+    length 64 (the corpus's tokenizer: corpus tokens are model tokens), and 65 is refused."""
+    root, corpus = world
+    folder = gpt2_folder(tmp_path / "gpt2-64", corpus_tokenizer(corpus), n_positions=64)
+    r = evaluate_hf(folder, data_root=root / "data", **(SETTINGS | {"lengths": [32, 64], "write": False}))
+    assert r["results"]["64"]["input_tokens"] == [64] * 6
+    # the numbers are the model's own at exactly its table's length
+    data, _, _ = eval_windows_with_documents(corpus, "test", 64, 6, 1234)
+    want = np.stack([direct_nll(folder, list(w)) for w in data])[:, -16:].mean(1)
+    assert np.allclose(r["results"]["64"]["window_nll"], want, atol=2e-6)
+    error(world, "the longest input is 65 of the model's tokens, but its learned position table holds 64",
+          folder=folder, lengths=[32, 65])
 
 
 def test_bad_options_are_one_line_errors(world, tmp_path):

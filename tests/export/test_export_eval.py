@@ -80,3 +80,11 @@ def test_the_cli_measures_an_export_as_its_run(run, tmp_path):
     assert "wrote evals/rope/eval.json" in out.stdout, out.stdout
     same_numbers(json.loads((mine / "eval.json").read_text()),
                  json.loads((where / "evals" / "rope" / "eval.json").read_text()))
+    # the README's flow goes on with lenx compare: the export is not a second seed of the run's method
+    out = lenx("compare", rel, "evals", "--reference", "rope", "--resamples", "100", "-o", "c.json", cwd=where)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads((where / "c.json").read_text())
+    assert list(report["methods"]) == ["rope", "rope (hf: evals/rope)"]
+    assert report["methods"]["rope"]["seeds"] == [0] and report["methods"]["rope"]["runs"] == [rel]
+    assert "rope (1 seed)" in out.stdout and "rope (2 seeds)" not in out.stdout
+    assert abs(report["differences"]["rope (hf: evals/rope)"]["32"]["diff"]) < 1e-3  # the run's own numbers

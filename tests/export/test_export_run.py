@@ -16,8 +16,8 @@ from export_helpers import load
 pytest.importorskip("transformers")
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-FILES = ["README.md", "config.json", "configuration_lenx.py", "generation_config.json", "model.safetensors",
-         "modeling_lenx.py", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+FILES = ["README.md", "config.json", "configuration_lenx.py", "generation_config.json", "lm_eval_tasks",
+         "model.safetensors", "modeling_lenx.py", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
 
 
 def lenx(*args, cwd):
@@ -40,13 +40,15 @@ def test_the_folder_holds_config_code_weights_and_tokenizer(exported, run):
     assert config["auto_map"] == {"AutoConfig": "configuration_lenx.LenxConfig",
                                   "AutoModelForCausalLM": "modeling_lenx.LenxForCausalLM"}
     assert config["lenx"]["method"] == "rope" and config["lenx"]["backend"] == "auto"
-    assert config["lenx_source"] == {"run": str(run), "step": 2, "corpus": "words"}
+    # the run's folder name, not its path (the folder is made to be shared), and how far it trained
+    assert config["lenx_source"] == {"run": run.name, "step": 2, "steps": 2, "finished": True, "corpus": "words"}
+    assert str(run.parent) not in (exported / "README.md").read_text() + (exported / "config.json").read_text()
     assert config["max_position_embeddings"] == config["train_len"] == 32
     assert "pip install 'lenx[hf]" in (exported / "modeling_lenx.py").read_text()
     # the weights are as readable as the rest of the folder (safetensors makes its files private)
     modes = {(exported / name).stat().st_mode & 0o777 for name in ("config.json", "model.safetensors")}
     assert len(modes) == 1
-    assert "step 2" in (exported / "README.md").read_text()
+    assert "from the run `rope`, step 2 of 2:" in " ".join((exported / "README.md").read_text().split())
 
 
 @pytest.mark.parametrize("how", ["AutoTokenizer", "PreTrainedTokenizerFast"])
@@ -64,6 +66,9 @@ def test_the_tokenizer_is_the_corpus_s(exported, words_root, how):
     assert ids == corpus.encode(text) and corpus.eos_id not in ids
     assert tok.decode(ids) == corpus.decode(ids) == text
     assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id == corpus.eos_id
+    # EOS pads, as generation_config.json says
+    generation = json.loads((exported / "generation_config.json").read_text())
+    assert tok.pad_token == tok.eos_token and tok.pad_token_id == generation["pad_token_id"] == corpus.eos_id
     assert sorted(tok(text)) == ["attention_mask", "input_ids"]
 
 
@@ -86,6 +91,48 @@ def test_transformers_gives_the_run_s_logits_and_generation(exported, run, words
     got = hf.generate(**tok("north garden paper silver window market orchard river", return_tensors="pt"),
                       max_new_tokens=10, do_sample=False)
     assert got[0, ids.shape[1]:].tolist() == want
+
+
+def test_the_readme_recipe_generates_from_a_left_padded_batch(exported):
+    """README: tokenizer.padding_side = "left", then tokenizer(prompts, padding=True): each row gives
+    the tokens of its prompt alone."""
+    from transformers import AutoTokenizer
+
+    model = load(exported)
+    tokenizer = AutoTokenizer.from_pretrained(exported, trust_remote_code=True)
+    tokenizer.padding_side = "left"
+    prompts = ["river stone", "north garden paper silver window", "market"]
+    batch = tokenizer(prompts, padding=True, return_tensors="pt")
+    out = model.generate(**batch, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    for row, prompt in zip(out, prompts):
+        alone = model.generate(**tokenizer(prompt, return_tensors="pt"), max_new_tokens=6, do_sample=False,
+                               min_new_tokens=6)
+        assert row[-6:].tolist() == alone[0, -6:].tolist()
+
+
+def test_the_offline_lm_eval_line_of_the_card_runs(exported, tmp_path):
+    """The lm_eval line that the folder's README.md gives (and the repository's README, for its paths)
+    runs as written with no network (HF_DATASETS_OFFLINE=1) and scores the folder's task."""
+    import shlex
+
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("accelerate")
+    card = (exported / "README.md").read_text()
+    line = card.split("```\n")[-2].replace("\\\n", " ")  # the last code block, one command
+    env_assign, command = line.split(" ", 1)
+    assert env_assign == "HF_DATASETS_OFFLINE=1" and command.startswith("lm_eval --model hf")
+    env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")])}
+    args = shlex.split(command)[1:] + ["--output_path", str(tmp_path / "results")]
+    out = subprocess.run([sys.executable, "-m", "lm_eval", *args], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    saved = json.loads(next((tmp_path / "results").rglob("results_*.json")).read_text())
+    bpb = saved["results"]["lenx_text"]["bits_per_byte,none"]
+    assert 0 < bpb < 20  # a random-ish model: a few bits per byte, finite
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    one_line = " ".join(readme.replace("\\\n", " ").split())
+    assert " ".join(command.replace(str(exported), "exported/dv2").split()) in one_line
 
 
 def test_kept_weights_export_with_step(run, tmp_path):
@@ -143,7 +190,10 @@ def test_a_failed_export_leaves_the_earlier_one_and_nothing_else(run, tmp_path, 
 
     out = tmp_path / "exported"
     folder.export_run(run, out, step=1)
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    def files():
+        return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    before = files()
 
     def differ(*args, **kwargs):
         raise folder.ExportError("the exported model's logits differ from the run's")
@@ -153,7 +203,7 @@ def test_a_failed_export_leaves_the_earlier_one_and_nothing_else(run, tmp_path, 
         folder.export_run(run, out, force=True)
     with pytest.raises(folder.ExportError, match="differ"):
         folder.export_run(run, tmp_path / "new" / "deeper" / "model")
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert files() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]
 
 
@@ -175,6 +225,26 @@ def test_a_token_level_corpus_exports_without_a_tokenizer(tmp_path):
     train(load_config("tiny", sets), tmp_path / "run", progress=False)
     result = export_run(tmp_path / "run", tmp_path / "out")
     assert not result["tokenizer"] and "tokenizer.json" not in result["files"]
-    assert "no tokenizer" in (tmp_path / "out" / "README.md").read_text()
+    card = (tmp_path / "out" / "README.md").read_text()
+    # no lm-eval line or task: the harness needs a tokenizer
+    assert "no tokenizer" in card and "lm_eval" not in card and "lm_eval_tasks" not in result["files"]
     hf = load(tmp_path / "out")
     assert hf(torch.tensor([[1, 2, 3]])).logits.shape[-1] == hf.config.vocab_size
+
+
+def test_an_unfinished_run_is_exported_with_a_note(words_root, tmp_path):
+    """A run stopped at step 1 of 2 (--until): the export says so, and records it."""
+    from conftest import TINY
+
+    from lenx.config import load_config
+    from lenx.training.loop import train
+
+    train(load_config("tiny", TINY + [f"data.root={str(words_root)!r}"]), tmp_path / "part", progress=False, until=1)
+    out = lenx("export", "part", "exp/part", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stderr.splitlines() == ["note: part has not finished training: exported the weights of step 1 of 2 "
+                                       "(recorded in exp/part/config.json and README.md)"]
+    config = json.loads((tmp_path / "exp" / "part" / "config.json").read_text())
+    assert config["lenx_source"] | {} == {"run": "part", "step": 1, "steps": 2, "finished": False, "corpus": "words"}
+    assert "step 1 of 2 (the run had not finished training)" in " ".join(
+        (tmp_path / "exp" / "part" / "README.md").read_text().split())

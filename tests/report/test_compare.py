@@ -404,3 +404,84 @@ def test_nan_window_nlls_are_a_one_line_error(tmp_path, template):
     broken = fake_run(tmp_path / "a-s0", template, "a", 0, {32: bad, 64: 2.0})
     with pytest.raises(CompareError, match="NaN or infinite window NLLs at length 32"):
         compare_runs([broken], n=200)
+
+
+def hf_result(folder: Path, template, method: str, nll: dict) -> Path:
+    """A `lenx eval --hf` output folder (eval.json of kind hf, no config.toml) on the template's windows."""
+    fake_run(folder, template, method, 0, nll, kind="hf")
+    (folder / "config.toml").unlink()
+    return folder
+
+
+def test_hf_results_are_kept_apart_from_run_seeds(tmp_path, template):
+    """An export evaluated with --hf and named after its method (exp/rope -> "rope") is not one more
+    seed of the run it came from: it is the method "rope (hf: FOLDER)"; another name stays as it is."""
+    run = fake_run(tmp_path / "runs" / "rope", template, "rope", 0, {32: noisy(template, 0), 64: noisy(template, 1)})
+    kerple = fake_run(tmp_path / "runs" / "kerple", template, "kerple", 0, {32: 2.0, 64: 2.0})
+    export = hf_result(tmp_path / "hf" / "exp-rope", template, "rope", {32: noisy(template, 0), 64: noisy(template, 1)})
+    llama = hf_result(tmp_path / "hf" / "llama", template, "llama", {32: 2.5, 64: 2.5})
+    out = compare_runs([run, kerple, export, llama], reference="rope", n=200)
+    hf_name = f"rope (hf: {export})"
+    assert list(out["methods"]) == ["rope", "kerple", hf_name, "llama"]
+    assert out["methods"]["rope"]["seeds"] == [0] and out["methods"]["rope"]["runs"] == [str(run)]
+    assert out["methods"][hf_name]["runs"] == [str(export)]
+    assert out["differences"][hf_name]["32"]["diff"] == pytest.approx(0, abs=1e-9)  # the run's own numbers
+    assert [r["method"] for r in out["runs"]] == ["rope", "kerple", hf_name, "llama"]
+    # two --hf results of one name are two methods too
+    again = hf_result(tmp_path / "hf" / "exp-rope-2", template, "rope", {32: 2.0, 64: 2.0})
+    assert list(compare_runs([export, again], n=200)["methods"]) == [f"rope (hf: {export})", f"rope (hf: {again})"]
+
+
+def test_another_version_of_the_corpus_is_named_before_the_windows(tmp_path, template):
+    """Runs evaluated on a corpus prepared anew have other windows too: the error names the corpus."""
+    first = fake_run(tmp_path / "a-s0", template, "a", 0, {32: 2.0, 64: 2.0})
+    docs = list(template[0]["window_documents"])
+    fingerprint = dict(template[0]["corpus_fingerprint"], test="0" * 64)
+    anew = fake_run(tmp_path / "b-s0", template, "b", 0, {32: 2.0}, documents=docs[::-1],
+                    corpus_fingerprint=fingerprint)
+    with pytest.raises(CompareError) as e:
+        compare_runs([first, anew])
+    corpus = template[0]["corpus"]
+    assert str(e.value).startswith(f"runs evaluated on another version of corpus {corpus!r} than {first}: {anew} ")
+    assert "window_documents" not in str(e.value) and "prepared anew" in str(e.value)
+
+
+def lenx(*args, cwd):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "lenx", *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=300)
+
+
+def test_run_again_it_shows_the_table_and_keeps_the_earlier_comparison(tmp_path, template):
+    fake_run(tmp_path / "runs" / "a-s0", template, "a", 0, {32: 2.0, 64: 2.0})
+    first = lenx("compare", "runs", "--resamples", "100", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    kept = (tmp_path / "compare.json").read_bytes()
+    again = lenx("compare", "runs", "--resamples", "100", "--seed", "1", cwd=tmp_path)
+    assert again.returncode == 2 and "perplexity of the last" in again.stdout and "wrote" not in again.stdout
+    assert again.stderr.splitlines() == ["error: compare.json holds an earlier comparison; pass --force to replace it, "
+                                         "or --out FILE to write this one elsewhere (the table above was not saved)"]
+    assert (tmp_path / "compare.json").read_bytes() == kept
+
+
+def test_an_out_that_cannot_be_written_is_one_line(tmp_path, template, monkeypatch):
+    """Checked before any work where the path shows it (a file in the way); where only the write does
+    (a folder root may not write: chattr +i), the same words as the other tools', not a raw OSError."""
+    import errno
+
+    from lenx.report import compare
+
+    run = fake_run(tmp_path / "runs" / "a-s0", template, "a", 0, {32: 2.0, 64: 2.0})
+    (tmp_path / "afile").write_text("mine\n")
+    out = lenx("compare", "runs", "-o", "afile/c.json", cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr.splitlines() == [
+        "error: cannot write --out afile/c.json: afile is a file, not a folder"]
+
+    def denied(path, obj):
+        raise PermissionError(errno.EPERM, "Operation not permitted", f"ro/.c.json.tmp-{os.getpid()}")
+
+    monkeypatch.setattr(compare, "write_json", denied)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CompareError) as e:
+        compare.compare_to_file([run], Path("ro") / "c.json", named=True, force=False, n=100)
+    assert str(e.value) == "cannot write --out ro/c.json: ro is not writable (permission denied)"

@@ -86,7 +86,11 @@ def test_bits_per_byte_say_why_in_one_line():
                         "the scored text (lower is better)")
     ppl, dp = items[1], items[2]
     assert ppl.title.startswith("bits per byte of the last 32 tokens")
+    # the footnote says what a bits-per-byte interval is of, not a perplexity's
+    assert "(bits per byte: the mean over windows of each window's scored NLL in bits over the bytes of its text)" \
+        in ppl.caption and "exponentiated" not in ppl.caption
     assert ppl.rows[0] == ["kerple (1 seed)", "0.875 [0.750, 1.000]", "0.938 [0.812, 1.062]"]
     assert dp.title.startswith("ΔP in bits per byte") and dp.rows[0][-1] == "+0.500 [-0.250, +1.250]"
     assert "bits per byte minus kerple's" in items[4].title and items[4].rows[0][1] == Strong("+1.000 [+0.500, +1.500]")
-    assert compare_report(comparison())[0].title.startswith("perplexity")  # one tokenizer: no line, perplexity
+    per_token = compare_report(comparison())[0]  # one tokenizer: no line, perplexity
+    assert per_token.title.startswith("perplexity") and "(a perplexity's: its mean NLL's, exponentiated)" in per_token.caption

@@ -46,3 +46,30 @@ def test_sweep_markdown():
         "| method | 64 | 128 |\n|---|---|---|\n| rope | 8.22 | 8.35 |\n| kerple | 6.92 |  |\n\n"
         "ΔP (positive: context beyond the training length helps):\n\n"
         "| method | 64 | 128 |\n|---|---|---|\n| rope |  | -0.18 |\n| kerple |  |  |\n")
+
+
+def test_a_rope_extension_at_evaluation_is_its_own_row():
+    """`lenx eval RUN --rope-scaling yarn`: the row says rope+yarn, as eval_rope-yarn.json's label does."""
+    yarn = eval_result("rope", {64: 8.22, 128: 8.30}, {128: -0.08}) | {"label": "rope+yarn"}
+    assert [row[0] for row in eval_table([yarn]).rows] == ["rope+yarn"]
+    plain = eval_result("rope", {64: 8.22, 128: 8.35}, {128: -0.18})
+    assert [row[0] for row in eval_table([plain, yarn]).rows] == ["rope", "rope+yarn"]
+
+
+def hf_result(same_as_corpus: bool) -> dict:
+    rows = {"64": {"ppl": 9.0, "bpb": 1.5, "input_tokens": [70, 74]},
+            "128": {"ppl": 9.5, "bpb": 1.6, "delta_p": -0.5, "input_tokens": [140, 150]}}
+    return {"method": "llama", "scored": 32, "window_note": "2 windows", "train_len": 64, "lengths": [64, 128],
+            "tokenizer": {"same_as_corpus": same_as_corpus}, "results": rows}
+
+
+def test_an_hf_model_with_its_own_tokenizer_says_what_the_lengths_count():
+    from lenx.report.eval_tables import hf_table
+
+    own = hf_table(hf_result(False))
+    assert [c.name for c in own.columns][0] == "corpus tokens"
+    assert [row[:2] for row in own.rows] == [["64 (train)", "72"], ["128", "145"]]
+    assert own.caption.endswith("; the lengths and the training length 64 (ΔP's, the (train) row's) count corpus "
+                                "tokens: at 64 the model reads 72 of its own")
+    same = hf_table(hf_result(True))
+    assert [c.name for c in same.columns][0] == "length" and "corpus tokens" not in same.caption

@@ -310,3 +310,17 @@ def test_retrieval_heatmaps_and_curves_from_json(tmp_path):
     assert written == {"eval_copy_heatmap.png", "retrieval_copy.png"}
     assert (tmp_path / "retrieval_copy.png").stat().st_size > 0
     assert all((tmp_path / d / "eval_copy_heatmap.png").is_file() for d in ("rope-s0", "rope-s1", "dapev2-kerple-s0"))
+
+
+def test_a_folder_of_evaluations_in_subfolders_is_drawn_together(tmp_path, monkeypatch):
+    """`lenx plot runs/hf` (lenx eval --hf results, one per subfolder): one figure, one line per
+    result; a name two of them share is followed by its folder (not pooled as seeds)."""
+    seen = legends(monkeypatch)
+    for folder, result in (("exp-rope", eval_result("rope", {32: 2.0, 64: 3.0}) | {"kind": "hf"}),
+                           ("llama", eval_result("llama", {32: 4.0, 64: 5.0}) | {"kind": "hf"}),
+                           ("deeper/rope", eval_result("rope", {32: 2.5, 64: 3.5}))):
+        (tmp_path / "hf" / folder).mkdir(parents=True)
+        (tmp_path / "hf" / folder / "eval.json").write_text(json.dumps(result))
+    written = plot.redraw(tmp_path / "hf")
+    assert written == [tmp_path / "hf" / "perplexity.png"]
+    assert seen == [["rope (deeper/rope)", "rope (exp-rope)", "llama"]]

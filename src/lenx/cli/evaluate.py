@@ -79,6 +79,12 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
         check_writable_dir(run, "the run folder")
         check_writable_file(Path(run) / result_name(step, rope_scaling, task), "the evaluation file")
         if backend:
+            # the backend judged on the device this evaluation runs on (the config's own check judges
+            # triton where it runs at all, on CUDA), after the device itself
+            from ..model.checks import _build_meta, _check_backend
+
+            dev = check_device(cfg, device, key="--device", training=False)
+            _check_backend(_build_meta(replace(cfg.model, n_layer=1, backend="auto")), backend, dev)
             cfg = replace(cfg, model=replace(cfg.model, backend=backend))
             validate(cfg)
         check_device(cfg, device, key="--device", training=False)

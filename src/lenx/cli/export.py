@@ -1,6 +1,7 @@
 """`lenx export` (a trained run as a transformers model folder)."""
 
 from pathlib import Path
+import sys
 
 import typer
 
@@ -17,7 +18,9 @@ def export_cmd(run: Path = typer.Argument(..., help="a run directory"),
     """Write a trained run as a folder that transformers loads, with lm-evaluation-harness on top.
 
     DIR gets config.json, model.safetensors, the model's code (configuration_lenx.py and
-    modeling_lenx.py, which run the installed lenx's model), the corpus's tokenizer and a README.md.
+    modeling_lenx.py, which run the installed lenx's model), the corpus's tokenizer (EOS pads), a
+    small lm-eval task that runs offline (lm_eval_tasks/) and a README.md. A run that has not
+    finished training is exported with a note (step N of M, also recorded in the folder).
 
     AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True) then gives the run's logits, and
     its generate() decodes with lenx's KV cache. The folder is checked to do so before it is moved
@@ -29,6 +32,9 @@ def export_cmd(run: Path = typer.Argument(..., help="a run directory"),
         result = export_run(run, out, step, force)
     except _user_errors(ExportError) as e:
         _fail(e)
+    if not result["finished"]:
+        print(f"note: {run} has not finished training: exported the weights of step {result['step']} of "
+              f"{result['steps']} (recorded in {result['folder']}/config.json and README.md)", file=sys.stderr)
     tokenizer = "its tokenizer" if result["tokenizer"] else "no tokenizer (a token-level corpus)"
     print(f"wrote {result['folder']}: {result['method']}, step {result['step']}, {result['parameters']:,} parameters, "
           f"{tokenizer} ({', '.join(result['files'])})")

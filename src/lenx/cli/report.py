@@ -34,7 +34,8 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
 
     All runs must be
     evaluated on the same windows (corpus, split, eval.seed, windows, scored and lengths). Writes
-    the numbers to --out as JSON (compare.json: an earlier one there is replaced only with --force).
+    the numbers to --out as JSON (compare.json: an earlier one there is replaced only with --force;
+    without it the table is printed and the earlier file kept, exit code 2).
     """
     from ..report.compare import MIN_RESAMPLES, CompareError, compare_to_file
     from ..report.compare_tables import compare_report, unfinished_runs
@@ -46,12 +47,14 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
             raise CompareError(f"--resamples must be at least {MIN_RESAMPLES}, got {resamples}")
         if seed < 0:
             raise CompareError(f"--seed must be an integer >= 0, got {seed}")
-        result = compare_to_file(runs, out, named, force, reference, n=resamples, seed=seed)
+        def shown(result):  # the table, also when an earlier compare.json then refuses to be replaced
+            for line in unfinished_runs(result):
+                print(line, file=sys.stderr)
+            show(compare_report(result))
+
+        compare_to_file(runs, out, named, force, reference, n=resamples, seed=seed, show=shown)
     except CompareError as e:
         _fail(e)
-    for line in unfinished_runs(result):
-        print(line, file=sys.stderr)
-    show(compare_report(result))
     print(f"wrote {out}")
 
 

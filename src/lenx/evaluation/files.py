@@ -52,6 +52,19 @@ def describe(result: dict) -> str:
     return ", ".join(parts) or "unknown settings"
 
 
+def kept_note(path: Path, kept: Path, result: dict) -> str:
+    """The note that `path` held another evaluation, now kept as `kept`: of another model (`lenx eval
+    --hf` into the same folder), else with other settings (what it measured)."""
+    try:
+        old = json.loads(Path(kept).read_text())
+        what = describe(old)
+    except (OSError, ValueError, AttributeError):
+        old, what = None, "not a readable evaluation"
+    if isinstance(old, dict) and old.get("model") and result.get("model") and old["model"] != result["model"]:
+        return f"note: {path} held an evaluation of another model ({Path(str(old['model'])).name}); kept it as {kept}"
+    return f"note: {path} held an evaluation with other settings ({what}); kept it as {kept}"
+
+
 def write_evaluation(path: Path, result: dict) -> Path | None:
     """Write `result` to `path` (atomically). An evaluation already there with other settings (or a
     file there that is not one) is first copied to <name>.<key>.json beside it; returns that path,

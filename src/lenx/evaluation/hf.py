@@ -86,13 +86,35 @@ def _lenx_config(path: Path, classes):
     return config
 
 
+def not_causal(config, causal_types, masked_types) -> str | None:
+    """Why a config is not a causal LM's, in a few words; None when it is one. The rule: a config
+    that says it is a decoder (is_decoder, XLM's causal) is one; an encoder-decoder is not; a type
+    transformers has no causal LM class for is not; a type it also has a masked-LM class for is a
+    bidirectional encoder (BERT, RoBERTa, ...), whose causal LM class is causal only when
+    is_decoder is set, so it is not one without it. Every other type with a causal LM class
+    (GPT-2, Llama, ...) is decoder-only."""
+    kind = f"a {config.model_type!r} model"
+    named = getattr(config, "architectures", None) or []
+    named = f"; its config.json names {', '.join(named)}" if named else ""
+    if getattr(config, "is_decoder", False) or getattr(config, "causal", False) is True:
+        return None
+    if getattr(config, "is_encoder_decoder", False):
+        return f"{kind}, an encoder-decoder{named}"
+    if type(config) not in causal_types:
+        return f"{kind}: transformers has no AutoModelForCausalLM for it{named}"
+    if type(config) in masked_types:
+        return (f"{kind} with is_decoder false: a bidirectional encoder, whose every token sees the tokens after "
+                f"it{named}")
+    return None
+
+
 def check_folder(path: Path):
     """(config, tokenizer) of a local transformers causal LM folder, before any weights are read;
     a one-line ConfigError when transformers is missing, the folder is missing, it is not a causal
     LM, or it has no weights or no fast tokenizer."""
     require_transformers()
     from transformers import AutoConfig, AutoTokenizer
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_MASKED_LM_MAPPING
 
     path = Path(path)
     if not path.is_dir():
@@ -109,9 +131,10 @@ def check_folder(path: Path):
             raise
         except Exception as e:  # transformers raises ValueError, OSError, KeyError, ... for a bad config
             raise ConfigError(f"--hf {path}: transformers cannot read its config.json ({_first_line(e)})") from None
-    if classes is None and type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
-        raise ConfigError(f"--hf {path} holds a {config.model_type!r} model, which is not a causal LM "
-                          "(transformers has no AutoModelForCausalLM for it)")
+    if classes is None:
+        why = not_causal(config, MODEL_FOR_CAUSAL_LM_MAPPING, MODEL_FOR_MASKED_LM_MAPPING)
+        if why:
+            raise ConfigError(f"--hf {path} is not a causal LM ({why})")
     if not any(any(path.glob(pattern)) for pattern in WEIGHTS):
         raise ConfigError(f"--hf {path} has no weights (model.safetensors or pytorch_model.bin)")
     if not any((path / name).is_file() for name in TOKENIZER_FILES):

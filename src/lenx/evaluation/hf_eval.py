@@ -18,14 +18,16 @@ import json
 import math
 from pathlib import Path
 import re
+import sys
 
 import numpy as np
 
 from ..config import ConfigError, EvalConfig, resolve_device
 from ..data import DataError, open_corpus
 from ..fileio import check_writable_dir, check_writable_file, write_json
-from ..runs import run_config
-from .evaluate import _positive_int, _rounded, _write, check_options, default_lengths, eval_windows_with_documents
+from ..runs import check_run_corpus, run_config
+from .evaluate import _positive_int, _rounded, check_options, default_lengths, eval_windows_with_documents
+from .files import kept_note, write_evaluation
 from .hf import HFReader, check_folder, config_summary, default_train_len, load_model, quiet, tokenizer_summary
 from .text import Retokenized, SameTokens, byte_lengths, token_bytes
 
@@ -94,6 +96,30 @@ def hf_settings(config, like=None, corpus=None, data_root=None, lengths=None, wi
             "split": split, "eval_seed": seed}
 
 
+def text_corpus(like=None, corpus=None, data_root=None):
+    """The corpus to evaluate on, before the model folder is read: the one the run `like` was
+    trained on (refused when it was prepared anew since, as `lenx eval RUN` refuses it), or
+    --corpus under `data_root`; a one-line error for a token-level corpus, which has no text for a
+    transformers model to read."""
+    if like is not None and (corpus is not None or data_root is not None):
+        raise ConfigError("--like takes the corpus from the run; give --corpus (and --data-root) or --like, not both")
+    if like is not None:
+        cfg = run_config(like)
+        found = open_corpus(cfg.data.corpus, Path(cfg.data.root))
+        check_run_corpus(like, cfg, found)
+        where = f"--like {like} was trained on the token-level corpus {found.name!r}"
+    elif corpus is not None:
+        found = open_corpus(corpus, Path(data_root or "data"))
+        where = f"corpus {found.name!r} is token-level"
+    else:
+        raise ConfigError("--hf needs the corpus to evaluate on: --corpus NAME (prepared under --data-root) or "
+                          "--like RUN (the corpus and windows of a lenx run)")
+    if found.tokenizer() is None:
+        raise DataError(f"{where}: --hf reads text in the model's own tokens, so it needs a text corpus (a run "
+                        "trained on one, or --corpus NAME of one)")
+    return found
+
+
 def check_name(name: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", name or ""):
         raise ConfigError(f"bad --name {name!r}: use letters, digits, '_', '-', '+' or '.' (it names the model in "
@@ -118,13 +144,13 @@ class _Prepared:
 
     def __init__(self, model_dir, out, name, device, task=None, **options):
         self.model_dir = Path(model_dir)
+        self.corpus = text_corpus(options.get("like"), options.get("corpus"), options.get("data_root"))
         self.config, self.tokenizer = check_folder(self.model_dir)
         self.settings = hf_settings(self.config, task=task, **options)
         self.name = check_name(name or self.model_dir.resolve().name)
         self.out = output_folder(out, self.name)
         self.device = resolve_device(device, "--device")
-        self.corpus = open_corpus(self.settings["corpus"], self.settings["root"])
-        table = token_bytes(self.corpus)  # a DataError for a token-level corpus
+        table = token_bytes(self.corpus)
         self.tokenizer_info = tokenizer_summary(self.tokenizer, self.corpus)
         self.convert = SameTokens(self.corpus, byte_lengths(self.corpus)) if self.tokenizer_info["same_as_corpus"] \
             else Retokenized(self.corpus, self.tokenizer, table)
@@ -138,13 +164,14 @@ class _Prepared:
                 "attention": getattr(reader.model.config, "_attn_implementation", None), "device": str(self.device)}
 
     def load(self, texts) -> HFReader:
-        """The model, once its inputs (ModelText, or arrays of ids) are known to fit it."""
+        """The model, once its inputs are known to fit it: token sequences (ModelText, or arrays of
+        ids) whose last token is only predicted, so the model reads all but that one."""
         ids = [t if isinstance(t, np.ndarray) else t.ids for t in texts]
         top, vocab = max(int(x.max(initial=0)) for x in ids), self.config.vocab_size
         if top >= vocab:
             raise ConfigError(f"the model's tokenizer gives token id {top}, but its embedding has {vocab} rows: "
                               "the folder's tokenizer is not the model's")
-        longest_input = max(len(x) for x in ids)
+        longest_input = max(len(x) for x in ids) - 1
         reader = load_model(self.model_dir, self.device)
         limit = reader.position_limit()
         if limit is not None and longest_input > limit:
@@ -154,7 +181,9 @@ class _Prepared:
 
     def write(self, file_name: str, result: dict) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        _write(self.out, file_name, result)
+        kept = write_evaluation(self.out / file_name, result)
+        if kept is not None:
+            print(kept_note(self.out / file_name, kept, result), file=sys.stderr)
         write_json(self.out / "meta.json", {
             "kind": KIND, "model": result["model"], "method": self.name, "hf_config": result["hf_config"],
             "tokenizer": self.tokenizer_info, "vocab_size": int(self.config.vocab_size),
@@ -299,7 +328,8 @@ def evaluate_hf_task(model_dir: Path, task: str, corpus: str | None = None, data
         check_output(p.out, file_name)
     make = retrieval.passkey_inputs if task == "passkey" else retrieval.copy_inputs
     cells = {(L, x): make(p.corpus, s["split"], L, x, samples, s["eval_seed"]) for L in s["lengths"] for x in depths}
-    # the longest input, with room for the passkey's answer and the tokens generated after it
+    # the longest input, with room for the passkey's answer (at most 6 model tokens) and the tokens
+    # generated after it: the model reads up to 7 tokens past the prompt
     reader = p.load([np.append(p.convert.convert(c["input"]).ids, np.zeros(8, dtype=np.int64))
                      for cases in cells.values() for c in cases])
     budget = 65536 if p.device.type == "cuda" else 8192

@@ -4,8 +4,10 @@ The folder: config.json (LenxConfig: lenx's [model] section, auto_map to the two
 generation_config.json, model.safetensors (every shared weight once), configuration_lenx.py and
 modeling_lenx.py (subclasses of lenx.export.hf's classes: loading needs lenx installed), the
 corpus's tokenizer as a PreTrainedTokenizerFast folder (tokenizer.json, tokenizer_config.json,
-special_tokens_map.json; none for a token-level corpus) and a README.md. It is written beside DIR
-and moved into place only once transformers has loaded it and its logits are the run's.
+special_tokens_map.json; EOS doubles as the padding token; none for a token-level corpus), with it
+a small local lm-eval task (lm_eval_tasks/: lenx_text, which runs offline) and a README.md. It is
+written beside DIR and moved into place only once transformers has loaded it and its logits are
+the run's.
 """
 
 import json
@@ -22,6 +24,7 @@ from ..data.tokenizer import EOS_TOKEN
 from ..fileio import check_writable_dir, write_json, write_text
 from ..model.checkpoint import load_weights, weights_step
 from ..runs import open_run_corpus, run_config, run_weights
+from .lm_eval_task import write_tasks
 
 MIN_TRANSFORMERS = "5.0"  # the model kwargs of generate() and dataclass configs
 CODE = ("configuration_lenx.py", "modeling_lenx.py")
@@ -52,9 +55,9 @@ MODELING = Template('"""A lenx model, written by `lenx export`: lenx\'s LenxForC
                     + "class LenxForCausalLM(_LenxForCausalLM):\n    config_class = LenxConfig\n")
 CARD = """# {method} (lenx)
 
-Exported by `lenx export` (lenx {version}) from the run `{run}`, step {step}: a decoder of
-{params:,} parameters ({n_layer} layers, d_model {d_model}, {n_head} heads) with {method} attention,
-trained on {train_len}-token sequences of the corpus `{corpus}`.
+Exported by `lenx export` (lenx {version}) from the run `{run}`, step {step} of {steps}{unfinished}: a
+decoder of {params:,} parameters ({n_layer} layers, d_model {d_model}, {n_head} heads) with {method}
+attention, trained on {train_len}-token sequences of the corpus `{corpus}`.
 
 Its code is lenx's own: loading it needs lenx (`pip install 'lenx[hf]'`).
 
@@ -64,9 +67,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 model = AutoModelForCausalLM.from_pretrained("{folder}", trust_remote_code=True)
 {tokenizer_line}
 ```
+{lm_eval}"""
+LM_EVAL = """
+lm-evaluation-harness, offline, on the small task in `lm_eval_tasks/` (rolling perplexity of a few
+paragraphs: a check that the harness reads the model, not a benchmark); other tasks need their data:
 
 ```
-lm_eval --model hf --model_args pretrained={folder},trust_remote_code=True --tasks TASK
+HF_DATASETS_OFFLINE=1 lm_eval --model hf --model_args pretrained={folder},trust_remote_code=True \\
+    --include_path {folder}/lm_eval_tasks --tasks lenx_text --batch_size 1
 ```
 """
 
@@ -117,7 +125,10 @@ def export_run(run_dir: Path, out: Path, step: int | None = None, force: bool = 
     check_target(out, force)
     hf = transformers_classes()
     corpus = open_run_corpus(run_dir, cfg)
-    source = {"run": str(run_dir.absolute()), "step": weights_step(weights), "corpus": corpus.name}
+    # the run's folder name, not its path: the folder is made to be shared
+    last = weights_step(run_weights(run_dir)) if step is not None else weights_step(weights)
+    source = {"run": run_dir.absolute().name, "step": weights_step(weights), "steps": cfg.train.steps,
+              "finished": last is not None and last >= cfg.train.steps, "corpus": corpus.name}
     config = hf.config_for(cfg.model, version=lenx.__version__, train_len=cfg.train.seq_len, eos_id=corpus.eos_id,
                            source=source, auto_map=AUTO_MAP)
     model = hf.LenxForCausalLM(config).eval()
@@ -130,6 +141,8 @@ def export_run(run_dir: Path, out: Path, step: int | None = None, force: bool = 
     try:
         tmp.mkdir(parents=True)
         write_folder(model, tmp, tokenizer, card=card(model, cfg, source, out, tokenizer is not None))
+        if tokenizer is not None:  # lm-eval needs a tokenizer
+            write_tasks(tmp / "lm_eval_tasks")
         check_folder(tmp, model.model)
         _swap(tmp, out)
     except BaseException:
@@ -139,6 +152,7 @@ def export_run(run_dir: Path, out: Path, step: int | None = None, force: bool = 
                 p.rmdir()
         raise
     return {"run": str(run_dir), "folder": str(out), "method": cfg.model.method, "step": source["step"],
+            "steps": source["steps"], "finished": source["finished"],
             "parameters": model.model.num_params(), "tokenizer": tokenizer is not None,
             "files": sorted(p.name for p in out.iterdir())}
 
@@ -172,10 +186,12 @@ def write_tokenizer(folder: Path, tokenizer_file: Path) -> None:
     """The corpus's tokenizer.json as a PreTrainedTokenizerFast folder. A literal <|endoftext|> in a
     text stays text (split_special_tokens), as lenx encodes documents."""
     shutil.copyfile(tokenizer_file, folder / "tokenizer.json")
+    # EOS pads too, as generation_config's pad_token_id says: a batch of prompts pads with it
     write_json(folder / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS_TOKEN,
-                                                  "split_special_tokens": True, "clean_up_tokenization_spaces": False,
+                                                  "pad_token": EOS_TOKEN, "split_special_tokens": True,
+                                                  "clean_up_tokenization_spaces": False,
                                                   "model_input_names": ["input_ids", "attention_mask"]})
-    write_json(folder / "special_tokens_map.json", {"eos_token": EOS_TOKEN})
+    write_json(folder / "special_tokens_map.json", {"eos_token": EOS_TOKEN, "pad_token": EOS_TOKEN})
 
 
 def card(model, cfg, source: dict, out: Path, has_tokenizer: bool) -> str:
@@ -183,9 +199,12 @@ def card(model, cfg, source: dict, out: Path, has_tokenizer: bool) -> str:
     tok = (f'tokenizer = AutoTokenizer.from_pretrained("{out}", trust_remote_code=True)' if has_tokenizer else
            "# a token-level corpus: the model reads token ids, and the folder has no tokenizer")
     m = cfg.model
+    unfinished = "" if source["finished"] else " (the run had not finished training)"
     return CARD.format(method=m.method, version=lenx.__version__, run=source["run"], step=source["step"],
-                       params=model.model.num_params(), n_layer=m.n_layer, d_model=m.d_model, n_head=m.n_head,
-                       train_len=cfg.train.seq_len, corpus=source["corpus"], folder=out, tokenizer_line=tok)
+                       steps=source["steps"], unfinished=unfinished, params=model.model.num_params(),
+                       n_layer=m.n_layer, d_model=m.d_model, n_head=m.n_head, train_len=cfg.train.seq_len,
+                       corpus=source["corpus"], folder=out, tokenizer_line=tok,
+                       lm_eval=LM_EVAL.format(folder=out) if has_tokenizer else "")
 
 
 @torch.no_grad()

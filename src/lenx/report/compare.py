@@ -29,6 +29,7 @@ difference in bits per byte; the report says so in one line. Otherwise ("unit": 
 Numpy only: comparing runs loads no model and no torch.
 """
 
+import errno
 import json
 from pathlib import Path
 import re
@@ -36,7 +37,7 @@ import tomllib
 
 import numpy as np
 
-from ..fileio import write_json
+from ..fileio import OutputError, check_writable_file, write_json
 from .stats import (document_shares, document_win_rate, leave_one_document_out, method_difference, method_interval,
                     same_seeds_difference, window_summary)
 
@@ -66,20 +67,27 @@ def is_compare_output(path: Path) -> bool:
                                                      "runs", "windows", "documents"} <= set(data)
 
 
-def check_out(out: Path, named: bool, force: bool) -> None:
+def check_out(out: Path, named: bool, force: bool) -> str | None:
     """Whether compare may write `out`: a new file; a file of an earlier compare when the user named
-    it (--out) or passed --force; never a file lenx compare did not write."""
+    it (--out) or passed --force; never a file lenx compare did not write (a CompareError), nor a
+    path that cannot be written. An earlier comparison in the default compare.json without --force
+    is kept: the refusal is returned, for after the table is shown."""
     out = Path(out)
     if out.is_dir():
         raise CompareError(f"--out {out} is a folder; give a file name such as {out / 'compare.json'}")
+    try:
+        check_writable_file(out, "--out")
+    except OutputError as e:
+        raise CompareError(str(e)) from None
     if not out.exists() and not out.is_symlink():
-        return
+        return None
     if not is_compare_output(out):
         raise CompareError(f"{out} exists and was not written by lenx compare; lenx does not overwrite it: "
                            "choose another --out, or move that file away")
     if not named and not force:
-        raise CompareError(f"{out} holds an earlier comparison; pass --force to replace it, or --out FILE to "
-                           "write this one elsewhere")
+        return (f"{out} holds an earlier comparison; pass --force to replace it, or --out FILE to write this one "
+                "elsewhere (the table above was not saved)")
+    return None
 
 
 def find_runs(paths: list[Path]) -> list[Path]:
@@ -169,7 +177,8 @@ def load_run(run_dir: Path, label: str | None = None) -> dict:
             "corpus_fingerprint": fingerprint if isinstance(fingerprint, dict) else None,
             "train_len": result.get("train_len"), "step": result.get("step"), "finished": result.get("finished"),
             "windows": windows, "nll": {L: nll[L] for L in lengths}, "delta_p_tokens": result.get("delta_p_tokens"),
-            "short": short, "tails": tails, "tokenizer": tokenizer_of(result), "sizes": _window_sizes(result, len(documents))}
+            "short": short, "tails": tails, "tokenizer": tokenizer_of(result), "sizes": _window_sizes(result, len(documents)),
+            "hf": result.get("kind") == "hf", "labelled": label is not None}
 
 
 def tokenizer_of(result: dict) -> str:
@@ -224,7 +233,15 @@ def _window_array(values, windows: int) -> np.ndarray | None:
 
 def _check_same_windows(runs: list[dict]) -> None:
     """Every run must be evaluated on the first one's windows; the error names the runs that are not."""
+    # the same corpus name prepared anew is another corpus (so are its windows): said first, by name;
+    # an eval.json from before fingerprints says nothing
     first = runs[0]
+    pinned = [run for run in runs if run["corpus_fingerprint"] is not None]
+    other = [run["run"] for run in pinned[1:] if run["corpus_fingerprint"] != pinned[0]["corpus_fingerprint"]]
+    if other:
+        raise CompareError(f"runs evaluated on another version of corpus {first['windows']['corpus']!r} than "
+                           f"{pinned[0]['run']}: {', '.join(other)} (their eval.json records other corpus "
+                           "fingerprints); it was prepared anew in between: compare runs evaluated on the same corpus")
     differ = {}
     for run in runs[1:]:
         keys = [key for key in WINDOW_KEYS if run["windows"][key] != first["windows"][key]]
@@ -234,13 +251,17 @@ def _check_same_windows(runs: list[dict]) -> None:
         listed = "; ".join(f"{run} ({', '.join(keys)})" for run, keys in differ.items())
         raise CompareError(f"runs evaluated on other windows than {first['run']}: {listed}; evaluate every run "
                            "with the same corpus, split, eval.seed, windows, scored tokens and lengths")
-    # the same corpus name prepared anew is another corpus; an eval.json from before fingerprints says nothing
-    pinned = [run for run in runs if run["corpus_fingerprint"] is not None]
-    other = [run["run"] for run in pinned[1:] if run["corpus_fingerprint"] != pinned[0]["corpus_fingerprint"]]
-    if other:
-        raise CompareError(f"runs evaluated on another version of corpus {first['windows']['corpus']!r} than "
-                           f"{pinned[0]['run']}: {', '.join(other)} (their eval.json records other corpus "
-                           "fingerprints); compare runs evaluated on the same corpus")
+
+
+def _hf_apart(runs: list[dict]) -> list[dict]:
+    """`lenx eval --hf` results kept apart from training seeds: one named like a run's method, or like
+    another such result (an export named after its method, e.g. exp/rope), is the method
+    "<name> (hf: <its folder>)", never one more seed of it."""
+    names = [run["method"] for run in runs]
+    taken = {name for name, run in zip(names, runs) if not run["hf"]}
+    return [run | {"method": f"{run['method']} (hf: {run['run']})"}
+            if run["hf"] and run["labelled"] is False and (run["method"] in taken or names.count(run["method"]) > 1)
+            else run for run in runs]
 
 
 def _group(runs: list[dict]) -> dict[str, list[dict]]:
@@ -331,6 +352,7 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
         raise CompareError(f"{len(labels)} labels for {len(run_dirs)} runs")
     runs = [load_run(Path(r), label) for r, label in zip(run_dirs, labels or [None] * len(run_dirs))]
     _check_same_windows(runs)
+    runs = _hf_apart(runs)
     tokenizers = sorted({run["tokenizer"] for run in runs})
     # NLL per token of different tokenizers measures different units: compared per byte of the same text
     unit = "bpb" if len(tokenizers) > 1 else "ppl"
@@ -403,14 +425,23 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
 
 
 def compare_to_file(paths: list[Path], out: Path, named: bool, force: bool, reference: str | None = None,
-                    n: int = 2000, seed: int = 0) -> dict:
+                    n: int = 2000, seed: int = 0, show=None) -> dict:
     """compare_runs over the runs that `paths` name (find_runs), written to `out` as JSON; whether
-    `out` may be written (check_out: `named` by the user, `force`) is checked before any work."""
-    check_out(out, named, force)
+    `out` may be written (check_out: `named` by the user, `force`) is checked before any work.
+    show(result) hears the result before it is written, or before an earlier comparison in `out`
+    refuses to be replaced (a CompareError then: the table is still seen, the old file kept)."""
+    refusal = check_out(out, named, force)
     result = compare_runs(find_runs(paths), reference, n=n, seed=seed)
+    if show is not None:
+        show(result)
+    if refusal:
+        raise CompareError(refusal)
+    out = Path(out)
     try:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
         write_json(out, result)
-    except OSError as e:
-        raise CompareError(f"cannot write --out {out}: {e}") from None
+    except OSError as e:  # e.g. a folder that only root's permission check let through (chattr +i)
+        denied = e.errno in (errno.EACCES, errno.EPERM, errno.EROFS)
+        why = f"{out.parent} is not writable (permission denied)" if denied else (e.strerror or str(e))
+        raise CompareError(f"cannot write --out {out}: {why}") from None
     return result

@@ -51,16 +51,17 @@ def compare_report(result: dict) -> list[Table | str]:
     """The tables and notes (strings) of a compare_runs result, in print order (tables.show)."""
     lengths = [str(L) for L in result["lengths"]]
     pct = f"{100 * result['level']:g}%"
+    bpb = result.get("unit") == "bpb"
+    scale = ("bits per byte: the mean over windows of each window's scored NLL in bits over the bytes of its text"
+             if bpb else "a perplexity's: its mean NLL's, exponentiated")
     where = (f"{result['windows']} windows from {result['documents']} documents; {pct} intervals over documents "
-             f"({result['resamples']} bootstrap resamples, seed {result['seed']}) and seeds (a perplexity's: its mean "
-             "NLL's, exponentiated); †: a method with one seed, "
-             "so the interval covers documents only (or windows from one document: seeds only)")
+             f"({result['resamples']} bootstrap resamples, seed {result['seed']}) and seeds ({scale}); †: a method "
+             "with one seed, so the interval covers documents only (or windows from one document: seeds only)")
     # the in-distribution point (each window's last T_train tokens read alone) where eval.json kept it
     inside = any("in_distribution" in m for m in result["methods"].values())
     if inside:
         where += ("; in distribution: the last T_train tokens of each window read with T_train tokens of input "
                   "(ΔP's first term), over the seeds whose eval.json keeps it (the ΔP table's)")
-    bpb = result.get("unit") == "bpb"
     what = "bits per byte" if bpb else "perplexity"
     ppl = _by_length(f"{what} of the last {result['scored']} tokens, mean over seeds [{pct} interval]", lengths,
                      inside, where)

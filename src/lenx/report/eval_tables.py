@@ -8,10 +8,12 @@ from .tables import Column, Table, columns, to_markdown
 
 def eval_table(results: list[dict]) -> Table:
     """Methods x lengths of eval results, the training length's column marked: perplexity (ΔP).
-    Results that share a method (one per seed) make one row of mean ± sample standard deviation."""
+    A row is named by the result's label where it has one (rope+yarn: a RoPE extension at
+    evaluation), else its method. Results that share it (one per seed) make one row of mean ± sample
+    standard deviation."""
     by_method: dict[str, list[dict]] = {}
     for r in results:
-        by_method.setdefault(r["method"], []).append(r)
+        by_method.setdefault(r.get("label") or r["method"], []).append(r)
     counts = {len(runs) for runs in by_method.values()}
     lengths = sorted({int(L) for r in results for L in r["results"]})
     train_lens = {r["train_len"] for r in results}
@@ -45,12 +47,19 @@ def hf_table(result: dict) -> Table:
     """One evaluation of `lenx eval --hf`: per length (in the corpus's tokens) the model's tokens read,
     its perplexity per token (ΔP), and bits per byte, which compare across tokenizers."""
     tok = result.get("tokenizer") or {}
-    own = "" if tok.get("same_as_corpus") else " read as text in the model's own tokens"
+    same = tok.get("same_as_corpus")
+    own = "" if same else " read as text in the model's own tokens"
     train_len = result["train_len"]
+    caption = "perplexity per model token; bits per byte of the text the scored tokens cover"
+    at_train = (result["results"].get(str(train_len)) or {}).get("input_tokens")
+    if not same:  # the training length is the model's, in its tokens; lenx's lengths count the corpus's
+        caption += (f"; the lengths and the training length {train_len} (ΔP's, the (train) row's) count corpus "
+                    "tokens" + (f": at {train_len} the model reads {statistics.mean(at_train):.0f} of its own"
+                                if at_train else ""))
     table = Table(f"{result['method']}: the last {result['scored']} corpus tokens of each window{own} "
                   f"(trained at {train_len}); {result['window_note']}",
-                  columns("length", "model tokens read", "perplexity (ΔP)", "bits per byte", right_from=1),
-                  caption="perplexity per model token; bits per byte of the text the scored tokens cover")
+                  columns("length" if same else "corpus tokens", "model tokens read", "perplexity (ΔP)",
+                          "bits per byte", right_from=1), caption=caption)
     for L in result["lengths"]:
         row = result["results"][str(L)]
         read = row.get("input_tokens") or []

@@ -341,8 +341,9 @@ def redraw(source: Path, out: Path | None = None) -> list[Path]:
     "curves"); attention*.json -> attention*.png; che.json -> che.md, che_per_length.png;
     eval_<task>.json (passkey, copy) -> eval_<task>_heatmap.png, and retrieval_<task>.png in the
     folder with one curve per method. A run's eval.json
-    is drawn only when it is the source itself or the source folder's own (a sweep's results.json
-    already holds it); the earlier evaluations kept beside it (eval.<key>.json, lenx.evaluation.files) only
+    is drawn alone only when it is the source itself or the source folder's own; the eval.json files
+    of subfolders that no sweep's results.json holds (runs, `lenx eval --hf` results) are drawn
+    together, one line each, into the folder's perplexity.png and delta_p.png; the earlier evaluations kept beside it (eval.<key>.json, lenx.evaluation.files) only
     when named as the source. Returns the written files; PlotError when there is nothing to draw."""
     source = Path(source)
     if not source.exists():
@@ -353,15 +354,19 @@ def redraw(source: Path, out: Path | None = None) -> list[Path]:
         if not written:
             raise PlotError(f"{source}: not a results.json, eval.json, che.json or attention maps file")
         return written
-    written, retrieval = [], {}
+    written, retrieval, loose = [], {}, []
     for path in sorted(source.rglob("*.json")):
         if is_kept(path):
             continue
         folder = (Path(out) / path.parent.relative_to(source)) if out is not None else path.parent
         if path.name == "eval.json" or (path.name.startswith("eval_") and _kind(_read(path)) == "eval"):
             # a run's perplexity (eval.json, eval_rope-*.json): drawn only for the folder itself (the
-            # old `lenx plot RUN_DIR`) when it has no results.json; a collection draws them together
+            # old `lenx plot RUN_DIR`) when it has no results.json; a sweep's results.json holds its
+            # runs' eval.json; the others (runs or `lenx eval --hf` results in subfolders) are drawn together
             if path.parent != source or (source / "results.json").exists():
+                if path.name == "eval.json" and path.parent != source and not _in_sweep(path, source) \
+                        and _kind(data := _read(path)) == "eval":
+                    loose.append((path.parent.relative_to(source), data))
                 continue
         drawn = redraw_file(path, folder)
         if drawn and _kind(data := _read(path)) == "retrieval":
@@ -370,7 +375,28 @@ def redraw(source: Path, out: Path | None = None) -> list[Path]:
     # every model's retrieval under the folder in one figure per task
     for task, results in sorted(retrieval.items()):
         written.append(plot_retrieval_curves(results, (Path(out) if out is not None else source) / f"retrieval_{task}.png"))
+    if loose and not (source / "eval.json").exists() and not (source / "results.json").exists():
+        written += _draw_together(loose, Path(out) if out is not None else source)
     if not written:
         raise PlotError(f"nothing to draw under {source}: no results.json, eval.json, che.json or attention*.json "
                         "with figure data")
+    return written
+
+
+def _in_sweep(path: Path, source: Path) -> bool:
+    """Whether a folder between `source` and the eval.json `path` holds a sweep's results.json."""
+    return any((folder / "results.json").exists() for folder in path.parents
+               if folder == source or source in folder.parents)
+
+
+def _draw_together(evals: list[tuple[Path, dict]], folder: Path) -> list[Path]:
+    """One perplexity figure (and ΔP's) of every eval.json found in subfolders, one line each: a
+    name that two of them share is followed by the folder (they are not seeds of one method, as a
+    sweep's are: `lenx sweep` and `lenx compare` pool seeds)."""
+    names = [_label(r) for _, r in evals]
+    results = [r | {"label": f"{name} ({where})"} if names.count(name) > 1 else r
+               for name, (where, r) in zip(names, evals)]
+    written = [plot_perplexity(results, folder / "perplexity.png")]
+    if any("delta_p" in row for r in results for row in r["results"].values()):
+        written.append(plot_delta_p(results, folder / "delta_p.png"))
     return written
