@@ -8,12 +8,12 @@ ones kept beside them as eval_step<N>.<key>.json), so `lenx eval`, `lenx export`
 `lenx compare` reach them as they reach any kept step. eval.json then waits for a new `lenx eval`.
 """
 
+import hashlib
 import json
 import os
 from pathlib import Path
 import sys
 
-from ..evaluation.files import is_kept, settings_key
 from ..model.checkpoint import keep_weights, weights_dir, weights_step
 
 
@@ -40,17 +40,12 @@ def step_name(path: Path, step: int) -> Path:
 
 
 def _move(path: Path, step: int) -> Path:
-    """Move an evaluation to its step's name; one there already with other settings stays, and this
-    one goes beside it as <name>.<key>.json (as lenx eval keeps an earlier evaluation)."""
+    """Move an evaluation to its step's name; another file there stays, and this one goes beside it
+    as <name>.<key>.json, the key a hash of its bytes (as lenx.evaluation.files keeps a file)."""
     target = step_name(path, step)
-    if target.exists() and not is_kept(target):
-        ours = settings_key(json.loads(path.read_text()))
-        try:
-            theirs = settings_key(json.loads(target.read_text()))
-        except (OSError, ValueError, AttributeError):
-            theirs = None
-        if theirs != ours:
-            target = target.with_name(f"{target.stem}.{ours}.json")
+    if target.exists() and target.read_bytes() != path.read_bytes():
+        key = hashlib.sha256(path.read_bytes()).hexdigest()[:8]
+        target = target.with_name(f"{target.name.split('.')[0]}.{key}.json")
     os.replace(path, target)
     return target
 
