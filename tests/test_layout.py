@@ -256,7 +256,7 @@ MAY_IMPORT = {
     "attention": {"ops", "config", "_memory"},
     "functional": {"attention"},
     "data": {"fileio"},
-    "model": {"attention", "config"},
+    "model": {"attention", "config", "fileio"},
     "runs": {"config", "data", "model"},
     "evaluation": {"attention", "config", "data", "fileio", "model", "runs"},
     "export": {"config", "data", "fileio", "model", "runs"},

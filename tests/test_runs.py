@@ -212,8 +212,11 @@ def test_eval_records_its_checkpoint_and_warns_when_unfinished(data_root, tmp_pa
     evaluate(run, lengths=[64, 128], windows=2, progress=False, rope_scaling="yarn")
     capsys.readouterr()
     train(None, run, resume=True, progress=False)
-    for name in ("eval.json", "eval_copy.json", "eval_rope-yarn.json"):  # they described a checkpoint that is gone
-        assert not (run / name).exists(), name
+    # what they measured is kept, as a kept step: the weights and the evaluations under its names
+    assert (run / "ckpt" / "step_2" / "model.safetensors").is_file()
+    for name, kept in (("eval.json", "eval_step2.json"), ("eval_copy.json", "eval_copy_step2.json"),
+                       ("eval_rope-yarn.json", "eval_step2_rope-yarn.json")):
+        assert not (run / name).exists() and json.loads((run / kept).read_text())["step"] == 2, name
     r = evaluate(run, progress=False)
     assert (r["step"], r["finished"]) == (4, True) and "warning" not in capsys.readouterr().err
 

@@ -17,13 +17,28 @@ def tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}{TMP_MARK}{os.getpid()}")
 
 
+def umask() -> int:
+    """The process's umask (reading it means setting it: put back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def default_mode(path: Path) -> None:
+    """Give the file `path` the permissions a new file gets (0666 less the umask). Some writers
+    (safetensors) create their file readable by its owner only, whatever the umask."""
+    os.chmod(path, 0o666 & ~umask())
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
-    """Yield a temp path to write; it becomes `path` only if the block succeeds."""
+    """Yield a temp path to write; it becomes `path` only if the block succeeds, with the
+    permissions of any new file (default_mode), whatever wrote it."""
     path = Path(path)
     tmp = tmp_name(path)
     try:
         yield tmp
+        default_mode(tmp)
         os.replace(tmp, path)
     finally:
         # On success the temp is already gone; on failure never leave it behind.

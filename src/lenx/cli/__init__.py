@@ -17,10 +17,62 @@ import sys
 
 import typer
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+
+
+class _Conventional:
+    """Help in the usual notation, whatever typer's version: arguments in capitals on the usage line
+    (`lenx eval [OPTIONS] [RUN]`, `lenx prepare [OPTIONS] CORPUS`; typer writes `[run]`, `{corpus}`),
+    and no type beside a flag (typer writes `--help <bool>`)."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for param in params:
+            if param.param_type_name == "argument" and param.metavar is None:
+                param.metavar = param.name.upper()
+            elif getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""  # what typer shows as the flag's type
+        return params
+
+    def collect_usage_pieces(self, ctx):
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = param.metavar + ("..." if param.nargs != 1 else "")
+                pieces.append(name if param.required else f"[{name}]")
+        if isinstance(self, typer.core.TyperGroup):
+            pieces.append(self.subcommand_metavar)
+        return pieces
+
+
+class _Command(_Conventional, typer.core.TyperCommand):
+    pass
+
+
+class _Group(_Conventional, typer.core.TyperGroup):
+    pass
+
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, cls=_Group,
                   help="lenx: train on short sequences, evaluate at long ones, compare attention variants.")
 
-ConfigOpt = typer.Option("tiny", "--config", "-c", help="a TOML file or a preset name (tiny, small, 125m, 350m)")
+
+def _version(value: bool):
+    if value:
+        from .. import __version__
+
+        print(f"lenx {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                          help="print lenx's version and exit")):
+    pass
+
+
+ConfigOpt = typer.Option("tiny", "--config", "-c", help="a TOML file or a preset name (tiny, small, 125m, 350m); "
+                         "tiny (for a CPU) trains on the token-level synthetic corpus: for text, add "
+                         "--set data.corpus=NAME, a corpus made with `lenx prepare NAME`")
 SetOpt = typer.Option(None, "--set", "-s", help="dotted override, repeatable: --set model.method=kerple")
 ProgressOpt = typer.Option(None, "--progress/--no-progress",
                            help="progress bars (default: only when stderr is a terminal, so a piped log gets none)")
@@ -34,7 +86,7 @@ def _command(name: str | None = None):
     paragraph but the first, which then show as lines broken mid-sentence at any terminal width."""
     def register(fn):
         paragraphs = inspect.cleandoc(fn.__doc__).split("\n\n")
-        return app.command(name, help="\n\n".join(" ".join(p.split()) for p in paragraphs))(fn)
+        return app.command(name, cls=_Command, help="\n\n".join(" ".join(p.split()) for p in paragraphs))(fn)
 
     return register
 

@@ -17,6 +17,8 @@ from safetensors import safe_open
 from safetensors.torch import load_model, save_model
 import torch
 
+from ..fileio import atomic_path
+
 
 class CheckpointError(RuntimeError):
     pass
@@ -91,7 +93,8 @@ def save_checkpoint(run_dir: Path, model: torch.nn.Module, state: dict, keep: bo
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     step = int(state["step"])
-    save_model(model, str(tmp / WEIGHTS), metadata={"step": str(step)})
+    with atomic_path(tmp / WEIGHTS) as path:  # with the permissions of a new file, which safetensors does not give
+        save_model(model, str(path), metadata={"step": str(step)})
     torch.save(state, tmp / STATE)
     previous = _current(run_dir)
     for kept in kept_steps(run_dir):
@@ -106,6 +109,20 @@ def save_checkpoint(run_dir: Path, model: torch.nn.Module, state: dict, keep: bo
     os.replace(tmp, final)
     shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def keep_weights(run_dir: Path) -> Path | None:
+    """Keep the run's latest weights as a kept checkpoint of their step, ckpt/step_<N>/ (a hard
+    link), which every later checkpoint carries over; returns that folder, None when the run has no
+    weights of a known step."""
+    d = weights_dir(run_dir)
+    step = weights_step(d) if d is not None else None
+    if step is None:
+        return None
+    kept = d / f"step_{step}"
+    if not (kept / WEIGHTS).is_file():
+        _link(d / WEIGHTS, kept / WEIGHTS)
+    return kept
 
 
 def _link(src: Path, dst: Path) -> None:

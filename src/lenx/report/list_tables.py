@@ -28,7 +28,9 @@ def method_backends() -> list[dict]:
 def methods_table(methods: list[dict]) -> Table:
     """The method_backends() rows as a table."""
     table = Table("lenx methods: names read [processor-][normaliser-]base",
-                  [Column(c) for c in ("method", "description", "backends (CPU)", "backends (CUDA)")])
+                  [Column("method", no_wrap=True)] + [Column(c) for c in ("description", "backends (CPU)",
+                                                                          "backends (CUDA)")],
+                  piped_width=140)  # descriptions and CUDA notes wrap: rows were 409 characters wide
     for m in methods:
         table.add_row(m["method"], m["description"], ", ".join(m["backends"]["cpu"]), ", ".join(m["backends"]["cuda"]))
     return table

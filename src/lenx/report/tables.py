@@ -26,6 +26,7 @@ class Table:
     columns: list[Column]
     rows: list[list[str]] = field(default_factory=list)
     caption: str | None = None
+    piped_width: int | None = None  # printed to a pipe: wrap cells to about this width (no word is cut)
 
     def add_row(self, *cells: str) -> None:
         self.rows.append(list(cells))
@@ -87,7 +88,10 @@ def show(items, console=None) -> None:
             if console.is_terminal:
                 console.print(rendered)
                 continue
-            natural = console.measure(rendered, options=console.options.update_width(1 << 16)).maximum
+            measured = console.measure(rendered, options=console.options.update_width(1 << 16))
+            natural = measured.maximum
+            if item.piped_width:
+                natural = min(natural, max(item.piped_width, measured.minimum))
             width, console.width = console.width, max(console.width, natural)
             console.print(rendered)
             console.width = width

@@ -22,6 +22,7 @@ from ..runinfo import environment, git_commit
 from ..runs import absolute_root, check_run_corpus, open_training_corpus, run_config, run_meta, run_weights
 from . import distributed
 from .batches import Batches, sampling_record, train_batches
+from .evaluated import drop_stale, keep_evaluated
 from .metrics import MetricsLogger, read_metrics
 from .optim import adamw, lr_at
 from .step import NonFiniteLoss, train_step
@@ -385,8 +386,8 @@ def validation_loss(run: TrainingRun) -> float:
 def checkpoint_if_due(run: TrainingRun, done: int, end: int, now: bool = False) -> None:
     """Every train.ckpt_every and train.keep_every steps, at the last step and when `now`: full
     weights and optimizer state, written by rank 0 alone (atomically, see model/checkpoint.py); the
-    other ranks wait so that none runs ahead of a checkpoint that may yet fail. Evaluations of an
-    earlier checkpoint are removed: what they evaluated is gone."""
+    other ranks wait so that none runs ahead of a checkpoint that may yet fail. The checkpoint it
+    replaces is kept, with its evaluations, where it was evaluated (lenx.training.evaluated)."""
     keep_every = run.cfg.train.keep_every
     keep = bool(keep_every) and done % keep_every == 0
     if not (now or keep or done % run.cfg.train.ckpt_every == 0 or done == end):
@@ -399,8 +400,9 @@ def checkpoint_if_due(run: TrainingRun, done: int, end: int, now: bool = False) 
                 plain = LM(run.cfg.model)
             distributed.match_shapes(weights, optim_state, {n: p.shape for n, p in plain.named_parameters()})
             plain.load_state_dict(weights)
+        keep_evaluated(run.run_dir, done)
         save_checkpoint(run.run_dir, plain, _train_state(done, optim_state, run.device), keep=keep)
-        _drop_stale_eval(run.run_dir, done)
+        drop_stale(run.run_dir, done)
     distributed.barrier(run.info)
 
 
@@ -419,20 +421,3 @@ def _set_rng_state(rng: dict, device) -> None:
 
 def _train_state(step, optim_state, device) -> dict:
     return {"step": step, "optimizer": optim_state, "rng": _rng_state(device)}
-
-
-def _drop_stale_eval(run_dir: Path, step: int) -> None:
-    """Every evaluation of the last checkpoint (eval.json, eval_<task>.json, eval_rope-*.json and the
-    earlier ones kept beside them, eval*.<key>.json; not those of kept steps, eval*_step<N>*.json)
-    that is of an earlier step: what it evaluated is gone."""
-    for path in sorted(run_dir.glob("eval*.json")):
-        if "_step" in path.stem:
-            continue
-        try:
-            evaluated = json.loads(path.read_text()).get("step")
-        except (OSError, ValueError, AttributeError):
-            evaluated = None
-        if evaluated != step:
-            path.unlink()
-            print(f"note: removed {path}: it evaluated the checkpoint of step {evaluated}, now replaced by step "
-                  f"{step}", file=sys.stderr)
