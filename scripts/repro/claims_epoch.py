@@ -31,6 +31,7 @@ import numpy as np
 
 from collect import label, load_run as load_finished
 from plan import epoch
+from stability import SEEDS, MORE, stability_text, stable
 
 from lenx.evaluation.evaluate import default_lengths
 from lenx.report.compare import MIN_RESAMPLES, WINDOW_KEYS, CompareError, load_run
@@ -52,6 +53,9 @@ RULE = ("confirmed: the 95% interval lies on the claimed side of the boundary at
         "spread is unknown, so the interval is too narrow for a claim about the method). With two or three seeds "
         "whose spread outweighs the documents', the intervals are somewhat too narrow (87-93% coverage at 95% in "
         "simulation: lenx.report.stats.method_difference).")
+STABILITY = (f"Each verdict is computed with {SEEDS} bootstrap seeds; where they disagree it is computed again "
+             f"with {MORE} times the resamples, and where they still disagree the claim is inconclusive "
+             "(borderline, with the share of seeds giving each verdict).")
 
 
 class ClaimsError(ValueError):
@@ -277,20 +281,26 @@ def evaluate_claim(c: dict, by_T: dict, plan: dict, n: int, seed: int) -> dict:
                            f"({', '.join(differ)})")
     lengths = resolve_lengths(c, plan[T]["lengths"]) or [None]
     documents = np.asarray(first["windows"]["window_documents"])
-    ratio = c["scale"] == "ratio"
-    figures = []
-    for L in lengths:
-        terms = sides(c, by_T, L)
-        if terms is None:
-            return out | {"verdict": "not tested", "missing": [], "figures": [],
-                          "why": "an eval.json keeps no ΔP terms per window (an older lenx eval)"}
-        d = interval(c, terms, documents, n, seed)
-        value, lo, hi = (np.exp([d["diff"], d["lo"], d["hi"]]) if ratio else (d["diff"], d["lo"], d["hi"]))
-        figures.append({"length": L, "value": float(value), "lo": float(lo), "hi": float(hi), "covers": d["covers"],
-                        "verdict": verdict_of(lo, hi, c["threshold"], c["direction"])})
-    found = {f["verdict"] for f in figures}
-    verdict = ("contradicted" if "contradicted" in found else "confirmed" if found == {"confirmed"} else "inconclusive")
-    return out | {"verdict": verdict, "missing": [], "figures": figures, "documents": int(len(np.unique(documents))),
+    terms = {L: sides(c, by_T, L) for L in lengths}
+    if any(t is None for t in terms.values()):
+        return out | {"verdict": "not tested", "missing": [], "figures": [],
+                      "why": "an eval.json keeps no ΔP terms per window (an older lenx eval)"}
+
+    def measure(resamples: int, boot_seed: int) -> tuple[list, str]:
+        figures = []
+        for L in lengths:
+            d = interval(c, terms[L], documents, resamples, boot_seed)
+            value, lo, hi = (np.exp([d["diff"], d["lo"], d["hi"]]) if c["scale"] == "ratio"
+                             else (d["diff"], d["lo"], d["hi"]))
+            figures.append({"length": L, "value": float(value), "lo": float(lo), "hi": float(hi),
+                            "covers": d["covers"], "verdict": verdict_of(lo, hi, c["threshold"], c["direction"])})
+        found = {f["verdict"] for f in figures}
+        return figures, ("contradicted" if "contradicted" in found else "confirmed" if found == {"confirmed"}
+                         else "inconclusive")
+
+    figures, verdict, check = stable(measure, n, seed)
+    return out | {"verdict": verdict, "missing": [], "figures": figures, "stability": check,
+                  "documents": int(len(np.unique(documents))),
                   "covers": "documents only" if any(f["covers"] == "documents only" for f in figures)
                   else "seeds and documents"}
 
@@ -350,17 +360,22 @@ def deciding_figure(r: dict) -> str:
         return r["threshold"] - f["hi"] if r["direction"] == "below" else f["lo"] - r["threshold"]
 
     figures = r["figures"]
-    if r["verdict"] == "confirmed":
+    wrong = [f for f in figures if f["verdict"] == r["verdict"]]
+    if r["verdict"] == "confirmed" or not wrong:  # not wrong: borderline, seed 0 on the claimed side
         chosen, others = min(figures, key=margin), []
         lead = "weakest, " if len(figures) > 1 else ""
     else:
-        wrong = [f for f in figures if f["verdict"] == r["verdict"]]
         chosen, others, lead = wrong[0], wrong[1:], ""
     at = "in distribution" if chosen["length"] is None else f"at {chosen['length']}"
     text = f"{lead}{at}: {value_text(chosen, ratio)}"
     if others:
         text += f" ({r['verdict']} also at {', '.join(str(f['length']) for f in others)})"
     return text
+
+
+def stability_note(r: dict) -> str:
+    text = stability_text(r["stability"]) if "stability" in r else ""
+    return f" ({text})" if text else ""
 
 
 def summary(report: dict) -> str:
@@ -371,7 +386,7 @@ def summary(report: dict) -> str:
     for r in report["claims"]:
         one_seed = " (one seed)" if r.get("covers") == "documents only" else ""
         table.add_row(f"**{r['id']}**: {r['claim']}", r["paper"], r["test"], deciding_figure(r),
-                      f"**{r['verdict']}**{one_seed}")
+                      f"**{r['verdict']}**{one_seed}{stability_note(r)}")
     return to_markdown(table)
 
 
@@ -400,7 +415,7 @@ def markdown(report: dict) -> str:
     lines = ["# Claims of the two papers against the single-epoch runs", "",
              "Made by scripts/repro/claims_epoch.py from claims.toml and runs/<T>/*/eval.json; the numbers are "
              "in claims.json.", "",
-             f"Verdicts: {tally(report)}.", "", f"Rule: {RULE}", "", summary(report), "",
+             f"Verdicts: {tally(report)}.", "", f"Rule: {RULE} {STABILITY}", "", summary(report), "",
              f"The interval: Student's t over the variance of {report['resamples']} bootstrap resamples of the "
              f"documents (seed {report['seed']}) plus the seeds' (lenx.report.stats: method_difference for two "
              "methods, each side's seed-to-seed variance; same_seeds_difference for a method against its own other "
@@ -413,7 +428,7 @@ def markdown(report: dict) -> str:
         claim = f"**{r['id']}**: {r['claim']}" + (f" ({r['note']})" if r.get("note") else "")
         one_seed = " (one seed: documents only)" if r.get("covers") == "documents only" else ""
         table.add_row(claim, r["paper"], r["evidence"], r["test"], figure_text(r), seeds_text(r),
-                      f"**{r['verdict']}**{one_seed}")
+                      f"**{r['verdict']}**{one_seed}{stability_note(r)}")
     lines += [to_markdown(table), "", "## Not tested in the epoch runs", ""]
     untested = Table("claims the epoch plan cannot test, and where REPORT.md covers them",
                      columns("claim", "paper", "paper's evidence", "why not here", "covered in"))
@@ -432,7 +447,7 @@ def write_claims(results: Path, claims_path: Path, n: int = 2000, seed: int = 0,
     plan = planned()
     lengths = {c["train_len"] for c in claims} | {c.get("b_train_len", c["train_len"]) for c in claims}
     by_T = {T: load_length(results, T) for T in sorted(lengths)}
-    report = {"written_by": WRITTEN_BY, "rule": RULE, "level": LEVEL, "resamples": n, "seed": seed,
+    report = {"written_by": WRITTEN_BY, "rule": RULE, "stability_rule": STABILITY, "level": LEVEL, "resamples": n, "seed": seed,
               "claims": [evaluate_claim(c, by_T, plan, n, seed) for c in claims], "untested": untested}
     (results / "claims.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     (results / "claims.md").write_text(markdown(report) + "\n")
