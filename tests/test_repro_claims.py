@@ -11,10 +11,11 @@ import tomllib
 import numpy as np
 import pytest
 
+from _compare import same_json, same_text
 from lenx.config import load_config
 from lenx.evaluation.evaluate import default_lengths
 from lenx.report.compare import compare_runs
-from test_repro_epoch import RESULTS, epoch_plan, fake_run, script, train_sets
+from test_repro_epoch import REPRO as ROOT_SCRIPTS, RESULTS, epoch_plan, fake_run, script, train_sets
 
 CLAIMS = RESULTS / "claims.toml"
 
@@ -47,6 +48,11 @@ def test_every_claim_names_methods_and_lengths_of_the_epoch_plan():
         assert {f"rope-fails-{T}", f"kerple-flat-{T}", f"dape-below-kerple-{T}", f"dapev2-below-dape-{T}",
                 f"dapev2-below-kerple-in-{T}", f"dapev2-below-kerple-beyond-{T}", f"dp-dapev2-positive-{T}",
                 f"dp-rope-negative-{T}", f"sb-competitive-in-{T}"} <= ids
+    # both readings where a paper's claim is ambiguous (issue 44): Kerple flat (its own paper) and
+    # degrading (DAPE V2's baseline); stick-breaking competitive in distribution and beyond
+    for T in ("T128", "T512", "T2048"):
+        assert {f"kerple-flat-{T}", f"kerple-degrades-{T}", f"sb-competitive-in-{T}"} <= ids
+    assert {"sb-competitive-beyond-T128", "sb-competitive-beyond-T512", "sb-below-rope-T2048"} <= ids
     assert {"alibi-flat-T128", "capacity-D10-T128", "capacity-D21-T128", "sb-below-nope-T128", "rope-fails-T2048",
             "sb-2048-to-16384-T2048", "sb-competitive-in-T2048"} <= ids
     untested = {u["id"] for u in data["untested"]}
@@ -60,7 +66,9 @@ SUMMARY_END = "<!-- end of the claims summary -->"
 
 def test_the_committed_claims_table_is_up_to_date(tmp_path):
     """claims.md and claims.json are what the script makes of the committed runs and claims.toml, and
-    REPORT.md carries their summary (a hand edit or a stale copy of it fails here)."""
+    REPORT.md carries their summary (a hand edit or a stale copy of it fails here). Numbers are compared
+    to within rounding noise (tests/_compare.py: another numpy or CPU moves a bootstrap figure in its
+    last digits), every word and verdict exactly."""
     here = tmp_path / "results" / "epoch"
     shutil.copytree(RESULTS, here)
     report_md = RESULTS.parent / "REPORT.md"
@@ -68,9 +76,10 @@ def test_the_committed_claims_table_is_up_to_date(tmp_path):
     shutil.copy(report_md, here.parent / "REPORT.md")
     out = script("claims_epoch.py", "--results", "results/epoch", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    for name in ("claims.md", "claims.json"):
-        assert (here / name).read_text() == (RESULTS / name).read_text(), name
-    assert (here.parent / "REPORT.md").read_text() == report_md.read_text()
+    made, committed = (json.loads((where / "claims.json").read_text()) for where in (here, RESULTS))
+    assert same_json(made, committed) == []
+    assert same_text((here / "claims.md").read_text(), (RESULTS / "claims.md").read_text()) == []
+    assert same_text((here.parent / "REPORT.md").read_text(), report_md.read_text()) == []
     report = json.loads((RESULTS / "claims.json").read_text())
     kerple = {r["id"]: r for r in report["claims"]}["kerple-flat-T128"]
     one_seed = len(kerple["runs"]["kerple"]) == 1
@@ -363,3 +372,38 @@ def test_a_claim_across_training_lengths(results):
         (res / "claims.toml").write_text(CROSS.replace(old, new))
         bad = script("claims_epoch.py", "--results", "results/epoch", cwd=cwd)
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+
+
+def test_a_verdict_that_changes_with_the_bootstrap_seed_is_recomputed_or_called_inconclusive():
+    """scripts/repro/stability.py: a verdict all bootstrap seeds agree on stands at the given resamples;
+    one they disagree on is computed with ten times the resamples, and stands only if they agree there."""
+    import sys
+    sys.path.insert(0, str(ROOT_SCRIPTS))
+    from stability import SEEDS, stable, stability_text
+
+    calls = []
+
+    def measure(n, seed, flaky_until=None):
+        calls.append((n, seed))
+        flaky = flaky_until is None or n < flaky_until
+        return [{"n": n}], "inconclusive" if flaky and seed % 3 == 1 else "confirmed"
+
+    figures, verdict, check = stable(lambda n, s: measure(n, s, flaky_until=0), 2000)
+    assert verdict == "confirmed" and check["resamples"] == 2000 and check["verdicts"] == {"confirmed": SEEDS}
+    assert len(calls) == SEEDS and stability_text(check) == ""
+    figures, verdict, check = stable(lambda n, s: measure(n, s, flaky_until=20000), 2000)
+    assert verdict == "confirmed" and figures == [{"n": 20000}] and check["raised"] and not check["borderline"]
+    assert stability_text(check) == f"the same for {SEEDS} of {SEEDS} bootstrap seeds at 20000 resamples"
+    figures, verdict, check = stable(measure, 2000)
+    assert verdict == "inconclusive" and check["borderline"] and check["verdicts"] == {"confirmed": 13, "inconclusive": 7}
+    assert stability_text(check) == ("borderline: confirmed for 13 of 20 bootstrap seeds, inconclusive for 7, "
+                                     "at 20000 resamples")
+
+
+def test_every_committed_verdict_records_its_stability():
+    report = json.loads((RESULTS / "claims.json").read_text())
+    tested = [r for r in report["claims"] if r["verdict"] != "not tested"]
+    assert tested and all(r["stability"]["seeds"] >= 20 for r in tested)
+    for r in tested:
+        agree = r["stability"]["verdicts"].get(r["verdict"], 0)
+        assert agree == r["stability"]["seeds"] or (r["stability"]["borderline"] and r["verdict"] == "inconclusive"), r["id"]

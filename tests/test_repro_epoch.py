@@ -321,3 +321,29 @@ def test_collect_epoch_refuses_lengths_scored_on_other_windows(trees):
                  cwd=here)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and "was evaluated on other windows than" in lines[0], lines
+
+
+@pytest.mark.slow
+def test_the_committed_tables_are_what_the_collector_makes_of_the_committed_runs(tmp_path):
+    """Every file under results/epoch (tables.md, compare.json, results.json, across.*, claims.*) and
+    REPORT.md's claims summary are what collect_epoch.py makes again of the committed runs: numbers to
+    within rounding noise (tests/_compare.py: another numpy or CPU moves the last digits), the rest
+    exactly. About a minute or two: it recomputes every bootstrap."""
+    from _compare import same_json, same_text
+
+    here = tmp_path / "results" / "epoch"
+    shutil.copytree(RESULTS, here)
+    shutil.copy(RESULTS.parent / "REPORT.md", here.parent / "REPORT.md")
+    out = script("collect_epoch.py", "results/epoch", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    made = sorted(p.relative_to(here) for p in here.rglob("*") if p.is_file())
+    assert made == sorted(p.relative_to(RESULTS) for p in RESULTS.rglob("*") if p.is_file())
+    for name in made:
+        a, b = here / name, RESULTS / name
+        if name.suffix == ".json":
+            assert same_json(json.loads(a.read_text()), json.loads(b.read_text())) == [], name
+        elif name.suffix in (".md", ".txt", ".toml", ".jsonl", ".log"):
+            assert same_text(a.read_text(), b.read_text()) == [], name
+        else:
+            assert a.read_bytes() == b.read_bytes(), name
+    assert same_text((here.parent / "REPORT.md").read_text(), (RESULTS.parent / "REPORT.md").read_text()) == []

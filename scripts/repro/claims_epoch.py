@@ -6,6 +6,8 @@ claims.toml) against what the single-epoch runs of results/epoch measured, with 
 writes <results>/claims.md (a table for people) and <results>/claims.json, and the one-line summary of
 each claim into the REPORT.md beside <results> (between its markers, where it has them).
 collect_epoch.py runs it at its end, so one command updates the tables, the claims and the summary.
+claims_md.py holds the text (the rule, the tables, the summary); stability.py the rule that a verdict
+must not change with the bootstrap's random seed.
 
 Each claim's test compares window NLLs on the same 64 test windows (claims.toml says how): method a
 against method b at each length (b trained at another length with b_train_len: the same tokens spent
@@ -31,11 +33,12 @@ import numpy as np
 
 from collect import label, load_run as load_finished
 from plan import epoch
+from claims_md import RULE, STABILITY, markdown, sync_report, tally
+from stability import stable
 
 from lenx.evaluation.evaluate import default_lengths
 from lenx.report.compare import MIN_RESAMPLES, WINDOW_KEYS, CompareError, load_run
 from lenx.report.stats import delta_p_difference, method_difference, same_seeds_difference
-from lenx.report.tables import Table, columns, to_markdown
 
 WRITTEN_BY = "scripts/repro/claims_epoch.py"
 LEVEL = 0.95
@@ -45,15 +48,6 @@ REQUIRED = ("id", "paper", "claim", "evidence", "train_len", "metric", "a", "dir
 OPTIONAL = ("b", "b_length", "b_train_len", "scale", "threshold", "lengths", "note")
 UNTESTED = ("id", "paper", "claim", "evidence", "why", "report")
 EVERY = re.compile(r"every length >= (\d+)T")
-RULE = ("confirmed: the 95% interval lies on the claimed side of the boundary at every length tested; "
-        "contradicted: it lies on the other side at some length; inconclusive: otherwise (it covers the "
-        "boundary); not tested: a run it needs is missing. Intervals cover the test documents and each "
-        "method's training seeds; \"documents only\" marks a figure where a side has one seed (its seed-to-seed "
-        "spread is unknown, so the interval is too narrow for a claim about the method). With two or three seeds "
-        "whose spread outweighs the documents', the intervals are somewhat too narrow (87-93% coverage at 95% in "
-        "simulation: lenx.report.stats.method_difference).")
-
-
 class ClaimsError(ValueError):
     """A claims.toml that cannot be read or checked; the message is one line for the user."""
 
@@ -277,20 +271,26 @@ def evaluate_claim(c: dict, by_T: dict, plan: dict, n: int, seed: int) -> dict:
                            f"({', '.join(differ)})")
     lengths = resolve_lengths(c, plan[T]["lengths"]) or [None]
     documents = np.asarray(first["windows"]["window_documents"])
-    ratio = c["scale"] == "ratio"
-    figures = []
-    for L in lengths:
-        terms = sides(c, by_T, L)
-        if terms is None:
-            return out | {"verdict": "not tested", "missing": [], "figures": [],
-                          "why": "an eval.json keeps no ΔP terms per window (an older lenx eval)"}
-        d = interval(c, terms, documents, n, seed)
-        value, lo, hi = (np.exp([d["diff"], d["lo"], d["hi"]]) if ratio else (d["diff"], d["lo"], d["hi"]))
-        figures.append({"length": L, "value": float(value), "lo": float(lo), "hi": float(hi), "covers": d["covers"],
-                        "verdict": verdict_of(lo, hi, c["threshold"], c["direction"])})
-    found = {f["verdict"] for f in figures}
-    verdict = ("contradicted" if "contradicted" in found else "confirmed" if found == {"confirmed"} else "inconclusive")
-    return out | {"verdict": verdict, "missing": [], "figures": figures, "documents": int(len(np.unique(documents))),
+    terms = {L: sides(c, by_T, L) for L in lengths}
+    if any(t is None for t in terms.values()):
+        return out | {"verdict": "not tested", "missing": [], "figures": [],
+                      "why": "an eval.json keeps no ΔP terms per window (an older lenx eval)"}
+
+    def measure(resamples: int, boot_seed: int) -> tuple[list, str]:
+        figures = []
+        for L in lengths:
+            d = interval(c, terms[L], documents, resamples, boot_seed)
+            value, lo, hi = (np.exp([d["diff"], d["lo"], d["hi"]]) if c["scale"] == "ratio"
+                             else (d["diff"], d["lo"], d["hi"]))
+            figures.append({"length": L, "value": float(value), "lo": float(lo), "hi": float(hi),
+                            "covers": d["covers"], "verdict": verdict_of(lo, hi, c["threshold"], c["direction"])})
+        found = {f["verdict"] for f in figures}
+        return figures, ("contradicted" if "contradicted" in found else "confirmed" if found == {"confirmed"}
+                         else "inconclusive")
+
+    figures, verdict, check = stable(measure, n, seed)
+    return out | {"verdict": verdict, "missing": [], "figures": figures, "stability": check,
+                  "documents": int(len(np.unique(documents))),
                   "covers": "documents only" if any(f["covers"] == "documents only" for f in figures)
                   else "seeds and documents"}
 
@@ -312,117 +312,6 @@ def describe(c: dict) -> str:
     return f"{left} {'<' if c['direction'] == 'below' else '>'} {threshold}{where} (T {c['train_len']})"
 
 
-def number(x: float, ratio: bool) -> str:
-    return f"{x:.3f}" if ratio else f"{x:+.2f}" if abs(x) < 100 else f"{x:+.0f}"
-
-
-def value_text(f: dict, ratio: bool) -> str:
-    """A figure with its interval: `-0.42 [-0.60, -0.24]`."""
-    return f"{number(f['value'], ratio)} [{number(f['lo'], ratio)}, {number(f['hi'], ratio)}]"
-
-
-def figure_text(r: dict) -> str:
-    if r["verdict"] == "not tested":
-        return r.get("why") or "missing: " + ", ".join(r["missing"])
-    ratio = r.get("scale") == "ratio"
-    return "; ".join(("" if f["length"] is None else f"{f['length']}: ") + value_text(f, ratio) for f in r["figures"])
-
-
-def seeds_text(r: dict) -> str:
-    if r["verdict"] == "not tested":
-        return ""
-    runs = "; ".join(f"{m}: {len(names)} of {len(r['planned'][m])} seeds" for m, names in r["runs"].items())
-    return f"{runs}; {r['documents']} documents" + (" (covers documents only)" if r["covers"] == "documents only" else "")
-
-
-def deciding_figure(r: dict) -> str:
-    """The figure that decides a verdict, in one line: for a confirmed claim the one nearest the boundary
-    (the weakest); otherwise the first on the wrong side (contradicted) or across it (inconclusive), with
-    the other lengths where that happens."""
-    if r["verdict"] == "not tested":
-        if r.get("why"):
-            return r["why"]
-        n, Ts = len(r["missing"]), sorted({int(m.split("/")[1][1:]) for m in r["missing"]})
-        return f"waits for {n} run{'s' if n > 1 else ''} at T {', '.join(map(str, Ts))}"
-    ratio = r.get("scale") == "ratio"
-
-    def margin(f: dict) -> float:  # > 0: the whole interval on the claimed side
-        return r["threshold"] - f["hi"] if r["direction"] == "below" else f["lo"] - r["threshold"]
-
-    figures = r["figures"]
-    if r["verdict"] == "confirmed":
-        chosen, others = min(figures, key=margin), []
-        lead = "weakest, " if len(figures) > 1 else ""
-    else:
-        wrong = [f for f in figures if f["verdict"] == r["verdict"]]
-        chosen, others, lead = wrong[0], wrong[1:], ""
-    at = "in distribution" if chosen["length"] is None else f"at {chosen['length']}"
-    text = f"{lead}{at}: {value_text(chosen, ratio)}"
-    if others:
-        text += f" ({r['verdict']} also at {', '.join(str(f['length']) for f in others)})"
-    return text
-
-
-def summary(report: dict) -> str:
-    """Each claim in one row: the claim, its paper, the figure that decides it and the verdict (REPORT.md
-    carries this table between SUMMARY_BEGIN and SUMMARY_END)."""
-    table = Table("each claim in one line: the figure that decides its verdict, with its 95% interval",
-                  columns("claim", "paper", "test", "lenx [95% interval]", "verdict"))
-    for r in report["claims"]:
-        one_seed = " (one seed)" if r.get("covers") == "documents only" else ""
-        table.add_row(f"**{r['id']}**: {r['claim']}", r["paper"], r["test"], deciding_figure(r),
-                      f"**{r['verdict']}**{one_seed}")
-    return to_markdown(table)
-
-
-SUMMARY_BEGIN = "<!-- claims summary: made by scripts/repro/claims_epoch.py from results/epoch/claims.json -->"
-SUMMARY_END = "<!-- end of the claims summary -->"
-
-
-def sync_report(path: Path, report: dict) -> bool:
-    """Write the summary between the markers of `path` (REPORT.md); False when it has none."""
-    text = path.read_text() if path.is_file() else ""
-    if SUMMARY_BEGIN not in text or SUMMARY_END not in text:
-        return False
-    head, rest = text.split(SUMMARY_BEGIN, 1)
-    tail = rest.split(SUMMARY_END, 1)[1]
-    path.write_text(f"{head}{SUMMARY_BEGIN}\n\n{summary(report)}\n{SUMMARY_END}{tail}")
-    return True
-
-
-def tally(report: dict) -> str:
-    """"1 confirmed, 31 not tested"."""
-    verdicts = [r["verdict"] for r in report["claims"]]
-    return ", ".join(f"{verdicts.count(v)} {v}" for v in sorted(set(verdicts)))
-
-
-def markdown(report: dict) -> str:
-    lines = ["# Claims of the two papers against the single-epoch runs", "",
-             "Made by scripts/repro/claims_epoch.py from claims.toml and runs/<T>/*/eval.json; the numbers are "
-             "in claims.json.", "",
-             f"Verdicts: {tally(report)}.", "", f"Rule: {RULE}", "", summary(report), "",
-             f"The interval: Student's t over the variance of {report['resamples']} bootstrap resamples of the "
-             f"documents (seed {report['seed']}) plus the seeds' (lenx.report.stats: method_difference for two "
-             "methods, each side's seed-to-seed variance; same_seeds_difference for a method against its own other "
-             "length and for ΔP, the variance of each seed's own difference; delta_p_difference for two methods' "
-             "ΔP); a ratio is exp of the difference of seed-mean NLLs.", ""]
-    table = Table("each claim, the paper's evidence, lenx's figure at each length with its 95% interval",
-                  columns("claim", "paper", "paper's evidence", "test", "lenx [95% interval]", "seeds, documents",
-                          "verdict"))
-    for r in report["claims"]:
-        claim = f"**{r['id']}**: {r['claim']}" + (f" ({r['note']})" if r.get("note") else "")
-        one_seed = " (one seed: documents only)" if r.get("covers") == "documents only" else ""
-        table.add_row(claim, r["paper"], r["evidence"], r["test"], figure_text(r), seeds_text(r),
-                      f"**{r['verdict']}**{one_seed}")
-    lines += [to_markdown(table), "", "## Not tested in the epoch runs", ""]
-    untested = Table("claims the epoch plan cannot test, and where REPORT.md covers them",
-                     columns("claim", "paper", "paper's evidence", "why not here", "covered in"))
-    for u in report["untested"]:
-        untested.add_row(f"**{u['id']}**: {u['claim']}", u["paper"], u["evidence"], u["why"], u["report"])
-    lines.append(to_markdown(untested))
-    return "\n".join(lines)
-
-
 def write_claims(results: Path, claims_path: Path, n: int = 2000, seed: int = 0,
                  checked: tuple[list, list] | None = None) -> dict:
     """claims.json and claims.md under `results` from claims.toml (`checked`: load_claims' result,
@@ -432,7 +321,7 @@ def write_claims(results: Path, claims_path: Path, n: int = 2000, seed: int = 0,
     plan = planned()
     lengths = {c["train_len"] for c in claims} | {c.get("b_train_len", c["train_len"]) for c in claims}
     by_T = {T: load_length(results, T) for T in sorted(lengths)}
-    report = {"written_by": WRITTEN_BY, "rule": RULE, "level": LEVEL, "resamples": n, "seed": seed,
+    report = {"written_by": WRITTEN_BY, "rule": RULE, "stability_rule": STABILITY, "level": LEVEL, "resamples": n, "seed": seed,
               "claims": [evaluate_claim(c, by_T, plan, n, seed) for c in claims], "untested": untested}
     (results / "claims.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     (results / "claims.md").write_text(markdown(report) + "\n")

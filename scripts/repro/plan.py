@@ -142,7 +142,8 @@ def epoch_job(method: str, seed: int, extra: tuple = (), name: str | None = None
 def epoch() -> list[dict]:
     """Issue 29 step 4. T 128 (batch 256): the headline methods on seed 0, then their seeds 1 and 2,
     then the one-seed methods, then the capacity control (paper section 4.6) on 2 seeds. Then T 512
-    with the paper's batch (64 x 512) on 2 seeds, then T 2048 (16 x 2048) on 1 seed."""
+    with 64 x 512 (32,768 tokens a step, as at T 128; the paper's batch is 256 x 512) on 2 seeds, then
+    T 2048 (16 x 2048) on 1 seed."""
     headline = ["kerple", "dapev2-kerple", "dape-kerple", "rope", "stickbreaking"]
     jobs = [epoch_job(m, s) for s in (0, 1, 2) for m in headline]
     jobs += [epoch_job(m, 0) for m in ("alibi", "fire", "nope")]
@@ -178,7 +179,7 @@ def controls() -> list[dict]:
                  name=f"sb-attend-current-s{s}") for s in (0, 1)]
     # Figure 5: DAPE on ALiBi and FIRE (run 1 has their DAPE V2 forms).
     jobs += [job("tech-T128", m) for m in ("dape-alibi", "dape-fire")]
-    # Training length 512 with the paper's batch: as many sequences per step as at 128 (4x the tokens);
+    # Training length 512 with as many sequences per step as at 128 (4x the tokens; the paper's batch is 256);
     # the longest small jobs, listed first (DAPE's MLP first) so a session's tail is short.
     jobs += [job("tech-T512-b64", m, seq_len=512, batch_size=TOKENS_PER_STEP // 128, max_length=8192)
              for m in ("dape-kerple", "dapev2-kerple", "stickbreaking", "rope", "kerple")]

@@ -129,11 +129,12 @@ def method_difference(window_nll_a, window_nll_b, documents, n: int = 2000, seed
     and the interval is Student's t with Welch-Satterthwaite degrees of freedom (documents - 1, and
     seeds - 1 per method). A two-level percentile bootstrap (seeds resampled within each method) was
     tried first: with 2-3 seeds it covered a simulated truth only 85-92 % of the time at 95 %
-    (three clusters cannot show their own spread); this covers 95-96 % (tests/test_stats.py) where
-    the documents carry most of the variance. Where 2-3 seeds carry most of it, the degrees of
-    freedom come from the seeds' own (noisy) variance and the interval is too narrow: a simulation
-    with a seed spread 2-7x the documents' covered 87-93 % (2 seeds) and 92-93 % (3 seeds).
-    Each seed's own window noise is counted in both parts: slightly conservative (1-7 % wider on the
+    (three clusters cannot show their own spread). This interval's coverage, measured by
+    scripts/repro/coverage.py (64 documents, 2 or 3 seeds, a seed spread from none to 8x the
+    documents', 1,000 experiments a setting): 93.5-96.3 % at 95 %. tests/report/test_stats.py checks
+    a smaller simulation against an acceptance band of 92-99 % (a check, not a measurement). With 2
+    seeds the seeds' part has one degree of freedom, so single intervals are honest on average but
+    very wide where two seeds lie apart. Each seed's own window noise is counted in both parts: slightly conservative (1-7 % wider on the
     single-epoch runs).
 
     Returns diff, lo, hi; seed_sd_a / seed_sd_b (the spread of the per-seed values; None with one
