@@ -10,7 +10,8 @@ from . import _command, _fail, _user_errors
 
 SIZE_HELP = ("tokens per shard (30M; K, M, G are 10^3, 10^6, 10^9) or bytes per shard file (40MiB, 60MB); "
              "default 30M: 60 MB of uint16 tokens, under 60 MiB even uncompressed, and xz -6 shrinks the code "
-             "corpus's train tokens to 23-25% (three samples of 32 MiB), so a shard travels as about 14 MiB")
+             "corpus's train tokens to 23-25% (three samples of 32 MiB), so a shard travels as about 14 MiB; at most "
+             "1,000 shards (a run sampling at random keeps each one open)")
 
 
 @_command("shard")
@@ -49,6 +50,7 @@ def shard_cmd(corpus: str = typer.Argument(..., help="a prepared corpus (lenx pr
         if check:
             found = check_shards(open_corpus(corpus, root))
         else:
+            open_corpus(corpus, root)  # an unknown or unprepared corpus says so before the folder's access
             check_writable_dir(root / corpus, "the corpus folder")
             if join:
                 joined = join_shards(corpus, root)

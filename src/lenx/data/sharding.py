@@ -24,6 +24,10 @@ from .errors import DataError
 from .layout import index_file, shard_records, shards_dir, tokens_file
 
 DEFAULT_SIZE = "30M"
+# At most this many shards: a run that samples the train split at random maps every shard, and each
+# map holds an open file (a process may commonly open 1,024); the manifest lists every one (a tiny
+# --size once wrote 1.6M files and a 291 MB manifest). At the default size that is 30G tokens.
+MAX_SHARDS = 1000
 CHUNK = 1 << 23  # tokens copied at a time
 
 
@@ -101,6 +105,12 @@ def shard_corpus(name: str, root: Path, size: str = DEFAULT_SIZE, remove_bin: bo
     n = corpus.manifest["splits"]["train"]["tokens"]
     if n == 0:
         raise DataError(f"corpus {name!r} has an empty train split: nothing to shard")
+    count = -(-n // tokens)
+    if count > MAX_SHARDS:
+        raise DataError(f"--size {size} would cut the train split of corpus {name!r} ({n:,} tokens) into {count:,} "
+                        f"shards; lenx writes at most {MAX_SHARDS:,} (a run that samples at random keeps every shard "
+                        f"open, and a process may commonly open 1,024 files): use --size {-(-n // MAX_SHARDS)} or "
+                        f"more (the default, {DEFAULT_SIZE}, makes shards a machine takes one call at a time)")
     _tidy(corpus)
     fingerprint = corpus.fingerprint()  # the manifest's, or computed from the files of an older corpus
     src, stream = corpus.tokens("train"), hashlib.sha256()

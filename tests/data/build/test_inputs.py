@@ -125,12 +125,18 @@ def test_a_folder_of_shards_by_split(tmp_path):
     pq.write_table(table(["a test document " * 5, "another one " * 4, "a third " * 6]), hub / "test-00000-of-00001.parquet")
     train = prepare_corpus("train", tmp_path / "data", from_path=tmp_path / "hub", split="train", **KW)
     assert train["sources"][0]["files"] == 2 and train["cleaning"]["docs_read"] == 40
-    everything = prepare_corpus("all", tmp_path / "data", from_path=tmp_path / "hub", **KW)
-    assert everything["sources"][0]["files"] == 3 and everything["cleaning"]["docs_read"] == 43
+    # Without --split, a folder naming several splits is read as a DatasetDict is: its train split.
+    default = prepare_corpus("default", tmp_path / "data", from_path=tmp_path / "hub", **KW)
+    assert default["sources"][0]["files"] == 2 and default["cleaning"]["docs_read"] == 40
+    assert default["sources"][0]["split"] == "train" and default["sources"][0]["other_splits"] == ["test"]
+    assert open_corpus("default", tmp_path / "data").fingerprint() == open_corpus("train", tmp_path / "data").fingerprint()
+    test = prepare_corpus("test", tmp_path / "data", from_path=tmp_path / "hub", split="test", vocab_size=300,
+                          progress=False, val_frac=0, test_frac=0)
+    assert test["sources"][0]["files"] == 1 and test["cleaning"]["docs_read"] == 3
     with pytest.raises(DataError, match=r"no shard of .* belongs to split 'validation'"):
         prepare_corpus("x", tmp_path / "data", from_path=tmp_path / "hub", split="validation", **KW)
     (hub / "notes.txt").write_text("a text file among the shards\n")
-    with pytest.raises(DataError, match=r"holds data shards \(3 parquet, arrow or JSONL files\) and 1 other files "
+    with pytest.raises(DataError, match=r"holds data shards \(3 parquet, arrow or JSONL files\) and 1 other file "
                                         r"\(data/notes.txt, ...\)"):
         prepare_corpus("x", tmp_path / "data", from_path=tmp_path / "hub", **KW)
 

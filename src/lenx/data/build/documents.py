@@ -75,8 +75,37 @@ def read_docs(name: str, user: UserInput | None, reg: Registries, progress: bool
         raw, records, missing = _gather_builtin(name, BUILTIN_SOURCES[name](), reg, progress, allow_missing)
         docs = scan(f"the sources of {name}", raw, keep_non_text, min_bytes, progress, near_dup)
     if not len(docs):
+        source = records[0] if user is not None else {}
+        skipped = source.get("bad_records_skipped", 0)
+        if skipped and not source.get("lines", source.get("records")):
+            raise DataError(f"no usable documents for {name!r}: all {skipped:,} records of {user.what} were skipped "
+                            f"as bad (--skip-bad-records; the first: {source.get('first_bad_record')}); check "
+                            "--text-field")
         raise DataError(f"no usable documents for {name!r} (all empty or duplicates); check the input")
     return docs, records, missing
+
+
+def input_notes(manifest: dict, shown: str | None = None) -> list[str]:
+    """Lines for `lenx prepare` to print about what it did with the user's input (`shown`: its path as
+    given): files skipped as not text, documents kept with replacements for bytes that are not UTF-8,
+    and the split a folder of shards was read by default."""
+    lines = []
+    for source in manifest.get("sources", []):
+        path = shown or source.get("path")
+        n = source.get("files_skipped_not_text", 0)
+        if n:
+            listed = source.get("skipped_files", [])
+            more = ", ..." if n > len(listed) else ""
+            lines.append(f"skipped {n:,} file{'s' if n != 1 else ''} of {path} that {'is' if n == 1 else 'are'} not "
+                         f"text (a NUL byte in the first 8 KiB): {', '.join(listed)}{more}")
+        if source.get("other_splits"):
+            lines.append(f"read split {source.get('split')} of {path} (also there: {', '.join(source['other_splits'])}); "
+                         "--split to choose")
+    n = manifest.get("cleaning", {}).get("not_utf8_kept_with_replacements", 0)
+    if n:
+        lines.append(f"kept {n:,} document{'s' if n != 1 else ''} with bytes that are not UTF-8, each replaced by "
+                     "U+FFFD (cleaning.not_utf8_kept_with_replacements in the manifest)")
+    return lines
 
 
 def missing_sources(name: str, m: dict) -> list[str]:

@@ -26,9 +26,11 @@ class UserInput:
     """The user's data: its records, read again on every call of `records`, and the manifest's
     record of the source. The first pass, which reads every record, fills in the record's counts."""
 
-    def __init__(self, what: str, record: dict, reader: Reader, record_kind: str = "records"):
+    def __init__(self, what: str, record: dict, reader: Reader, record_kind: str = "records",
+                 files: list[Path] | None = None):
         self.what, self.record, self._reader = what, record, reader
         self.record_kind = record_kind  # what --skip-bad-records leaves out: "lines" or "records"
+        self.files = list(files or [])  # the files read, which the input's fingerprint covers (input_id)
         self._counted = False
 
     def records(self) -> Iterator[tuple[str, str]]:
@@ -44,6 +46,7 @@ def skip_or_fail(counts: dict | None, skip: bool, where: str, problem: str, unit
                         f"such {unit}s out")
     if counts is not None:
         counts["bad_records_skipped"] += 1
+        counts.setdefault("first_bad_record", f"{where}: {problem}")
         key = "bad_record_lines" if unit == "line" else "bad_records"
         listed = counts.setdefault(key, [])
         if len(listed) < LISTED_BAD:
@@ -53,7 +56,8 @@ def skip_or_fail(counts: dict | None, skip: bool, where: str, problem: str, unit
 def text_problem(value, field: str, has_field: bool = True) -> str | None:
     """Why a record's `field` value is not a document's text (a string), or None."""
     if not has_field:
-        return f"has no \"{field}\" field"
+        nested = " (nested fields are not read: flatten the records first)" if "." in field else ""
+        return f"has no \"{field}\" field{nested}"
     if isinstance(value, str):
         return None
     if value is None:
@@ -82,26 +86,28 @@ def _json_type(value) -> str:
 # --- a folder of text files ---------------------------------------------------------
 
 def text_folder(path: Path) -> UserInput:
-    """One document per UTF-8 file of the folder (recursive, hidden files aside); binary files are
-    skipped and counted, never mangled."""
+    """One document per file of the folder (recursive, hidden files aside). A file that is not UTF-8
+    is text in a legacy encoding: kept, its bytes given to cleaning, which replaces the invalid ones
+    with U+FFFD and counts the document. A binary file (a NUL byte in its first 8 KiB) is skipped and
+    counted (the first SKIPPED_LISTED are named), never mangled."""
     files = sorted(p for p in path.rglob("*") if p.is_file()
                    and not any(part.startswith(".") for part in p.relative_to(path).parts))
 
-    def read(counts: dict | None) -> Iterator[tuple[str, str]]:
+    def read(counts: dict | None) -> Iterator[tuple[str, str | bytes]]:
         for p in files:
             data = p.read_bytes()
-            try:
-                text = data.decode("utf-8")
-            except UnicodeDecodeError:
-                text = None
-            if text is None or "\x00" in text[:8192]:
+            name = str(p.relative_to(path))
+            if b"\x00" in data[:8192]:
                 if counts is not None:
                     counts["files_skipped_not_text"] += 1
+                    if len(counts["skipped_files"]) < LISTED_BAD:
+                        counts["skipped_files"].append(name)
                 continue
-            yield str(p.relative_to(path)), text
+            yield name, data
 
-    record = {"name": "user", "path": str(path.resolve()), "files": len(files), "files_skipped_not_text": 0}
-    return UserInput(str(path), record, read)
+    record = {"name": "user", "path": str(path.resolve()), "files": len(files), "files_skipped_not_text": 0,
+              "skipped_files": []}
+    return UserInput(str(path), record, read, files=files)
 
 
 # --- JSONL --------------------------------------------------------------------------
@@ -110,12 +116,19 @@ def jsonl_records(path: Path, label: str, field: str, skip: bool, counts: dict |
                   single: bool = False) -> Iterator[tuple[str, str]]:
     """The documents of a JSONL file (gzipped when it ends in .gz), one line at a time, named
     `label`:LINE; blank lines are no records, a bad one is named by the file's path and line.
-    `single`: the only file of the input (its bad lines are listed by number)."""
+    `single`: the only file of the input (its bad lines are listed by number).
+
+    A line that is not UTF-8 is read with its invalid bytes kept aside (surrogateescape) and its text
+    yielded as bytes, so cleaning replaces them with U+FFFD and counts the document."""
     opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as f:
-        for i, line in enumerate(f):
-            if not line.strip():
+    with opener(path, "rb") as f:
+        for i, raw in enumerate(f):
+            if not raw.strip():
                 continue
+            try:
+                line, valid = raw.decode("utf-8"), True
+            except UnicodeDecodeError:
+                line, valid = raw.decode("utf-8", "surrogateescape"), False
             text, problem = None, None
             try:
                 record = json.loads(line)
@@ -134,7 +147,15 @@ def jsonl_records(path: Path, label: str, field: str, skip: bool, counts: dict |
                 continue
             if counts is not None:
                 counts["lines" if single else "records"] += 1
-            yield f"{label}:{i + 1}", text
+            yield f"{label}:{i + 1}", text if valid else _raw(text)
+
+
+def _raw(text: str) -> bytes:
+    """The bytes of a text read with surrogateescape (invalid UTF-8 stays invalid, for cleaning to count)."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate written as a \u escape as well: invalid either way
+        return text.encode("utf-8", "surrogatepass")
 
 
 def jsonl_file(path: Path, field: str, skip: bool) -> UserInput:
@@ -144,4 +165,4 @@ def jsonl_file(path: Path, field: str, skip: bool) -> UserInput:
     record = {"name": "user", "path": str(path.resolve()), "lines": 0, "bad_records_skipped": 0}
     if field != "text":
         record["text_field"] = field
-    return UserInput(str(path), record, read, record_kind="lines")
+    return UserInput(str(path), record, read, record_kind="lines", files=[path])

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from ..errors import DataError
 from ..layout import FORMAT, SPLITS, check_files, fingerprint_files, read_manifest
 from .documents import missing_sources, open_user_data, read_docs
 from .fetch import Registries
+from .input_id import input_change, input_record
 from .neardup import check_available
 from .neardup import rule as near_dup_rule
 from .nontext import rule
@@ -47,7 +49,7 @@ from .staging import build_aside
 from .synthetic import VOCAB, build_synthetic
 from .text import build_text
 from .tokenizer_file import open_tokenizer
-from .tokenizing import MAX_VOCAB, TOKENIZERS
+from .tokenizing import MAX_VOCAB, TOKENIZERS, check_long_docs
 from .writer import LONG
 
 log = logging.getLogger("lenx.data")
@@ -61,7 +63,8 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | st
                    progress: bool = True, force: bool = False, allow_missing_sources: bool = False,
                    long_test: int | None = None, long_test_tokens: int | None = None,
                    skip_bad_records: bool = False, keep_non_text: bool = False,
-                   text_field: str | None = None, split: str | None = None) -> dict:
+                   text_field: str | None = None, split: str | None = None,
+                   say: Callable[[str], None] | None = None) -> dict:
     """Build `<root>/<name>/` and return its manifest.
 
     Built-in names are in CORPORA; any other name needs `from_path`: a folder of text files, a
@@ -74,9 +77,12 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | st
     the path of a tokenizer.json or a transformers tokenizer folder, used as it is (its vocabulary
     size is its own; over 65536 ids the token files are uint32). Downloads are cached in `cache_dir`
     (default `<root>/.cache`). If the corpus is already prepared with the same
-    settings it is returned as is, unless `force`; a corpus of that name prepared with other
-    settings is replaced only with `force` (a DataError otherwise, before any work), and a
-    folder that is not a corpus never.
+    settings it is returned as is, unless `force`, and `say` (default: the log) is told so; a corpus of
+    that name prepared with other settings, or from the same path whose files have changed since
+    (lenx.data.build.input_id, the manifest's "input"), is replaced only with `force` (a DataError
+    otherwise, before any work), and a folder that is not a corpus never. A corpus prepared before
+    lenx recorded its input has no "input": it is reused as it is (what its input was then is not
+    known, and refusing every such corpus would make its runs' users rebuild it for nothing).
 
     A built-in corpus needs every one of its sources: if one cannot be fetched this
     raises, unless `allow_missing_sources`, which builds from the rest and lists the
@@ -124,10 +130,11 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | st
     folder = root / name
     old = read_manifest(folder)
     if old is not None and not force and _is_prepared(name, folder, old, params, allow_missing_sources):
-        log.info("corpus %s is already prepared at %s", name, folder)
+        (say or log.info)(_reused(name, folder, old, from_path, user))
         return old
     if old is None or not force:
         _check_replace(name, folder, old, params, allow_missing_sources)
+    input_files = input_record(user.files) if user is not None else None
 
     if name != "synthetic":  # read and check the documents before any build folder exists
         reg = Registries(Path(cache_dir) if cache_dir else root / ".cache")
@@ -137,6 +144,7 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | st
             raise DataError(f"no usable documents for {name!r}: all {len(docs)} are non-text "
                             f"({docs.non_text['rule']} >= {docs.non_text['max_share']}); check the input, or pass "
                             "--keep-non-text to keep them")
+        check_long_docs(docs, tokenizer)
         byte_level = tokenizer in TOKENIZERS
         check_docs(name, len(docs) - len(docs.drop), docs.long_bytes if byte_level else None, val_frac, test_frac,
                    long_test, long_test_tokens)
@@ -147,6 +155,8 @@ def prepare_corpus(name: str, root: Path = Path("data"), *, from_path: Path | st
         if name == "synthetic":
             manifest.update(build_synthetic(build, seed, val_frac, test_frac))
         else:
+            if input_files is not None:
+                manifest["input"] = input_files
             manifest.update(sources=records, missing_sources=missing, cleaning=docs.cleaning, non_text=docs.non_text)
             if docs.near_dup is not None:
                 manifest["near_dup"] = docs.near_dup
@@ -171,6 +181,23 @@ def _is_prepared(name: str, folder: Path, m: dict, params: dict, allow_missing: 
     except DataError:
         return False  # broken: rebuild
     return True
+
+
+def _reused(name: str, folder: Path, m: dict, from_path, user) -> str:
+    """The line saying that the corpus prepared already is reused; a DataError when the user's input
+    has changed since it was prepared."""
+    created = m.get("created", "at an unknown time")
+    source = f" from {from_path}" if from_path is not None else ""
+    note = ""
+    if user is not None and not isinstance(m.get("input"), dict):
+        note = " (prepared before lenx recorded its input's content, so a changed input goes unnoticed)"
+    elif user is not None:
+        change = input_change(m["input"], user.files)
+        if change is not None:
+            raise DataError(f"corpus {name!r} at {folder} was prepared {created}{source}, which has changed since "
+                            f"({change}); pass --force to rebuild it (runs trained on it will then refuse to "
+                            "evaluate or generate with the new one), or choose another name")
+    return f"corpus {name} already prepared{source} on {created}: reused{note}; --force rebuilds"
 
 
 CORPUS_FILES = re.compile(r"manifest\.json|tokenizer\.json|(train|val|test)\.(bin|idx\.npy)|train\.shards|\..*\.tmp-\d+")
@@ -249,13 +276,14 @@ def _check_args(name, from_path, tokenizer, vocab_size, val_frac, test_frac, roo
                         f"e.g. `lenx prepare my{name} --from PATH`")
     if from_path is None and (skip_bad_records or text_field is not None or split is not None):
         raise DataError("--skip-bad-records, --text-field and --split apply to your own data given with --from")
+    if name == "synthetic" and (tokenizer != "bpe" or vocab_size is not None):
+        raise DataError(f"--tokenizer and --vocab-size apply to text corpora; the synthetic corpus is generated "
+                        f"token ids (a vocabulary of {VOCAB})")
     if tokenizer not in TOKENIZERS and not Path(tokenizer).expanduser().exists():
         raise DataError(f"unknown tokenizer {tokenizer!r}; use one of {', '.join(TOKENIZERS)}, or the path of a "
                         "tokenizer.json or a transformers tokenizer folder")
     if tokenizer not in TOKENIZERS and vocab_size is not None:
         raise DataError(f"--vocab-size applies to the BPE trained here; the tokenizer {tokenizer} has its own")
-    if tokenizer not in TOKENIZERS and name == "synthetic":
-        raise DataError("--tokenizer applies to text corpora; the synthetic corpus is generated token ids")
     vocab_size = DEFAULT_VOCAB if vocab_size is None else vocab_size
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)):
         raise DataError(f"vocab_size must be an integer, got {vocab_size!r}")

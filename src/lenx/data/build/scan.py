@@ -34,6 +34,7 @@ class Documents:
         self.cleaning, self.non_text = cleaning, non_text
         self.near_dup = near_dup  # the near-duplicate filter's record, None when it did not run
         self.long_bytes = long_bytes  # text documents of at least `min_bytes` UTF-8 bytes (see scan)
+        self.longest = ("", 0)  # the longest document's id and characters
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -77,7 +78,7 @@ def scan(what: str, records: Records, keep_non_text: bool, min_bytes: int = 0, p
     the near-duplicate index while it runs)."""
     cleaner, non_text = Cleaner(), NonTextScan()
     near = NearDupScan() if near_dup else None
-    kept, lengths, long_bytes = bytearray(), array("q"), 0
+    kept, lengths, long_bytes, longest = bytearray(), array("q"), 0, ("", 0)
     with tqdm(desc="reading", unit="doc", unit_scale=True, disable=not progress) as bar:
         for doc_id, data in records():
             text = cleaner.clean(data)
@@ -86,6 +87,8 @@ def scan(what: str, records: Records, keep_non_text: bool, min_bytes: int = 0, p
             if text is None:
                 continue
             lengths.append(len(text))
+            if len(text) > longest[1]:
+                longest = (doc_id, len(text))
             dropped = non_text.add(doc_id, text) and not keep_non_text
             # Non-text documents are neither checked nor kept for near-duplicates (they go anyway).
             if not dropped and near is not None:
@@ -95,5 +98,7 @@ def scan(what: str, records: Records, keep_non_text: bool, min_bytes: int = 0, p
     drop, record = non_text.result(keep_non_text)
     near_drop, near_record = near.result() if near is not None else (drop[:0], None)
     lengths = np.frombuffer(lengths, dtype=np.int64).copy() if lengths else np.zeros(0, dtype=np.int64)
-    return Documents(what, records, kept, lengths, np.union1d(drop, near_drop).astype(np.int64), cleaner.stats,
+    docs = Documents(what, records, kept, lengths, np.union1d(drop, near_drop).astype(np.int64), cleaner.stats,
                      record, long_bytes, near_record)
+    docs.longest = longest
+    return docs

@@ -25,6 +25,8 @@ ROWS = 256  # rows converted to Python strings at a time
 # `datasets` cache's metadata. Any other file makes it ambiguous (a folder of text files with a JSONL?).
 SHARD_FOLDER_EXTRAS = re.compile(r"(README|LICEN[CS]E|CITATION)([-_.].*)?|.*\.(json|yaml|yml|lock)", re.IGNORECASE)
 INSTALL = "pip install 'lenx[hf]'"
+# The split names a folder of shards is read by as a DatasetDict when it names more than one of them.
+USUAL_SPLITS = ("train", "validation", "valid", "val", "dev", "test")
 
 
 def _pyarrow():
@@ -95,8 +97,10 @@ def _check_column(schema, path: Path, field: str) -> None:
     names = schema.names
     if field not in names:
         shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+        nested = ("; nested fields are not read: flatten the table first (datasets' .flatten() names that "
+                  f"column {field})") if "." in field else ""
         raise DataError(f"{path} has no column \"{field}\" (its columns: {shown}); name the text column "
-                        "with --text-field")
+                        f"with --text-field{nested}")
     t = schema.field(field).type
     value_type = t.value_type if pa.types.is_dictionary(t) else t
     is_view = getattr(pa.types, "is_string_view", lambda _: False)  # pyarrow >= 16
@@ -146,7 +150,7 @@ def _files_input(what: str, record: dict, files: list[Path], base: Path, field: 
                 yield from jsonl_records(f, label, field, skip, counts)
             else:
                 yield from table_records(f, label, field, skip, counts)
-    return UserInput(what, record, read)
+    return UserInput(what, record, read, files=files)
 
 
 def table_file(path: Path, field: str, skip: bool) -> UserInput:
@@ -156,25 +160,43 @@ def table_file(path: Path, field: str, skip: bool) -> UserInput:
 
 # --- a folder of shards -------------------------------------------------------------
 
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
+def split_of(path: Path, f: Path, split: str) -> bool:
+    """Whether shard `f` of the folder `path` belongs to `split` (by its folder or its name)."""
+    return split in f.relative_to(path).parts[:-1] or split in re.split(r"[-_.]", f.name)
+
+
 def shard_folder(path: Path, files: list[Path], field: str, split: str | None, skip: bool) -> UserInput:
     """The shards (parquet, arrow, JSONL) of a folder, in path order. With `split`, only those whose
     folder or file name says that split: `train/...`, `train-00000-of-00002.parquet`, `train.jsonl`,
-    `wikitext-train-00000-of-00002.arrow` (the `datasets` cache)."""
+    `wikitext-train-00000-of-00002.arrow` (the `datasets` cache). Without it, a folder whose shards
+    name several of the usual splits (a hub snapshot with train/ and test/) is read as a DatasetDict
+    is: its train split (the record's "other_splits" lists the rest), else an error asking for one."""
     shards = [f for f in files if is_shard(f)]
     others = [f for f in files if not is_shard(f) and not SHARD_FOLDER_EXTRAS.fullmatch(f.name)]
     if others:
-        raise DataError(f"{path} holds data shards ({len(shards)} parquet, arrow or JSONL files) and {len(others)} "
-                        f"other files ({others[0].relative_to(path)}, ...); give a folder of shards only, or a folder "
-                        "of text files only")
+        raise DataError(f"{path} holds data shards ({_plural(len(shards), 'parquet, arrow or JSONL file')}) and "
+                        f"{_plural(len(others), 'other file')} ({others[0].relative_to(path)}, ...); give a folder "
+                        "of shards only, or a folder of text files only")
+    found = [s for s in USUAL_SPLITS if any(split_of(path, f, s) for f in shards)]
+    other_splits = []
+    if split is None and len(found) > 1:
+        if "train" not in found:
+            raise DataError(f"{path} holds the shards of the splits {', '.join(found)}; choose one with --split")
+        split, other_splits = "train", [s for s in found if s != "train"]
     if split is not None:
-        chosen = [f for f in shards if split in f.relative_to(path).parts[:-1]
-                  or split in re.split(r"[-_.]", f.name)]
+        chosen = [f for f in shards if split_of(path, f, split)]
         if not chosen:
             raise DataError(f"no shard of {path} belongs to split {split!r} (none is in a folder {split}/ or has "
                             f"{split!r} in its name, as in {split}-00000-of-00001.parquet); check --split")
         shards = chosen
-    return _files_input(str(path), _files_record(str(path.resolve()), "shards", shards, field, split), shards,
-                        path, field, skip)
+    record = _files_record(str(path.resolve()), "shards", shards, field, split)
+    if other_splits:
+        record["other_splits"] = other_splits
+    return _files_input(str(path), record, shards, path, field, skip)
 
 
 # --- Hugging Face datasets ----------------------------------------------------------

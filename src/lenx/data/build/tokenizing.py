@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -25,6 +26,14 @@ TOKENIZERS = ("bpe", "gpt2")  # besides a path to the user's tokenizer
 MAX_VOCAB = 1 << 32  # ids are stored as uint16, or uint32 beyond 65536 (lenx.data.layout)
 GPT2_EOS_ID = 50256
 ENCODE_BATCH_CHARS = 250_000  # texts are encoded this many characters at a time (their encodings are ~100x bigger)
+# A document longer than ENCODE_BATCH_CHARS is encoded, and trained on, in pieces of at most about
+# PIECE_CHARS, so memory does not grow with it (a 56 MB document took 10 GB whole). The pieces are
+# cut just before a space or line break that follows a non-space character: every pre-tokenizer
+# that cuts_exactly splits there anyway, so the pieces' tokens are the document's.
+PIECE_CHARS = 25_000
+# A user's tokenizer that does not cut exactly encodes a document whole, up to this many characters
+# (~250 MB of encoding); a longer document is refused (check_long_docs).
+MAX_WHOLE_CHARS = 2_000_000
 
 
 def _byte_level(tok: Tokenizer) -> Tokenizer:
@@ -84,7 +93,8 @@ def make_tokenizer(kind: str, docs: Documents, train: np.ndarray, vocab_size: in
         record["source"] = fetched.record()
     elif kind == "bpe":
         # Trained in document order: BPE's merges depend on the counts of words, not on their order.
-        tok = train_bpe(docs.texts(train), vocab_size, n_texts=len(train), progress=progress)
+        texts = (p for text in docs.texts(train) for p in pieces(text))
+        tok = train_bpe(texts, vocab_size, n_texts=len(train), progress=progress)
     else:
         return open_tokenizer(kind)
     record.update(vocab_size=tok.get_vocab_size(), eos_id=tok.token_to_id(EOS_TOKEN), eos_token=EOS_TOKEN,
@@ -92,20 +102,101 @@ def make_tokenizer(kind: str, docs: Documents, train: np.ndarray, vocab_size: in
     return tok, record
 
 
+def pieces(text: str, size: int = PIECE_CHARS, over: int = ENCODE_BATCH_CHARS) -> Iterator[str]:
+    """`text` itself when it has at most `over` characters, else its pieces of at most about `size`
+    characters, each cut just before a space or line break that follows a non-space character (the
+    last such place within `size`, else the first one after it)."""
+    if len(text) <= over:
+        yield text
+        return
+    start = 0
+    while len(text) - start > size:
+        cut = _cut_before(text, start + 1, start + size + 1)
+        if cut is None:
+            break
+        yield text[start:cut]
+        start = cut
+    yield text[start:]
+
+
+def _cut_before(text: str, lo: int, hi: int) -> int | None:
+    """The last place p in [lo, hi) where text[p] is a space or line break and text[p - 1] no
+    whitespace; else the first such place from hi on; None if there is none."""
+    p = hi
+    while True:
+        p = max(text.rfind(" ", lo, p), text.rfind("\n", lo, p))
+        if p < 0:
+            break
+        if not text[p - 1].isspace():
+            return p
+    for m in _CUT.finditer(text, hi - 1):
+        return m.start() + 1
+    return None
+
+
+_CUT = re.compile(r"\S[ \n]")
+
+
+def cuts_exactly(tok: Tokenizer) -> bool:
+    """Whether encoding a text in pieces (see pieces) gives the tokens of the whole text: no
+    normalizer, a pre-tokenizer that splits at those places (byte-level with its regex and no prefix
+    space, as lenx's BPE and GPT-2's; or one splitting at whitespace), and no added token that holds
+    whitespace (it could straddle a cut)."""
+    spec = json.loads(tok.to_str())
+    pre = spec.get("pre_tokenizer") or {}
+    splits = (pre.get("type") in ("Whitespace", "WhitespaceSplit")
+              or (pre.get("type") == "ByteLevel" and pre.get("use_regex", True) and not pre.get("add_prefix_space")))
+    spaced = any(not t.get("special") and any(c.isspace() for c in t.get("content", ""))
+                 for t in spec.get("added_tokens") or [])
+    return spec.get("normalizer") is None and splits and not spaced
+
+
+def check_long_docs(docs: Documents, tokenizer: str) -> None:
+    """A one-line DataError, before any tokenizing, for a document too long to encode whole with a
+    user's tokenizer that does not cut exactly."""
+    doc_id, chars = docs.longest
+    if tokenizer in TOKENIZERS or chars <= MAX_WHOLE_CHARS or cuts_exactly(open_tokenizer(tokenizer)[0]):
+        return
+    raise DataError(f"document {doc_id} of {docs.what} has {chars:,} characters, more than the {MAX_WHOLE_CHARS:,} "
+                    f"lenx encodes whole; it encodes longer ones in pieces cut at whitespace, which gives this "
+                    f"tokenizer's tokens only without a normalizer and with a byte-level or whitespace "
+                    f"pre-tokenizer, which {tokenizer} lacks: split that document, or use --tokenizer bpe or gpt2")
+
+
 def encode_docs(tok: Tokenizer, texts: Iterable[str], dtype: str = "uint16",
                 batch_chars: int | None = None) -> Iterator[np.ndarray]:
-    """Token ids (as `dtype`) of each text, in order; batched so all cores work and memory stays flat."""
+    """Token ids (as `dtype`) of each text, in order; batched so all cores work and memory stays flat
+    (a long text in pieces, when the tokenizer cuts_exactly)."""
     encode = getattr(tok, "encode_batch_fast", tok.encode_batch)  # _fast skips offsets
     batch_chars = ENCODE_BATCH_CHARS if batch_chars is None else batch_chars
+    cut = cuts_exactly(tok)
+
+    def ids(batch):
+        return [np.asarray(enc.ids, dtype=dtype) for enc in encode(batch, add_special_tokens=False)]
+
     batch, size = [], 0
     for text in texts:
+        if cut and len(text) > ENCODE_BATCH_CHARS:
+            if batch:
+                yield from ids(batch)
+                batch, size = [], 0
+            parts, group, size = [], [], 0
+            for piece in pieces(text):
+                if group and size + len(piece) > batch_chars:
+                    parts += ids(group)
+                    group, size = [], 0
+                group.append(piece)
+                size += len(piece)
+            yield np.concatenate(parts + ids(group))
+            size = 0
+            continue
         if batch and size + len(text) > batch_chars:
-            yield from (np.asarray(enc.ids, dtype=dtype) for enc in encode(batch, add_special_tokens=False))
+            yield from ids(batch)
             batch, size = [], 0
         batch.append(text)
         size += len(text)
     if batch:
-        yield from (np.asarray(enc.ids, dtype=dtype) for enc in encode(batch, add_special_tokens=False))
+        yield from ids(batch)
 
 
 def count_tokens(tok: Tokenizer, docs: Documents, progress: bool) -> np.ndarray:
