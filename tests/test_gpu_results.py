@@ -35,15 +35,45 @@ def test_kernel_hash_covers_kernel_code_only(tmp_path, monkeypatch):
 
     src = Path(runinfo.__file__).parent
     shutil.copytree(src / "ops", tmp_path / "ops")
+    shutil.copytree(src / "attention", tmp_path / "attention")
     shutil.copy(src / "runinfo.py", tmp_path / "runinfo.py")
     monkeypatch.setattr(runinfo, "__file__", str(tmp_path / "runinfo.py"))
     before = runinfo.kernel_sources_hash()
     kernel = tmp_path / "ops" / "dape_v2" / "skewed.py"
     text = kernel.read_text()
     kernel.write_text(text.replace('"""', '"""Reworded. ', 1) + "\n# a comment\n")
-    (tmp_path / "ops" / "dape_v2" / "reference.py").write_text("# a reference moved\n")
+    reference = tmp_path / "ops" / "dape_v2" / "reference.py"
+    ref_text = reference.read_text()
+    reference.write_text(ref_text.replace("def dape_v2_tables", "def unrelated_helper():\n    return 1\n\n\ndef dape_v2_tables", 1))
     assert runinfo.kernel_sources_hash() == before
+    reference.write_text(ref_text)
     kernel.write_text(text.replace("0.01 * y", "0.02 * y", 1))
+    assert runinfo.kernel_sources_hash() != before
+    kernel.write_text(text)
+
+
+def test_kernel_hash_covers_host_tables_and_routing(tmp_path, monkeypatch):
+    """dape_v2_tables (what the fused kernels read) and the routing in fused.py decide what runs
+    on the GPU: changing either's code changes the hash; other reference code does not."""
+    import shutil
+
+    import lenx.runinfo as runinfo
+
+    src = Path(runinfo.__file__).parent
+    shutil.copytree(src / "ops", tmp_path / "ops")
+    shutil.copytree(src / "attention", tmp_path / "attention")
+    shutil.copy(src / "runinfo.py", tmp_path / "runinfo.py")
+    monkeypatch.setattr(runinfo, "__file__", str(tmp_path / "runinfo.py"))
+    before = runinfo.kernel_sources_hash()
+    reference = tmp_path / "ops" / "dape_v2" / "reference.py"
+    text = reference.read_text()
+    head, tables = text.split("def dape_v2_tables", 1)
+    reference.write_text(head + "def dape_v2_tables" + tables.replace("\n", "\n    _ = 0\n", 1))
+    assert runinfo.kernel_sources_hash() != before
+    reference.write_text(text)
+    assert runinfo.kernel_sources_hash() == before
+    fused = tmp_path / "attention" / "backends" / "fused.py"
+    fused.write_text(fused.read_text() + "\nROUTE_CHANGED = 1\n")
     assert runinfo.kernel_sources_hash() != before
 
 

@@ -50,7 +50,8 @@ def kernel_sources_hash() -> str:
     """SHA-256 over lenx.ops's kernel files: which kernels a GPU test run or a benchmark measured
     (results/gpu-tests/summary.json records it for the last device run). Kernel files are every
     module of lenx.ops but the references, the CPU emulation and the package docstrings
-    (reference.py, emulate.py, __init__.py), each hashed as its syntax tree without docstrings, so
+    (reference.py, emulate.py, __init__.py), plus the code named in HASHED_CODE (the host tables
+    and the kernel routing), each hashed as its syntax tree without docstrings, so
     that a comment, a docstring or the layout of a line does not ask for a new GPU run. The tree is
     written out by _tree_text, not ast.dump, whose text differs between Python versions."""
     import ast
@@ -63,7 +64,21 @@ def kernel_sources_hash() -> str:
             continue
         tree = _tree_text(ast.parse(path.read_text())).encode()
         h.update(path.relative_to(ops).as_posix().encode() + b"\0" + tree + b"\0")
+    # Code outside those files that changes what runs on the GPU: the host tables the fused
+    # DAPE V2 kernels read, and the routing that picks a kernel (names None: the whole file).
+    for rel, names in HASHED_CODE:
+        tree = ast.parse((Path(__file__).parent / rel).read_text())
+        found = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        for node in [tree] if names is None else [found[name] for name in names]:
+            h.update(rel.encode() + b"\0" + _tree_text(node).encode() + b"\0")
     return h.hexdigest()
+
+
+# (file under src/lenx, its top-level functions hashed, or None: all of it) added to the kernel hash
+HASHED_CODE = (
+    ("ops/dape_v2/reference.py", ("dape_v2_tables",)),
+    ("attention/backends/fused.py", None),
+)
 
 
 def _tree_text(node) -> str:

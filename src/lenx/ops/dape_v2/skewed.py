@@ -494,10 +494,10 @@ def _to_slots(SRC, DST, T, H: tl.constexpr, HP: tl.constexpr, BR: tl.constexpr, 
 # 64 x 64 it spilled 1,072 bytes in an offline sm_90a compile (scripts/tune/compile_skewed.py), 64 x 32 none.
 # The conv kernels at 3 stages: their row loops are latency-bound at one CTA per SM, and the pipeliner
 # stages the slot-minor gathers (cp.async) a tile ahead (0.66 against 1.36 ms for _conv_dy at 1 stage,
-# results/bench/h100_skewed_slots/).
+# results/bench/h100_skewed_slots/). conv_f 16 rows, conv_dy 4 warps: the issue-28 tile sweep (-0.045, -0.06 ms at 512).
 CONFIG = {"scores": (64, 64, 4, 2), "attn_fwd": (64, 32, 4, 2), "attn_bwd": (64, 64, 4, 2),
-          "dq": (64, 64, 4, 2), "dk": (64, 64, 4, 2), "conv_z": (8, 16, 8, 3), "conv_f": (8, 16, 8, 3),
-          "conv_dy": (8, 16, 8, 3), "conv_dx": (8, 16, 8, 3), "to_slots": (8, 64, 4, 1)}
+          "dq": (64, 64, 4, 2), "dk": (64, 64, 4, 2), "conv_z": (8, 16, 8, 3), "conv_f": (16, 16, 8, 3),
+          "conv_dy": (8, 16, 4, 3), "conv_dx": (8, 16, 8, 3), "to_slots": (8, 64, 4, 1)}
 # fp32 (the exactness tests): one stage, as the staged fp32 tiles would spill and fill shared memory
 CONFIG_FP32 = {**CONFIG, "scores": (32, 32, 4, 1), "attn_fwd": (32, 32, 4, 1), "attn_bwd": (32, 32, 4, 1),
                "dq": (32, 32, 4, 1), "dk": (32, 32, 4, 1), "conv_z": (8, 16, 8, 1), "conv_f": (8, 16, 8, 1),
