@@ -9,6 +9,7 @@ list of fetched documents, or a source's files read again (the kernel tree of `c
 from __future__ import annotations
 
 from array import array
+import re
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -20,6 +21,10 @@ from .neardup import NearDupScan
 from .nontext import NonTextScan
 
 Records = Callable[[], Iterable[tuple[str, "str | bytes"]]]  # the (doc_id, text or bytes) records, from the start
+# The tokenizers encode a long document in pieces cut at spaces and line breaks; a stretch without
+# either is one pre-token, whose BPE grows with its length (a 3.9M-character one took over an hour),
+# so a kept document holding a longer one is refused while it is read.
+MAX_UNBROKEN = 1_000_000
 
 
 class Documents:
@@ -93,6 +98,8 @@ def scan(what: str, records: Records, keep_non_text: bool, min_bytes: int = 0, p
             # Non-text documents are neither checked nor kept for near-duplicates (they go anyway).
             if not dropped and near is not None:
                 dropped = near.add(len(lengths) - 1, doc_id, text)
+            if not dropped and len(text) > MAX_UNBROKEN:
+                _check_unbroken(what, doc_id, text)
             if not dropped:
                 long_bytes += bool(min_bytes) and len(text.encode("utf-8", "surrogatepass")) >= min_bytes
     drop, record = non_text.result(keep_non_text)
@@ -102,3 +109,16 @@ def scan(what: str, records: Records, keep_non_text: bool, min_bytes: int = 0, p
                      record, long_bytes, near_record)
     docs.longest = longest
     return docs
+
+
+def _check_unbroken(what: str, doc_id: str, text: str) -> None:
+    """A one-line DataError for a text holding more than MAX_UNBROKEN characters with no space or
+    line break among them (one linear pass)."""
+    for run in _UNBROKEN.finditer(text):
+        if run.end() - run.start() > MAX_UNBROKEN:
+            raise DataError(f"document {doc_id} of {what} holds {run.end() - run.start():,} characters without a "
+                            f"space or line break (from character {run.start():,}); lenx tokenizes at most "
+                            f"{MAX_UNBROKEN:,} such characters in one piece: split or remove that document")
+
+
+_UNBROKEN = re.compile(r"[^ \n]+")
