@@ -138,3 +138,77 @@ def test_stops_end_each_continuation(runs):
     streamed = lenx("generate", "rope", "--prompt", prompts[0], "--max-new-tokens", "8", "--stop", pair,
                     "--temperature", "0", cwd=runs)
     assert streamed.returncode == 0 and streamed.stdout.split() == [str(t) for t in first[:end - 2]], streamed.stdout
+
+
+def one_line_error(out) -> str:
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
+    assert "Traceback" not in out.stderr
+    return lines[0]
+
+
+def test_prompt_files_that_are_not_utf8_are_one_line(runs):
+    (runs / "bad8.txt").write_bytes(b"1 2\xff\xfe\n")
+    for option in ("--prompts-file", "--prompt-from-file"):
+        line = one_line_error(lenx("generate", "rope", option, "bad8.txt", cwd=runs))
+        assert line == f"error: {option} bad8.txt is not UTF-8 (byte 0xff at 3)"
+
+
+def test_the_old_prompt_file_name_says_which_option_to_use(runs):
+    (runs / "one.txt").write_text("5 17\n3 9\n")
+    line = one_line_error(lenx("generate", "rope", "--prompt-file", "one.txt", cwd=runs))
+    assert "--prompt-from-file" in line and "--prompts-file" in line
+    # --prompt-from-file: the whole file (both lines) is one prompt
+    out = continuation(runs, "--prompt-from-file", "one.txt", "--max-new-tokens", "2")
+    assert len(out["outputs"]) == 1 and out["prompt_tokens"] == 4 and out["prompt"] == "5 17\n3 9\n"
+    help_text = lenx("generate", "--help", columns=200).stdout
+    assert "--prompt-from-file" in help_text and "ONE prompt" in help_text and "SEVERAL prompts" in help_text
+    assert "--prompt-file " not in help_text  # the old name is hidden
+
+
+def test_json_output_names_each_prompt(runs):
+    out = continuation(runs, "--prompt", "5 17 3 9", "--prompt", "8", "--max-new-tokens", "2")
+    assert [o["prompt"] for o in out["outputs"]] == ["5 17 3 9", "8"]
+
+
+def test_a_bad_backend_is_the_error_eval_gives(runs):
+    for backend in ("nosuch", "triton"):
+        generate = one_line_error(lenx("generate", "rope", "--prompt", "1 2", "--backend", backend, "--device", "cpu",
+                                       cwd=runs))
+        evaluate = one_line_error(lenx("eval", "rope", "--backend", backend, "--device", "cpu", cwd=runs))
+        assert generate == evaluate and "model.backend" in generate
+    from lenx.attention.backends import BACKENDS
+    from lenx.cli.evaluate import BACKEND_CHOICES
+
+    assert BACKEND_CHOICES == ", ".join(("auto", *BACKENDS[:-1])) + f" or {BACKENDS[-1]}"
+    for command in ("generate", "eval"):
+        assert BACKEND_CHOICES in " ".join(lenx(command, "--help", columns=300).stdout.split())
+
+
+def test_a_cache_that_cannot_fit_is_refused_before_loading(runs):
+    line = one_line_error(lenx("generate", "rope", "--prompt", "1 2", "--max-new-tokens", "100000000",
+                               "--max-context", "200000000", "--device", "cpu", cwd=runs))
+    assert "the KV cache of 100,000,002 slots" in line and "GB available; lower --max-new-tokens" in line
+    assert "--no-memory-check" in line
+
+
+def test_options_are_checked_before_the_run_is_read():
+    # no run folder at all: the option's own error, not the run's
+    line = one_line_error(lenx("generate", "nowhere", "--prompt", "1", "--top-k", "-1"))
+    assert "--top-k must be >= 0" in line
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("extra", [["--json"], [], ["--prompt", "8"]])
+def test_a_full_stdout_is_one_line(runs, extra):
+    import subprocess
+    import sys
+
+    from test_cli import SRC
+
+    with open("/dev/full", "w") as full:
+        out = subprocess.run([sys.executable, "-m", "lenx", "generate", "rope", "--prompt", "5 17", "--max-new-tokens",
+                              "2", *extra], stdout=full, stderr=subprocess.PIPE, text=True, timeout=600, cwd=runs,
+                             env={**__import__("os").environ, "PYTHONPATH": str(SRC)})
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "Exception ignored" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "error: cannot write the output to stdout: No space left on device"

@@ -80,3 +80,28 @@ def test_a_decode_step_s_operators_per_layer(method, fp32, bf16):
     for precision, (whole, per_layer) in (("fp32", fp32), ("bf16", bf16)):
         one, two = (step_kernels(method, n, precision == "bf16") for n in (1, 2))
         assert one <= whole and two - one <= per_layer, (method, precision, one, two - one)
+
+
+def test_a_second_generate_of_the_same_shape_does_not_compile_again():
+    """generate(decoding="compile") keeps its compiled step per model and shape: the second call of
+    the same shape compiles no graph (torch._dynamo's count of compiled graphs), gives the eager
+    tokens, and sees weights changed in place between the calls; another shape compiles its own."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = model_for("kerple", n_layer=1).float()
+    prompts = [torch.randint(0, V, (n,)) for n in (5, 2)]
+    graphs = lambda: counters["stats"]["unique_graphs"]  # noqa: E731
+    before = graphs()
+    generate(model, prompts, 4, temperature=0, decoding="compile")
+    first = graphs()
+    assert first > before  # the first call compiled
+    with torch.no_grad():  # weights changed in place: the kept step must read them, not a copy
+        model.lm_head.weight.mul_(-1)
+    again = generate(model, prompts, 4, temperature=0, decoding="compile")
+    assert graphs() == first
+    assert torch.equal(again["tokens"], generate(model, prompts, 4, temperature=0)["tokens"])
+    generate(model, prompts, 7, temperature=0, decoding="compile")  # a longer cache: another shape
+    assert graphs() > first
+    torch._dynamo.reset()

@@ -17,13 +17,12 @@ Library use: decode_bench(...) -> dict (also written as JSON); its table: lenx.r
 from dataclasses import replace
 import gc
 import inspect
-import json
 import statistics
 import time
 
 import torch
 
-from .common import is_oom
+from .common import is_oom, write_result
 
 DECODE_METHODS = ("rope", "kerple", "dapev2-kerple", "stickbreaking")
 CONTEXTS = (1024, 8192, 32768)
@@ -209,8 +208,7 @@ def decode_bench(methods=DECODE_METHODS, contexts=CONTEXTS, batches=BATCHES, pre
         if log:
             log(_decode_line(row))
         if out_path:
-            with open(out_path, "w") as f:
-                json.dump(result, f, indent=1)
+            write_result(out_path, result)
 
     grid = [(context, batch) for context in contexts for batch in batches]
     if gpt2_modes:
@@ -232,8 +230,7 @@ def decode_bench(methods=DECODE_METHODS, contexts=CONTEXTS, batches=BATCHES, pre
         del model
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if out_path:
-        with open(out_path, "w") as f:
-            json.dump(result, f, indent=1)
+        write_result(out_path, result)
     return result
 
 

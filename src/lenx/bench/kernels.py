@@ -15,7 +15,6 @@ Whole training steps: lenx.bench.train_step. Tile sweeps and kernel probes are l
 (scripts/tune/), which time with median_ms.
 """
 
-import json
 import platform
 import statistics
 import sys
@@ -25,7 +24,7 @@ import torch
 
 from ..attention import Attention, AttentionConfig
 from ..attention.backends import run_backend, unsupported_reason
-from .common import is_oom
+from .common import is_oom, write_result
 
 METHODS = ("sdpa", "kerple", "dapev2-kerple", "stickbreaking")
 BACKENDS = ("sdpa", "flex", "triton", "chunked", "dense")
@@ -197,12 +196,10 @@ def run_bench(methods=METHODS, lengths=LENGTHS, batch: int = 1, heads: int = 12,
                     log(_row_line(row))
         _add_ratios(result)
         if out_path:
-            with open(out_path, "w") as f:
-                json.dump(result, f, indent=1)
+            write_result(out_path, result)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if out_path:
-        with open(out_path, "w") as f:
-            json.dump(result, f, indent=1)
+        write_result(out_path, result)
     return result
 
 

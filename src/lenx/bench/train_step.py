@@ -11,14 +11,13 @@ lenx.report.bench_tables.
 
 from dataclasses import replace
 import gc
-import json
 import statistics
 import time
 import warnings
 
 import torch
 
-from .common import is_oom
+from .common import is_oom, write_result
 
 TRAIN_STEP_METHODS = ("sdpa", "rope", "alibi", "kerple", "fire", "dape-kerple", "dapev2-kerple")
 KERPLE = "kerple"  # the method that step_gpu_x_kerple and wall_x_kerple divide by
@@ -137,11 +136,22 @@ def _check_backend_overrides(backend_overrides: dict, methods, model_cfg, device
             raise ConfigError(f"{method}={backend}: {e}") from None
 
 
+def _check_memory(model_cfgs: dict, batch_size: int, seq_len: int, device) -> None:
+    """The guard `lenx train` has (lenx.model.memory), per method, before any model is built: a step
+    that would not fit is a one-line ConfigError, not minutes of swapping or an allocator's traceback."""
+    from ..model.memory import check_memory, estimate_memory
+
+    for method, model_cfg in model_cfgs.items():
+        estimate = estimate_memory(model_cfg, batch_size, seq_len, device)
+        check_memory(estimate, device, f"{method}: a training step of {batch_size} sequences of {seq_len} tokens",
+                     "lower --seq-len or --batch")
+
+
 def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 512, batch_size: int = 32,
                      vocab_size: int = 16384, steps: int = 20, warmup: int = 5, device: str = "cuda",
                      reference: str = "dapev2-kerple", backend_overrides: dict[str, str] | None = None,
                      overrides: list[str] | None = None, *, profile_steps: int = 4, commit: str | None = None,
-                     command: str | None = None, out_path=None, log=print) -> dict:
+                     command: str | None = None, out_path=None, log=print, memory_check: bool = True) -> dict:
     """Time per training step and peak memory of the whole model, per method (the DAPE V2 paper's
     table 7): the `preset` model with each method, random tokens, AdamW, bf16 autocast on CUDA.
     Each row has the median and mean wall ms/step (each step synchronized), tokens/s, peak GiB (None
@@ -150,7 +160,8 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
     the GPU kernel time of a step and of its attention (_profile_steps; CPU op time on a CPU), and
     the ratios of _add_train_step_ratios (attn_x_sdpa, step_gpu_x_kerple, wall_x_kerple).
     A method that fails (out of memory included) gets a row with "error" and the others still run.
-    backend_overrides: {method: backend} forces an attention backend for that method."""
+    backend_overrides: {method: backend} forces an attention backend for that method. memory_check:
+    first refuse (one line) a method whose step would not fit the device's memory, as training does."""
     from ..attention.methods import parse_method
     from ..config import ConfigError, load_config
     from ..model import check_config
@@ -167,6 +178,10 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
     for method in methods:  # a typo is an error now, not a row after minutes of benchmarking
         parse_method("nope" if method == "sdpa" else method)
     _check_backend_overrides(backend_overrides, methods, cfg.model, dev)
+    model_cfgs = {method: replace(cfg.model, method="nope" if method == "sdpa" else method, vocab_size=vocab_size,
+                                  backend=backend_overrides.get(method, cfg.model.backend)) for method in methods}
+    if memory_check:
+        _check_memory(model_cfgs, batch_size, seq_len, dev)
     env = environment(dev)
     result = {
         "benchmark": "train_step",
@@ -189,10 +204,8 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
         "rows": [],
     }
     for method in methods:
-        model_cfg = replace(cfg.model, method="nope" if method == "sdpa" else method, vocab_size=vocab_size,
-                            backend=backend_overrides.get(method, cfg.model.backend))
         try:
-            row = _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, steps, warmup, dev,
+            row = _train_step_row(method, model_cfgs[method], cfg, batch_size, seq_len, vocab_size, steps, warmup, dev,
                                   profile_steps)
         except Exception as err:  # noqa: BLE001  (a method that fails is a result; the others still run)
             kind = "oom" if is_oom(err) else "error"
@@ -207,8 +220,7 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
     _add_train_step_ratios(result, reference)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     if out_path:
-        with open(out_path, "w") as f:
-            json.dump(result, f, indent=1)
+        write_result(out_path, result)
     return result
 
 

@@ -74,6 +74,11 @@ PRESETS = {
 }
 
 
+# What `lenx che` tests without --force: this many times the work of the paper's test (lengths 41..500,
+# 512 samples each), counted as samples x (tokens of an input)^2 summed over the test lengths
+TEST_BUDGET = 10
+
+
 def runs_causally(method: str) -> bool:
     """Stick-breaking and CoPE have no bidirectional form (both walk the keys from the query
     backwards), so in CHE they are causal; every other method sees the whole sequence."""
@@ -131,6 +136,33 @@ def check_che_memory(cfg: CHEConfig) -> None:
                              lower)
             except ConfigError as e:
                 raise CHEError(str(e)) from None
+
+
+def check_test_size(cfg: CHEConfig) -> None:
+    """Refuse, in one line, a test whose work exceeds TEST_BUDGET times the paper's (counted as there) for
+    each task, method and seed: it names its size and the longest --test-max-length within the bound.
+    The sum stops at the bound, so a test of hours is refused in milliseconds."""
+    tasks = [get_task(t) for t in cfg.tasks]
+    work = lambda n: max((t.input_length(n) + t.output_length(n)) ** 2 for t in tasks)  # noqa: E731
+    paper = CHEConfig()
+    budget = TEST_BUDGET * paper.test_samples * sum(
+        work(n) for n in range(paper.test_min_length, paper.test_max_length + 1, paper.test_length_step))
+    lengths = range(cfg.test_min_length, cfg.test_max_length + 1, cfg.test_length_step)
+    total, within = 0, None
+    for n in lengths:
+        total += cfg.test_samples * work(n)
+        if total > budget:
+            break
+        within = n
+    else:
+        return
+    longest = max(t.input_length(cfg.test_max_length) + t.output_length(cfg.test_max_length) for t in tasks)
+    fits = (f"with these settings it stays within up to --test-max-length {within}" if within is not None else
+            "even the shortest test length exceeds it with these settings (lower --test-samples)")
+    raise CHEError(f"--test-max-length {cfg.test_max_length} would test {len(lengths):,} lengths x {cfg.test_samples} "
+                   f"samples of up to {longest:,} tokens per task, method and seed, over {TEST_BUDGET} times the "
+                   f"paper's test (lengths {paper.test_min_length}..{paper.test_max_length}, {paper.test_samples} "
+                   f"samples each); {fits}; pass --force to run it anyway")
 
 
 def train_and_test(task_name: str, method: str, seed: int, cfg: CHEConfig, progress=None) -> dict:
@@ -230,9 +262,11 @@ def _check_protocol(runs: list[dict], expected: dict, where: Path, hint: str):
                            f"different protocol (field: (stored, wanted)) {diff}; {hint}")
 
 
-def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True, memory_check: bool = True) -> dict:
+def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True, memory_check: bool = True,
+            force: bool = False) -> dict:
     """Every task x method x seed; writes che.json, che.md (table 6 layout) and che_per_length.png.
-    memory_check: first refuse a method whose training or test does not fit the device's memory.
+    memory_check: first refuse a method whose training or test does not fit the device's memory;
+    unless force, first refuse a test far beyond the paper's (check_test_size).
 
     Each finished run is appended to out_dir/runs.jsonl at once, so a killed run_che started again with
     the same out_dir skips what is done (if it was run under the same protocol)."""
@@ -247,6 +281,8 @@ def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True, memory_check: 
             raise CHEError(f"{method}: {e}") from None
     for task in cfg.tasks:
         get_task(task)
+    if not force:
+        check_test_size(cfg)
     if memory_check:
         check_che_memory(cfg)
     out_dir = Path(out_dir)
@@ -408,4 +444,8 @@ def make_config(preset: str = "smoke", **overrides) -> CHEConfig:
         raise CHEError("CHE needs at least one task, one method and one seed")
     if min(cfg.seeds) < 0:
         raise CHEError(f"CHE seeds must be >= 0, got {cfg.seeds}")
+    for option, names in (("--tasks", cfg.tasks), ("--methods", cfg.methods)):  # each would train twice
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise CHEError(f"{option} names {', '.join(twice)} more than once")
     return cfg

@@ -47,7 +47,12 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
               heads: int = typer.Option(12), head_dim: int = typer.Option(64),
               commit: str = typer.Option(None, help="git commit to record (default: this checkout's)"),
               out: Path = typer.Option(None, "--out", "-o",
-                                       help="JSON output (default bench.json; with --train-step bench_train_step.json)"),
+                                       help="JSON output (default bench.json; with --train-step bench_train_step.json, "
+                                            "with --decode bench_decode.json); it may replace only a file lenx "
+                                            "bench wrote"),
+              force: bool = typer.Option(False, "--force", help="replace the default output file of an earlier "
+                                                                "benchmark (a file named with --out is replaced "
+                                                                "when lenx bench wrote it)"),
               train_step: bool = typer.Option(False, "--train-step",
                                               help="time whole training steps of the --preset model per method "
                                                    "(the DAPE V2 paper's table 7) instead of the attention kernels"),
@@ -75,7 +80,10 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
               profile_steps: int = typer.Option(4, "--profile-steps",
                                                 help="--train-step: steps profiled after the timed ones for GPU kernel "
                                                      "times (the step's and the attention's); 0: none"),
-              device: str = typer.Option("cuda", help="cuda, or cpu with --train-step or --decode")):
+              device: str = typer.Option("cuda", help="cuda, or cpu with --train-step or --decode"),
+              no_memory_check: bool = typer.Option(False, "--no-memory-check",
+                                                   help="--train-step: time a step even when the estimate of its "
+                                                        "peak memory exceeds what the device has available")):
     """Time attention kernels against fused SDPA on the GPU, whole training steps, or decoding.
 
     Forward and forward+backward time and peak memory per method, backend and length on the current
@@ -89,9 +97,13 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     context and batch size (the cache already full), eager and as one CUDA graph, with transformers'
     GPT2LMHeadModel of the same shape (eager, and its static cache compiled) timed in the same run;
     a context that does not fit in memory is recorded as skipped.
+
+    The JSON output never replaces a file that lenx bench did not write; an earlier benchmark's file
+    at the default path is replaced only with --force (as lenx compare does with compare.json).
     """
     import torch
 
+    from ..bench.common import check_out
     from ..bench.kernels import run_bench
     from ..bench.train_step import TRAIN_STEP_METHODS, train_step_bench
     from ..config import ConfigError
@@ -119,8 +131,12 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
         forced = _parse_backend_for(backend_for) if backend_for else {}
         if forced and not train_step:
             raise ConfigError("--backend-for applies to --train-step (the kernel benchmark takes --backends)")
+        if no_memory_check and not train_step:
+            raise ConfigError("--no-memory-check applies to --train-step")
         # before any timing: results that cannot be saved are not measured
+        named = out is not None
         out = out or Path("bench_train_step.json" if train_step else "bench_decode.json" if decode else "bench.json")
+        check_out(out, named, force)
         check_writable_file(out, "--out")
     except _user_errors() as e:
         _fail(e)
@@ -146,8 +162,8 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
                                       seq_len=seq_len, batch_size=batch or 32, steps=steps or 20,
                                       warmup=5 if warmup is None else warmup, device=device,
                                       backend_overrides=forced, profile_steps=profile_steps, commit=commit,
-                                      command=" ".join(sys.argv),
-                                      out_path=str(out))
+                                      command=" ".join(sys.argv), out_path=str(out),
+                                      memory_check=not no_memory_check)
         except _user_errors() as e:
             _fail(e)
         show([train_step_table(result)])

@@ -21,12 +21,16 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
                                                  "instead of training (other options are ignored)"),
             out: Path = typer.Option(Path("runs/che"), "--out", "-o",
                                      help="output folder; running again with the same one resumes, skipping done runs"),
+            force: bool = typer.Option(False, "--force", help="run a test of more than 10 times the paper's work "
+                                                               "(longer or more test lengths or samples), which "
+                                                               "is refused by default"),
             progress: Optional[bool] = ProgressOpt, no_memory_check: bool = NoMemoryCheckOpt):
     """Run the Chomsky-hierarchy length-generalisation benchmark (CHE).
 
     Each task is trained on lengths 1..40 and tested on 41..500. `lenx list` names the tasks with
     their Chomsky level and chance accuracy. A method whose training or test would not fit the
-    device's memory is refused before anything trains (--no-memory-check runs it anyway).
+    device's memory is refused before anything trains (--no-memory-check runs it anyway), and so is
+    a test of more than 10 times the paper's work, which could take hours (--force runs it anyway).
     """
     from ..che.protocol import CHEError, make_config, merge_che, run_che
     from ..fileio import check_writable_dir
@@ -41,7 +45,7 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
             cfg = make_config(preset, tasks=split(tasks), methods=split(methods), steps=steps,
                               seeds=_parse_seeds(seeds), test_max_length=test_max_length,
                               test_length_step=test_length_step, test_samples=test_samples)
-            result = run_che(cfg, out, progress=_progress(progress), memory_check=not no_memory_check)
+            result = run_che(cfg, out, progress=_progress(progress), memory_check=not no_memory_check, force=force)
     except (*_user_errors(), UnknownTaskError, CHEError) as e:
         _fail(e)
     print((out / "che.md").read_text())

@@ -9,6 +9,9 @@ import typer
 
 from . import ProgressOpt, _command, _fail, _parse_ints, _progress, _run_config, _user_errors
 
+# the attention backends --backend takes (lenx.attention.backends.BACKENDS, named here so that --help loads no torch)
+BACKEND_CHOICES = "auto, triton, sdpa, flex, chunked or dense"
+
 
 @_command("eval")
 def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run directory (or --hf DIR)"),
@@ -28,7 +31,7 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
              windows: int = typer.Option(None, help="windows per length (default eval.windows)"),
              scored: int = typer.Option(None, help="score the last N tokens (default eval.scored, 256)"),
              device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
-             backend: str = typer.Option(None, help="force an attention backend"),
+             backend: str = typer.Option(None, help=f"force an attention backend: {BACKEND_CHOICES}"),
              step: int = typer.Option(None, help="evaluate the weights kept at this step (train.keep_every) "
                                                  "instead of the last checkpoint"),
              rope_scaling: str = typer.Option(None, help="evaluate a RoPE model with a context extension: pi, ntk, "
@@ -156,9 +159,11 @@ def generate_cmd(run: Path = typer.Argument(..., help="a run directory"),
                  prompt: Optional[List[str]] = typer.Option(None, help="a text to continue (token ids separated by "
                                                                       "spaces for the token-level synthetic corpus); "
                                                                       "repeat it for several, decoded as one batch"),
-                 prompt_file: Path = typer.Option(None, help="read one prompt from this file (all of it)"),
-                 prompts_file: Path = typer.Option(None, help="read prompts from this file, one per line (blank "
-                                                              "lines skipped), decoded as one batch"),
+                 prompt_from_file: Path = typer.Option(None, help="read ONE prompt from this file: all of it, line "
+                                                                  "breaks included"),
+                 prompts_file: Path = typer.Option(None, help="read SEVERAL prompts from this file, one per line "
+                                                              "(blank lines skipped), decoded as one batch"),
+                 old_prompt_file: Path = typer.Option(None, "--prompt-file", hidden=True),
                  max_new_tokens: int = typer.Option(100, help="tokens to generate"),
                  temperature: float = typer.Option(1.0, help="0 is greedy (deterministic)"),
                  top_k: int = typer.Option(0, help="sample among the k most likely tokens (0: all)"),
@@ -171,68 +176,82 @@ def generate_cmd(run: Path = typer.Argument(..., help="a run directory"),
                                                                        "repeatable"),
                  max_context: int = typer.Option(32768, help="the cache limit: the longest prompt plus new tokens"),
                  device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N"),
-                 backend: str = typer.Option(None, help="force the attention backend of the prompts' forward"),
+                 backend: str = typer.Option(None, help=f"force the attention backend of the prompts' forward: "
+                                                        f"{BACKEND_CHOICES}"),
                  cuda_graph: Optional[bool] = typer.Option(None, "--cuda-graph/--no-cuda-graph",
                                                            help="decode each token as one CUDA graph (default: on "
                                                                 "CUDA)"),
                  json_out: bool = typer.Option(False, "--json", help="print the result as JSON on stdout instead "
-                                                                     "of the text"),
+                                                                     "of the text (each output with its prompt)"),
+                 no_memory_check: bool = typer.Option(False, "--no-memory-check",
+                                                      help="generate even when the estimate of the KV cache and "
+                                                           "the prompts' forward exceeds the memory available"),
                  progress: Optional[bool] = ProgressOpt):
     """Continue prompts with a trained run, token by token with a KV cache.
 
     Each prompt is read with the run's attention backends; each new token then costs one row of
     attention per layer against the cached keys and values.
 
-    Several prompts (--prompt repeated, or --prompts-file) are decoded as one left-padded batch, each
-    at its own positions, so greedy decoding continues each as it would alone; each continuation ends
-    at --max-new-tokens or at a --stop / --stop-id.
+    Several prompts (--prompt repeated, or --prompts-file with one per line) are decoded as one
+    left-padded batch, each at its own positions, so greedy decoding continues each as it would
+    alone; each continuation ends at --max-new-tokens or at a --stop / --stop-id.
+    --prompt-from-file reads a whole file as one prompt.
 
     One prompt's text is streamed; several are printed when all have ended. The last line (on
-    stderr) gives the prefill's and the decoding's rates.
+    stderr) gives the prefill's and the decoding's rates. Every option, and the memory the cache
+    will take, is checked before the model is loaded.
     """
     import json
 
     from ..config import ConfigError
-    from ..model import check_device
-    from ..model.generate import generate_from_run
+    from ..fileio import OutputError
+    from ..model.generate import check_settings, generate_from_run
+
+    def write(text: str) -> None:  # stdout that cannot be written (a full disk): one line, not a traceback
+        try:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        except OSError as e:
+            _drop_stdout()
+            raise OutputError(f"cannot write the output to stdout: {e.strerror or e}") from None
 
     try:
-        given = [name for name, value in (("--prompt", prompt), ("--prompt-file", prompt_file),
+        if old_prompt_file is not None:
+            raise ConfigError("--prompt-file is now --prompt-from-file (the whole file is one prompt); for one "
+                              "prompt per line use --prompts-file")
+        given = [name for name, value in (("--prompt", prompt), ("--prompt-from-file", prompt_from_file),
                                           ("--prompts-file", prompts_file)) if value]
         if len(given) != 1:
-            raise ConfigError("give the prompt with --prompt TEXT (repeatable), --prompt-file FILE or --prompts-file "
-                              f"FILE (one of them){'; got ' + ', '.join(given) if given else ''}")
-        for option, path in (("--prompt-file", prompt_file), ("--prompts-file", prompts_file)):
-            if path is not None and not path.is_file():
-                raise ConfigError(f"{option} {path} is not a file")
-        if prompt_file is not None:
-            prompts = prompt_file.read_text()
+            raise ConfigError("give the prompt with --prompt TEXT (repeatable), --prompt-from-file FILE (one prompt) "
+                              "or --prompts-file FILE (one per line): one of them"
+                              f"{'; got ' + ', '.join(given) if given else ''}")
+        check_settings(max_new_tokens, temperature, top_k, top_p)  # before the run is even read
+        if prompt_from_file is not None:
+            prompts = _read_text(prompt_from_file, "--prompt-from-file")
         elif prompts_file is not None:
-            prompts = [line for line in prompts_file.read_text().splitlines() if line.strip()]
+            prompts = [line for line in _read_text(prompts_file, "--prompts-file").splitlines() if line.strip()]
             if not prompts:
                 raise ConfigError(f"--prompts-file {prompts_file} has no prompt (every line is blank)")
         else:
             prompts = prompt[0] if len(prompt) == 1 else list(prompt)
-        check_device(_run_config(run), device, key="--device", training=False)
         stream = isinstance(prompts, str) and not json_out
         out = generate_from_run(run, prompts, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                 seed=seed, device=device, backend=backend, max_context=max_context,
-                                write=(lambda text: (sys.stdout.write(text), sys.stdout.flush())) if stream else None,
+                                write=write if stream else None,
                                 note=lambda text: print(text, file=sys.stderr, flush=True),
                                 progress=_progress(progress), stop=stop or (), stop_ids=stop_id or (),
-                                cuda_graph=cuda_graph)
+                                cuda_graph=cuda_graph, memory_check=not no_memory_check)
+        if json_out:
+            write(json.dumps(out, indent=1) + "\n")
+        elif stream:
+            write("\n")
+        else:
+            for i, o in enumerate(out["outputs"], 1):
+                ended = f"stop {o['stop']!r}" if o["stop"] is not None else "length"
+                write(f"=== {i}/{len(out['outputs'])}: {o['prompt_tokens']} prompt tokens, {len(o['new_tokens'])} "
+                      f"new, ended at {ended}\n{o['text']}\n")
     except _user_errors() as e:
         _fail(e)
-    if json_out:
-        print(json.dumps(out, indent=1))
-    elif stream:
-        print()
-    else:
-        for i, o in enumerate(out["outputs"], 1):
-            ended = f"stop {o['stop']!r}" if o["stop"] is not None else "length"
-            print(f"=== {i}/{len(out['outputs'])}: {o['prompt_tokens']} prompt tokens, {len(o['new_tokens'])} new, "
-                  f"ended at {ended}")
-            print(o["text"])
     outs = out["outputs"]
     new = sum(len(o["new_tokens"]) for o in outs)
     decode = "no decode step" if out["tokens_per_s"] is None else (
@@ -241,6 +260,32 @@ def generate_cmd(run: Path = typer.Argument(..., help="a run directory"),
     print(f"{new} tokens after {len(outs)} prompt(s) of {sum(o['prompt_tokens'] for o in outs)} tokens: prefill "
           f"{out['prefill_tokens_per_s']:,.0f} tokens/s ({out['prefill_s']:.2f} s), {decode} "
           f"({out['method']}, {out['device']})", file=sys.stderr)
+
+
+def _read_text(path: Path, option: str) -> str:
+    """A prompt file's text: a one-line error when it is missing, unreadable or not UTF-8."""
+    from ..config import ConfigError
+
+    if not path.is_file():
+        raise ConfigError(f"{option} {path} is not a file")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"cannot read {option} {path}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{option} {path} is not UTF-8 (byte 0x{data[e.start]:02x} at {e.start})") from None
+
+
+def _drop_stdout() -> None:
+    """Send what stdout still buffers to /dev/null, so that the exit does not fail on it again."""
+    import os
+
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 def _parse_factor(text: str) -> float:

@@ -5,7 +5,8 @@ and launches each of a step's hundreds of small kernels from Python: at batch 1 
 launch-bound. LM.static_step reads all the cache's slots with the empty ones masked, takes the slot
 as a tensor and never waits for the host, so one CUDA graph replays a whole step ("graph"), or
 torch.compile compiles it once for every token ("compile"). "static" runs the same step without
-either (on any device: it is what the graph records).
+either (on any device: it is what the graph records). A compiled step is kept per model and shape
+(_compiled), so a second generate() of the same shape does not compile again.
 
 Under bf16 autocast the step runs on a copy of the model whose Linear and Conv2d weights are already
 bf16: autocast would round them to bf16 at every call (a cast kernel and a pass over the weights
@@ -15,11 +16,16 @@ each), and rounding once gives the same bits.
 from contextlib import nullcontext
 import copy
 import types
+import weakref
 
 import torch
 from torch import nn
 
 MODES = ("eager", "static", "graph", "compile")
+# model -> {what a compiled step is specialised to: (its bf16 twin or None, the compiled step)}; an
+# entry lives as long as its model. torch.compile's guards still check every call, so a kept step
+# that no longer matches (weights moved, another dtype) compiles again rather than running wrong.
+_COMPILED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
 def _own_code(fn):
@@ -39,6 +45,34 @@ def _bf16_matmul_weights(model: nn.Module, dtype: torch.dtype) -> nn.Module:
             module.to(dtype)
     twin.lm_head.weight = nn.Parameter(model.wte.weight.detach().to(dtype), requires_grad=False)
     return twin.eval()
+
+
+def _step(model, token, cache, pos, dtype):
+    """One static step of `model` under autocast to `dtype` (None: none): what "compile" compiles."""
+    autocast = torch.autocast(pos.device.type, dtype=dtype, cache_enabled=False) if dtype is not None else nullcontext()
+    with autocast:
+        return model.static_step(token, cache, pos)
+
+
+def _compiled(model, cache, dtype, options: dict):
+    """The step model, compiled step for `model` decoding `cache`'s shapes under autocast to `dtype`:
+    made (and its bf16 twin copied) at the first call, kept for the next ones, whose twin then gets
+    the model's current weights (it must not decode with stale ones)."""
+    key = (cache.batch, cache.capacity, cache.tokens.device, cache.layers[0].k.dtype, dtype,
+           tuple(sorted((k, repr(v)) for k, v in options.items())))
+    kept = _COMPILED.setdefault(model, {})
+    if key not in kept:
+        twin = None if dtype is None else _bf16_matmul_weights(model, dtype)
+        kept[key] = twin, torch.compile(_own_code(_step), **options)
+    else:
+        twin = kept[key][0]
+        if twin is not None:
+            with torch.no_grad():
+                mine = twin.state_dict()
+                for name, value in model.state_dict().items():
+                    mine[name].copy_(value)
+    twin, step = kept[key]
+    return (model if twin is None else twin), step
 
 
 class StaticDecoder:
@@ -63,10 +97,9 @@ class StaticDecoder:
             raise ValueError(f"the static step recomputes the {model.halo} rows before the new token: the prompts "
                              f"must fill at least {model.halo} slots (left-pad them), not {cache.length}")
         self.cache, self.mode, self.dtype = cache, mode, autocast_dtype
-        self.model = model if autocast_dtype is None else _bf16_matmul_weights(model, autocast_dtype)
         self.pos = torch.tensor(cache.length, device=device)  # the slot of the next token
         self.token = torch.zeros(cache.batch, dtype=torch.long, device=device)
-        self.graph, self.logits, self._step = None, None, self._run
+        self.graph, self.logits, self._compiled = None, None, _step
         if mode == "compile":
             if device.type == "cuda":
                 # the cache and the step's inputs keep their addresses: the compiled CUDA graph reads them in place
@@ -74,20 +107,15 @@ class StaticDecoder:
                     torch._dynamo.mark_static_address(t)
             options = {"fullgraph": True, "dynamic": False}
             options |= {"mode": "reduce-overhead"} if device.type == "cuda" else {}
-            step = types.MethodType(_own_code(StaticDecoder._forward), self)  # run under __call__'s no_grad
-            self._step = torch.compile(step, **(options | (compile_options or {})))
+            self.model, self._compiled = _compiled(model, cache, autocast_dtype, options | (compile_options or {}))
+        else:
+            self.model = model if autocast_dtype is None else _bf16_matmul_weights(model, autocast_dtype)
         if mode == "graph":
             self._capture()
 
-    def _forward(self) -> torch.Tensor:
-        autocast = (torch.autocast(self.pos.device.type, dtype=self.dtype, cache_enabled=False)
-                    if self.dtype is not None else nullcontext())
-        with autocast:
-            return self.model.static_step(self.token, self.cache, self.pos)
-
     @torch.no_grad()
     def _run(self) -> torch.Tensor:
-        return self._forward()
+        return self._compiled(self.model, self.token, self.cache, self.pos, self.dtype)
 
     def _capture(self) -> None:
         # Warm-up on a side stream (lazy initialisation of cuBLAS and the allocator must not happen
@@ -112,7 +140,7 @@ class StaticDecoder:
             self.graph.replay()
             logits = self.logits
         else:
-            logits = self._step()
+            logits = self._run()
         self.pos += 1
         self.cache.length += 1
         return logits

@@ -53,6 +53,28 @@ def check_settings(max_new_tokens: int, temperature: float, top_k: int, top_p: f
         raise ConfigError(f"--top-p must be in (0, 1], got {top_p}")
 
 
+def check_generate_memory(cfg, batch: int, width: int, max_new_tokens: int, device: torch.device,
+                          override: str = "--no-memory-check") -> None:
+    """A one-line ConfigError, before the model is built, when decoding `batch` prompts of up to
+    `width` tokens plus max_new_tokens new ones (cfg: a RunConfig) would not fit what `device` has
+    available: the KV cache (keys and values of every layer for every slot, and the tokens) beside
+    what reading the prompts takes (lenx.model.memory's estimate of a forward with no gradient)."""
+    from .memory import GB, available_memory, estimate_memory
+
+    m = cfg.model
+    reading = estimate_memory(m, batch, width, device, cfg.train.precision, training=False)
+    item = 2 if cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda") else 4
+    slots = width + max_new_tokens
+    cache = batch * slots * (m.n_layer * 2 * m.d_model * item + 8)
+    have = available_memory(device)
+    if have is not None and cache + reading.total > have:
+        raise ConfigError(
+            f"{batch} prompt{'s' if batch > 1 else ''} of up to {width:,} tokens and {max_new_tokens:,} new tokens "
+            f"need about {(cache + reading.total) / GB:.1f} GB (the KV cache of {slots:,} slots "
+            f"{cache / GB:.2f} GB, reading the prompts {reading.total / GB:.2f} GB) but {device} has "
+            f"{have / GB:.1f} GB available; lower --max-new-tokens, or pass {override} if you know it fits")
+
+
 def batch_prompts(prompts, lengths=None, device=None, width: int = 0) -> tuple[torch.Tensor, list[int]]:
     """A left-padded batch [B, T] and the prompts' lengths from `prompts`: a [B, T] tensor (each row
     a prompt of T tokens, or with `lengths`, prompt b the last lengths[b] of row b), or a list of
@@ -272,30 +294,39 @@ class TextStream:
 def generate_from_run(run_dir: Path, prompt, max_new_tokens: int = 100, *, temperature: float = 1.0,
                       top_k: int = 0, top_p: float = 1.0, seed: int = 0, device: str = "auto",
                       backend: str | None = None, max_context: int = MAX_CONTEXT, write=None, note=None,
-                      progress: bool = False, stop=(), stop_ids=(), cuda_graph: bool | None = None) -> dict:
+                      progress: bool = False, stop=(), stop_ids=(), cuda_graph: bool | None = None,
+                      memory_check: bool = True) -> dict:
     """Load a run and continue `prompt` (a str), or several prompts (a list of str) as one batch.
     With one prompt, write(str) hears its text as it is produced. note(str) hears what takes time
     before the first token (reading a long prompt can take minutes on a CPU) and the prefill's rate;
     progress shows a bar over the prompts' layers while they are read. stop: strings that end a
     continuation (left out of its text; token ids separated by spaces on a token-level corpus);
     stop_ids: token ids that end one. cuda_graph: decode with a CUDA graph (None: where there is CUDA).
+    Every setting (the backend on the device, the cache's memory unless not memory_check) is
+    checked before the model is loaded.
 
-    Returns {"outputs": [{"prompt_tokens", "new_tokens" (the stop's tokens included), "text" (the
+    Returns {"outputs": [{"prompt", "prompt_tokens", "new_tokens" (the stop's tokens included), "text" (the
     stop left out), "stop" (the stop reached, or None)} per prompt], "prefill_s", "decode_s",
     "prefill_tokens_per_s", "tokens_per_s", "ms_per_token", "decoding", "method", "device", ...}; for
     a str prompt also its output's keys."""
+    from dataclasses import replace
+
     from ..config import resolve_device
     from ..runs import load_model, open_run_corpus, run_config, run_weights
+    from .checks import check_device
     from .precision import autocast_for
 
     check_settings(max_new_tokens, temperature, top_k, top_p)
-    dev = resolve_device(device, "device")
+    dev = resolve_device(device, "--device")
     if cuda_graph and dev.type != "cuda":
         raise ConfigError(f"--cuda-graph needs a CUDA device, and this runs on {dev}")
     texts = [prompt] if isinstance(prompt, str) else list(prompt)
     if not texts:
         raise ConfigError("no prompt to continue")
     cfg = run_config(run_dir)
+    if backend:
+        cfg = replace(cfg, model=replace(cfg.model, backend=backend))
+    check_device(cfg, device, key="--device", training=False)  # the backend too, as `lenx eval --backend`
     corpus = open_run_corpus(run_dir, cfg)  # the corpus it was trained on, or a one-line error
     prompts = [encode_prompt(corpus, text) for text in texts]
     stops = Stops(corpus, stop, stop_ids)
@@ -303,6 +334,8 @@ def generate_from_run(run_dir: Path, prompt, max_new_tokens: int = 100, *, tempe
     if width + max_new_tokens > max_context:
         raise ConfigError(f"the prompt ({width} tokens) and {max_new_tokens} new tokens exceed the cache limit "
                           f"of {max_context} tokens (--max-context)")
+    if memory_check:
+        check_generate_memory(cfg, len(prompts), width, max_new_tokens, dev)
     model = load_model(cfg, run_weights(run_dir), dev, backend)
     graph = (dev.type == "cuda" and GRAPH_ON_CUDA) if cuda_graph is None else cuda_graph
     stream = TextStream(corpus, write, stops) if write is not None and len(prompts) == 1 else None
@@ -341,7 +374,7 @@ def generate_from_run(run_dir: Path, prompt, max_new_tokens: int = 100, *, tempe
     outputs = []
     for b, ids in enumerate(prompts):
         new = out["tokens"][b, :out["lengths"][b]].tolist()
-        outputs.append({"prompt_tokens": len(ids), "new_tokens": new, "text": stops.text(new, found[b]),
+        outputs.append({"prompt": texts[b], "prompt_tokens": len(ids), "new_tokens": new, "text": stops.text(new, found[b]),
                         "stop": found[b]})
     if stream is not None:
         stream.finish(outputs[0]["text"])
