@@ -17,13 +17,15 @@ def demo(out: Path = typer.Option(Path("runs/demo"), "--out", "-o"),
     The main job: each method trains at length 64 and is evaluated up to 8x that; the table and the
     plot paths are printed.
     """
-    from ..config import load_config
+    from ..config import ConfigError, load_config
     from ..report.eval_tables import eval_table
     from ..report.tables import show
     from ..training.loop import TrainingDiverged
     from ..training.sweep import SweepError, sweep
 
     try:
+        if steps < 1:  # checked here, so the message names the option the user gave
+            raise ConfigError(f"--steps must be >= 1, got {steps}")
         cfg = load_config("tiny", [f"train.steps={steps}"])
         result = sweep(["rope", "kerple", "dapev2-kerple"], cfg, out, progress=_progress(progress))
     except _user_errors(TrainingDiverged, SweepError) as e:

@@ -13,6 +13,7 @@ from ..attention.methods import BASES, parse_method
 from ..config import ConfigError
 from ..fileio import check_writable_dir
 from ..model import check_device
+from ..model.memory import GB, available_memory, estimate_memory
 from ..runs import load_model, open_run_corpus, run_config, run_weights
 
 
@@ -41,6 +42,20 @@ def check_json_size(method: str, length: int, force: bool = False) -> None:
     raise ConfigError(f"--length {length} would write about {shown} of JSON ({len(names)} map"
                       f"{'s' if len(names) > 1 else ''} of {length} x {length}: {', '.join(names)}); up to --length "
                       f"{longest} it stays under {MAX_JSON_BYTES / 1e6:.0f} MB; pass --force to write it anyway")
+
+
+def check_maps_memory(m, length: int) -> None:
+    """A one-line ConfigError when the maps of `length` tokens cannot fit in the CPU's memory (--force
+    lifts the JSON bound, not this): the model's forward, the score block's maps of every head (fp32)
+    and one map as Python floats on its way to JSON (about 64 bytes an entry)."""
+    cpu = torch.device("cpu")
+    have = available_memory(cpu)
+    forward = estimate_memory(m, 1, length, cpu, training=False).total
+    maps = len(map_names(m.method)) * m.n_head * length ** 2 * 4 + length ** 2 * 64
+    if have is not None and forward + maps > have:
+        raise ConfigError(f"--attention at --length {length} needs about {(forward + maps) / GB:.1f} GB (the forward "
+                          f"{forward / GB:.2f} GB, the maps and their JSON {maps / GB:.1f} GB) but the CPU has "
+                          f"{have / GB:.1f} GB available; lower --length")
 
 
 def attention_maps(run_dir: Path, tokens: torch.Tensor | None = None, layer: int = 0, head: int = 0,
@@ -103,6 +118,7 @@ def save_run_attention(run_dir: Path, out_dir: Path | None = None, layer: int = 
     if length < 1:
         raise ConfigError(f"--length must be >= 1, got {length}")
     check_json_size(m.method, length, force)
+    check_maps_memory(m, length)
     check_device(cfg, "cpu", training=False)
     if out_dir is None:
         check_writable_dir(run_dir, "the run folder")
