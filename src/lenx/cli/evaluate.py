@@ -36,8 +36,8 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
              rope_scaling_factor: str = typer.Option(None, help="the scale s of --rope-scaling: auto (evaluation "
                                                                 "length / training length, the default) or a number "
                                                                 ">= 1; not with dynamic-ntk, which sets its own"),
-             task: str = typer.Option(None, help="a retrieval task instead of perplexity: passkey or copy "
-                                                 "(writes eval_<task>.json)"),
+             task: str = typer.Option(None, help="a retrieval task instead of perplexity: passkey, copy, ruler, babilong "
+                                                 "or a comma list of suite tasks (writes eval_<task>.json)"),
              depths: str = typer.Option(None, help="--task: comma-separated depths in [0, 1] (default 0,0.25,0.5,0.75,1)"),
              samples: int = typer.Option(None, help="--task: inputs per length and depth (default 8)"),
              progress: Optional[bool] = ProgressOpt):
@@ -62,7 +62,8 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
     from ..evaluation.evaluate import evaluate, evaluate_task, result_name
     from ..fileio import check_writable_dir, check_writable_file
     from ..model import check_device
-    from ..report.eval_tables import eval_table, task_table
+    from ..report.eval_tables import eval_table
+    from ..report.suite_tables import any_task_table
     from ..report.tables import show
 
     try:
@@ -108,8 +109,8 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
                               rope_scaling_factor=factor)
     except _user_errors() as e:
         _fail(e)
-    show([task_table(result) if task is not None else eval_table([result])])
-    print(f"wrote {Path(run) / result_name(step, rope_scaling, task)}")
+    show([any_task_table(result) if task is not None else eval_table([result])])
+    print(f"wrote {Path(run) / result_name(step, rope_scaling, task and result['task'])}")
 
 
 def _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, windows, scored, device, backend, step,

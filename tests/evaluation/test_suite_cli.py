@@ -1,0 +1,26 @@
+"""`lenx eval RUN --task <suite tasks>` the way a user runs it: from another folder, relative paths."""
+
+import json
+
+from test_nothing_lost import lenx, ok, one_line_error, work  # noqa: F401 (the fixture)
+
+
+def test_eval_suite_tasks_writes_the_grid(work):  # noqa: F811
+    out = ok(lenx("eval", "../runs/r", "--task", "niah_single,qa1", "--lengths", "160", "--depths", "0,1",
+                  "--samples", "1", "--device", "cpu", cwd=work / "elsewhere"))
+    result = json.loads((work / "runs" / "r" / "eval_niah_single+qa1.json").read_text())
+    assert "eval_niah_single+qa1.json" in out.stdout and "niah_single" in out.stdout
+    assert set(result["tasks"]) == {"niah_single", "qa1"} and result["lengths"] == [160]
+    for r in result["tasks"].values():
+        assert len(r["exact"]) == 1 and len(r["exact"][0]) == 2 and all(v < 0 for v in r["logprob"][0])
+    assert result["corpus_fingerprint"]["test"] and result["generator_version"]["babilong"] == 1
+
+
+def test_eval_suite_bad_input_is_one_line(work):  # noqa: F811
+    one_line_error(lenx("eval", "../runs/r", "--task", "qa1,nope", "--device", "cpu", cwd=work / "elsewhere"),
+                   "nope")
+    one_line_error(lenx("eval", "../runs/r", "--task", "ruler", "--lengths", "20", "--device", "cpu",
+                        cwd=work / "elsewhere"), "minimum")
+    one_line_error(lenx("eval", "../runs/r", "--task", "babilong", "--lengths", "99999999", "--device", "cpu",
+                        cwd=work / "elsewhere"), "tokens")
+    assert not list((work / "runs" / "r").glob("eval_ruler*")) and not list((work / "runs" / "r").glob("eval_bab*"))
