@@ -24,3 +24,11 @@ def test_eval_suite_bad_input_is_one_line(work):  # noqa: F811
     one_line_error(lenx("eval", "../runs/r", "--task", "babilong", "--lengths", "99999999", "--device", "cpu",
                         cwd=work / "elsewhere"), "tokens")
     assert not list((work / "runs" / "r").glob("eval_ruler*")) and not list((work / "runs" / "r").glob("eval_bab*"))
+
+
+def test_plot_draws_a_heatmap_per_suite_task(work, tmp_path):  # noqa: F811
+    ok(lenx("eval", "../runs/r", "--task", "vt,qa2", "--lengths", "192,256", "--depths", "0.5", "--samples", "1",
+            "--device", "cpu", cwd=work / "elsewhere"))
+    ok(lenx("plot", str(work / "runs" / "r"), "-o", str(tmp_path / "figs"), cwd=work / "elsewhere"))
+    names = {p.name for p in (tmp_path / "figs").iterdir()}
+    assert {"eval_vt+qa2_vt_heatmap.png", "eval_vt+qa2_qa2_heatmap.png"} <= names, names

@@ -123,3 +123,10 @@ def run_suite(model, corpus, tasks: list[str], lengths: list[int], depths, sampl
         out[t] = grids | {"chance": CHANCE[t], "instances": instances_hash(cases)}
     return {"task": "suite", "tasks": out, "lengths": list(lengths), "depths": list(depths), "samples": samples,
             "seed": seed, "split": split, "generator_version": VERSION, "corpus_fingerprint": corpus.fingerprint()}
+
+
+def split_suite(result: dict) -> list[dict]:
+    """A suite result as one passkey-like result per task ("task": its name, "exact", "logprob"), for
+    the per-task heatmaps of `lenx plot`."""
+    common = {k: v for k, v in result.items() if k != "tasks"}
+    return [common | r | {"task": name} for name, r in result["tasks"].items()]
