@@ -118,7 +118,8 @@ def _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, wi
     """`lenx eval --hf DIR`: every option checked (and the folder, the corpus and the windows) before
     the weights are loaded."""
     from ..config import ConfigError, resolve_device
-    from ..report.eval_tables import hf_table, task_table
+    from ..report.eval_tables import hf_table
+    from ..report.suite_tables import any_task_table
     from ..report.tables import show
 
     try:
@@ -148,8 +149,9 @@ def _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, wi
             result = evaluate_hf(hf, windows=windows, scored=scored, **options)
     except _user_errors() as e:
         _fail(e)
-    show([task_table(result) if task is not None else hf_table(result)])
-    print(f"wrote {Path(result['run']) / (f'eval_{task}.json' if task else 'eval.json')}")
+    show([any_task_table(result) if task is not None else hf_table(result)])
+    written = f"eval_{result['task']}.json" if task else "eval.json"
+    print(f"wrote {Path(result['run']) / written}")
 
 
 @_command("generate")
