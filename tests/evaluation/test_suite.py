@@ -11,7 +11,7 @@ from helpers import model_for
 from lenx.config import ConfigError
 from lenx.data.build import prepare_corpus
 from lenx.evaluation import suite
-from lenx.tasks import babilong
+from lenx.evaluation import babilong
 
 WORDS = "river stone light north garden paper silver window market orchard".split()
 ALL = list(suite.GENERATORS)

@@ -323,7 +323,7 @@ def evaluate_hf_task(model_dir: Path, task: str, corpus: str | None = None, data
 
             return evaluate_hf_suite(model_dir, task, corpus, data_root, like, out, name, lengths, depths, samples,
                                      train_len, device, progress, write)
-        raise ConfigError(f"--task must be passkey, copy, ruler, babilong or suite task names, got {task!r}")
+        raise ConfigError(f"--task must be one of passkey, copy, ruler, babilong or suite task names, got {task!r}")
     depths = list(retrieval.DEPTHS if depths is None else depths)
     if not depths or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1 for x in depths):
         raise ConfigError(f"depths must be numbers in [0, 1], got {depths!r}")

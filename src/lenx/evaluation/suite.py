@@ -1,4 +1,4 @@
-"""The RULER-style and BABILong-style suites (lenx.tasks.ruler, lenx.tasks.babilong) on a trained LM.
+"""The RULER-style and BABILong-style suites (lenx.evaluation.ruler, lenx.evaluation.babilong) on a trained LM.
 
 A generator's case becomes exactly L tokens: haystack text cut from the held-out split at a seeded
 position, the needles inserted at their depths (in token positions of the haystack), the question
@@ -17,7 +17,7 @@ import torch
 from torch.nn import functional as F
 
 from ..config import ConfigError
-from ..tasks import babilong, ruler
+from . import babilong, ruler
 
 GENERATORS = ruler.GENERATORS | babilong.GENERATORS
 CHANCE = ruler.CHANCE | babilong.CHANCE
@@ -124,9 +124,3 @@ def run_suite(model, corpus, tasks: list[str], lengths: list[int], depths, sampl
     return {"task": "suite", "tasks": out, "lengths": list(lengths), "depths": list(depths), "samples": samples,
             "seed": seed, "split": split, "generator_version": VERSION, "corpus_fingerprint": corpus.fingerprint()}
 
-
-def split_suite(result: dict) -> list[dict]:
-    """A suite result as one passkey-like result per task ("task": its name, "exact", "logprob"), for
-    the per-task heatmaps of `lenx plot`."""
-    common = {k: v for k, v in result.items() if k != "tasks"}
-    return [common | r | {"task": name} for name, r in result["tasks"].items()]

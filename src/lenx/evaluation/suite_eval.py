@@ -37,9 +37,13 @@ def evaluate_suite(run_dir: Path, task: str, lengths=None, depths=None, samples=
     lengths = sorted(set(lengths or e.lengths or default_lengths(cfg.train.seq_len, e.max_length)))
     dev = resolve_device(device, "device")
     corpus = open_run_corpus(run_dir, cfg)
-    for t in tasks:   # a too-short length or a too-small split fails here, before the model loads
-        suite.build_case(corpus, t, lengths[-1], 1.0, 0, e.seed, e.split)
-        suite.build_case(corpus, t, lengths[0], 0.0, 0, e.seed, e.split)
+    samples = samples or 8
+    # a too-short length (needles vary by instance) or a too-small split fails here, before the model loads
+    for t in tasks:
+        for L in {lengths[0], lengths[-1]}:
+            for d in depths:
+                for i in range(samples):
+                    suite.build_case(corpus, t, L, d, i, e.seed, e.split)
     # one input (plus its answer) at the longest length, no gradient
     check_memory(estimate_memory(cfg.model, 1, lengths[-1] + 16, dev, cfg.train.precision, training=False), dev,
                  f"the {file_task(task)} suite at length {lengths[-1]}", "pass shorter --lengths")
@@ -51,7 +55,6 @@ def evaluate_suite(run_dir: Path, task: str, lengths=None, depths=None, samples=
 
         bar = tqdm(total=len(tasks) * len(lengths) * len(depths), desc=f"{file_task(task)} {cfg.model.method}",
                    unit="cell", dynamic_ncols=True)
-    samples = samples or 8
     grid = suite.run_suite(model, corpus, tasks, lengths, depths, samples, e.seed, e.split, dev,
                            lambda: autocast_for(dev, cfg.train.precision),
                            progress=None if bar is None else (lambda *_: bar.update(1)))

@@ -331,7 +331,7 @@ def redraw_file(path: Path, folder: Path | None = None) -> list[Path]:
     if kind == "retrieval":
         return [plot_retrieval_heatmap(data, _figure_name(path, folder, "heatmap"))]
     if kind == "suite":   # one heatmap per suite task
-        from ..evaluation.suite import split_suite
+        from .suite_tables import split_suite
 
         return [plot_retrieval_heatmap(r, _figure_name(path, folder, f"{r['task']}_heatmap")) for r in split_suite(data)]
     if kind == "che":

@@ -19,3 +19,10 @@ def any_task_table(result: dict) -> Table:
     from .eval_tables import task_table
 
     return suite_table(result) if "tasks" in result else task_table(result)
+
+
+def split_suite(result: dict) -> list[dict]:
+    """A suite result as one passkey-like result per task ("task": its name, "exact", "logprob"), for
+    the per-task heatmaps of `lenx plot`."""
+    common = {k: v for k, v in result.items() if k != "tasks"}
+    return [common | r | {"task": name} for name, r in result["tasks"].items()]
