@@ -32,3 +32,16 @@ def test_plot_draws_a_heatmap_per_suite_task(work, tmp_path):  # noqa: F811
     ok(lenx("plot", str(work / "runs" / "r"), "-o", str(tmp_path / "figs"), cwd=work / "elsewhere"))
     names = {p.name for p in (tmp_path / "figs").iterdir()}
     assert {"eval_vt+qa2_vt_heatmap.png", "eval_vt+qa2_qa2_heatmap.png"} <= names, names
+
+
+def test_a_cell_that_would_not_fit_refuses_before_the_model_loads(work, monkeypatch):  # noqa: F811
+    import pytest
+
+    from lenx.config import ConfigError
+    from lenx.evaluation import suite_eval
+    from lenx.model import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda device: 1000)   # a machine with 1 kB free
+    monkeypatch.setattr(suite_eval, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(ConfigError, match="suite at length 192 needs about"):
+        suite_eval.evaluate_suite(work / "runs" / "r", "qa1", lengths=[192], samples=1, device="cpu", progress=False)
