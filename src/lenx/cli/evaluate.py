@@ -39,8 +39,8 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
              rope_scaling_factor: str = typer.Option(None, help="the scale s of --rope-scaling: auto (evaluation "
                                                                 "length / training length, the default) or a number "
                                                                 ">= 1; not with dynamic-ntk, which sets its own"),
-             task: str = typer.Option(None, help="a retrieval task instead of perplexity: passkey or copy "
-                                                 "(writes eval_<task>.json)"),
+             task: str = typer.Option(None, help="a retrieval task instead of perplexity: passkey, copy, ruler, babilong "
+                                                 "or a comma list of suite tasks (writes eval_<task>.json)"),
              depths: str = typer.Option(None, help="--task: comma-separated depths in [0, 1] (default 0,0.25,0.5,0.75,1)"),
              samples: int = typer.Option(None, help="--task: inputs per length and depth (default 8)"),
              progress: Optional[bool] = ProgressOpt):
@@ -49,7 +49,8 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
     The perplexity of the last --scored tokens of the same windows at every length (the DAPE V2
     paper's protocol); writes eval.json into the run directory, keeping an earlier evaluation there
     with other settings beside it as eval.<key>.json. With --task, a retrieval task (passkey or copy
-    at distance) over lengths x depths instead. The run's corpus must be the one it was trained on.
+    at distance, or the synthetic suite: ruler, babilong or a comma list such as niah_single,vt,qa1;
+    docs/suite.md) over lengths x depths instead. The run's corpus must be the one it was trained on.
 
     With --hf DIR instead of a run, the same protocol on a local transformers causal LM, with the RoPE
     scaling of its own config: the windows of --corpus (or of the run given by --like) read as text in
@@ -65,7 +66,8 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
     from ..evaluation.evaluate import evaluate, evaluate_task, result_name
     from ..fileio import check_writable_dir, check_writable_file
     from ..model import check_device
-    from ..report.eval_tables import eval_table, task_table
+    from ..report.eval_tables import eval_table
+    from ..report.suite_tables import any_task_table
     from ..report.tables import show
 
     try:
@@ -111,8 +113,8 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
                               rope_scaling_factor=factor)
     except _user_errors() as e:
         _fail(e)
-    show([task_table(result) if task is not None else eval_table([result])])
-    print(f"wrote {Path(run) / result_name(step, rope_scaling, task)}")
+    show([any_task_table(result) if task is not None else eval_table([result])])
+    print(f"wrote {Path(run) / result_name(step, rope_scaling, task and result['task'])}")
 
 
 def _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, windows, scored, device, backend, step,
@@ -120,7 +122,8 @@ def _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, wi
     """`lenx eval --hf DIR`: every option checked (and the folder, the corpus and the windows) before
     the weights are loaded."""
     from ..config import ConfigError, resolve_device
-    from ..report.eval_tables import hf_table, task_table
+    from ..report.eval_tables import hf_table
+    from ..report.suite_tables import any_task_table
     from ..report.tables import show
 
     try:
@@ -150,8 +153,9 @@ def _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, wi
             result = evaluate_hf(hf, windows=windows, scored=scored, **options)
     except _user_errors() as e:
         _fail(e)
-    show([task_table(result) if task is not None else hf_table(result)])
-    print(f"wrote {Path(result['run']) / (f'eval_{task}.json' if task else 'eval.json')}")
+    show([any_task_table(result) if task is not None else hf_table(result)])
+    written = f"eval_{result['task']}.json" if task else "eval.json"
+    print(f"wrote {Path(result['run']) / written}")
 
 
 @_command("generate")

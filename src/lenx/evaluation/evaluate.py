@@ -333,7 +333,14 @@ def evaluate_task(run_dir: Path, task: str, lengths: list[int] | None = None, de
 
     run_dir = Path(run_dir)
     if task not in retrieval.TASKS:
-        raise ConfigError(f"--task must be one of {', '.join(retrieval.TASKS)}, got {task!r}")
+        from .suite import GENERATORS, is_suite
+        from .suite_eval import evaluate_suite
+
+        if is_suite(task):   # RULER-style / BABILong-style suite (lenx.evaluation.suite)
+            return evaluate_suite(run_dir, task, lengths, depths, samples, device, backend, step, rope_scaling,
+                                  rope_scaling_factor, progress, write)
+        raise ConfigError(f"--task must be one of passkey, copy, ruler, babilong or a comma list of "
+                          f"{', '.join(retrieval.TASKS + tuple(GENERATORS))}, got {task!r}")
     check_options(lengths, None, None, None, step)
     if samples is not None:
         _positive_int("samples", samples)

@@ -313,10 +313,17 @@ def evaluate_hf_task(model_dir: Path, task: str, corpus: str | None = None, data
     eval_<task>.json and meta.json into `out`."""
     from . import retrieval
 
-    if task not in retrieval.TASKS:
-        raise ConfigError(f"--task must be one of {', '.join(retrieval.TASKS)}, got {task!r}")
     if samples is not None:
         _positive_int("samples", samples)
+    if task not in retrieval.TASKS:
+        from .suite import is_suite
+
+        if is_suite(task):   # the RULER-style / BABILong-style suite (lenx.evaluation.suite_hf)
+            from .suite_hf import evaluate_hf_suite
+
+            return evaluate_hf_suite(model_dir, task, corpus, data_root, like, out, name, lengths, depths, samples,
+                                     train_len, device, progress, write)
+        raise ConfigError(f"--task must be one of passkey, copy, ruler, babilong or suite task names, got {task!r}")
     depths = list(retrieval.DEPTHS if depths is None else depths)
     if not depths or any(isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= 1 for x in depths):
         raise ConfigError(f"depths must be numbers in [0, 1], got {depths!r}")

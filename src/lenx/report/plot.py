@@ -189,7 +189,7 @@ RETRIEVAL_SCORE = {"passkey": "exact", "copy": "accuracy"}
 
 def plot_retrieval_heatmap(result: dict, out: Path) -> Path:
     """One model's retrieval grid (eval_<task>.json): lengths x depths, each cell annotated."""
-    key = RETRIEVAL_SCORE[result["task"]]
+    key = RETRIEVAL_SCORE.get(result["task"], "exact")   # suite tasks (lenx.evaluation.suite): exact
     grid = np.array(result[key], dtype=float)
     fig, ax = plt.subplots(figsize=(1.2 * len(result["depths"]) + 2.5, 0.42 * len(result["lengths"]) + 1.6))
     im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
@@ -288,6 +288,8 @@ def _kind(data) -> str | None:
             return "che"
     if "method" in data and "scores" in data:
         return "attention"
+    if isinstance(data.get("tasks"), dict) and "depths" in data and "lengths" in data:
+        return "suite"
     if data.get("task") in RETRIEVAL_SCORE and "depths" in data and "lengths" in data:
         return "retrieval"
     if "results" in data and "method" in data and "train_len" in data:
@@ -328,6 +330,10 @@ def redraw_file(path: Path, folder: Path | None = None) -> list[Path]:
         return [draw_attention_maps(load_attention_maps(path), folder / f"{path.stem}.png")]
     if kind == "retrieval":
         return [plot_retrieval_heatmap(data, _figure_name(path, folder, "heatmap"))]
+    if kind == "suite":   # one heatmap per suite task
+        from .suite_tables import split_suite
+
+        return [plot_retrieval_heatmap(r, _figure_name(path, folder, f"{r['task']}_heatmap")) for r in split_suite(data)]
     if kind == "che":
         from ..che.protocol import redraw_che
 

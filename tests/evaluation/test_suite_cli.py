@@ -1,0 +1,47 @@
+"""`lenx eval RUN --task <suite tasks>` the way a user runs it: from another folder, relative paths."""
+
+import json
+
+from test_nothing_lost import lenx, ok, one_line_error, work  # noqa: F401 (the fixture)
+
+
+def test_eval_suite_tasks_writes_the_grid(work):  # noqa: F811
+    out = ok(lenx("eval", "../runs/r", "--task", "niah_single,qa1", "--lengths", "160", "--depths", "0,1",
+                  "--samples", "1", "--device", "cpu", cwd=work / "elsewhere"))
+    result = json.loads((work / "runs" / "r" / "eval_niah_single+qa1.json").read_text())
+    assert "eval_niah_single+qa1.json" in out.stdout and "niah_single" in out.stdout
+    assert set(result["tasks"]) == {"niah_single", "qa1"} and result["lengths"] == [160]
+    for r in result["tasks"].values():
+        assert len(r["exact"]) == 1 and len(r["exact"][0]) == 2 and all(v < 0 for v in r["logprob"][0])
+    assert result["corpus_fingerprint"]["test"] and result["generator_version"]["babilong"] == 1
+
+
+def test_eval_suite_bad_input_is_one_line(work):  # noqa: F811
+    one_line_error(lenx("eval", "../runs/r", "--task", "qa1,nope", "--device", "cpu", cwd=work / "elsewhere"),
+                   "nope")
+    one_line_error(lenx("eval", "../runs/r", "--task", "ruler", "--lengths", "20", "--device", "cpu",
+                        cwd=work / "elsewhere"), "minimum")
+    one_line_error(lenx("eval", "../runs/r", "--task", "babilong", "--lengths", "99999999", "--device", "cpu",
+                        cwd=work / "elsewhere"), "tokens")
+    assert not list((work / "runs" / "r").glob("eval_ruler*")) and not list((work / "runs" / "r").glob("eval_bab*"))
+
+
+def test_plot_draws_a_heatmap_per_suite_task(work, tmp_path):  # noqa: F811
+    ok(lenx("eval", "../runs/r", "--task", "vt,qa2", "--lengths", "192,256", "--depths", "0.5", "--samples", "1",
+            "--device", "cpu", cwd=work / "elsewhere"))
+    ok(lenx("plot", str(work / "runs" / "r"), "-o", str(tmp_path / "figs"), cwd=work / "elsewhere"))
+    names = {p.name for p in (tmp_path / "figs").iterdir()}
+    assert {"eval_vt+qa2_vt_heatmap.png", "eval_vt+qa2_qa2_heatmap.png"} <= names, names
+
+
+def test_a_cell_that_would_not_fit_refuses_before_the_model_loads(work, monkeypatch):  # noqa: F811
+    import pytest
+
+    from lenx.config import ConfigError
+    from lenx.evaluation import suite_eval
+    from lenx.model import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda device: 1000)   # a machine with 1 kB free
+    monkeypatch.setattr(suite_eval, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(ConfigError, match="suite at length 192 needs about"):
+        suite_eval.evaluate_suite(work / "runs" / "r", "qa1", lengths=[192], samples=1, device="cpu", progress=False)
