@@ -263,7 +263,7 @@ MAY_IMPORT = {
     "training": {"config", "data", "fileio", "model", "runinfo", "runs"},
     "che": {"attention", "config", "model", "report", "runinfo", "tasks", "training"},
     "report": {"attention", "evaluation", "fileio", "tasks"},
-    "bench": {"attention", "config", "model", "runinfo", "training"},
+    "bench": {"attention", "config", "fileio", "model", "runinfo", "training"},
 }
 # The reaches above a floor: generating from a run opens the run (inside generate_from_run), a sweep
 # evaluates and tabulates its runs, `lenx plot FOLDER` re-draws a CHE result with CHE's own figure

@@ -74,8 +74,7 @@ PRESETS = {
 }
 
 
-# What `lenx che` tests without --force: this many times the work of the paper's test (lengths 41..500,
-# 512 samples each), counted as samples x (tokens of an input)^2 summed over the test lengths
+# `lenx che` tests at most this many times the paper's test work without --force (check_test_size)
 TEST_BUDGET = 10
 
 

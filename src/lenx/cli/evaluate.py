@@ -60,8 +60,6 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
     if hf is not None:
         return _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, windows, scored, device,
                         backend, step, rope_scaling, rope_scaling_factor, task, depths, samples, progress)
-    from dataclasses import replace
-
     from ..config import ConfigError, validate
     from ..evaluation.evaluate import evaluate, evaluate_task, result_name
     from ..fileio import check_writable_dir, check_writable_file
@@ -84,13 +82,9 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
         check_writable_dir(run, "the run folder")
         check_writable_file(Path(run) / result_name(step, rope_scaling, task), "the evaluation file")
         if backend:
-            # the backend judged on the device this evaluation runs on (the config's own check judges
-            # triton where it runs at all, on CUDA), after the device itself
-            from ..model.checks import _build_meta, _check_backend
+            from ..model import with_backend
 
-            dev = check_device(cfg, device, key="--device", training=False)
-            _check_backend(_build_meta(replace(cfg.model, n_layer=1, backend="auto")), backend, dev)
-            cfg = replace(cfg, model=replace(cfg.model, backend=backend))
+            cfg = with_backend(cfg, backend, device)
             validate(cfg)
         check_device(cfg, device, key="--device", training=False)
         if rope_scaling_factor is not None:  # rather than ignoring it silently

@@ -8,8 +8,8 @@ training, evaluation, reports, benchmarks or the CLI. The one reach upwards is
 generate.generate_from_run, which opens a trained run through lenx.runs inside the function.
 """
 
-from .checks import check_config, check_device
+from .checks import check_config, check_device, with_backend
 from .lm import LM
 from .memory import check_training_memory, estimate_memory
 
-__all__ = ["LM", "check_config", "check_device", "check_training_memory", "estimate_memory"]
+__all__ = ["LM", "check_config", "check_device", "check_training_memory", "estimate_memory", "with_backend"]

@@ -48,6 +48,15 @@ def check_device(cfg: RunConfig, device: str, key: str = "train.device", trainin
     return dev
 
 
+def with_backend(cfg: RunConfig, backend: str, device: str, key: str = "--device") -> RunConfig:
+    """`cfg` with model.backend forced to `backend` (`--backend` of eval and generate), judged on the
+    device the command runs on, after the device itself (the config's own check judges triton where
+    it runs at all, on CUDA): one error, the same for every command."""
+    dev = check_device(cfg, device, key=key, training=False)
+    _check_backend(_build_meta(replace(cfg.model, n_layer=1, backend="auto")), backend, dev)
+    return replace(cfg, model=replace(cfg.model, backend=backend))
+
+
 def _check_model(m: LMConfig) -> None:
     try:
         parse_method(m.method)

@@ -309,11 +309,9 @@ def generate_from_run(run_dir: Path, prompt, max_new_tokens: int = 100, *, tempe
     stop left out), "stop" (the stop reached, or None)} per prompt], "prefill_s", "decode_s",
     "prefill_tokens_per_s", "tokens_per_s", "ms_per_token", "decoding", "method", "device", ...}; for
     a str prompt also its output's keys."""
-    from dataclasses import replace
-
     from ..config import resolve_device
     from ..runs import load_model, open_run_corpus, run_config, run_weights
-    from .checks import check_device
+    from .checks import check_device, with_backend
     from .precision import autocast_for
 
     check_settings(max_new_tokens, temperature, top_k, top_p)
@@ -325,8 +323,8 @@ def generate_from_run(run_dir: Path, prompt, max_new_tokens: int = 100, *, tempe
         raise ConfigError("no prompt to continue")
     cfg = run_config(run_dir)
     if backend:
-        cfg = replace(cfg, model=replace(cfg.model, backend=backend))
-    check_device(cfg, device, key="--device", training=False)  # the backend too, as `lenx eval --backend`
+        cfg = with_backend(cfg, backend, device)  # the one check `lenx eval --backend` makes
+    check_device(cfg, device, key="--device", training=False)
     corpus = open_run_corpus(run_dir, cfg)  # the corpus it was trained on, or a one-line error
     prompts = [encode_prompt(corpus, text) for text in texts]
     stops = Stops(corpus, stop, stop_ids)
