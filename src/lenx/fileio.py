@@ -112,3 +112,13 @@ def check_writable_file(path: Path, what: str) -> None:
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputError(f"cannot write {what} {path}: the file is not writable (permission denied)")
     _check_base(path.parent, what, shown=path)
+
+
+def written_by(path: Path, marker: str, keys: set[str]) -> bool:
+    """Whether `path` holds a JSON object a lenx command wrote: its "written_by" is `marker`, or (files
+    from before the marker) it has every one of `keys`. A command replaces only such a file."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(data, dict) and (data.get("written_by") == marker or keys <= set(data))

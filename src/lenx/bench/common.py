@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from ..config import ConfigError
-from ..fileio import write_text
+from ..fileio import write_text, written_by
 
 WRITTEN_BY = "lenx bench"  # the marker of bench's JSON: `lenx bench -o` overwrites only such a file
 
@@ -22,14 +22,7 @@ def is_oom(err: Exception) -> bool:
 def is_bench_output(path: Path) -> bool:
     """Whether `path` holds JSON that `lenx bench` wrote: its marker, or (before the marker) the keys
     every benchmark always wrote."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    if not isinstance(data, dict):
-        return False
-    return data.get("written_by") == WRITTEN_BY or {"device", "torch", "git_commit", "command", "started",
-                                                     "rows"} <= set(data)
+    return written_by(path, WRITTEN_BY, {"device", "torch", "git_commit", "command", "started", "rows"})
 
 
 def check_out(out: Path, named: bool, force: bool) -> None:

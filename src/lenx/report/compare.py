@@ -37,7 +37,7 @@ import tomllib
 
 import numpy as np
 
-from ..fileio import OutputError, check_writable_file, write_json
+from ..fileio import OutputError, check_writable_file, write_json, written_by
 from .stats import (document_shares, document_win_rate, leave_one_document_out, method_difference, method_interval,
                     same_seeds_difference, window_summary)
 
@@ -57,14 +57,8 @@ class CompareError(ValueError):
 def is_compare_output(path: Path) -> bool:
     """Whether `path` holds JSON that `lenx compare` wrote: its marker, or (before the marker) the
     keys compare_runs always wrote."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
-    if not isinstance(data, dict):
-        return False
-    return data.get("written_by") == WRITTEN_BY or {"level", "resamples", "reference", "methods", "differences",
-                                                     "runs", "windows", "documents"} <= set(data)
+    return written_by(path, WRITTEN_BY, {"level", "resamples", "reference", "methods", "differences", "runs", "windows",
+                                          "documents"})
 
 
 def check_out(out: Path, named: bool, force: bool) -> str | None:
