@@ -79,7 +79,7 @@ CASES = [
     # training settings
     pytest.param(["train", "--set", "train.lr=-1"], "train.lr", id="negative-lr"),
     pytest.param(["train", "--set", "train.device=tpu"], "train.device", id="train-device-tpu"),
-    pytest.param(["demo", "--steps", "0"], "train.steps", id="demo-zero-steps"),
+    pytest.param(["demo", "--steps", "0"], "--steps must be >= 1", id="demo-zero-steps"),
     # names, keys and values
     pytest.param(["train", "--set", "model.method=kerpel"], "Did you mean kerple", id="unknown-method"),
     pytest.param(["train", "--set", "train.stpes=1"], "did you mean train.steps", id="unknown-key"),
@@ -105,7 +105,7 @@ CASES = [
     pytest.param(["sweep", "--methods", "rope,alibi", "--set", "train.seq_len=100000", "--set", "train.batch_size=512",
                   "--set", "eval.max_length=200000"], "rope: training at train.seq_len=100000", id="sweep-step-too-large"),
     pytest.param(["che", "--methods", "dapev2-kerple", "--tasks", "parity_check", "--test-max-length", "100000"],
-                 "lower --test-max-length", id="che-test-too-large"),
+                 "--test-max-length 100000 would test", id="che-test-too-large"),
     # the data a run reads (the corpus here is the synthetic one, unsharded)
     pytest.param(["train", "--set", "train.sampling=once"], "train.sampling must be one of random, pass",
                  id="train-sampling-unknown"),

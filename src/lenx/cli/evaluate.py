@@ -48,9 +48,10 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
 
     The perplexity of the last --scored tokens of the same windows at every length (the DAPE V2
     paper's protocol); writes eval.json into the run directory, keeping an earlier evaluation there
-    with other settings beside it as eval.<key>.json. With --task, a retrieval task (passkey or copy
-    at distance, or the synthetic suite: ruler, babilong or a comma list such as niah_single,vt,qa1;
-    docs/suite.md) over lengths x depths instead. The run's corpus must be the one it was trained on.
+    with other settings beside it as eval.<key>.json. The run's corpus must be the one it was trained on.
+
+    With --task, a task over lengths x depths instead: passkey or copy at distance, or the synthetic
+    suite (ruler, babilong, or a list such as niah_single,vt,qa1; docs/suite.md).
 
     With --hf DIR instead of a run, the same protocol on a local transformers causal LM, with the RoPE
     scaling of its own config: the windows of --corpus (or of the run given by --like) read as text in
