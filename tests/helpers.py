@@ -63,3 +63,25 @@ def eval_result(method, ppl: dict, delta_p: dict, seed=None, train_len=64) -> di
         rows[str(L)]["delta_p"] = d
     r = {"method": method, "train_len": train_len, "scored": 32, "window_note": "16 windows", "results": rows}
     return r if seed is None else {**r, "seed": seed}
+
+
+WORDS = "river stone light north garden paper silver window market orchard".split()
+
+
+def words_corpus(root):
+    """A tiny text corpus `words` under `root` (60 documents of 400 random words and a number; BPE of
+    300): the haystack of the retrieval and suite tests."""
+    import json
+
+    import numpy as np
+
+    from lenx.data import open_corpus
+    from lenx.data.build import prepare_corpus
+
+    rng = np.random.default_rng(0)
+    path = root / "texts.jsonl"
+    with open(path, "w") as f:
+        for _ in range(60):
+            f.write(json.dumps({"text": " ".join(rng.choice(WORDS, 400)) + " 0123456789."}) + "\n")
+    prepare_corpus("words", root, from_path=path, vocab_size=300, progress=False)
+    return open_corpus("words", root)

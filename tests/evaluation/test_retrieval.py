@@ -1,32 +1,18 @@
 """Passkey and copy-at-distance inputs and scoring."""
 
 from contextlib import nullcontext
-import json
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import model_for
+from helpers import model_for, words_corpus
 from lenx.config import ConfigError
-from lenx.data.build import prepare_corpus
 from lenx.evaluation import retrieval
-
-WORDS = "river stone light north garden paper silver window market orchard".split()
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    root = tmp_path_factory.mktemp("data")
-    rng = np.random.default_rng(0)
-    path = root / "texts.jsonl"
-    with open(path, "w") as f:
-        for _ in range(60):
-            f.write(json.dumps({"text": " ".join(rng.choice(WORDS, 400)) + " 0123456789."}) + "\n")
-    prepare_corpus("words", root, from_path=path, vocab_size=300, progress=False)
-    from lenx.data import open_corpus
-
-    return open_corpus("words", root)
+    return words_corpus(tmp_path_factory.mktemp("data"))
 
 
 @pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
