@@ -5,11 +5,11 @@ as the committed files allow, from which domain.
     python scripts/repro/windows_epoch.py                 # --results results/epoch
 
 writes <results>/windows.md and windows.json. The committed eval.json files keep each window's
-document as its index in the test split, which the corpus build shuffles (splits.split_members), so
-the window's source (a kernel file, LaTeX, prose) is not recoverable from them: a per-window domain
-breakdown needs the test split's member list, which no committed file holds. What can be said:
-- the pool the windows are drawn from: the 527 test documents of at least 16,385 tokens, by their
-  opening (notes/code_corpus.md's heuristic): POOL below;
+document as its index in the test split; domains_epoch.py --corpus read each one's opening in the
+rebuilt corpus and wrote its domain to <results>/window_domains.json, which this script reads:
+- each window's domain, counted;
+- the pool the windows are drawn from: the 527 test documents of at least 16,385 tokens, by the same
+  rule;
 - the windows are drawn uniformly from that pool without repeats (lenx.evaluation.evaluate.
   eval_windows_with_documents), so each domain's count among the 64 follows the hypergeometric law:
   its expected count and 95% range;
@@ -23,9 +23,6 @@ from pathlib import Path
 import sys
 
 import numpy as np
-
-# notes/code_corpus.md, "Splits and the long-document test split": the 527 long test documents by their opening
-POOL = {"kernel files": 461, "LaTeX": 22, "POD": 6, "reStructuredText": 6, "prose and other": 32}
 
 
 def windows_of(results: Path) -> dict:
@@ -46,12 +43,17 @@ def breakdown(results: Path) -> dict:
     if len(groups) != 1:
         raise ValueError(f"the runs score {len(groups)} different sets of windows; each table needs its own breakdown")
     (documents, eval_seed, split), g = next(iter(groups.items()))
-    total, drawn = sum(POOL.values()), len(documents)
+    domains = json.loads((results / "window_domains.json").read_text())
+    if list(documents) != domains["window_documents"]:
+        raise ValueError("window_domains.json names other windows than the runs score; make it again with "
+                         "domains_epoch.py --corpus")
+    total, drawn = sum(domains["pool"].values()), len(documents)
     expected = {}
-    for domain, k in POOL.items():
+    for domain, k in domains["pool"].items():
         law = scipy.stats.hypergeom(total, k, drawn)
         expected[domain] = {"pool": k, "expected": round(drawn * k / total, 1), "range_95": [int(law.ppf(0.025)),
-                                                                                               int(law.ppf(0.975))]}
+                                                                                               int(law.ppf(0.975))],
+                            "windows": domains["window_domains"].count(domain)}
     per_token = np.asarray(g["bytes"]) / g["scored"]
     return {"written_by": "scripts/repro/windows_epoch.py", "runs": len(g["runs"]),
             "tables": sorted({r.split("/")[1] for r in g["runs"]}, key=lambda t: int(t[1:])), "split": split, "eval_seed": eval_seed,
@@ -59,27 +61,27 @@ def breakdown(results: Path) -> dict:
             "pool": expected, "bytes_per_token": {"min": round(float(per_token.min()), 2),
                                                   "median": round(float(np.median(per_token)), 2),
                                                   "max": round(float(per_token.max()), 2),
-                                                  "above_3": int((per_token > 3).sum())},
-            "missing": "the test split's member list (document index -> source file) is in no committed file; "
-                       "the corpus build computes it (splits.split_members) and a rebuild of `code` gives it back"}
+                                                  "above_3": int((per_token > 3).sum())}}
 
 
 def markdown(b: dict) -> str:
-    rows = [f"| {d} | {e['pool']} | {e['expected']} | {e['range_95'][0]}-{e['range_95'][1]} |" for d, e in b["pool"].items()]
+    rows = [f"| {d} | {e['pool']} | {e['expected']} | {e['range_95'][0]}-{e['range_95'][1]} | {e['windows']} |"
+            for d, e in b["pool"].items()]
     t = b["bytes_per_token"]
     return "\n".join([
         "# The test windows of the single-epoch tables", "",
         f"Made by scripts/repro/windows_epoch.py. All {b['runs']} runs ({', '.join(b['tables'])}) score the same "
         f"{b['windows']} windows, from {b['documents']} documents of the `{b['split']}` split (eval seed "
         f"{b['eval_seed']}), so every table and every claim rests on these windows.", "",
-        "Per-window domain: **not recoverable from the committed files**: " + b["missing"] + ". What follows is "
-        "what can be said without it: the domains of the pool the windows are drawn from (uniformly, without "
-        "repeats), and the count of each to expect among the windows.", "",
-        "| domain (by the document's opening) | long test documents | expected among the windows | 95% range |",
-        "|---|--:|--:|--:|", *rows, "",
+        "Each window's domain is read off its document's opening in the rebuilt corpus (window_domains.json, "
+        "by scripts/repro/domains_epoch.py --corpus, whose docstring states the rule). The windows are drawn "
+        "uniformly, without repeats, from the pool of long test documents; the table gives each domain's "
+        "count in the pool, the count to expect among the windows, and the count drawn. The tables split by "
+        "domain are in domains.md.", "",
+        "| domain (by the document's opening) | long test documents | expected among the windows | 95% range | "
+        "windows |", "|---|--:|--:|--:|--:|", *rows, "",
         f"Bytes per scored token, by window: {t['min']}-{t['max']} (median {t['median']}); {t['above_3']} windows "
-        "above 3 (the kernel tokenizes at about 2.5 characters a token, so these are the likeliest non-kernel "
-        "windows; a hint, not a classification).", ""])
+        "above 3 (the kernel tokenizes at about 2.5 characters a token).", ""])
 
 
 def main(argv: list[str] | None = None) -> int:
