@@ -39,6 +39,7 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
     """
     from ..report.compare import MIN_RESAMPLES, CompareError, compare_to_file
     from ..report.compare_tables import compare_report, unfinished_runs
+    from ..report.positions import draw_compare
     from ..report.tables import show
 
     named, out = out is not None, out or Path("compare.json")
@@ -52,10 +53,11 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
                 print(line, file=sys.stderr)
             show(compare_report(result))
 
-        compare_to_file(runs, out, named, force, reference, n=resamples, seed=seed, show=shown)
+        result = compare_to_file(runs, out, named, force, reference, n=resamples, seed=seed, show=shown)
+        figure = draw_compare(result, out.with_name(f"{out.stem}_per_position.png"))  # where runs have per_position
     except CompareError as e:
         _fail(e)
-    print(f"wrote {out}")
+    print(f"wrote {out}" + (f" and {figure}" if figure else ""))
 
 
 @_command("plot")

@@ -38,6 +38,7 @@ import tomllib
 import numpy as np
 
 from ..fileio import OutputError, check_writable_file, write_json, written_by
+from .positions import method_curves
 from .stats import (document_shares, document_win_rate, leave_one_document_out, method_difference, method_interval,
                     same_seeds_difference, window_summary)
 
@@ -172,7 +173,7 @@ def load_run(run_dir: Path, label: str | None = None) -> dict:
             "train_len": result.get("train_len"), "step": result.get("step"), "finished": result.get("finished"),
             "windows": windows, "nll": {L: nll[L] for L in lengths}, "delta_p_tokens": result.get("delta_p_tokens"),
             "short": short, "tails": tails, "tokenizer": tokenizer_of(result), "sizes": _window_sizes(result, len(documents)),
-            "hf": result.get("kind") == "hf", "labelled": label is not None}
+            "hf": result.get("kind") == "hf", "labelled": label is not None, "per_position": result.get("per_position")}
 
 
 def tokenizer_of(result: dict) -> str:
@@ -409,13 +410,14 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
                 differences[method]["in_distribution"] = _difference(inside[method], inside[reference], documents, boot,
                                                                      scale)
 
+    curves = method_curves(groups, len(documents), documents, boot, CompareError)  # where eval.json has them
     return {"written_by": WRITTEN_BY, "unit": unit, "tokenizers": tokenizers, "level": level, "resamples": n,
             "seed": seed, "reference": reference,
             "corpus": windows["corpus"], "split": windows["split"], "eval_seed": windows["eval_seed"],
             "scored": windows["scored"], "lengths": lengths, "windows": int(len(documents)), "documents": distinct,
             "runs": [{"run": r["run"], "method": r["method"], "seed": r["seed"], "step": r["step"],
                       "finished": r["finished"], "tokenizer": r["tokenizer"]} for r in runs],
-            "methods": methods, "differences": differences}
+            "methods": methods, "differences": differences, **({"per_position": curves} if curves else {})}
 
 
 def compare_to_file(paths: list[Path], out: Path, named: bool, force: bool, reference: str | None = None,

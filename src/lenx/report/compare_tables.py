@@ -107,6 +107,12 @@ def _notes(result: dict, lengths: list[str]) -> list[str]:
         if m["delta_p_note"]:
             why.setdefault(m["delta_p_note"], []).append(method)
     notes += [f"ΔP left out ({', '.join(methods)}): {note}" for note, methods in why.items()]
+    curves = result.get("per_position") or {}
+    if curves:  # the curves themselves are in the JSON and the figure
+        without = [method for method, c in curves.items() if "nll" not in c]
+        notes.append(f"per-position loss (mean NLL in {max(len(c.get('nll', [])) for c in curves.values())} "
+                     "log-spaced position bins, with intervals): in the JSON's per_position and the _per_position.png "
+                     "figure beside it" + (f"; none for {', '.join(without)}" if without else ""))
     return notes
 
 
