@@ -145,7 +145,7 @@ def test_plot_does_not_load_checkpoints_or_models():
 
 
 # lenx.report's statistics and figures: they compute from result files with numpy, scipy and matplotlib
-STATS_AND_FIGURES = ("compare.py", "stats.py", "plot.py")
+STATS_AND_FIGURES = ("compare.py", "stats.py", "plot.py", "positions.py", "effective.py")
 
 
 def test_report_reads_results_only():

@@ -116,6 +116,7 @@ class EvalConfig:
     split: str = "test"
     seed: int = 1234
     token_budget: int = 0  # tokens per forward batch; 0 = automatic
+    per_position: bool = False  # also the mean NLL per position, binned (`lenx eval --per-position`)
 
 
 @dataclass

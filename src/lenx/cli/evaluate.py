@@ -43,6 +43,10 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
                                                  "or a comma list of suite tasks (writes eval_<task>.json)"),
              depths: str = typer.Option(None, help="--task: comma-separated depths in [0, 1] (default 0,0.25,0.5,0.75,1)"),
              samples: int = typer.Option(None, help="--task: inputs per length and depth (default 8)"),
+             per_position: Optional[bool] = typer.Option(
+                 None, "--per-position/--no-per-position", show_default=False,
+                 help="also the mean NLL per token position of the longest windows, in log-spaced bins, from the "
+                      "same forward passes (eval.json's per_position; default: the run's eval.per_position)"),
              progress: Optional[bool] = ProgressOpt):
     """Evaluate a run: perplexity at every length, ΔP and full-sequence perplexity.
 
@@ -60,7 +64,8 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
     """
     if hf is not None:
         return _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, windows, scored, device,
-                        backend, step, rope_scaling, rope_scaling_factor, task, depths, samples, progress)
+                        backend, step, rope_scaling, rope_scaling_factor, task, depths, samples, progress,
+                        bool(per_position))
     from ..config import ConfigError, validate
     from ..evaluation.evaluate import evaluate, evaluate_task, result_name
     from ..fileio import check_writable_dir, check_writable_file
@@ -96,8 +101,9 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
                                   "--rope-scaling-factor does not apply to it")
         factor = _parse_factor(rope_scaling_factor or "auto")
         if task is not None:
-            if windows is not None or scored is not None:
-                raise ConfigError("--windows and --scored belong to the perplexity evaluation, not to --task")
+            if windows is not None or scored is not None or per_position is not None:
+                raise ConfigError("--windows, --scored and --per-position belong to the perplexity evaluation, "
+                                  "not to --task")
             result = evaluate_task(run, task, _parse_ints(lengths, "--lengths"), _parse_floats(depths, "--depths"),
                                    samples, device, backend, step, rope_scaling, factor, progress=_progress(progress))
         else:
@@ -105,7 +111,7 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
                 raise ConfigError("--depths and --samples belong to --task")
             result = evaluate(run, _parse_ints(lengths, "--lengths"), windows, scored, device, backend,
                               progress=_progress(progress), step=step, rope_scaling=rope_scaling,
-                              rope_scaling_factor=factor)
+                              rope_scaling_factor=factor, per_position=per_position)
     except _user_errors() as e:
         _fail(e)
     show([any_task_table(result) if task is not None else eval_table([result])])
@@ -113,7 +119,7 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
 
 
 def _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, windows, scored, device, backend, step,
-             rope_scaling, rope_scaling_factor, task, depths, samples, progress):
+             rope_scaling, rope_scaling_factor, task, depths, samples, progress, per_position=False):
     """`lenx eval --hf DIR`: every option checked (and the folder, the corpus and the windows) before
     the weights are loaded."""
     from ..config import ConfigError, resolve_device
@@ -135,8 +141,9 @@ def _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, wi
                        lengths=_parse_ints(lengths, "--lengths"), train_len=train_len, device=device,
                        progress=_progress(progress))
         if task is not None:
-            if windows is not None or scored is not None:
-                raise ConfigError("--windows and --scored belong to the perplexity evaluation, not to --task")
+            if windows is not None or scored is not None or per_position:
+                raise ConfigError("--windows, --scored and --per-position belong to the perplexity evaluation, "
+                                  "not to --task")
             from ..evaluation.hf_eval import evaluate_hf_task
 
             result = evaluate_hf_task(hf, task, depths=_parse_floats(depths, "--depths"), samples=samples, **options)
@@ -145,7 +152,7 @@ def _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, wi
                 raise ConfigError("--depths and --samples belong to --task")
             from ..evaluation.hf_eval import evaluate_hf
 
-            result = evaluate_hf(hf, windows=windows, scored=scored, **options)
+            result = evaluate_hf(hf, windows=windows, scored=scored, per_position=per_position, **options)
     except _user_errors() as e:
         _fail(e)
     show([any_task_table(result) if task is not None else hf_table(result)])

@@ -32,6 +32,12 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
     With --reference, the paired difference of every other method to it, with the same interval,
     and the verdicts that a single document decides.
 
+    Each method's effective length: the longest length up to which its perplexity stays within
+    0.85 of its own at the training length (ppl(L) <= ppl(T_train) / 0.85), and per task of the
+    suite files (eval_<tasks>.json) its runs have, with a range from the intervals. Runs evaluated
+    with --per-position get their loss-by-position curves, with intervals per bin, in the JSON and
+    in <out>_per_position.png.
+
     All runs must be
     evaluated on the same windows (corpus, split, eval.seed, windows, scored and lengths). Writes
     the numbers to --out as JSON (compare.json: an earlier one there is replaced only with --force;
@@ -39,6 +45,7 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
     """
     from ..report.compare import MIN_RESAMPLES, CompareError, compare_to_file
     from ..report.compare_tables import compare_report, unfinished_runs
+    from ..report.positions import draw_compare
     from ..report.tables import show
 
     named, out = out is not None, out or Path("compare.json")
@@ -52,10 +59,11 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
                 print(line, file=sys.stderr)
             show(compare_report(result))
 
-        compare_to_file(runs, out, named, force, reference, n=resamples, seed=seed, show=shown)
+        result = compare_to_file(runs, out, named, force, reference, n=resamples, seed=seed, show=shown)
+        figure = draw_compare(result, out.with_name(f"{out.stem}_per_position.png"))  # where runs have per_position
     except CompareError as e:
         _fail(e)
-    print(f"wrote {out}")
+    print(f"wrote {out}" + (f" and {figure}" if figure else ""))
 
 
 @_command("plot")

@@ -24,6 +24,7 @@ from ..model import LM
 from ..model.checkpoint import weights_step
 from ..model.precision import autocast_for
 from ..runs import load_model, open_run_corpus, run_config, run_weights
+from . import positions
 from .batches import halving_batches
 from .files import describe, write_evaluation
 
@@ -255,7 +256,7 @@ def _window_bytes(corpus, data: np.ndarray, nll_at: dict, scored: int, delta_k: 
 def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | None = None, scored: int | None = None,
              device: str = "auto", backend: str | None = None, token_budget: int | None = None,
              progress: bool = True, write: bool = True, step: int | None = None, rope_scaling: str | None = None,
-             rope_scaling_factor: float | None = None) -> dict:
+             rope_scaling_factor: float | None = None, per_position: bool | None = None) -> dict:
     """Evaluate a run's last checkpoint (or the one it kept at `step`) and write eval.json (or
     eval_step<N>.json; with rope_scaling, eval_rope-<scaling>.json); an evaluation there with other
     settings is kept beside it as eval.<key>.json (lenx.evaluation.files). Options left None take the
@@ -263,7 +264,9 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
     the one the run was trained on (lenx.runs.check_run_corpus). eval.json records the
     checkpoint's step and whether training had finished; a warning on stderr says when it had not.
     rope_scaling: evaluate a RoPE model with a context extension (attention/rope.py) applied at every
-    length, without retraining; the fused SDPA path stays in use."""
+    length, without retraining; the fused SDPA path stays in use. per_position (None: eval.per_position):
+    also the mean NLL per position of the longest windows, binned (lenx.evaluation.positions), from
+    the same forward passes."""
     run_dir = Path(run_dir)
     check_options(lengths, windows, scored, token_budget, step)
     cfg = run_config(run_dir)
@@ -307,6 +310,8 @@ def evaluate(run_dir: Path, lengths: list[int] | None = None, windows: int | Non
     if bar is not None:
         bar.close()
     extra = _window_bytes(corpus, data, nll_at, scored, delta_k, per_length)
+    if cfg.eval.per_position if per_position is None else per_position:
+        extra["per_position"] = positions.per_position(nll_at[max(lengths)].numpy())
     result = _header(run_dir, cfg, at_step, finished, scaling, corpus) | {
         **settings, "window_note": note, "window_documents": documents.tolist(),
         # windows are nested, so the windows of every length come from these many documents

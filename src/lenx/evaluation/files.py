@@ -31,6 +31,8 @@ def settings_key(result: dict) -> str:
     """8 hex digits of a hash over what `result` measured (KEY_FIELDS, and EXTRA_KEY_FIELDS where it has them)."""
     what = {key: result.get(key) for key in KEY_FIELDS}
     what |= {key: result[key] for key in EXTRA_KEY_FIELDS if key in result}
+    if isinstance(result.get("per_position"), dict):  # binned per position: not the evaluation without it
+        what["per_position"] = result["per_position"].get("edges")
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:8]
 
 

@@ -26,6 +26,7 @@ from ..config import ConfigError, EvalConfig, resolve_device
 from ..data import DataError, open_corpus
 from ..fileio import check_writable_dir, check_writable_file, write_json
 from ..runs import check_run_corpus, run_config
+from . import positions
 from .evaluate import _positive_int, _rounded, check_options, default_lengths, eval_windows_with_documents
 from .files import kept_note, write_evaluation
 from .hf import HFReader, check_folder, config_summary, default_train_len, load_model, quiet, tokenizer_summary
@@ -202,10 +203,11 @@ def evaluate_hf(model_dir: Path, corpus: str | None = None, data_root: Path | No
                 out: Path | None = None, name: str | None = None, lengths: list[int] | None = None,
                 windows: int | None = None, scored: int | None = None, train_len: int | None = None,
                 device: str = "auto", token_budget: int | None = None, progress: bool = True,
-                write: bool = True) -> dict:
+                write: bool = True, per_position: bool = False) -> dict:
     """Perplexity at every length, ΔP and bits per byte of an HF model (the module docstring);
     writes eval.json and meta.json into `out`. Every option and the model folder are checked before
-    the weights are loaded."""
+    the weights are loaded. per_position: also the mean NLL per position of the model's tokens at
+    the longest length, binned (lenx.evaluation.positions), from the same forward passes."""
     check_options(token_budget=token_budget)
     p = _Prepared(model_dir, out, name, device, corpus=corpus, data_root=data_root, like=like, lengths=lengths,
                   windows=windows, scored=scored, train_len=train_len)
@@ -269,6 +271,9 @@ def evaluate_hf(model_dir: Path, corpus: str | None = None, data_root: Path | No
                           "delta_p": [len(t.ids) - k for t, k in zip(texts, d)]},
         "window_bytes": {"scored": scored_bytes, "delta_p": [t.bytes_from(k) for t, k in zip(texts, d)]},
         "results": per_length}
+    if per_position:
+        rows = positions.model_token_rows([nll for nll, _ in nll_at[max(lengths)]])
+        result["per_position"] = positions.per_position(rows, "corpus tokens" if p.convert.same else "model tokens")
     if write:
         p.write("eval.json", result)
     return result

@@ -99,7 +99,8 @@ def score_case(model, case: dict, decode, device, autocast) -> tuple[float, floa
 def run_suite(model, corpus, tasks: list[str], lengths: list[int], depths, samples: int = 8, seed: int = 1234,
               split: str = "test", device=None, autocast=None, progress=None, score=None) -> dict:
     """Every task on lengths x depths -> {"task": "suite", "tasks": {name: {"exact", "logprob": grids
-    [len(lengths)][len(depths)], "chance", "instances"}}, ...}. All cases are built (and checked)
+    [len(lengths)][len(depths)], "exact_cases", "logprob_cases": each case's score [lengths][depths][samples]
+    (what the intervals of lenx compare resample), "chance", "instances"}}, ...}. All cases are built (and checked)
     before any scoring, so bad input fails before work starts. score(model, case) overrides scoring
     (tests: oracle, random and uniform models)."""
     built = {t: [[[build_case(corpus, t, L, d, i, seed, split) for i in range(samples)] for d in depths]
@@ -109,14 +110,16 @@ def run_suite(model, corpus, tasks: list[str], lengths: list[int], depths, sampl
         score = lambda m, c: score_case(m, c, corpus.decode, device, autocast or nullcontext)  # noqa: E731
     out = {}
     for t in tasks:
-        grids = {"exact": [], "logprob": []}
+        grids = {"exact": [], "logprob": [], "exact_cases": [], "logprob_cases": []}
         for row in built[t]:
-            grids["exact"].append([])
-            grids["logprob"].append([])
+            for grid in grids.values():
+                grid.append([])
             for cell in row:
                 scores = [score(model, c) for c in cell]
                 grids["exact"][-1].append(float(np.mean([s[0] for s in scores])))
                 grids["logprob"][-1].append(float(np.mean([s[1] for s in scores])))
+                grids["exact_cases"][-1].append([float(s[0]) for s in scores])
+                grids["logprob_cases"][-1].append([round(float(s[1]), 6) for s in scores])
                 if progress is not None:
                     progress(t)
         cases = [c for row in built[t] for cell in row for c in cell]

@@ -38,6 +38,8 @@ import tomllib
 import numpy as np
 
 from ..fileio import OutputError, check_writable_file, write_json, written_by
+from .effective import RULE, perplexity_effective, suite_effective
+from .positions import method_curves
 from .stats import (document_shares, document_win_rate, leave_one_document_out, method_difference, method_interval,
                     same_seeds_difference, window_summary)
 
@@ -172,7 +174,7 @@ def load_run(run_dir: Path, label: str | None = None) -> dict:
             "train_len": result.get("train_len"), "step": result.get("step"), "finished": result.get("finished"),
             "windows": windows, "nll": {L: nll[L] for L in lengths}, "delta_p_tokens": result.get("delta_p_tokens"),
             "short": short, "tails": tails, "tokenizer": tokenizer_of(result), "sizes": _window_sizes(result, len(documents)),
-            "hf": result.get("kind") == "hf", "labelled": label is not None}
+            "hf": result.get("kind") == "hf", "labelled": label is not None, "per_position": result.get("per_position")}
 
 
 def tokenizer_of(result: dict) -> str:
@@ -389,6 +391,8 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
             per_length[str(L)] = entry
         methods[method] = {"runs": [r["run"] for r in members], "seeds": [r["seed"] for r in members],
                            "train_len": T, "delta_p_note": note, "lengths": per_length}
+        methods[method]["effective_length"] = perplexity_effective(stacked[method], members, terms, windows["scored"],
+                                                                   documents, boot, unit)
         if terms is not None:
             methods[method]["delta_p_seeds"] = terms[2]  # the seeds ΔP is measured on
             methods[method]["in_distribution"] = _interval_entry(terms[0], documents, boot, unit) | {
@@ -409,13 +413,16 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
                 differences[method]["in_distribution"] = _difference(inside[method], inside[reference], documents, boot,
                                                                      scale)
 
+    curves = method_curves(groups, len(documents), documents, boot, CompareError)  # where eval.json has them
+    suite = suite_effective(groups, level)  # each method's effective length on the suite files its runs have
     return {"written_by": WRITTEN_BY, "unit": unit, "tokenizers": tokenizers, "level": level, "resamples": n,
             "seed": seed, "reference": reference,
             "corpus": windows["corpus"], "split": windows["split"], "eval_seed": windows["eval_seed"],
             "scored": windows["scored"], "lengths": lengths, "windows": int(len(documents)), "documents": distinct,
             "runs": [{"run": r["run"], "method": r["method"], "seed": r["seed"], "step": r["step"],
                       "finished": r["finished"], "tokenizer": r["tokenizer"]} for r in runs],
-            "methods": methods, "differences": differences}
+            "methods": methods, "differences": differences, "effective_length_rule": RULE,
+            **({"per_position": curves} if curves else {}), **({"suite": suite} if suite else {})}
 
 
 def compare_to_file(paths: list[Path], out: Path, named: bool, force: bool, reference: str | None = None,

@@ -84,11 +84,37 @@ def compare_report(result: dict) -> list[Table | str]:
                        *("" if e is None else _interval(e["value"], e["lo"], e["hi"], "+", 3 if bpb else 2) + _dagger(e)
                          for e in entries))
         items.append(dp)
+    items += effective_tables(result)
     items += _notes(result, lengths)
 
     if result["reference"] is not None and result["differences"]:
         items += _difference_tables(result, lengths, pct, inside, what)
     return items
+
+
+def effective_cell(e: dict | None) -> str:
+    """An effective length "L [lo, hi]" (≥ where it is the longest evaluated), or "-" where there is none."""
+    if not e or "length" not in e:
+        return "-"
+    return f"{'≥' if e['reaches_longest'] else ''}{e['length']} [{e['lo']}, {e['hi']}]"
+
+
+def effective_tables(result: dict) -> list[Table | str]:
+    """Each method's effective length by perplexity, then by each suite file's tasks (suite_tables)."""
+    from .suite_tables import suite_effective_tables
+
+    rows = {method: m["effective_length"] for method, m in result["methods"].items() if "effective_length" in m}
+    tables = []
+    if rows:
+        table = Table("effective length by perplexity: the longest length up to which ppl(L) <= ppl(T_train) / 0.85 "
+                      "[range]",
+                      [Column("method", no_wrap=True), Column("effective length", "right"), Column("reference")],
+                      caption="≥: the longest evaluated length (it may hold further); range: the rule on each length's "
+                              "95% interval bounds (pointwise); the JSON's effective_length_rule states the rule")
+        for method, e in rows.items():
+            table.add_row(method, effective_cell(e), e.get("reference") or e.get("note", ""))
+        tables.append(table)
+    return tables + suite_effective_tables(result)
 
 
 def _notes(result: dict, lengths: list[str]) -> list[str]:
@@ -107,6 +133,12 @@ def _notes(result: dict, lengths: list[str]) -> list[str]:
         if m["delta_p_note"]:
             why.setdefault(m["delta_p_note"], []).append(method)
     notes += [f"ΔP left out ({', '.join(methods)}): {note}" for note, methods in why.items()]
+    curves = result.get("per_position") or {}
+    if curves:  # the curves themselves are in the JSON and the figure
+        without = [method for method, c in curves.items() if "nll" not in c]
+        notes.append(f"per-position loss (mean NLL in {max(len(c.get('nll', [])) for c in curves.values())} "
+                     "log-spaced position bins, with intervals): in the JSON's per_position and the _per_position.png "
+                     "figure beside it" + (f"; none for {', '.join(without)}" if without else ""))
     return notes
 
 

@@ -277,6 +277,8 @@ def load_results(path: Path) -> list[dict]:
 
 def _kind(data) -> str | None:
     """Which figure a JSON file feeds, by its content (None: not a figure's data)."""
+    if isinstance(data, dict) and data.get("written_by") == "lenx compare":
+        return "compare"
     if not isinstance(data, dict):
         return "results" if isinstance(data, list) and data and all(
             isinstance(r, dict) and "results" in r for r in data) else None
@@ -322,10 +324,15 @@ def redraw_file(path: Path, folder: Path | None = None) -> list[Path]:
         written = [plot_perplexity(results, _figure_name(path, folder, "perplexity"))]
         if any("delta_p" in row for r in results for row in r["results"].values()):
             written.append(plot_delta_p(results, _figure_name(path, folder, "delta_p")))
+        written += _positions_figure(results, _figure_name(path, folder, "per_position"))
         if isinstance(data, dict) and data.get("curves"):
             written.append(plot_loss_curves(data["curves"], _figure_name(path, folder, "loss"),
                                             val_curves=data.get("val_curves")))
         return written
+    if kind == "compare":  # `lenx compare`'s JSON: its per-position curves, where it has them
+        from .positions import draw_compare
+
+        return [f for f in [draw_compare(data, _figure_name(path, folder, "per_position"))] if f]
     if kind == "attention":
         return [draw_attention_maps(load_attention_maps(path), folder / f"{path.stem}.png")]
     if kind == "retrieval":
@@ -405,4 +412,12 @@ def _draw_together(evals: list[tuple[Path, dict]], folder: Path) -> list[Path]:
     written = [plot_perplexity(results, folder / "perplexity.png")]
     if any("delta_p" in row for r in results for row in r["results"].values()):
         written.append(plot_delta_p(results, folder / "delta_p.png"))
-    return written
+    return written + _positions_figure(results, folder / "per_position.png")
+
+
+def _positions_figure(results: list[dict], out: Path) -> list[Path]:
+    """The per-position loss of the results that have it (lenx.report.positions), one curve each."""
+    from .positions import plot_curves, result_curves
+
+    curves = result_curves(results, error=PlotError)
+    return [plot_curves(curves, out)] if curves else []

@@ -26,3 +26,26 @@ def split_suite(result: dict) -> list[dict]:
     the per-task heatmaps of `lenx plot`."""
     common = {k: v for k, v in result.items() if k != "tasks"}
     return [common | r | {"task": name} for name, r in result["tasks"].items()]
+
+
+def suite_effective_tables(result: dict) -> list[Table | str]:
+    """`lenx compare`: per suite file, each method's effective length per task, by exact match and by
+    the answer's log-probability (lenx.report.effective's rule)."""
+    from .compare_tables import effective_cell
+
+    tables = []
+    for name, f in (result.get("suite") or {}).items():
+        if "methods" not in f:
+            tables.append(f"{name}: no effective length: {f['note']}")
+            continue
+        table = Table(f"{name}: effective length per task (exact match >= 0.85 x, answer log-probability >= ln 0.85 + "
+                      "its value at the training length) [range]",
+                      [Column("method", no_wrap=True), Column("task"), Column("exact match", "right"),
+                       Column("log-probability", "right")],
+                      caption=f"lengths {', '.join(map(str, f['lengths']))}; {f['samples']} instances per length and "
+                              "depth; -: none (at chance at the training length, or not evaluated there: the JSON says)")
+        for method, tasks in f["methods"].items():
+            for task, e in tasks.items():
+                table.add_row(method, task, effective_cell(e.get("exact")), effective_cell(e.get("logprob")))
+        tables.append(table)
+    return tables

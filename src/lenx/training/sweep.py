@@ -100,7 +100,8 @@ def _run_state(run_dir: Path, eval_kwargs: dict | None) -> str:
     settings = eval_settings(saved, **_eval_options(eval_kwargs))
     # an eval.json without window_distinct_documents drew its windows before they were made distinct
     current = isinstance(result, dict) and result.get("step") == step and result.get("finished") is True \
-        and "window_distinct_documents" in result and all(result.get(key) == value for key, value in settings.items())
+        and "window_distinct_documents" in result and all(result.get(key) == value for key, value in settings.items()) \
+        and (not saved.eval.per_position or "per_position" in result)  # eval.per_position asked for the bins
     return "done" if current else "trained"
 
 
