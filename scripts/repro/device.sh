@@ -18,7 +18,8 @@
 set -u
 PLAN=${PLAN:-repro}
 # the repro plan's finished jobs (carry/done.txt) are not the controls'
-case $PLAN in repro) default_skip=carry/done.txt ;; epoch) default_skip=results/epoch/done.txt ;; *) default_skip="" ;; esac
+case $PLAN in repro) default_skip=carry/done.txt ;; epoch) default_skip=results/epoch/done.txt ;;
+  recipe) default_skip=results/recipe/done.txt ;; *) default_skip="" ;; esac
 R=runs/$PLAN
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 export LENX_GIT_COMMIT=${COMMIT:-$(cat carry/commit.txt)}
@@ -35,7 +36,7 @@ if ! { [ -f $pid_file ] && kill -0 "$(cat $pid_file)" 2>/dev/null; }; then
       dest=$R/che/$(basename "$(dirname "$log")")
       [ -f "$dest/runs.jsonl" ] || { mkdir -p "$dest" && cp "$log" "$dest/"; }
     done
-  elif [ "$PLAN" = epoch ]; then
+  elif [ "$PLAN" = epoch ] || [ "$PLAN" = recipe ]; then
     # issue 29 step 4: the sharded `code` corpus came in earlier calls: .carry/code (pack_corpus.py's
     # pieces of its top-level files) and .carry/shards/*.bin.xz (the train shards the runs read)
     [ -f data/code/manifest.json ] || python3 scripts/data/pack_corpus.py unpack .carry/code data/code || exit 1

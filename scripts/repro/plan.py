@@ -118,13 +118,14 @@ EPOCH_STEPS = 4 if SMOKE else 3052
 EPOCH_TOKENS_PER_STEP = 256 * 128  # the 125m preset's batch at T 128
 
 
-def epoch_job(method: str, seed: int, extra: tuple = (), name: str | None = None, seq_len: int = 128) -> dict:
+def epoch_job(method: str, seed: int, extra: tuple = (), name: str | None = None, seq_len: int = 128,
+              root: str = EPOCH, experiment: str = "epoch") -> dict:
     """One 125M run of issue 29 step 4: one pass over fresh `code` tokens at training length seq_len
     (32768 tokens a step, no gradient accumulation: 64 x 512 fits an 80 GB GPU), evaluated to 16384 on
     code's long test split; the checkpoint is deleted once the evaluation has run. A job takes one whole
     GPU ("solo": several run at once on a machine of several GPUs)."""
     name = name or f"{method}-s{seed}"
-    run = f"{EPOCH}/T{seq_len}/{name}"
+    run = f"{root}/T{seq_len}/{name}"
     sets = [f"model.method={method}", f"train.seed={seed}", f"train.steps={EPOCH_STEPS}", "train.sampling=pass",
             "train.ckpt_every=1000", "train.val_every=250", "train.val_batches=16", "data.corpus=code",
             "eval.max_length=16384", *extra]
@@ -135,7 +136,7 @@ def epoch_job(method: str, seed: int, extra: tuple = (), name: str | None = None
                  f"eval.max_length={max(512, 2 * seq_len)}", "train.device=cpu"]
     cmd = train_and_eval("125m", sets, run) + f" && rm -rf {run}/ckpt"
     # T 128's ids are those of the runs already made (results/epoch/done.txt)
-    job_id = f"epoch/{name}" if seq_len == 128 else f"epoch/T{seq_len}/{name}"
+    job_id = f"{experiment}/{name}" if seq_len == 128 else f"{experiment}/T{seq_len}/{name}"
     return {"id": job_id, "kind": "solo", "run": run, "cmd": cmd}
 
 
@@ -153,6 +154,21 @@ def epoch() -> list[dict]:
     jobs += [epoch_job(m, s, seq_len=512) for s in (0, 1) for m in headline]
     jobs += [epoch_job(m, 0, seq_len=2048) for m in ("stickbreaking", "rope", "kerple")]
     return jobs
+
+
+# Issue 44: the T 2048 recipe. The epoch recipe (lr 6e-4, warm-up 1% = 30 steps, at 16 x 2048) trails
+# its T 512 runs by 0.4-0.5 nats over steps 100-1000; each recipe here changes one thing.
+RECIPES = {"warm10": ("train.warmup_frac=0.1",), "lr3e-4": ("train.lr=3e-4",)}
+
+
+def recipe() -> list[dict]:
+    """Issue 44 part 2: Kerple at T 2048 (16 x 2048, the epoch runs' data and steps) with each recipe,
+    seed 0 of every recipe first (a cut-off session still compares them all), then seed 1, then seed 1
+    of the epoch recipe itself (its seed 0 is results/epoch's T2048/kerple-s0); evaluated as the epoch
+    runs, with the per-position loss."""
+    jobs = [epoch_job("kerple", s, (*sets, "eval.per_position=true"), f"kerple-{r}-s{s}", 2048, "runs/recipe",
+                      "recipe") for s in (0, 1) for r, sets in RECIPES.items()]
+    return jobs + [epoch_job("kerple", 1, ("eval.per_position=true",), "kerple-s1", 2048, "runs/recipe", "recipe")]
 
 
 def controls() -> list[dict]:
@@ -195,7 +211,7 @@ def controls() -> list[dict]:
 
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "repro"
-    plans = {"repro": plan, "controls": controls, "epoch": epoch}
+    plans = {"repro": plan, "controls": controls, "epoch": epoch, "recipe": recipe}
     if which not in plans:
         sys.exit(f"plan.py: the plan is one of {', '.join(plans)}, got {which!r}")
     json.dump(plans[which](), sys.stdout, indent=1)
