@@ -113,6 +113,7 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
     except _user_errors() as e:
         _fail(e)
     show([any_task_table(result) if task is not None else eval_table([result])])
+    _positions_line(result)
     print(f"wrote {Path(run) / result_name(step, rope_scaling, task and result['task'])}")
 
 
@@ -152,6 +153,7 @@ def _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, wi
     except _user_errors() as e:
         _fail(e)
     show([any_task_table(result) if task is not None else hf_table(result)])
+    _positions_line(result)
     written = f"eval_{result['task']}.json" if task else "eval.json"
     print(f"wrote {Path(result['run']) / written}")
 
@@ -288,6 +290,14 @@ def _drop_stdout() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError):
         pass
+
+
+def _positions_line(result: dict) -> None:
+    """One line on the per-position loss, where the evaluation has it (the bins are in the JSON)."""
+    pp = result.get("per_position")
+    if pp:
+        print(f"per-position NLL: {len(pp['nll'])} bins of positions 0-{pp['from_length'] - 1} ({pp['unit']}), "
+              f"{pp['nll'][0]:.3f} in the first, {pp['nll'][-1]:.3f} in the last; `lenx plot` draws them")
 
 
 def _perplexity_only(windows, scored, per_position) -> None:
