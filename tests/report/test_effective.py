@@ -147,3 +147,15 @@ def test_run_suite_keeps_each_instances_score(tmp_path):
     assert np.asarray(r["exact_cases"]).shape == np.asarray(r["logprob_cases"]).shape == (2, 2, 3)
     assert np.allclose(np.mean(r["exact_cases"], axis=2), r["exact"])
     assert np.allclose(np.mean(r["logprob_cases"], axis=2), r["logprob"], atol=1e-6)
+
+
+def test_a_malformed_suite_file_is_a_note_not_a_traceback(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    broken = _suite({128: 1.0, 256: 1.0}, {128: -1.0, 256: -1.0})
+    broken["tasks"]["vt"]["exact_cases"] = [[[1.0]]]  # one length's scores for two lengths
+    (run / "eval_vt.json").write_text(json.dumps(broken))
+    out = suite_effective({"m": [{"run": str(run), "train_len": 128}]})
+    assert "evaluate it again" in out["eval_vt.json"]["note"]
+    (run / "eval_vt.json").write_text(json.dumps(broken | {"tasks": {"vt": 3}}))
+    assert "evaluate it again" in suite_effective({"m": [{"run": str(run), "train_len": 128}]})["eval_vt.json"]["note"]

@@ -175,6 +175,9 @@ def suite_effective(groups: dict[str, list[dict]], level: float = 0.95) -> dict:
     for name, by_method in sorted(files.items()):
         every = [r for results in by_method.values() for r in results]
         first = every[0]
+        if any(not all(isinstance(t, dict) for t in r["tasks"].values()) for r in every):
+            out[name] = {"note": "a run's file holds a task that is not a score grid; evaluate it again"}
+            continue
         differ = [key for key in SUITE_KEYS if any(r.get(key) != first.get(key) for r in every)]
         tasks = sorted(set.intersection(*(set(r["tasks"]) for r in every)), key=list(first["tasks"]).index)
         if differ or any(r["tasks"][t].get("instances") != first["tasks"][t].get("instances") for r in every
@@ -182,7 +185,11 @@ def suite_effective(groups: dict[str, list[dict]], level: float = 0.95) -> dict:
             out[name] = {"note": f"its runs were evaluated on other instances ({', '.join(differ) or 'instances'} "
                                  "differ): evaluate every run with the same --lengths, --depths, --samples"}
             continue
-        methods = {method: {t: _task_effective(results, t, groups[method][0]["train_len"], level) for t in tasks}
-                   for method, results in by_method.items()}
+        try:
+            methods = {method: {t: _task_effective(results, t, groups[method][0]["train_len"], level) for t in tasks}
+                       for method, results in by_method.items()}
+        except (KeyError, IndexError, TypeError, ValueError):  # grids that do not match their lengths and depths
+            out[name] = {"note": "a run's file does not hold a score per length and depth; evaluate it again"}
+            continue
         out[name] = {key: first.get(key) for key in SUITE_KEYS} | {"tasks": tasks, "methods": methods}
     return out
