@@ -62,8 +62,9 @@ def test_per_position_is_the_perplexity_windows_nll(work):  # noqa: F811
 
 def test_eval_compare_and_plot_per_position_from_another_folder(work, tmp_path):  # noqa: F811
     w = copy_work(work, tmp_path / "w")
-    ok(lenx("eval", "../runs/r", "--lengths", "32,64", "--per-position", "--device", "cpu", cwd=w / "elsewhere"))
+    out = ok(lenx("eval", "../runs/r", "--lengths", "32,64", "--per-position", "--device", "cpu", cwd=w / "elsewhere"))
     result = json.loads((w / "runs" / "r" / "eval.json").read_text())
+    assert f"per-position NLL: {len(result['per_position']['nll'])} bins of positions 0-63" in out.stdout
     pp = result["per_position"]
     assert pp["edges"][0] == 0 and pp["edges"][-1] == 64 and 32 in pp["edges"] and pp["from_length"] == 64
     assert len(pp["nll"]) == len(pp["edges"]) - 1 == len(pp["window_nll"])

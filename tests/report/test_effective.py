@@ -33,28 +33,32 @@ def test_perplexity_within_0_85_at_the_boundary():
     documents = np.arange(20)
     flat = lambda v: np.full((2, 20), v)  # noqa: E731
     stacked = {128: flat(3.0), 256: flat(3.10), 512: flat(3.16), 1024: flat(3.17), 2048: flat(3.0)}
-    e = perplexity_effective(stacked, _runs(), None, 256, documents, BOOT)
+    e = perplexity_effective(stacked, _runs(), None, documents, BOOT)
     assert e["length"] == e["lo"] == e["hi"] == 512 and not e["reaches_longest"]
-    assert e["margins"]["1024"]["ratio"] == pytest.approx(math.exp(0.17)) and e["reference"] == "perplexity at 128"
+    assert e["margins"]["1024"]["ratio"] == pytest.approx(math.exp(0.17)) and e["reference"] == "the scored tokens at 128"
     # noise: the range widens around the point
     rng = np.random.default_rng(0)
     noisy = {L: v + rng.normal(0, 0.3, v.shape) for L, v in stacked.items()}
-    e = perplexity_effective(noisy, _runs(), None, 256, documents, BOOT)
+    e = perplexity_effective(noisy, _runs(), None, documents, BOOT)
     assert e["lo"] <= e["length"] <= e["hi"] and e["lo"] < e["hi"]
     # in bits per byte the same ratio is per byte: -log2(0.85) bits
     bits = {L: v / math.log(2) for L, v in stacked.items()}
-    assert perplexity_effective(bits, _runs(), None, 256, documents, BOOT, unit="bpb")["length"] == 512
+    assert perplexity_effective(bits, _runs(), None, documents, BOOT, unit="bpb")["length"] == 512
 
 
 def test_perplexity_without_the_training_length():
+    """Trained at 128, evaluated from 256: ΔP's terms (the last 128 tokens read with 128 tokens of
+    input, and read at L) are the reference; without them there is none."""
     documents = np.arange(10)
     stacked = {256: np.full((1, 10), 3.0), 512: np.full((1, 10), 3.5)}
-    assert "evaluate at 128" in perplexity_effective(stacked, _runs(seeds=1), None, 256, documents, BOOT)["note"]
-    # the in-distribution point of ΔP is the reference when it scores as many tokens as the lengths do
-    terms = (np.full((1, 10), 2.9), {}, [0])
-    e = perplexity_effective(stacked, _runs(seeds=1), terms, 128, documents, BOOT)
-    assert e["length"] == 256 and e["reference"].startswith("in distribution")
-    assert "note" in perplexity_effective(stacked, _runs(seeds=1), terms, 256, documents, BOOT)
+    assert "evaluate at 128" in perplexity_effective(stacked, _runs(seeds=1), None, documents, BOOT)["note"]
+    terms = (np.full((1, 10), 2.9), {256: np.full((1, 10), 3.0), 512: np.full((1, 10), 3.1)}, [0])
+    e = perplexity_effective(stacked, _runs(seeds=1), terms, documents, BOOT)
+    assert e["length"] == 256 and e["reference"].endswith("(ΔP's terms)")  # 3.1 is 0.2 above 2.9
+    assert e["margins"]["256"]["ratio"] == pytest.approx(math.exp(0.1))
+    # ΔP's terms of fewer seeds than the method has are not its reference
+    assert "note" in perplexity_effective({L: np.full((2, 10), 3.0) for L in (256, 512)}, _runs(seeds=2), terms,
+                                          documents, BOOT)
 
 
 def test_the_margin_interval():
@@ -143,3 +147,15 @@ def test_run_suite_keeps_each_instances_score(tmp_path):
     assert np.asarray(r["exact_cases"]).shape == np.asarray(r["logprob_cases"]).shape == (2, 2, 3)
     assert np.allclose(np.mean(r["exact_cases"], axis=2), r["exact"])
     assert np.allclose(np.mean(r["logprob_cases"], axis=2), r["logprob"], atol=1e-6)
+
+
+def test_a_malformed_suite_file_is_a_note_not_a_traceback(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    broken = _suite({128: 1.0, 256: 1.0}, {128: -1.0, 256: -1.0})
+    broken["tasks"]["vt"]["exact_cases"] = [[[1.0]]]  # one length's scores for two lengths
+    (run / "eval_vt.json").write_text(json.dumps(broken))
+    out = suite_effective({"m": [{"run": str(run), "train_len": 128}]})
+    assert "evaluate it again" in out["eval_vt.json"]["note"]
+    (run / "eval_vt.json").write_text(json.dumps(broken | {"tasks": {"vt": 3}}))
+    assert "evaluate it again" in suite_effective({"m": [{"run": str(run), "train_len": 128}]})["eval_vt.json"]["note"]

@@ -101,9 +101,7 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
                                   "--rope-scaling-factor does not apply to it")
         factor = _parse_factor(rope_scaling_factor or "auto")
         if task is not None:
-            if windows is not None or scored is not None or per_position is not None:
-                raise ConfigError("--windows, --scored and --per-position belong to the perplexity evaluation, "
-                                  "not to --task")
+            _perplexity_only(windows=windows, scored=scored, per_position=per_position)
             result = evaluate_task(run, task, _parse_ints(lengths, "--lengths"), _parse_floats(depths, "--depths"),
                                    samples, device, backend, step, rope_scaling, factor, progress=_progress(progress))
         else:
@@ -115,6 +113,7 @@ def eval_cmd(run: Path = typer.Argument(None, show_default=False, help="a run di
     except _user_errors() as e:
         _fail(e)
     show([any_task_table(result) if task is not None else eval_table([result])])
+    _positions_line(result)
     print(f"wrote {Path(run) / result_name(step, rope_scaling, task and result['task'])}")
 
 
@@ -141,9 +140,7 @@ def _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, wi
                        lengths=_parse_ints(lengths, "--lengths"), train_len=train_len, device=device,
                        progress=_progress(progress))
         if task is not None:
-            if windows is not None or scored is not None or per_position:
-                raise ConfigError("--windows, --scored and --per-position belong to the perplexity evaluation, "
-                                  "not to --task")
+            _perplexity_only(windows=windows, scored=scored, per_position=per_position or None)
             from ..evaluation.hf_eval import evaluate_hf_task
 
             result = evaluate_hf_task(hf, task, depths=_parse_floats(depths, "--depths"), samples=samples, **options)
@@ -156,6 +153,7 @@ def _eval_hf(hf, run, corpus, data_root, like, out, name, train_len, lengths, wi
     except _user_errors() as e:
         _fail(e)
     show([any_task_table(result) if task is not None else hf_table(result)])
+    _positions_line(result)
     written = f"eval_{result['task']}.json" if task else "eval.json"
     print(f"wrote {Path(result['run']) / written}")
 
@@ -292,6 +290,24 @@ def _drop_stdout() -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except (OSError, ValueError):
         pass
+
+
+def _positions_line(result: dict) -> None:
+    """One line on the per-position loss, where the evaluation has it (the bins are in the JSON)."""
+    pp = result.get("per_position")
+    if pp:
+        print(f"per-position NLL: {len(pp['nll'])} bins of positions 0-{pp['from_length'] - 1} ({pp['unit']}), "
+              f"{pp['nll'][0]:.3f} in the first, {pp['nll'][-1]:.3f} in the last; `lenx plot` draws them")
+
+
+def _perplexity_only(windows, scored, per_position) -> None:
+    """The options of the perplexity evaluation, refused with --task."""
+    from ..config import ConfigError
+
+    if windows is not None or scored is not None:
+        raise ConfigError("--windows and --scored belong to the perplexity evaluation, not to --task")
+    if per_position is not None:
+        raise ConfigError("--per-position belongs to the perplexity evaluation, not to --task")
 
 
 def _parse_factor(text: str) -> float:

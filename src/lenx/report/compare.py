@@ -391,8 +391,8 @@ def compare_runs(run_dirs: list[Path], reference: str | None = None, n: int = 20
             per_length[str(L)] = entry
         methods[method] = {"runs": [r["run"] for r in members], "seeds": [r["seed"] for r in members],
                            "train_len": T, "delta_p_note": note, "lengths": per_length}
-        methods[method]["effective_length"] = perplexity_effective(stacked[method], members, terms, windows["scored"],
-                                                                   documents, boot, unit)
+        methods[method]["effective_length"] = perplexity_effective(stacked[method], members, terms, documents, boot,
+                                                                   unit)
         if terms is not None:
             methods[method]["delta_p_seeds"] = terms[2]  # the seeds ΔP is measured on
             methods[method]["in_distribution"] = _interval_entry(terms[0], documents, boot, unit) | {

@@ -11,9 +11,10 @@ The rule (RULE, also written into compare.json), for every evaluated length L fr
   probability of the answer's tokens at least 0.85 of its value at T_train).
 The effective length is the last L before the first length that breaks the rule (T_train itself
 when the first longer one does); "reaches_longest" marks one that is the longest evaluated length
-(the method may hold further). The reference is the score at T_train: the perplexity at that
-length when it was evaluated, else the in-distribution point of ΔP (the last T_train tokens read
-alone) when it scores the same number of tokens; otherwise there is none and a note says why.
+(the method may hold further). The perplexity's reference is its score at T_train on the same
+tokens: the scored tokens at T_train when that length was evaluated, else ΔP's two terms (the last
+delta_p_tokens of each window read with T_train tokens of input, and read at L), which every
+eval.json since the 125M runs' second seeds keeps; otherwise there is none and a note says why.
 
 Its interval: each length's margin (how far inside the rule it is) gets a 95% interval over
 documents and seeds (perplexity: stats.same_seeds_difference of each seed's NLL at L and at
@@ -58,29 +59,32 @@ def longest_within(T: int, margins: dict[int, dict]) -> dict:
             "reaches_longest": bool(lengths) and length == lengths[-1]}
 
 
-def perplexity_effective(stacked: dict[int, np.ndarray], members: list[dict], terms, scored, documents, boot: dict,
+def perplexity_effective(stacked: dict[int, np.ndarray], members: list[dict], terms, documents, boot: dict,
                          unit: str = "ppl") -> dict:
-    """A method's effective length by its perplexity: stacked {L: [seeds, windows] window values},
-    its runs (train_len, delta_p_tokens), ΔP's terms (compare's: the in-distribution windows and
-    their seeds) for a training length that was not evaluated."""
+    """A method's effective length by its perplexity: stacked {L: [seeds, windows] window values of
+    the scored tokens}, its runs (train_len, delta_p_tokens) and ΔP's terms (compare's: the last
+    tokens read with T_train tokens of input, {L: the same tokens read at L}, their seeds), the
+    reference when the training length was not evaluated."""
     T = members[0]["train_len"]
     if not isinstance(T, int):
         return {"note": "its eval.json names no training length"}
     if T in stacked:
-        reference, where = stacked[T], f"perplexity at {T}"
-    elif terms is not None and len(terms[2]) == len(members) and members[0]["delta_p_tokens"] == scored:
-        reference, where = terms[0], f"in distribution (the last {scored} tokens read with {T} tokens of input)"
+        values, reference, where = stacked, stacked[T], f"the scored tokens at {T}"
+    elif terms is not None and len(terms[2]) == len(members):
+        values, reference = terms[1], terms[0]
+        where = f"the last {members[0]['delta_p_tokens']} tokens read with {T} tokens of input (ΔP's terms)"
     else:
-        return {"note": f"no score at its training length {T}: evaluate at {T} too (--lengths), or with eval.scored "
-                        "no longer than it"}
-    threshold = -math.log(FRACTION) / (math.log(2) if unit == "bpb" else 1.0)
+        return {"note": f"no score at its training length {T}: evaluate at {T} too (--lengths), or every seed again "
+                        "with `lenx eval RUN` (for ΔP's terms)"}
+    per_nat = math.log(2) if unit == "bpb" else 1.0
+    threshold = -math.log(FRACTION) / per_nat
     margins = {}
-    for L, values in stacked.items():
+    for L, v in sorted(values.items()):
         if L <= T:
             continue
-        d = same_seeds_difference(values, reference, documents, scale="nll", **boot)
+        d = same_seeds_difference(v, reference, documents, scale="nll", **boot)
         margins[L] = {"margin": threshold - d["diff"], "lo": threshold - d["hi"], "hi": threshold - d["lo"],
-                      "ratio": math.exp(d["diff"] * (math.log(2) if unit == "bpb" else 1.0)), "covers": d["covers"]}
+                      "ratio": math.exp(d["diff"] * per_nat), "covers": d["covers"]}
     return longest_within(T, margins) | {"reference": where, "margins": {str(L): m for L, m in margins.items()}}
 
 
@@ -171,6 +175,9 @@ def suite_effective(groups: dict[str, list[dict]], level: float = 0.95) -> dict:
     for name, by_method in sorted(files.items()):
         every = [r for results in by_method.values() for r in results]
         first = every[0]
+        if any(not all(isinstance(t, dict) for t in r["tasks"].values()) for r in every):
+            out[name] = {"note": "a run's file holds a task that is not a score grid; evaluate it again"}
+            continue
         differ = [key for key in SUITE_KEYS if any(r.get(key) != first.get(key) for r in every)]
         tasks = sorted(set.intersection(*(set(r["tasks"]) for r in every)), key=list(first["tasks"]).index)
         if differ or any(r["tasks"][t].get("instances") != first["tasks"][t].get("instances") for r in every
@@ -178,7 +185,11 @@ def suite_effective(groups: dict[str, list[dict]], level: float = 0.95) -> dict:
             out[name] = {"note": f"its runs were evaluated on other instances ({', '.join(differ) or 'instances'} "
                                  "differ): evaluate every run with the same --lengths, --depths, --samples"}
             continue
-        methods = {method: {t: _task_effective(results, t, groups[method][0]["train_len"], level) for t in tasks}
-                   for method, results in by_method.items()}
+        try:
+            methods = {method: {t: _task_effective(results, t, groups[method][0]["train_len"], level) for t in tasks}
+                       for method, results in by_method.items()}
+        except (KeyError, IndexError, TypeError, ValueError):  # grids that do not match their lengths and depths
+            out[name] = {"note": "a run's file does not hold a score per length and depth; evaluate it again"}
+            continue
         out[name] = {key: first.get(key) for key in SUITE_KEYS} | {"tasks": tasks, "methods": methods}
     return out
