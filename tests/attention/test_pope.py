@@ -70,7 +70,8 @@ def test_every_path_is_the_complex_reference_forward_and_backward(method, T):
     inputs = [x] + list(attn.parameters())
     want = reference(attn, x)
     want_grads = torch.autograd.grad((want * w).sum(), inputs)
-    backends = [b for b in ("dense", "chunked", "sdpa") if unsupported_reason(b, attn.parts, torch.device("cpu")) is None]
+    cpu = torch.device("cpu")
+    backends = [b for b in ("dense", "chunked", "sdpa") if unsupported_reason(b, attn.parts, cpu) is None]
     assert ("sdpa" in backends) == (method == "pope")
     for backend in backends:
         got = through(attn, x, backend)

@@ -114,7 +114,8 @@ def test_every_path_is_the_reference_forward_and_backward(method, T):
     inputs = [x] + list(attn.parameters())
     want = reference(attn, x)
     want_grads = grads(want, inputs, w)
-    backends = [b for b in ("dense", "chunked", "sdpa") if unsupported_reason(b, attn.parts, torch.device("cpu")) is None]
+    cpu = torch.device("cpu")
+    backends = [b for b in ("dense", "chunked", "sdpa") if unsupported_reason(b, attn.parts, cpu) is None]
     assert ("sdpa" in backends) == (attn.bias is None and attn.processor is None)
     for backend in backends:
         got = through(attn, x, backend)
@@ -209,7 +210,8 @@ def test_a_left_padded_batch_decodes_each_prompt_at_its_own_positions(method):
 
 def test_names_compose_and_the_meaningless_ones_say_why():
     spec = parse_method("SSMax-DAPEv2-Kerple")
-    assert (spec.name, spec.temperature, spec.processor, spec.base) == ("ssmax-dapev2-kerple", "ssmax", "dapev2", "kerple")
+    assert (spec.name, spec.temperature, spec.processor, spec.base) == (
+        "ssmax-dapev2-kerple", "ssmax", "dapev2", "kerple")
     assert parse_method("logn-dapev2").name == "logn-dapev2-nope" and parse_method("l4temp-pope").base == "pope"
     assert "Scalable-Softmax" in spec.description and "2501.19399" in spec.description
     for name, why in [("logn-stickbreaking", "no denominator"), ("ssmax-dapev2-stickbreaking-alibi", "no denominator"),

@@ -106,9 +106,9 @@ class Encoder(nn.Module):
 
 
 def block_config(method: str, cfg: CHEConfig) -> LMConfig:
-    """The settings of the encoder's blocks."""
-    return LMConfig(method=method, causal=runs_causally(method), n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model,
-                    activation="relu", dropout=cfg.dropout, temp_train_len=cfg.train_max_length)  # log-n's L
+    """The settings of the encoder's blocks (log-n's training length: the longest task length trained)."""
+    return LMConfig(method=method, causal=runs_causally(method), n_layer=cfg.n_layer, n_head=cfg.n_head,
+                    d_model=cfg.d_model, activation="relu", dropout=cfg.dropout, temp_train_len=cfg.train_max_length)
 
 
 def check_che_memory(cfg: CHEConfig) -> None:
