@@ -276,3 +276,29 @@ def test_che_runs_every_temperature(tmp_path):
     with torch.no_grad():
         q, q0 = attn.project(x)[0], ref.project(x)[0]
     assert torch.allclose(q, q0 * math.log(80) / math.log(cfg.train_max_length), rtol=1e-6)
+
+
+# --- on a GPU: the fused kernels and fused SDPA, unchanged, run the temperatures -----------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method,backend", [("ssmax-kerple", "triton"), ("logn-dapev2-kerple", "triton"),
+                                            ("l4temp-alibi", "flex"), ("ssmax-rope", "sdpa"), ("logn-pope", "sdpa")])
+@pytest.mark.parametrize("T", [63, 256])
+def test_the_gpu_backends_run_the_temperatures_unchanged(method, backend, T):
+    import copy
+
+    ref = Attention(AttentionConfig(method=method, backend="dense", **SHORT), 3, 96).cuda()
+    fast = copy.deepcopy(ref)
+    fast.cfg = AttentionConfig(method=method, backend=backend, **SHORT)
+    assert fast.backend_for(torch.device("cuda")) == backend
+    x = torch.randn(2, T, 96, device="cuda", requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    y_ref, y = ref(x), fast(x2)
+    assert_close(y, y_ref, 1e-3, f"{method} {backend} forward")
+    g = torch.randn_like(y)
+    y_ref.backward(g)
+    y.backward(g)
+    assert_close(x2.grad, x.grad, 1e-3, f"{method} {backend} dx")
+    for (name, p_ref), (_, p) in zip(ref.named_parameters(), fast.named_parameters()):
+        if p_ref.grad is not None:
+            assert_close(p.grad, p_ref.grad, 1e-3, f"{method} {backend} {name}", floor=1e-3)
