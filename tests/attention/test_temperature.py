@@ -250,11 +250,12 @@ def test_bad_settings_are_one_line_errors_before_any_work(tmp_path, sets, says):
     assert len(out.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
 
 
-def test_lenx_list_names_the_temperatures_with_their_papers(tmp_path):
+def test_lenx_list_names_the_temperatures_and_pope_with_their_papers(tmp_path):
     out = _lenx("list", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     text = " ".join(out.stdout.replace("│", " ").split())
-    for words in ("ssmax Scalable-Softmax", "(arXiv 2501.19399)", "logn Qwen's log-n", "l4temp Llama 4's"):
+    for words in ("ssmax Scalable-Softmax", "arXiv 2501.19399", "logn Qwen's log-n", "arXiv 2309.16609",
+                  "l4temp Llama 4's", "pope PoPE"):
         assert words in text
 
 

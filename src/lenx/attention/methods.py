@@ -51,8 +51,8 @@ BASES = {
     "t5": Part("T5 bucketed relative bias, shared by layers (Raffel et al. 2020)", T5Bias, "bias"),
     "cope": Part("contextual position encoding (Golovneva et al. 2024)", CoPE, "processor", causal_only=True),
     "xl": Part("Transformer-XL relative encoding (Dai et al. 2019)", XLRelative, "bias"),
-    "pope": Part("PoPE polar position embedding: content in magnitudes, position in phases (arXiv 2509.10534)",
-                 PoPE, "qk"),
+    "pope": Part("PoPE polar position embedding: content in magnitudes, position in phases (Gopalakrishnan et al. "
+                 "2025, arXiv 2509.10534)", PoPE, "qk"),
 }
 PROCESSORS = {
     "dape": Part("DAPE: per-entry MLP over [scores; bias] across heads (Zheng et al. 2024)", DapeV2, "processor"),
@@ -63,9 +63,11 @@ NORMALISERS = {
     "stickbreaking": Part("stick-breaking (Tan et al. 2024)", StickBreaking, "normaliser", causal_only=True),
 }
 TEMPERATURES = {
-    "ssmax": Part("Scalable-Softmax query temperature s_h log n (arXiv 2501.19399)", QueryTemperature, "temperature"),
-    "logn": Part("Qwen's log-n query temperature max(1, log_L n) (Qwen 2023)", QueryTemperature, "temperature"),
-    "l4temp": Part("Llama 4's attention temperature tuning 1 + a log(floor(n / f) + 1), a 0.1, f 8192 (Meta 2025)",
+    "ssmax": Part("Scalable-Softmax query temperature s_h log n (Nakanishi 2025, arXiv 2501.19399)", QueryTemperature, "temperature"),
+    "logn": Part("Qwen's log-n query temperature max(1, log_L n) (Bai et al. 2023, arXiv 2309.16609)",
+                 QueryTemperature, "temperature"),
+    "l4temp": Part("Llama 4's attention temperature tuning 1 + a log(floor(n / f) + 1), a 0.1, f 8192 (Meta 2025, "
+                   "its model code)",
                    QueryTemperature, "temperature"),
 }
 
