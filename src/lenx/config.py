@@ -56,6 +56,12 @@ class AttentionConfig:
     cope_npos: int = 64
     sb_attend_current: bool = False
     sb_remainder: str = "value"  # value | head | drop
+    # query temperatures (attention/temperature.py): ssmax-, logn-, l4temp- before a method's name
+    temp_train_len: int = 0  # log-n's training length L (0: train.seq_len, which load_config writes in)
+    temp_ssmax_init: float = 1.0  # SSMax's s_h at initialisation
+    temp_floor_scale: float = 8192.0  # Llama 4's floor_scale
+    temp_attn_scale: float = 0.1  # Llama 4's attn_scale
+    pope_base: float = 10000.0  # PoPE's frequencies base^(-c/d), c = 0 .. d - 1
 
 
 @dataclass
@@ -221,6 +227,9 @@ def load_config(name_or_path: str | Path | None = None, overrides: list[str] | t
         section, name, value = parse_override(text)
         apply_dict(cfg, {section: {name: value}})
     validate(cfg)
+    # a log-n temperature is relative to the run's training length; written in so that evaluation,
+    # decoding and export read the length the run trained at
+    cfg.model.temp_train_len = cfg.model.temp_train_len or cfg.train.seq_len
     return cfg
 
 

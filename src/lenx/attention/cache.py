@@ -29,11 +29,12 @@ def _sdpa_backends(step, n_scores: int):
 
 
 class LayerCache:
-    """K (already rotated for RoPE) and V [B, H, capacity, d] of slots 0..capacity-1."""
+    """K (already rotated for RoPE) and V [B, H, capacity, d] of slots 0..capacity-1; K key_dim wide
+    when the q/k transform widens it (PoPE)."""
 
-    def __init__(self, batch: int, heads: int, head_dim: int, capacity: int, device, dtype):
-        self.k = torch.zeros(batch, heads, capacity, head_dim, device=device, dtype=dtype)
-        self.v = torch.zeros_like(self.k)
+    def __init__(self, batch: int, heads: int, head_dim: int, capacity: int, device, dtype, key_dim: int | None = None):
+        self.k = torch.zeros(batch, heads, capacity, key_dim or head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros(batch, heads, capacity, head_dim, device=device, dtype=dtype)
 
     @property
     def capacity(self) -> int:

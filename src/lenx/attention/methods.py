@@ -1,12 +1,14 @@
 """Method names and the parts they compose.
 
-A name reads the way the papers write it: ``[processor-][normaliser-]base``.
-processor: ``dape`` (DAPE, a 1x1 kernel) or ``dapev2`` (DAPE V2, 1xk); normaliser: ``stickbreaking``
-(softmax when absent); base: a position encoding (``nope`` when only a normaliser is named).
-Examples: ``rope``, ``kerple``, ``dapev2-kerple``, ``dape-fire``, ``stickbreaking``, ``dapev2-stickbreaking-alibi``.
+A name reads the way the papers write it: ``[temperature-][processor-][normaliser-]base``.
+temperature: a query temperature (``ssmax``, ``logn``, ``l4temp``: temperature.py); processor: ``dape``
+(DAPE, a 1x1 kernel) or ``dapev2`` (DAPE V2, 1xk); normaliser: ``stickbreaking`` (softmax when absent);
+base: a position encoding (``nope`` when only a normaliser is named).
+Examples: ``rope``, ``kerple``, ``dapev2-kerple``, ``dape-fire``, ``stickbreaking``, ``dapev2-stickbreaking-alibi``,
+``ssmax-rope``, ``logn-kerple``, ``ssmax-dapev2-kerple``, ``pope``.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import difflib
 import functools
 
@@ -15,10 +17,12 @@ from .cope import CoPE
 from .dape import DapeV2
 from .fire import FIRE
 from .kerple import KerpleLog, KerplePower
+from .pope import PoPE
 from .rope import RoPE
 from .softmax import Softmax
 from .stickbreaking import StickBreaking
 from .t5 import T5Bias
+from .temperature import QueryTemperature
 from .xl import XLRelative
 
 
@@ -47,6 +51,8 @@ BASES = {
     "t5": Part("T5 bucketed relative bias, shared by layers (Raffel et al. 2020)", T5Bias, "bias"),
     "cope": Part("contextual position encoding (Golovneva et al. 2024)", CoPE, "processor", causal_only=True),
     "xl": Part("Transformer-XL relative encoding (Dai et al. 2019)", XLRelative, "bias"),
+    "pope": Part("PoPE polar position embedding: content in magnitudes, position in phases (Gopalakrishnan et al. "
+                 "2025, arXiv 2509.10534)", PoPE, "qk"),
 }
 PROCESSORS = {
     "dape": Part("DAPE: per-entry MLP over [scores; bias] across heads (Zheng et al. 2024)", DapeV2, "processor"),
@@ -56,6 +62,14 @@ NORMALISERS = {
     "softmax": Part("softmax", Softmax, "normaliser"),
     "stickbreaking": Part("stick-breaking (Tan et al. 2024)", StickBreaking, "normaliser", causal_only=True),
 }
+TEMPERATURES = {
+    "ssmax": Part("Scalable-Softmax query temperature s_h log n (Nakanishi 2025, arXiv 2501.19399)", QueryTemperature, "temperature"),
+    "logn": Part("Qwen's log-n query temperature max(1, log_L n) (Bai et al. 2023, arXiv 2309.16609)",
+                 QueryTemperature, "temperature"),
+    "l4temp": Part("Llama 4's attention temperature tuning 1 + a log(floor(n / f) + 1), a 0.1, f 8192 (Meta 2025, "
+                   "its model code)",
+                   QueryTemperature, "temperature"),
+}
 
 
 @dataclass(frozen=True)
@@ -64,6 +78,7 @@ class MethodSpec:
     base: str
     processor: str | None  # "dape", "dapev2" or None
     normaliser: str  # "softmax" or "stickbreaking"
+    temperature: str | None = None  # "ssmax", "logn", "l4temp" or None
 
     @property
     def bias(self) -> str | None:
@@ -81,6 +96,8 @@ class MethodSpec:
             words.insert(0, PROCESSORS[self.processor].description + " on")
         if self.normaliser != "softmax":
             words.append("with " + NORMALISERS[self.normaliser].description + " instead of softmax")
+        if self.temperature:
+            words.insert(0, TEMPERATURES[self.temperature].description + " on")
         return " ".join(words)
 
 
@@ -110,6 +127,9 @@ def parse_method(name: str) -> MethodSpec:
     """Parse a method name; unknown or impossible compositions raise with the valid names."""
     raw = name
     name = name.strip().lower()
+    temperature, _, rest = name.partition("-")
+    if temperature in TEMPERATURES:
+        return with_temperature(temperature, rest, raw)
     tokens = name.split("-")
     processor = tokens.pop(0) if tokens and tokens[0] in PROCESSORS else None
     normaliser = "softmax"
@@ -121,8 +141,9 @@ def parse_method(name: str) -> MethodSpec:
         close = difflib.get_close_matches(name, all_methods(), n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise UnknownMethodError(
-            f"unknown method {raw!r}.{hint} Names read [processor-][normaliser-]base with processor in "
-            f"{{{', '.join(PROCESSORS)}}}, normaliser in {{stickbreaking}}, base in {{{', '.join(BASES)}}}; "
+            f"unknown method {raw!r}.{hint} Names read [temperature-][processor-][normaliser-]base with temperature "
+            f"in {{{', '.join(TEMPERATURES)}}}, processor in {{{', '.join(PROCESSORS)}}}, normaliser in "
+            f"{{stickbreaking}}, base in {{{', '.join(BASES)}}}; "
             f"`lenx list` prints all {len(all_methods())}."
         )
     if processor and BASES[base].role == "processor":
@@ -134,4 +155,27 @@ def parse_method(name: str) -> MethodSpec:
 
 
 def all_methods() -> list[str]:
+    """Every composition without a query temperature; each but stick-breaking's and CoPE's also takes
+    one (with_temperature)."""
     return list(_all_names())
+
+
+def with_temperature(temperature: str, rest: str, raw: str) -> MethodSpec:
+    """The method `rest` with a query temperature before it. Refused where the temperature has no
+    reason to be: stick-breaking (its weights do not share one denominator across the keys, so they
+    do not fade as n grows, the fading the temperatures correct) and CoPE (its gates read q.k, so
+    scaling q would move its positions, not only sharpen its logits)."""
+    try:
+        spec = parse_method(rest)
+    except UnknownMethodError as e:
+        raise UnknownMethodError(f"{raw!r}: after the query temperature {temperature!r}: {e}") from None
+    if spec.temperature:
+        raise UnknownMethodError(f"{raw!r}: one query temperature at most ({temperature} and {spec.temperature})")
+    if spec.normaliser == "stickbreaking":
+        raise UnknownMethodError(
+            f"{raw!r}: a query temperature counters softmax's fading as a row's keys grow in number; "
+            "stick-breaking does not fade that way (no denominator over the keys), so it takes none")
+    if spec.base == "cope":
+        raise UnknownMethodError(f"{raw!r}: CoPE's gates are sigmoids of q.k, so a query temperature would move its "
+                                 "positions as well as sharpen its logits; use it on another base")
+    return replace(spec, name=f"{temperature}-{spec.name}", temperature=temperature)

@@ -1,5 +1,5 @@
-"""The one attention module: a q/k transform, a score bias, a score processor and a normaliser,
-built from the method registry (methods.py)."""
+"""The one attention module: a q/k transform, a query temperature, a score bias, a score processor and
+a normaliser, built from the method registry (methods.py)."""
 
 import torch
 from torch import nn
@@ -8,7 +8,7 @@ from ..config import AttentionConfig
 from . import profiling
 from .backends import plan_backend, run_backend
 from .cache import LayerCache, StepRows, cached_attention
-from .methods import BASES, NORMALISERS, PROCESSORS, parse_method
+from .methods import BASES, NORMALISERS, PROCESSORS, TEMPERATURES, parse_method
 from .parts import PartContext, Parts
 
 
@@ -27,8 +27,11 @@ class Attention(nn.Module):
                           spec.processor)
         base = BASES[spec.base]
         built = base.build(ctx) if base.role else None
-        self.rope = built if base.role == "qk" else None
+        self.rope = built if base.role == "qk" else None  # RoPE or PoPE
+        self.key_dim = self.rope.key_dim if self.rope is not None else self.head_dim  # q and k's width for the backends
         self.bias = built if base.role == "bias" else None
+        ctx.name = spec.temperature
+        self.temperature = TEMPERATURES[spec.temperature].build(ctx) if spec.temperature else None
         ctx.has_bias = self.bias is not None
         if spec.processor:
             ctx.name = spec.processor
@@ -37,7 +40,7 @@ class Attention(nn.Module):
             self.processor = built if base.role == "processor" else None
         ctx.name = spec.normaliser
         self.normaliser = NORMALISERS[spec.normaliser].build(ctx)
-        self.parts = Parts(self.bias, self.processor, self.normaliser, cfg.causal, self.head_dim)
+        self.parts = Parts(self.bias, self.processor, self.normaliser, cfg.causal, self.head_dim, self.key_dim)
         # Fail at construction, not at the first forward, when a forced backend cannot run this
         # composition (triton is judged for CUDA, the only device it runs on).
         plan_backend(self.parts, torch.device("cuda" if cfg.backend == "triton" else "cpu"), cfg.backend)
@@ -50,13 +53,19 @@ class Attention(nn.Module):
         return self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
 
     def project(self, x: torch.Tensor, positions: torch.Tensor | None = None, length=None):
-        """x [B, T, C] -> q, k, v [B, H, T, d], q and k already rotated when the base is RoPE (at
-        `positions`, default 0..T-1, or per sequence [B, T]; `length`, default T, or per sequence
-        a tensor [B], sets a scaled RoPE's auto or dynamic factor)."""
+        """x [B, T, C] -> q, k, v [B, H, T, d], q and k already rotated when the base is RoPE or PoPE
+        (at `positions`, default 0..T-1, or per sequence [B, T]; `length`, default T, or per sequence
+        a tensor [B], sets a scaled RoPE's auto or dynamic factor; PoPE's q and k are 2d wide), then
+        q scaled by the query temperature for the keys each row sees."""
         q, k, v = self._qkv(x)
+        if self.rope is None and self.temperature is None:
+            return q, k, v
+        T = x.shape[1]
+        pos = torch.arange(T, device=x.device) if positions is None else positions
         if self.rope is not None:
-            T = x.shape[1]
-            q, k = self.rope(q, k, torch.arange(T, device=x.device) if positions is None else positions, length)
+            q, k = self.rope(q, k, pos, length)
+        if self.temperature is not None:  # a causal row sees position + 1 keys, a bidirectional one all T
+            q = self.temperature(q, pos + 1 if self.cfg.causal else torch.full_like(pos, T))
         return q, k, v
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None, rows: list[int] | None = None,
@@ -93,10 +102,13 @@ class Attention(nn.Module):
         B, R, C = x.shape
         qkv = self._qkv(x)
         q, k, v = qkv
-        if self.rope is not None:  # one table for the step's layers; q and k rotated together (one set of ops)
-            cos, sin = step.shared(("rope", self.rope.settings, q.dtype),
-                                   lambda: self.rope.step_table(step.q_pos, step.end - step.start, q.dtype))
-            q, k = self.rope.rotate_signed(qkv[:2], cos, sin)
+        if self.rope is not None:
+            q, k = self.rope.step(qkv[:2], step)
+        if self.temperature is not None:  # the rows' key counts: their positions + 1 (one term for the step's layers)
+            dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+            term = step.shared(("temperature", self.temperature.settings, dtype),
+                               lambda: self.temperature.position_term(step.q_pos + 1, dtype))
+            q = self.temperature(q, term=term)
         cache.write_at(step.rows, k, v)
         keys, values = cache.read(step.n_keys)
         out, rem = cached_attention(q, keys, values, self.parts, step)

@@ -53,6 +53,7 @@ class Parts:
     normaliser: nn.Module  # Softmax or StickBreaking: .name, .allowed, .forward, .finish
     causal: bool = True
     head_dim: int | None = None  # lets the planner reject shapes a fused kernel cannot take
+    key_dim: int | None = None  # q and k's width when it is not head_dim (PoPE's 2d)
 
 
 @dataclass

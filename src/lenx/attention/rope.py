@@ -36,6 +36,7 @@ class RoPE(nn.Module):
         if scaling != "none" and train_len < 1:
             raise ValueError(f"RoPE scaling {scaling!r} needs the training length it extends (model.rope_train_len)")
         self.head_dim, self.base = head_dim, base
+        self.key_dim = head_dim  # the width of q and k after the rotation (PoPE's doubles)
         self.scaling, self.factor, self.train_len = scaling, factor, train_len
         self.beta_fast, self.beta_slow = beta_fast, beta_slow
         inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
@@ -146,6 +147,14 @@ class RoPE(nn.Module):
         one operation fewer (the sign is in the table, not negated in every layer)."""
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([x2, x1], -1) * signed_sin
+
+    def step(self, qk: torch.Tensor, step):
+        """A decode step's rows (qk: q and k stacked, [2, B, H, R, d]) rotated at step.q_pos, with the
+        length of each sequence at this step; one table for the step's layers, q and k rotated
+        together (one set of ops)."""
+        cos, sin = step.shared(("rope", self.settings, qk.dtype),
+                               lambda: self.step_table(step.q_pos, step.end - step.start, qk.dtype))
+        return self.rotate_signed(qk, cos, sin)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, length=None):
         """Rotate q and k [..., T, d] at positions pos [T] (or [B, T], per sequence); `length` is the

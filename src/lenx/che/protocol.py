@@ -106,9 +106,9 @@ class Encoder(nn.Module):
 
 
 def block_config(method: str, cfg: CHEConfig) -> LMConfig:
-    """The settings of the encoder's blocks."""
+    """The settings of the encoder's blocks (log-n's training length: the longest task length trained)."""
     return LMConfig(method=method, causal=runs_causally(method), n_layer=cfg.n_layer, n_head=cfg.n_head,
-                    d_model=cfg.d_model, activation="relu", dropout=cfg.dropout)
+                    d_model=cfg.d_model, activation="relu", dropout=cfg.dropout, temp_train_len=cfg.train_max_length)
 
 
 def check_che_memory(cfg: CHEConfig) -> None:
@@ -269,11 +269,11 @@ def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True, memory_check: 
 
     Each finished run is appended to out_dir/runs.jsonl at once, so a killed run_che started again with
     the same out_dir skips what is done (if it was run under the same protocol)."""
-    from ..attention import Attention, AttentionConfig
+    from ..attention import Attention
 
     for method in cfg.methods:  # reject unknown methods and impossible settings before any training
         try:
-            Attention(AttentionConfig(method=method, causal=runs_causally(method)), cfg.n_head, cfg.d_model)
+            Attention(block_config(method, cfg), cfg.n_head, cfg.d_model)
         except UnknownMethodError:
             raise
         except ValueError as e:

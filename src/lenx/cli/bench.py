@@ -103,6 +103,7 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     """
     import torch
 
+    from ..attention import parse_method
     from ..bench.common import check_out
     from ..bench.kernels import run_bench
     from ..bench.train_step import TRAIN_STEP_METHODS, train_step_bench
@@ -115,6 +116,10 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     try:
         if train_step and decode:
             raise ConfigError("--train-step and --decode are two benchmarks: give one of them")
+        if methods and not (train_step or decode) and any(
+                m.strip() != "sdpa" and parse_method(m).temperature for m in methods.split(",") if m.strip()):
+            raise ConfigError("a query temperature scales q before the attention kernels, which it leaves as they "
+                              "are: time it in whole steps (--train-step or --decode), beside its method")
         decode_only = [name for name, value in (("--contexts", contexts), ("--batches", batches), ("--modes", modes),
                                                 ("--gpt2-modes", gpt2_modes)) if value is not None]
         if decode_only and not decode:

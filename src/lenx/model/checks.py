@@ -3,6 +3,7 @@ field, the other sections, and a build on the meta device) and check_device (wha
 machine). Errors are one-line ConfigErrors that name the key."""
 
 from dataclasses import replace
+import math
 
 import torch
 
@@ -84,6 +85,12 @@ def _check_model(m: LMConfig) -> None:
     at_least("model", m, 0, "rope_train_len")
     check(m.rope_scaling == "none" or m.rope_train_len >= 1, "model.rope_train_len",
           f">= 1 with model.rope_scaling={m.rope_scaling} (the training length the scaling extends)", m.rope_train_len)
+    at_least("model", m, 0, "temp_train_len")
+    positive("model.temp_ssmax_init", m.temp_ssmax_init)  # a scale <= 0 flips or flattens every row
+    positive("model.temp_floor_scale", m.temp_floor_scale)
+    check(math.isfinite(m.temp_attn_scale) and m.temp_attn_scale >= 0, "model.temp_attn_scale", ">= 0",
+          m.temp_attn_scale)
+    check(math.isfinite(m.pope_base) and m.pope_base > 1, "model.pope_base", "a number above 1", m.pope_base)
     check(m.causal, "model.causal", "true (an LM that sees the tokens it predicts learns nothing; "
           "bidirectional encoders are `lenx che`)", m.causal)
 

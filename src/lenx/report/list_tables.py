@@ -36,6 +36,19 @@ def methods_table(methods: list[dict]) -> Table:
     return table
 
 
+def temperatures_table() -> Table:
+    """The query temperatures (lenx.attention.methods.TEMPERATURES): a prefix on a method's name."""
+    from ..attention.methods import TEMPERATURES
+
+    table = Table("query temperatures: a prefix on a method's name (ssmax-rope, logn-kerple, ssmax-dapev2-kerple)",
+                  [Column("prefix", no_wrap=True), Column("description")],
+                  caption="n: the keys a query sees (its position + 1); L: the training length (model.temp_train_len). "
+                          "Not on stick-breaking or CoPE (lenx says why)")
+    for name, part in TEMPERATURES.items():
+        table.add_row(name, part.description)
+    return table
+
+
 def tasks_table(tasks: dict) -> Table:
     """CHE tasks ({name: task with .level and .chance}, lenx.tasks.TASKS) with their Chomsky level and chance."""
     table = Table("CHE tasks for `lenx che --tasks`",

@@ -33,6 +33,8 @@ class Fused(Backend):
             return "the fused Triton kernels are causal only"
         if parts.head_dim is not None and parts.head_dim not in HEAD_DIMS:
             return f"the fused Triton kernels take head dims 16, 32, 64 or 128, not {parts.head_dim}"
+        if parts.key_dim not in (None, parts.head_dim):
+            return f"the fused Triton kernels take q, k and v of one width, not q and k {parts.key_dim} wide (PoPE)"
         name = parts.normaliser.name
         if name == "stickbreaking":
             if parts.bias is not None or parts.processor is not None:
