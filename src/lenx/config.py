@@ -56,6 +56,10 @@ class AttentionConfig:
     cope_npos: int = 64
     sb_attend_current: bool = False
     sb_remainder: str = "value"  # value | head | drop
+    # FoX's Pro block (attention/fox.py), each off by default and for the fox methods only
+    fox_output_gate: bool = False
+    fox_qk_norm: bool = False
+    fox_kv_shift: bool = False
 
 
 @dataclass

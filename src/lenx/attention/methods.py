@@ -14,6 +14,7 @@ from .alibi import ALiBi
 from .cope import CoPE
 from .dape import DapeV2
 from .fire import FIRE
+from .fox import ForgetGate
 from .kerple import KerpleLog, KerplePower
 from .rope import RoPE
 from .softmax import Softmax
@@ -47,6 +48,8 @@ BASES = {
     "t5": Part("T5 bucketed relative bias, shared by layers (Raffel et al. 2020)", T5Bias, "bias"),
     "cope": Part("contextual position encoding (Golovneva et al. 2024)", CoPE, "processor", causal_only=True),
     "xl": Part("Transformer-XL relative encoding (Dai et al. 2019)", XLRelative, "bias"),
+    "fox": Part("FoX forgetting attention: a data-dependent forget-gate bias on NoPE (Lin et al. 2025, "
+                "arXiv 2503.02130)", ForgetGate, "bias", causal_only=True),
 }
 PROCESSORS = {
     "dape": Part("DAPE: per-entry MLP over [scores; bias] across heads (Zheng et al. 2024)", DapeV2, "processor"),

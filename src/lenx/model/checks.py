@@ -9,6 +9,7 @@ import torch
 from ..attention.backends import BACKENDS, get_backend, plan_backend
 from ..attention.methods import parse_method
 from ..attention.rope import SCALINGS
+from ..attention.fox import SWITCHES as FOX_SWITCHES
 from ..attention.stickbreaking import REMAINDER_MODES
 from ..config import (ConfigError, LMConfig, RunConfig, at_least, check, fraction, one_of, positive, resolve_device,
                       validate)
@@ -84,6 +85,10 @@ def _check_model(m: LMConfig) -> None:
     at_least("model", m, 0, "rope_train_len")
     check(m.rope_scaling == "none" or m.rope_train_len >= 1, "model.rope_train_len",
           f">= 1 with model.rope_scaling={m.rope_scaling} (the training length the scaling extends)", m.rope_train_len)
+    fox = [name for name in FOX_SWITCHES if getattr(m, name)]
+    if fox and parse_method(m.method).base != "fox":
+        raise ConfigError(f"model.{fox[0]} is an option of FoX's Pro block: it needs a fox method (fox, dapev2-fox, "
+                          f"stickbreaking-fox, ...), not model.method={m.method}")
     check(m.causal, "model.causal", "true (an LM that sees the tokens it predicts learns nothing; "
           "bidirectional encoders are `lenx che`)", m.causal)
 

@@ -131,8 +131,8 @@ class LM(nn.Module):
         p = self.wte.weight
         device = p.device if device is None else device
         dtype = p.dtype if dtype is None else dtype
-        layers = [LayerCache(batch, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head, capacity, device, dtype)
-                  for _ in self.blocks]
+        layers = [LayerCache(batch, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head, capacity, device, dtype,
+                             b.attn.cache_extra(dtype)) for b in self.blocks]
         return KVCache(layers, torch.zeros(batch, capacity, dtype=torch.long, device=device))
 
     def prefill(self, idx: torch.Tensor, cache: KVCache, lengths=None, progress=None) -> torch.Tensor:
