@@ -186,3 +186,19 @@ def test_what_is_refused():
     pos = torch.arange(4)
     with pytest.raises(RuntimeError, match="bind it"):
         gate(pos, pos)
+
+
+def test_the_profiler_ranges_change_nothing():
+    """`lenx bench --train-step` marks the attention (profiling.marked) with the bound parts."""
+    from lenx.attention.profiling import attention_ranges
+
+    attn = attention(backend="chunked", fox_kv_shift=True)
+    x = torch.randn(1, 9, 12, dtype=torch.float64, requires_grad=True)
+    out = attn(x)
+    grads = torch.autograd.grad(out.square().sum(), [x, *attn.parameters()])
+    with attention_ranges():
+        marked = attn(x)
+        marked_grads = torch.autograd.grad(marked.square().sum(), [x, *attn.parameters()])
+    torch.testing.assert_close(marked, out, rtol=0, atol=0)
+    for a, b in zip(marked_grads, grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
