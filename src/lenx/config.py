@@ -60,6 +60,7 @@ class AttentionConfig:
     fox_output_gate: bool = False
     fox_qk_norm: bool = False
     fox_kv_shift: bool = False
+    fox_output_norm: bool = False
 
 
 @dataclass

@@ -20,7 +20,7 @@ from lenx.che.protocol import runs_causally
 
 FOX_METHODS = ["fox", "dape-fox", "dapev2-fox", "stickbreaking-fox", "dape-stickbreaking-fox",
                "dapev2-stickbreaking-fox"]
-PRO = ["fox_output_gate", "fox_qk_norm", "fox_kv_shift"]
+PRO = ["fox_output_gate", "fox_qk_norm", "fox_kv_shift", "fox_output_norm"]
 
 
 def attention(method="fox", backend="dense", chunk_size=16, **switches):
@@ -62,7 +62,10 @@ def fox_loop(x, attn):
     for i in range(T):
         for j in range(i + 1):
             s[:, :, i, j] = (q[:, :, i] * k[:, :, j]).sum(-1) / math.sqrt(d) + log_f[:, :, j + 1:i + 1].sum(-1)
-    o = (torch.softmax(s, -1) @ v).transpose(1, 2).reshape(B, T, C)
+    o = torch.softmax(s, -1) @ v
+    if pro is not None and pro.out_scale is not None:
+        o = o / torch.sqrt((o * o).mean(-1, keepdim=True) + 1e-6) * pro.out_scale[:, None]
+    o = o.transpose(1, 2).reshape(B, T, C)
     if pro is not None and pro.out_gate is not None:
         o = o * torch.sigmoid(x @ pro.out_gate.weight.T)
     return o @ attn.proj.weight.T
@@ -149,14 +152,15 @@ def test_a_model_with_every_option_is_causal():
 
 def test_initialisation_follows_the_authors_code():
     """w_f ~ N(0, 0.02), b_f = 0 (forgetting-transformer 883f260, fgate_type "full"); the shift and
-    output gate weights N(0, 0.02), no bias; the QK-norm scales ones."""
+    output gate weights N(0, 0.02), no bias; the QK-norm and output norm scales ones."""
     torch.manual_seed(0)
     attn = Attention(AttentionConfig(method="fox", **dict.fromkeys(PRO, True)), 8, 512)
     assert torch.equal(attn.bias.proj.bias, torch.zeros(8))
     for w in (attn.bias.proj.weight, attn.pro.shift.weight, attn.pro.out_gate.weight):
         assert abs(w.std().item() - 0.02) < 0.002 and abs(w.mean().item()) < 0.002
     assert attn.pro.shift.bias is None and attn.pro.out_gate.bias is None
-    assert torch.equal(attn.pro.q_scale, torch.ones(8, 64)) and torch.equal(attn.pro.k_scale, torch.ones(8, 64))
+    for scale in (attn.pro.q_scale, attn.pro.k_scale, attn.pro.out_scale):
+        assert torch.equal(scale, torch.ones(8, 64))
     assert Attention(AttentionConfig(method="fox"), 2, 8).pro is None  # every option off by default
 
 

@@ -19,7 +19,7 @@ from lenx.model.generate import generate
 
 pytest.importorskip("transformers")
 
-PRO = dict(fox_output_gate=True, fox_qk_norm=True, fox_kv_shift=True)
+PRO = dict(fox_output_gate=True, fox_qk_norm=True, fox_kv_shift=True, fox_output_norm=True)
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
@@ -57,11 +57,12 @@ def test_train_eval_generate_and_export_from_the_cli(words_root, tmp_path):
     where = tmp_path / "work"
     where.mkdir()
     data = os.path.relpath(words_root, where)
-    sets = [f"--set={s}" for s in TINY + [f"data.root={data!r}", "model.method='dapev2-fox'",
-                                         "model.fox_output_gate=true", "model.fox_qk_norm=true",
-                                         "model.fox_kv_shift=true"]]
-    out = lenx("train", "-c", "tiny", *sets, "-o", "runs/fox", cwd=where)
+    base = [f"--set={s}" for s in TINY + [f"data.root={data!r}"]]
+    pro = [f"--set=model.{name}=true" for name in PRO]
+    out = lenx("train", "-c", "tiny", *base, "--set=model.method='dapev2-fox'", *pro, "-o", "runs/fox", cwd=where)
     assert out.returncode == 0, out.stderr[-3000:]
+    kept = (where / "runs/fox/config.toml").read_text()
+    assert all(f"{name} = true" in kept for name in PRO), kept
     out = lenx("eval", "runs/fox", "--lengths", "32,64", "--windows", "2", cwd=where)
     assert out.returncode == 0, out.stderr[-3000:]
     ev = json.loads((where / "runs/fox/eval.json").read_text())
@@ -72,7 +73,7 @@ def test_train_eval_generate_and_export_from_the_cli(words_root, tmp_path):
     assert out.returncode == 0 and out.stdout.strip(), out.stderr[-3000:]
     out = lenx("export", "runs/fox", "models/fox", cwd=where)
     assert out.returncode == 0 and out.stdout.startswith("wrote models/fox: dapev2-fox"), out.stderr[-3000:]
-    bad = lenx("train", "-c", "tiny", *sets[:-5], "--set=model.method='kerple'", "--set=model.fox_kv_shift=true",
+    bad = lenx("train", "-c", "tiny", *base, "--set=model.method='kerple'", "--set=model.fox_kv_shift=true",
                "-o", "runs/bad", cwd=where)
     lines = bad.stderr.splitlines()
     assert bad.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: model.fox_kv_shift"), bad.stderr

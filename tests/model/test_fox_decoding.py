@@ -11,7 +11,7 @@ from helpers import V, assert_close, model_for
 from lenx.model.decoding import StaticDecoder
 from lenx.model.generate import batch_prompts
 
-PRO = ["fox_output_gate", "fox_qk_norm", "fox_kv_shift"]
+PRO = ["fox_output_gate", "fox_qk_norm", "fox_kv_shift", "fox_output_norm"]
 SETTINGS = [("fox", {s: True}) for s in PRO] + [
     ("fox", dict.fromkeys(PRO, True)),
     ("dapev2-fox", {"dape_kernel": 5, "fox_kv_shift": True}),  # a halo of 2 rows recomputed every step
@@ -77,3 +77,29 @@ def test_the_cache_keeps_the_prefix_sums():
     assert_close(kept[:, :6], want, 1e-12, "c of the prompt")
     assert torch.equal(kept[:, 6:], torch.zeros_like(kept[:, 6:]))
     assert "x" not in cache.layers[0].extra  # only the key/value shift keeps the input
+
+
+def test_the_static_step_traces_once():
+    """The cache's extra tensors are read and written with no host sync and no branch on data: the
+    fixed-shape step traces whole (fullgraph) into one graph, with the eager step's tokens."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from lenx.model.generate import generate
+
+    model = model_for("fox", fox_kv_shift=True, fox_output_gate=True)
+    prompts = [torch.randint(0, V, (n,)) for n in (6, 3)]
+    want = generate(model, prompts, 8, temperature=0)["tokens"]
+    torch._dynamo.reset()
+    counters.clear()
+    idx, lengths = batch_prompts(prompts, width=model.halo)
+    cache = model.new_cache(2, idx.shape[1] + 8)
+    with torch.no_grad(), torch._dynamo.config.patch(error_on_recompile=True):
+        logits = model.prefill(idx, cache, lengths)
+        decoder = StaticDecoder(model, cache, "compile", compile_options={"backend": "eager"})
+        tokens = []
+        for _ in range(8):
+            tokens.append(logits.argmax(-1))
+            logits = decoder(tokens[-1])
+    assert torch.equal(torch.stack(tokens, 1), want)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]

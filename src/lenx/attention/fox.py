@@ -12,9 +12,11 @@ The gate reads x, which a bias's (q_pos, k_pos, q, k) does not carry: the Attent
 from x (ForgetGate.prefix_sums) and hands the backends the part bound to it (ForgetGate.bind), a
 bias like any other; a KV cache keeps c of its keys, so a decode step extends it by its rows' gates.
 
-The Pro block's options (the same code's use_output_gate, qk_norm, use_k_shift/use_v_shift), each a
-[model] switch, off by default (FoxPro):
+The Pro block's options (the same code's use_output_gate, qk_norm, use_k_shift/use_v_shift,
+use_output_norm), each a [model] switch, off by default (FoxPro):
   fox_output_gate  o_t <- o_t * sigmoid(W_g x_t) before the output projection; W_g [C, C] ~ N(0, 0.02)
+  fox_output_norm  o_t <- RMSNorm of each head's output with a learned scale (ones), eps 1e-6, before
+                   the output gate
   fox_kv_shift     k_t <- a_t k_{t-1} + (1 - a_t) k_t with a_t = sigmoid(w_a . x_t) per head, k_{-1} = 0
                    (k = W_k x before any norm), and so v with its own w; w ~ N(0, 0.02), no bias
   fox_qk_norm      q, k <- RMSNorm over each head's channels with a learned scale (ones), eps 1e-5,
@@ -27,8 +29,8 @@ from torch.nn import functional as F
 
 from .parts import ScoreBias
 
-SWITCHES = ("fox_output_gate", "fox_qk_norm", "fox_kv_shift")
-QK_NORM_EPS = 1e-5
+SWITCHES = ("fox_output_gate", "fox_qk_norm", "fox_kv_shift", "fox_output_norm")
+QK_NORM_EPS, OUTPUT_NORM_EPS = 1e-5, 1e-6  # the authors' GroupNorm default and their config's norm_eps
 
 
 class ForgetGate(ScoreBias):
@@ -84,9 +86,10 @@ class ForgetBias(ScoreBias):
 
 class FoxPro(nn.Module):
     """The Pro block's options that are on (see the module docstring). forward(x, q, k, v) applies the
-    key/value shift and the QK-norm to a projection; gate(o, x) the output gate."""
+    key/value shift and the QK-norm to a projection; gate(o, x) the output norm and gate."""
 
-    def __init__(self, d_model: int, num_heads: int, output_gate: bool, qk_norm: bool, kv_shift: bool):
+    def __init__(self, d_model: int, num_heads: int, output_gate: bool, qk_norm: bool, kv_shift: bool,
+                 output_norm: bool = False):
         super().__init__()
         head_dim = d_model // num_heads
         self.out_gate = nn.Linear(d_model, d_model, bias=False) if output_gate else None
@@ -96,6 +99,7 @@ class FoxPro(nn.Module):
                 nn.init.normal_(lin.weight, std=0.02)
         self.q_scale = nn.Parameter(torch.ones(num_heads, head_dim)) if qk_norm else None
         self.k_scale = nn.Parameter(torch.ones(num_heads, head_dim)) if qk_norm else None
+        self.out_scale = nn.Parameter(torch.ones(num_heads, head_dim)) if output_norm else None
 
     @classmethod
     def from_config(cls, ctx):
@@ -122,11 +126,16 @@ class FoxPro(nn.Module):
             k = _shift(k, a_k.to(k.dtype), None if prev is None else prev[0], real)
             v = _shift(v, a_v.to(v.dtype), None if prev is None else prev[1], real)
         if self.q_scale is not None:
-            q, k = _rms(q, self.q_scale), _rms(k, self.k_scale)
+            q, k = _rms(q, self.q_scale, QK_NORM_EPS), _rms(k, self.k_scale, QK_NORM_EPS)
         return q, k, v
 
     def gate(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """o [B, T, C] (the heads' outputs side by side) times sigmoid(W_g x)."""
+        """o [B, H, T, d] (the heads' outputs) of input x [B, T, C] -> [B, T, C], the heads side by
+        side: normalised, then times sigmoid(W_g x)."""
+        if self.out_scale is not None:
+            o = _rms(o, self.out_scale, OUTPUT_NORM_EPS)
+        B, _, T, _ = o.shape
+        o = o.transpose(1, 2).reshape(B, T, -1)
         return o if self.out_gate is None else o * torch.sigmoid(self.out_gate(x)).to(o.dtype)
 
 
@@ -138,8 +147,8 @@ def _shift(t, a, prev, real):
     return a * before + (1 - a) * t
 
 
-def _rms(t, scale):
+def _rms(t, scale, eps):
     """RMSNorm of each head's channels of t [B, H, T, d], scale [H, d]."""
-    norm = torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + QK_NORM_EPS)
+    norm = torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps)
     return t * norm * scale[:, None, :].to(t.dtype)
 

@@ -104,9 +104,10 @@ class Attention(nn.Module):
 
     def _output(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The heads' outputs [B, H, T, d] of input x [B, T, C] -> the layer's output [B, T, C]."""
+        if self.pro is not None:  # FoX's output norm and gate
+            return self.proj(self.pro.gate(out, x))
         B, _, T, _ = out.shape
-        out = out.transpose(1, 2).reshape(B, T, -1)
-        return self.proj(out if self.pro is None else self.pro.gate(out, x))
+        return self.proj(out.transpose(1, 2).reshape(B, T, -1))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parts: Parts | None = None) -> torch.Tensor:
         """The attention itself: q, k, v [B, H, T, d] (q and k already rotated) -> out [B, H, T, d].
