@@ -148,7 +148,7 @@ def _shift(t, a, prev, real):
 
 
 def _rms(t, scale, eps):
-    """RMSNorm of each head's channels of t [B, H, T, d], scale [H, d]."""
-    norm = torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps)
-    return t * norm * scale[:, None, :].to(t.dtype)
-
+    """RMSNorm of each head's channels of t [B, H, T, d], scale [H, d], in float32 at least (bf16
+    under autocast)."""
+    wide = t.to(torch.promote_types(t.dtype, torch.float32))
+    return (wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + eps) * scale[:, None, :]).to(t.dtype)

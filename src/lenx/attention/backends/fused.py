@@ -41,8 +41,6 @@ class Fused(Backend):
         if name != "softmax":
             return f"no fused Triton kernel for the {name} normaliser"
         bias, proc = parts.bias, parts.processor
-        if bias is not None and bias.per_token:
-            return "no fused kernel for FoX's forget-gate bias yet (its design: notes/next.md)"
         if bias is not None and not bias.per_distance:
             return "the fused kernels take only a per-distance bias table (alibi, kerple, kerple-power, t5)"
         if proc is None:
