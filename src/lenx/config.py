@@ -62,6 +62,11 @@ class AttentionConfig:
     temp_floor_scale: float = 8192.0  # Llama 4's floor_scale
     temp_attn_scale: float = 0.1  # Llama 4's attn_scale
     pope_base: float = 10000.0  # PoPE's frequencies base^(-c/d), c = 0 .. d - 1
+    # FoX's Pro block (attention/fox.py), each off by default and for the fox methods only
+    fox_output_gate: bool = False
+    fox_qk_norm: bool = False
+    fox_kv_shift: bool = False
+    fox_output_norm: bool = False
 
 
 @dataclass

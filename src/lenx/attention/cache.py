@@ -29,32 +29,47 @@ def _sdpa_backends(step, n_scores: int):
 
 
 class LayerCache:
-    """K (already rotated for RoPE) and V [B, H, capacity, d] of slots 0..capacity-1; K key_dim wide
-    when the q/k transform widens it (PoPE)."""
+    """K (already rotated for RoPE) and V [B, H, capacity, d] of slots 0..capacity-1 (K key_dim wide
+    when the q/k transform widens it: PoPE), and what the layer keeps per slot beside them (`extra`:
+    {name: (shape after [B, capacity], dtype)}; FoX: the prefix sums of its forget gates, "c"
+    [B, capacity, H]), zeros where nothing was written."""
 
-    def __init__(self, batch: int, heads: int, head_dim: int, capacity: int, device, dtype, key_dim: int | None = None):
+    def __init__(self, batch: int, heads: int, head_dim: int, capacity: int, device, dtype, key_dim: int | None = None,
+                 extra=None):
         self.k = torch.zeros(batch, heads, capacity, key_dim or head_dim, device=device, dtype=dtype)
         self.v = torch.zeros(batch, heads, capacity, head_dim, device=device, dtype=dtype)
+        self.extra = {name: torch.zeros(batch, capacity, *shape, device=device, dtype=dt)
+                      for name, (shape, dt) in (extra or {}).items()}
 
     @property
     def capacity(self) -> int:
         return self.k.shape[2]
 
-    def write(self, start: int, k: torch.Tensor, v: torch.Tensor, rows: list[int] | None = None) -> None:
+    def write(self, start: int, k: torch.Tensor, v: torch.Tensor, rows: list[int] | None = None, **extra) -> None:
         """Keys and values [b, H, R, d] of slots start..start+R-1, of the sequences `rows` (batch
-        indices; None: all of them)."""
+        indices; None: all of them); `extra` [b, R, ...] of those slots by name."""
         end = start + k.shape[2]
         if end > self.capacity:
             raise ValueError(f"the KV cache holds {self.capacity} positions; position {end - 1} does not fit")
         batch = slice(None) if rows is None else rows
         self.k[batch, :, start:end] = k.to(self.k.dtype)
         self.v[batch, :, start:end] = v.to(self.v.dtype)
+        for name, value in extra.items():
+            self.extra[name][batch, start:end] = value.to(self.extra[name].dtype)
 
-    def write_at(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Keys and values [B, H, R, d] of the slots `slots` [R] (a long tensor, distinct slots): no
-        host sync, so it runs inside a CUDA graph."""
+    def write_at(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **extra) -> None:
+        """Keys and values [B, H, R, d] of the slots `slots` [R] (a long tensor, distinct slots), and
+        `extra` [B, R, ...] by name: no host sync, so it runs inside a CUDA graph."""
         self.k.index_copy_(2, slots, k.to(self.k.dtype))
         self.v.index_copy_(2, slots, v.to(self.v.dtype))
+        for name, value in extra.items():
+            self.extra[name].index_copy_(1, slots, value.to(self.extra[name].dtype))
+
+    def before(self, name: str, first: torch.Tensor) -> torch.Tensor:
+        """extra[name] of the slot before `first` (a 1-element long tensor) [B, 1, ...]; zeros before
+        slot 0. No host sync."""
+        kept = self.extra[name].index_select(1, (first - 1).clamp(min=0))
+        return kept * (first > 0).to(kept.dtype)
 
     def read(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of slots 0..end-1."""

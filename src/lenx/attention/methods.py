@@ -16,6 +16,7 @@ from .alibi import ALiBi
 from .cope import CoPE
 from .dape import DapeV2
 from .fire import FIRE
+from .fox import ForgetGate
 from .kerple import KerpleLog, KerplePower
 from .pope import PoPE
 from .rope import RoPE
@@ -53,6 +54,8 @@ BASES = {
     "xl": Part("Transformer-XL relative encoding (Dai et al. 2019)", XLRelative, "bias"),
     "pope": Part("PoPE polar position embedding: content in magnitudes, position in phases (Gopalakrishnan et al. "
                  "2025, arXiv 2509.10534)", PoPE, "qk"),
+    "fox": Part("FoX forgetting attention: a data-dependent forget-gate bias on NoPE (Lin et al. 2025, "
+                "arXiv 2503.02130)", ForgetGate, "bias", causal_only=True),
 }
 PROCESSORS = {
     "dape": Part("DAPE: per-entry MLP over [scores; bias] across heads (Zheng et al. 2024)", DapeV2, "processor"),

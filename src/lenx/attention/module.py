@@ -1,6 +1,9 @@
 """The one attention module: a q/k transform, a query temperature, a score bias, a score processor and
 a normaliser, built from the method registry (methods.py)."""
 
+from dataclasses import replace
+import functools
+
 import torch
 from torch import nn
 
@@ -8,6 +11,7 @@ from ..config import AttentionConfig
 from . import profiling
 from .backends import plan_backend, run_backend
 from .cache import LayerCache, StepRows, cached_attention
+from .fox import FoxPro
 from .methods import BASES, NORMALISERS, PROCESSORS, TEMPERATURES, parse_method
 from .parts import PartContext, Parts
 
@@ -32,6 +36,7 @@ class Attention(nn.Module):
         self.bias = built if base.role == "bias" else None
         ctx.name = spec.temperature
         self.temperature = TEMPERATURES[spec.temperature].build(ctx) if spec.temperature else None
+        self.pro = FoxPro.from_config(ctx)  # FoX's Pro options: None unless one is on (fox methods only)
         ctx.has_bias = self.bias is not None
         if spec.processor:
             ctx.name = spec.processor
@@ -58,6 +63,8 @@ class Attention(nn.Module):
         a tensor [B], sets a scaled RoPE's auto or dynamic factor; PoPE's q and k are 2d wide), then
         q scaled by the query temperature for the keys each row sees."""
         q, k, v = self._qkv(x)
+        if self.pro is not None:  # the key/value shift and the QK-norm
+            q, k, v = self.pro(x, q, k, v)
         if self.rope is None and self.temperature is None:
             return q, k, v
         T = x.shape[1]
@@ -72,19 +79,50 @@ class Attention(nn.Module):
                 at: int = 0) -> torch.Tensor:
         """x [B, T, C] at positions 0..T-1. With a cache (a prefill), their keys and values go to its
         slots at..at+T-1 of the sequences `rows` (None: all)."""
-        B, T, C = x.shape
         q, k, v = self.project(x)
+        parts, kept = self.parts_for(x)
         if cache is not None:
-            cache.write(at, k, v, rows)
+            cache.write(at, k, v, rows, **kept)
+        attend = functools.partial(self.attend, parts=parts)
         if profiling.active():  # `lenx bench --train-step`: attention's kernels marked for torch.profiler
-            out = profiling.marked(self.attend, q, k, v)
+            out = profiling.marked(attend, q, k, v)
         else:
-            out = self.attend(q, k, v)
-        return self.proj(out.transpose(1, 2).reshape(B, T, C))
+            out = attend(q, k, v)
+        return self._output(out, x)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The attention itself: q, k, v [B, H, T, d] (q and k already rotated) -> out [B, H, T, d]."""
-        out, rem = run_backend(self.backend_for(q.device), q, k, v, self.parts, self.cfg.chunk_size)
+    def parts_for(self, x: torch.Tensor):
+        """The parts that run on the input x [B, T, C] at positions 0..T-1, a per-token bias (FoX's)
+        bound to it, and what a KV cache keeps of x per slot beside K and V (see cache_extra)."""
+        if self.bias is None or not self.bias.per_token:
+            return self.parts, {}
+        c = self.bias.prefix_sums(x)
+        kept = {"c": c.transpose(1, 2)}
+        if self.pro is not None and self.pro.kv_shift:
+            kept["x"] = x  # the next token's shift projects this one's key and value again
+        return replace(self.parts, bias=self.bias.bind(c)), kept
+
+    def cache_extra(self, dtype: torch.dtype) -> dict:
+        """What this layer's KV cache keeps per slot beside K and V (LayerCache's extra): FoX's prefix
+        sums c, and the input x under the key/value shift."""
+        extra = {}
+        if self.bias is not None and self.bias.per_token:
+            extra["c"] = ((self.n_head,), torch.promote_types(dtype, torch.float32))
+        if self.pro is not None and self.pro.kv_shift:
+            extra["x"] = ((self.n_head * self.head_dim,), dtype)
+        return extra
+
+    def _output(self, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The heads' outputs [B, H, T, d] of input x [B, T, C] -> the layer's output [B, T, C]."""
+        if self.pro is not None:  # FoX's output norm and gate
+            return self.proj(self.pro.gate(out, x))
+        B, _, T, _ = out.shape
+        return self.proj(out.transpose(1, 2).reshape(B, T, -1))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parts: Parts | None = None) -> torch.Tensor:
+        """The attention itself: q, k, v [B, H, T, d] (q and k already rotated) -> out [B, H, T, d].
+        parts: self.parts, or those bound to the input (parts_for)."""
+        parts = self.parts if parts is None else parts
+        out, rem = run_backend(self.backend_for(q.device), q, k, v, parts, self.cfg.chunk_size)
         return self.normaliser.finish(out, rem, v)
 
     def extend(self, x: torch.Tensor, cache: LayerCache, step: StepRows) -> torch.Tensor:
@@ -99,18 +137,30 @@ class Attention(nn.Module):
         up to slot end - 1) for the rows' q and k; the cached keys keep the rotation they were
         written with, as transformers' dynamic RoPE has it (rotating them again would not make the
         rows those of a full forward either: every hidden state before them would change too)."""
-        B, R, C = x.shape
         qkv = self._qkv(x)
         q, k, v = qkv
+        kept, real = {}, step.q_pos >= 0  # [B, R]: a padding row's gate and shift count nothing
+        if self.pro is not None:
+            prev = None
+            if self.pro.kv_shift:  # the key and value of the slot before the rows, projected again
+                prev = self._qkv(cache.before("x", step.rows[:1]))[1:]
+                kept["x"] = torch.where(real[..., None], x, 0.0)
+            q, k, v = self.pro(x, q, k, v, prev, real[:, None, :, None])
+        if self.bias is not None and self.bias.per_token:  # FoX: the rows' c (consecutive slots) from the slot before
+            log_f = torch.where(real[:, None, :], self.bias.log_forget(x), 0.0)
+            c = cache.before("c", step.rows[:1]).transpose(1, 2) + log_f.cumsum(-1)
+            kept["c"] = c.transpose(1, 2)
         if self.rope is not None:
-            q, k = self.rope.step(qkv[:2], step)
+            q, k = self.rope.step(qkv[:2] if self.pro is None else torch.stack((q, k)), step)
         if self.temperature is not None:  # the rows' key counts: their positions + 1 (one term for the step's layers)
             dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
             term = step.shared(("temperature", self.temperature.settings, dtype),
                                lambda: self.temperature.position_term(step.q_pos + 1, dtype))
             q = self.temperature(q, term=term)
-        cache.write_at(step.rows, k, v)
+        cache.write_at(step.rows, k, v, **kept)
         keys, values = cache.read(step.n_keys)
-        out, rem = cached_attention(q, keys, values, self.parts, step)
-        out = self.normaliser.finish(out, rem, v)
-        return self.proj(out.transpose(1, 2).reshape(B, R, C))
+        parts = self.parts
+        if "c" in kept:
+            parts = replace(parts, bias=self.bias.bind(c, cache.extra["c"][:, :step.n_keys].transpose(1, 2)))
+        out, rem = cached_attention(q, keys, values, parts, step)
+        return self._output(self.normaliser.finish(out, rem, v), x)

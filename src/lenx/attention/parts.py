@@ -16,9 +16,12 @@ class ScoreBias(nn.Module):
     positions q_pos [Tq], k_pos [Tk], or [B, H, Tq, Tk] for positions per sequence [B, Tq], [B, Tk]
     (a left-padded batch, whose padding has negative positions). per_distance: it depends only on
     (head, i - j) and gives a [H, 2T - 1] table (DistanceBias): FlexAttention and the fused kernels
-    read that table."""
+    read that table. per_token: it reads per-token values of the layer's input (FoX's forget gates),
+    so the attention module binds it to them (bind) and the backends run the bound bias; the parts
+    the planner judges hold it unbound."""
 
     per_distance = False
+    per_token = False
 
     def fused_grad_args(self) -> dict:
         """Keyword arguments of lenx.ops.biased_softmax.triton.biased_attention that let the fused

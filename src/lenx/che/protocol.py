@@ -8,8 +8,8 @@ accuracy (up to the terminator for the padded tasks) averaged over the test leng
 
 How each method is made bidirectional: ALiBi, Kerple and FIRE use |i - j| (FIRE normalises by
 max(i, j)); T5 gives each direction its own 16 buckets; Transformer-XL uses signed distances; RoPE
-and NoPE need no change; DAPE / DAPE V2 see the whole score map (no tril). CoPE and stick-breaking
-are directional by construction: they run causally (see `runs_causally`); the answer positions come
+and NoPE need no change; DAPE / DAPE V2 see the whole score map (no tril). CoPE, stick-breaking and
+FoX are directional by construction: they run causally (see `runs_causally`); the answer positions come
 after the whole input, so a causal model still reads all of it.
 """
 
@@ -79,10 +79,10 @@ TEST_BUDGET = 10
 
 
 def runs_causally(method: str) -> bool:
-    """Stick-breaking and CoPE have no bidirectional form (both walk the keys from the query
-    backwards), so in CHE they are causal; every other method sees the whole sequence."""
-    spec = parse_method(method)
-    return spec.normaliser == "stickbreaking" or spec.base == "cope"
+    """Stick-breaking, CoPE and FoX have no bidirectional form (they walk the keys from the query
+    backwards: sticks, gates, forget gates), so in CHE they are causal (the registry's causal_only);
+    every other method sees the whole sequence."""
+    return parse_method(method).causal_only
 
 
 class Encoder(nn.Module):

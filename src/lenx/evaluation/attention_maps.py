@@ -75,7 +75,7 @@ def attention_maps(run_dir: Path, tokens: torch.Tensor | None = None, layer: int
         model.hidden(tokens[None])
         handle.remove()
         q, k, _ = attn.project(captured["x"])
-        raw, bias, processed = score_block(q, k, attn.parts)
+        raw, bias, processed = score_block(q, k, attn.parts_for(captured["x"])[0])  # FoX's bias reads x
         maps = {"scores": raw[0, head]}
         if bias is not None:
             maps["bias"] = bias.expand_as(raw)[0, head]

@@ -10,6 +10,7 @@ import torch
 from ..attention.backends import BACKENDS, get_backend, plan_backend
 from ..attention.methods import parse_method
 from ..attention.rope import SCALINGS
+from ..attention.fox import SWITCHES as FOX_SWITCHES
 from ..attention.stickbreaking import REMAINDER_MODES
 from ..config import (ConfigError, LMConfig, RunConfig, at_least, check, fraction, one_of, positive, resolve_device,
                       validate)
@@ -91,6 +92,10 @@ def _check_model(m: LMConfig) -> None:
     check(math.isfinite(m.temp_attn_scale) and m.temp_attn_scale >= 0, "model.temp_attn_scale", ">= 0",
           m.temp_attn_scale)
     check(math.isfinite(m.pope_base) and m.pope_base > 1, "model.pope_base", "a number above 1", m.pope_base)
+    fox = [name for name in FOX_SWITCHES if getattr(m, name)]
+    if fox and parse_method(m.method).base != "fox":
+        raise ConfigError(f"model.{fox[0]} is an option of FoX's Pro block: it needs a fox method (fox, dapev2-fox, "
+                          f"stickbreaking-fox, ...), not model.method={m.method}")
     check(m.causal, "model.causal", "true (an LM that sees the tokens it predicts learns nothing; "
           "bidirectional encoders are `lenx che`)", m.causal)
 

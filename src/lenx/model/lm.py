@@ -132,7 +132,7 @@ class LM(nn.Module):
         device = p.device if device is None else device
         dtype = p.dtype if dtype is None else dtype
         layers = [LayerCache(batch, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head, capacity, device, dtype,
-                             b.attn.key_dim) for b in self.blocks]
+                             b.attn.key_dim, b.attn.cache_extra(dtype)) for b in self.blocks]
         return KVCache(layers, torch.zeros(batch, capacity, dtype=torch.long, device=device))
 
     def prefill(self, idx: torch.Tensor, cache: KVCache, lengths=None, progress=None) -> torch.Tensor:

@@ -9,6 +9,7 @@ Their memory grows with the score map, by as many maps as the composition keeps 
 itself, with one small block on the CPU.
 """
 
+from dataclasses import replace
 import functools
 import math
 
@@ -90,6 +91,8 @@ def _saved_bytes(parts: Parts, batch: int, heads: int, head_dim: int) -> int:
     with torch.random.fork_rng(devices=[]), torch.enable_grad():
         q, k, v = (torch.randn(batch, heads, n, head_dim, requires_grad=True)
                    for n in (_PROBE_Q, _PROBE_K, _PROBE_K))
+        if parts.bias is not None and parts.bias.per_token:  # FoX: bound to per-token values, as in a forward
+            parts = replace(parts, bias=parts.bias.bind(torch.randn(batch, heads, _PROBE_K, requires_grad=True)))
         inputs = {t.untyped_storage().data_ptr() for t in (q, k, v)}
         saved: dict[int, int] = {}
 
