@@ -34,9 +34,9 @@ class Attention(nn.Module):
         self.rope = built if base.role == "qk" else None  # RoPE or PoPE
         self.key_dim = self.rope.key_dim if self.rope is not None else self.head_dim  # q and k's width for the backends
         self.bias = built if base.role == "bias" else None
+        self.pro = FoxPro.from_config(ctx)  # FoX's Pro options: None unless one is on (fox methods only)
         ctx.name = spec.temperature
         self.temperature = TEMPERATURES[spec.temperature].build(ctx) if spec.temperature else None
-        self.pro = FoxPro.from_config(ctx)  # FoX's Pro options: None unless one is on (fox methods only)
         ctx.has_bias = self.bias is not None
         if spec.processor:
             ctx.name = spec.processor
