@@ -13,7 +13,7 @@ from .parts import PartContext, Parts
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: AttentionConfig, n_head: int, d_model: int, shared: dict | None = None):
+    def __init__(self, cfg: AttentionConfig, n_head: int, d_model: int, shared: dict | None = None, layer: int = 0):
         super().__init__()
         if d_model % n_head:
             raise ValueError(f"d_model {d_model} is not divisible by n_head {n_head}")
@@ -24,7 +24,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
         ctx = PartContext(spec.base, cfg, n_head, self.head_dim, d_model, {} if shared is None else shared,
-                          spec.processor)
+                          spec.processor, layer=layer)
         base = BASES[spec.base]
         built = base.build(ctx) if base.role else None
         self.rope = built if base.role == "qk" else None
@@ -66,7 +66,7 @@ class Attention(nn.Module):
         B, T, C = x.shape
         q, k, v = self.project(x)
         if cache is not None:
-            cache.write(at, k, v, rows)
+            cache.write(at, k, v, rows, q)
         if profiling.active():  # `lenx bench --train-step`: attention's kernels marked for torch.profiler
             out = profiling.marked(self.attend, q, k, v)
         else:
@@ -76,7 +76,8 @@ class Attention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The attention itself: q, k, v [B, H, T, d] (q and k already rotated) -> out [B, H, T, d]."""
         out, rem = run_backend(self.backend_for(q.device), q, k, v, self.parts, self.cfg.chunk_size)
-        return self.normaliser.finish(out, rem, v)
+        out = self.normaliser.finish(out, rem, v)
+        return out if self.processor is None else self.processor.finish(out)
 
     def extend(self, x: torch.Tensor, cache: LayerCache, step: StepRows) -> torch.Tensor:
         """Rows x [B, R, C] in cache slots step.rows of sequences that hold slots start[b]..end-1
@@ -97,8 +98,10 @@ class Attention(nn.Module):
             cos, sin = step.shared(("rope", self.rope.settings, q.dtype),
                                    lambda: self.rope.step_table(step.q_pos, step.end - step.start, q.dtype))
             q, k = self.rope.rotate_signed(qkv[:2], cos, sin)
-        cache.write_at(step.rows, k, v)
+        cache.write_at(step.rows, k, v, q)
         keys, values = cache.read(step.n_keys)
-        out, rem = cached_attention(q, keys, values, self.parts, step)
+        out, rem = cached_attention(q, keys, values, self.parts, step, cache.q)
         out = self.normaliser.finish(out, rem, v)
+        if self.processor is not None:
+            out = self.processor.finish(out)
         return self.proj(out.transpose(1, 2).reshape(B, R, C))

@@ -94,7 +94,7 @@ class Encoder(nn.Module):
         block_cfg = block_config(method, cfg)
         shared: dict = {}
         self.embed = nn.Embedding(vocab, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(block_cfg, shared) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(block_cfg, shared, i) for i in range(cfg.n_layer))
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, classes)
 

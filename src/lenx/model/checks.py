@@ -8,6 +8,7 @@ import torch
 
 from ..attention.backends import BACKENDS, get_backend, plan_backend
 from ..attention.methods import parse_method
+from ..attention.mta import HEAD_MIXES
 from ..attention.rope import SCALINGS
 from ..attention.stickbreaking import REMAINDER_MODES
 from ..config import (ConfigError, LMConfig, RunConfig, at_least, check, fraction, one_of, positive, resolve_device,
@@ -68,6 +69,7 @@ def _check_model(m: LMConfig) -> None:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
     check(m.dape_kernel % 2 == 1 and m.dape_kernel >= 1, "model.dape_kernel",
           "an odd integer >= 1 (the 1xk kernel is centred on each key)", m.dape_kernel)
+    _check_mta(m)
     check(m.t5_buckets >= 2, "model.t5_buckets", ">= 2", m.t5_buckets)
     check(m.t5_max_distance > m.t5_buckets // 2, "model.t5_max_distance",
           f"above the exact buckets (model.t5_buckets // 2 = {m.t5_buckets // 2})", m.t5_max_distance)
@@ -86,6 +88,21 @@ def _check_model(m: LMConfig) -> None:
           f">= 1 with model.rope_scaling={m.rope_scaling} (the training length the scaling extends)", m.rope_train_len)
     check(m.causal, "model.causal", "true (an LM that sees the tokens it predicts learns nothing; "
           "bidirectional encoders are `lenx che`)", m.causal)
+
+
+def _check_mta(m: LMConfig) -> None:
+    check(m.mta_key_kernel % 2 == 1 and m.mta_key_kernel >= 1, "model.mta_key_kernel",
+          "an odd integer >= 1 (the kernel is centred on each key)", m.mta_key_kernel)
+    check(m.mta_query_kernel >= 1, "model.mta_query_kernel", ">= 1 (the row's own query and earlier ones)",
+          m.mta_query_kernel)
+    check(m.mta_head_group >= 0 and (m.mta_head_group == 0 or m.n_head % m.mta_head_group == 0),
+          "model.mta_head_group", f"0 (all heads) or a divisor of model.n_head ({m.n_head})", m.mta_head_group)
+    one_of("model.mta_head_mix", m.mta_head_mix, HEAD_MIXES)
+    check(m.mta_every >= 1, "model.mta_every", ">= 1", m.mta_every)
+    if parse_method(m.method).processor == "mta" and m.n_layer <= m.mta_every // 2:
+        raise ConfigError(f"model.mta_every={m.mta_every} puts MTA's query-key convolution on layers "
+                          f"{m.mta_every // 2}, {m.mta_every // 2 + m.mta_every}, ... (from 0) and this model has "
+                          f"{m.n_layer}: set model.mta_every to at most {2 * m.n_layer - 1}")
 
 
 def _build_meta(model_cfg: LMConfig) -> LM:

@@ -1,0 +1,169 @@
+"""Multi-Token Attention (arXiv 2504.00927): the tensor form against explicit loops over the paper's
+formula (float64), the chunked path against the dense one at odd lengths with blocks that cut inside
+the query halo (forward and backward), the identity initialisation, causality, the names, and bad
+settings as one-line errors."""
+
+import pytest
+import torch
+
+from helpers import V, assert_close, model_for
+from lenx.attention import Attention
+from lenx.attention.backends import chunked_attention, dense_attention
+from lenx.attention.methods import UnknownMethodError, all_methods, parse_method
+from lenx.attention.mta import MTA
+from lenx.config import ConfigError, LMConfig, RunConfig
+from lenx.model.checks import check_config
+from lenx.ops.mta.reference import mta_loops
+
+
+def attention(method="mta", n_head=4, head_dim=8, seed=0, **cfg):
+    """A float64 attention layer of `method` whose MTA weights are moved off the identity."""
+    torch.manual_seed(seed)
+    cfg = {"mta_every": 1, "mta_query_kernel": 3, "mta_key_kernel": 5, "mta_head_group": 2} | cfg
+    from lenx.config import AttentionConfig
+    attn = Attention(AttentionConfig(method=method, **cfg), n_head, n_head * head_dim).double()
+    with torch.no_grad():
+        for p in attn.processor.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return attn
+
+
+def qkv(T, n_head=4, head_dim=8, B=2, seed=1):
+    torch.manual_seed(seed)
+    return [torch.randn(B, n_head, T, head_dim, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+
+
+def full(attn, q, k, v, backend, chunk=16):
+    out, rem = (dense_attention(q, k, v, attn.parts) if backend == "dense"
+                else chunked_attention(q, k, v, attn.parts, chunk))
+    return attn.processor.finish(attn.normaliser.finish(out, rem, v))
+
+
+@pytest.mark.parametrize("mix", ["none", "pre", "post", "both"])
+@pytest.mark.parametrize("T", [1, 7, 12])
+def test_tensor_form_is_the_loops(T, mix):
+    attn = attention("mta-alibi", mta_head_mix=mix)
+    q, k, v = qkv(T)
+    p = attn.processor
+    pos = torch.arange(T)
+    bias = attn.bias(pos, pos)
+    want = mta_loops(q, k, v, p.kernel, p.pre_mix, p.post_mix, bias, (p.norm_weight, p.gate.weight[0], p.gate.bias))
+    assert_close(full(attn, q, k, v, "dense"), want, 1e-10, f"dense T={T} {mix}")
+    assert_close(full(attn, q, k, v, "chunked", chunk=4), want, 1e-10, f"chunked T={T} {mix}")
+
+
+def test_no_convolution_and_no_norm_are_the_loops_too():
+    attn = attention("mta-nope", mta_every=2, mta_group_norm=False)  # layer 0: no convolution under every 2
+    assert attn.processor.kernel is None and attn.processor.q_halo == 0
+    q, k, v = qkv(9)
+    want = mta_loops(q, k, v, None, None, attn.processor.post_mix)
+    assert_close(full(attn, q, k, v, "dense"), want, 1e-10)
+
+
+@pytest.mark.parametrize("method", ["mta", "mta-kerple"])
+@pytest.mark.parametrize("T,chunk", [(1, 4), (63, 4), (63, 16), (111, 7), (111, 64)])
+def test_chunked_is_dense_forward_and_backward(method, T, chunk):
+    # c_q = 6: a halo of 5 rows, longer than a block of 4 and cut inside by blocks of 7 and 16
+    attn = attention(method, mta_query_kernel=6, mta_key_kernel=11, mta_head_group=0, mta_head_mix="both")
+    q, k, v = qkv(T)
+    grad = torch.randn(2, 4, T, 8, dtype=torch.float64)
+    outs, grads = [], []
+    for backend in ("dense", "chunked"):
+        out = full(attn, q, k, v, backend, chunk)
+        params = [q, k, v, *attn.parameters()]
+        grads.append(torch.autograd.grad(out, params, grad, allow_unused=True))
+        outs.append(out.detach())
+    assert_close(outs[1], outs[0], 1e-10, f"{method} T={T} chunk={chunk}")
+    for i, (a, b) in enumerate(zip(*grads)):
+        if a is None:
+            assert b is None
+            continue
+        assert_close(b, a, 1e-9, f"{method} T={T} chunk={chunk}: gradient {i}", floor=1e-12)
+
+
+def test_identity_initialisation_is_the_base_method():
+    """Freshly built, the kernels and the mixing are identities: without the group norm MTA on a
+    base gives the base's output exactly."""
+    from lenx.config import AttentionConfig
+    torch.manual_seed(0)
+    mta = Attention(AttentionConfig(method="mta-kerple", mta_every=1, mta_head_mix="both", mta_group_norm=False), 4, 32)
+    torch.manual_seed(0)
+    base = Attention(AttentionConfig(method="kerple"), 4, 32)
+    base.load_state_dict(mta.state_dict(), strict=False)
+    p = mta.processor
+    assert p.kernel.shape == (4, 1, 6, 11) and p.kernel.sum() == 4 and (p.kernel[:, 0, -1, 5] == 1).all()
+    assert torch.equal(p.pre_mix[0], torch.eye(4)) and torch.equal(p.post_mix[0], torch.eye(4))
+    x = torch.randn(2, 23, 32)
+    with torch.no_grad():
+        assert_close(mta(x), base(x), 1e-6)
+
+
+def test_paper_configuration():
+    cfg = LMConfig(method="mta", n_layer=12, n_head=16, d_model=256)
+    from lenx.model import LM
+    procs = [b.attn.processor for b in LM(cfg).blocks]
+    assert [i for i, p in enumerate(procs) if p.kernel is not None] == [2, 6, 10]  # every 4th layer
+    assert all(p.kernel is None or p.kernel.shape == (16, 1, 6, 11) for p in procs)
+    assert all(p.post_mix is not None and p.post_mix.shape == (1, 16, 16) and p.pre_mix is None for p in procs)
+    assert all(p.norm_weight is not None for p in procs)
+    assert parse_method("mta").base == "rope" and parse_method("mta-rope").name == "mta"
+
+
+def test_causal():
+    """Changing a token leaves every earlier position's logits as they were (the query and key
+    convolutions read no later key or query), and changes the later ones."""
+    model = model_for("mta-kerple")
+    idx = torch.randint(0, V, (1, 30))
+    idx2 = idx.clone()
+    idx2[0, 17] = (idx2[0, 17] + 1) % V
+    with torch.no_grad():
+        a, b = model(idx)[0], model(idx2)[0]
+    assert torch.equal(a[:, :17], b[:, :17])
+    assert not torch.allclose(a[:, 17:], b[:, 17:])
+
+
+def test_decoding_with_a_padded_batch_is_each_prompt_alone():
+    """Left-padded prompts of two lengths: each sequence's decoded logits are those of its own
+    full forward (the cached queries of the padding read as zero rows)."""
+    model = model_for("mta")
+    idx = torch.randint(0, V, (2, 20))
+    with torch.no_grad():
+        cache = model.new_cache(2, 20)
+        assert cache.layers[0].q is not None
+        first = model.prefill(idx[:, :12], cache, lengths=[12, 5])
+        steps = [model.decode(idx[:, i:i + 1], cache)[:, 0] for i in range(12, 20)]
+        for b, n in enumerate((12, 5)):
+            seq = torch.cat([idx[b:b + 1, 12 - n:12], idx[b:b + 1, 12:]], 1)
+            ref = model(seq)[0][0]
+            assert_close(first[b], ref[n - 1], 1e-9, f"prefill {b}")
+            assert_close(torch.stack([s[b] for s in steps]), ref[n:], 1e-9, f"decode {b}")
+
+
+def test_names():
+    names = all_methods()
+    assert {"mta", "mta-kerple", "mta-alibi", "mta-nope", "mta-t5"} <= set(names)
+    assert not any(n.startswith("mta") and "stickbreaking" in n for n in names)
+    for bad, why in [("mta-stickbreaking-rope", "softmax"), ("mta-cope", "score processor"),
+                     ("mta-dapev2-kerple", "unknown method")]:
+        with pytest.raises(UnknownMethodError, match=why):
+            parse_method(bad)
+    assert parse_method("mta-kerple").causal_only
+
+
+@pytest.mark.parametrize("key,value,words", [
+    ("mta_key_kernel", 10, "odd"), ("mta_key_kernel", 0, "odd"), ("mta_query_kernel", 0, ">= 1"),
+    ("mta_head_group", 3, "divisor"), ("mta_head_mix", "after", "one of"), ("mta_every", 0, ">= 1"),
+    ("mta_every", 8, "at most 3")])
+def test_bad_settings_are_one_line_config_errors(key, value, words):
+    cfg = RunConfig()
+    cfg.model = LMConfig(method="mta", n_layer=2, n_head=4, d_model=32, **{key: value})
+    with pytest.raises(ConfigError, match=words) as e:
+        check_config(cfg)
+    assert "\n" not in str(e.value) and f"model.{key}" in str(e.value)
+
+
+def test_the_module_refuses_bad_values_too():
+    with pytest.raises(ValueError, match="odd"):
+        MTA(4, 8, key_kernel=4)
+    with pytest.raises(ValueError, match="does not divide"):
+        MTA(4, 8, head_group=3)
