@@ -52,7 +52,7 @@ class AttentionConfig:
     mta_key_kernel: int = 11  # MTA's c_k (odd: centred on each key)
     mta_head_group: int = 0  # MTA's c_h: heads mixed together (0: all heads, the paper's 16 of 16)
     mta_head_mix: str = "post"  # none | pre | post | both: head mixing before and/or after the softmax
-    mta_every: int = 4  # the query-key convolution on layers l with l % mta_every == mta_every // 2
+    mta_every: int = 4  # the query-key convolution on layers l % mta_every == mta_every // 2 (at least the last)
     mta_group_norm: bool = True  # per-head RMS norm with a scalar sigmoid gate on each head's output
     fire_width: int = 32
     fire_L_init: float = 512.0

@@ -16,12 +16,13 @@ from lenx.model.checks import check_config
 from lenx.ops.mta.reference import mta_loops
 
 
-def attention(method="mta", n_head=4, head_dim=8, seed=0, **cfg):
-    """A float64 attention layer of `method` whose MTA weights are moved off the identity."""
+def attention(method="mta", n_head=4, head_dim=8, seed=0, layer=(0, 1), **cfg):
+    """A float64 attention layer of `method` (layer[0] of layer[1]) whose MTA weights are moved off
+    the identity."""
     torch.manual_seed(seed)
     cfg = {"mta_every": 1, "mta_query_kernel": 3, "mta_key_kernel": 5, "mta_head_group": 2} | cfg
     from lenx.config import AttentionConfig
-    attn = Attention(AttentionConfig(method=method, **cfg), n_head, n_head * head_dim).double()
+    attn = Attention(AttentionConfig(method=method, **cfg), n_head, n_head * head_dim, None, *layer).double()
     with torch.no_grad():
         for p in attn.processor.parameters():
             p.add_(0.3 * torch.randn_like(p))
@@ -53,7 +54,7 @@ def test_tensor_form_is_the_loops(T, mix):
 
 
 def test_no_convolution_and_no_norm_are_the_loops_too():
-    attn = attention("mta-nope", mta_every=2, mta_group_norm=False)  # layer 0: no convolution under every 2
+    attn = attention("mta-nope", layer=(0, 2), mta_every=2, mta_group_norm=False)  # layer 0 of 2: no convolution
     assert attn.processor.kernel is None and attn.processor.q_halo == 0
     q, k, v = qkv(9)
     want = mta_loops(q, k, v, None, None, attn.processor.post_mix)
@@ -103,6 +104,9 @@ def test_paper_configuration():
     from lenx.model import LM
     procs = [b.attn.processor for b in LM(cfg).blocks]
     assert [i for i, p in enumerate(procs) if p.kernel is not None] == [2, 6, 10]  # every 4th layer
+    for n_layer, convolved in [(1, [0]), (2, [1]), (3, [2])]:  # a model too shallow: its last layer
+        blocks = LM(LMConfig(method="mta", n_layer=n_layer, n_head=4, d_model=32)).blocks
+        assert [i for i, b in enumerate(blocks) if b.attn.processor.kernel is not None] == convolved
     assert all(p.kernel is None or p.kernel.shape == (16, 1, 6, 11) for p in procs)
     assert all(p.post_mix is not None and p.post_mix.shape == (1, 16, 16) and p.pre_mix is None for p in procs)
     assert all(p.norm_weight is not None for p in procs)
@@ -152,8 +156,7 @@ def test_names():
 
 @pytest.mark.parametrize("key,value,words", [
     ("mta_key_kernel", 10, "odd"), ("mta_key_kernel", 0, "odd"), ("mta_query_kernel", 0, ">= 1"),
-    ("mta_head_group", 3, "divisor"), ("mta_head_mix", "after", "one of"), ("mta_every", 0, ">= 1"),
-    ("mta_every", 8, "at most 3")])
+    ("mta_head_group", 3, "divisor"), ("mta_head_mix", "after", "one of"), ("mta_every", 0, ">= 1")])
 def test_bad_settings_are_one_line_config_errors(key, value, words):
     cfg = RunConfig()
     cfg.model = LMConfig(method="mta", n_layer=2, n_head=4, d_model=32, **{key: value})

@@ -13,7 +13,8 @@ from .parts import PartContext, Parts
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: AttentionConfig, n_head: int, d_model: int, shared: dict | None = None, layer: int = 0):
+    def __init__(self, cfg: AttentionConfig, n_head: int, d_model: int, shared: dict | None = None, layer: int = 0,
+                 n_layer: int = 1):
         super().__init__()
         if d_model % n_head:
             raise ValueError(f"d_model {d_model} is not divisible by n_head {n_head}")
@@ -24,7 +25,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
         ctx = PartContext(spec.base, cfg, n_head, self.head_dim, d_model, {} if shared is None else shared,
-                          spec.processor, layer=layer)
+                          spec.processor, layer=layer, n_layer=n_layer)
         base = BASES[spec.base]
         built = base.build(ctx) if base.role else None
         self.rope = built if base.role == "qk" else None

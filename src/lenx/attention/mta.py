@@ -6,7 +6,7 @@ model starts as its base method, up to the group norm).
 
 The paper's configuration (its section 4.2 and the released 880M config of facebookresearch/RAM
 projects/mta): c_q = 6, c_k = 11, the key-query convolution on every 4th layer (layers 2, 6, 10, ...
-counted from 0), head mixing after the softmax in every layer over groups of 16 heads (model.mta_head_group
+counted from 0; the last layer of a model with fewer than 3), head mixing after the softmax in every layer over groups of 16 heads (model.mta_head_group
 = 0 takes all heads, the paper's 16 of 16), group norm with scalar gating in every layer.
 """
 
@@ -51,10 +51,11 @@ class MTA(ScoreProcessor):
 
     @classmethod
     def from_config(cls, ctx):
-        """The key-query convolution on layers l with l % model.mta_every == model.mta_every // 2; head
-        mixing and the group norm on every layer."""
-        cfg = ctx.cfg
-        conv = ctx.layer % cfg.mta_every == cfg.mta_every // 2
+        """The key-query convolution on layers l with l % model.mta_every == model.mta_every // 2 (a
+        model too shallow to have one convolves on its last layer); head mixing and the group norm on
+        every layer."""
+        cfg, first = ctx.cfg, min(ctx.cfg.mta_every // 2, ctx.n_layer - 1)
+        conv = ctx.layer >= first and (ctx.layer - first) % cfg.mta_every == 0
         return cls(ctx.n_head, ctx.head_dim, cfg.mta_query_kernel, cfg.mta_key_kernel, cfg.mta_head_group,
                    cfg.mta_head_mix, conv, cfg.mta_group_norm)
 

@@ -87,3 +87,4 @@ class PartContext:
     processor: str | None = None  # the composition's processor name, if any
     has_bias: bool = False  # whether the composition has an additive bias (set before the processor is built)
     layer: int = 0  # the layer's index in the model (MTA convolves on some layers only)
+    n_layer: int = 1  # the model's layers

@@ -80,9 +80,9 @@ TEST_BUDGET = 10
 
 def runs_causally(method: str) -> bool:
     """Stick-breaking and CoPE have no bidirectional form (both walk the keys from the query
-    backwards), so in CHE they are causal; every other method sees the whole sequence."""
-    spec = parse_method(method)
-    return spec.normaliser == "stickbreaking" or spec.base == "cope"
+    backwards), nor has MTA (its query convolution reads earlier queries only, as the paper has it),
+    so in CHE they are causal; every other method sees the whole sequence."""
+    return parse_method(method).causal_only
 
 
 class Encoder(nn.Module):

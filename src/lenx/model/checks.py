@@ -99,10 +99,6 @@ def _check_mta(m: LMConfig) -> None:
           "model.mta_head_group", f"0 (all heads) or a divisor of model.n_head ({m.n_head})", m.mta_head_group)
     one_of("model.mta_head_mix", m.mta_head_mix, HEAD_MIXES)
     check(m.mta_every >= 1, "model.mta_every", ">= 1", m.mta_every)
-    if parse_method(m.method).processor == "mta" and m.n_layer <= m.mta_every // 2:
-        raise ConfigError(f"model.mta_every={m.mta_every} puts MTA's query-key convolution on layers "
-                          f"{m.mta_every // 2}, {m.mta_every // 2 + m.mta_every}, ... (from 0) and this model has "
-                          f"{m.n_layer}: set model.mta_every to at most {2 * m.n_layer - 1}")
 
 
 def _build_meta(model_cfg: LMConfig) -> LM:

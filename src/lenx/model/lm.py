@@ -29,7 +29,7 @@ class Block(nn.Module):
     def __init__(self, cfg: LMConfig, shared: dict, layer: int = 0):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.attn = Attention(cfg, cfg.n_head, cfg.d_model, shared, layer)
+        self.attn = Attention(cfg, cfg.n_head, cfg.d_model, shared, layer, cfg.n_layer)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)

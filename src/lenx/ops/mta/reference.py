@@ -68,12 +68,13 @@ def group_norm(out, weight, gate_w=None, gate_b=None, eps: float = 1e-5):
     return o.to(out.dtype)
 
 
+@torch.no_grad()
 def mta_loops(q, k, v, kernel=None, pre_mix=None, post_mix=None, bias=None, norm=None):
     """Causal MTA attention of q, k, v [B, H, T, d] by explicit loops over every term of the formula
     (float64, small T only): the definition the tensor form is tested against. bias [H, T, T] or
     None; norm (weight, gate_w, gate_b) or None (no group norm)."""
     B, H, T, d = q.shape
-    q, k, v = (t.detach().double() for t in (q, k, v))
+    q, k, v = q.double(), k.double(), v.double()
     logits = torch.zeros(B, H, T, T, dtype=torch.float64)
     for b in range(B):
         for h in range(H):
