@@ -1,64 +1,19 @@
-"""Multi-Token Attention (arXiv 2504.00927): the tensor form against explicit loops over the paper's
-formula (float64), the chunked path against the dense one at odd lengths with blocks that cut inside
-the query halo (forward and backward), the identity initialisation, causality, the names, and bad
-settings as one-line errors."""
+"""Multi-Token Attention (arXiv 2504.00927) as an attention part: the chunked path against the dense
+one at odd lengths with blocks that cut inside the query halo (forward and backward), the identity
+initialisation, the paper's configuration, causality, decoding a padded batch, the names, and bad
+settings as one-line errors. The formula against explicit loops: tests/ops/test_mta.py."""
 
 import pytest
 import torch
 
 from helpers import V, assert_close, model_for
+from mta_helpers import attention, full, qkv
 from lenx.attention import Attention
-from lenx.attention.backends import chunked_attention, dense_attention
 from lenx.attention.methods import UnknownMethodError, all_methods, parse_method
 from lenx.attention.mta import MTA
-from lenx.config import ConfigError, LMConfig, RunConfig
+from lenx.config import AttentionConfig, ConfigError, LMConfig, RunConfig
+from lenx.model import LM
 from lenx.model.checks import check_config
-from lenx.ops.mta.reference import mta_loops
-
-
-def attention(method="mta", n_head=4, head_dim=8, seed=0, layer=(0, 1), **cfg):
-    """A float64 attention layer of `method` (layer[0] of layer[1]) whose MTA weights are moved off
-    the identity."""
-    torch.manual_seed(seed)
-    cfg = {"mta_every": 1, "mta_query_kernel": 3, "mta_key_kernel": 5, "mta_head_group": 2} | cfg
-    from lenx.config import AttentionConfig
-    attn = Attention(AttentionConfig(method=method, **cfg), n_head, n_head * head_dim, None, *layer).double()
-    with torch.no_grad():
-        for p in attn.processor.parameters():
-            p.add_(0.3 * torch.randn_like(p))
-    return attn
-
-
-def qkv(T, n_head=4, head_dim=8, B=2, seed=1):
-    torch.manual_seed(seed)
-    return [torch.randn(B, n_head, T, head_dim, dtype=torch.float64, requires_grad=True) for _ in range(3)]
-
-
-def full(attn, q, k, v, backend, chunk=16):
-    out, rem = (dense_attention(q, k, v, attn.parts) if backend == "dense"
-                else chunked_attention(q, k, v, attn.parts, chunk))
-    return attn.processor.finish(attn.normaliser.finish(out, rem, v))
-
-
-@pytest.mark.parametrize("mix", ["none", "pre", "post", "both"])
-@pytest.mark.parametrize("T", [1, 7, 12])
-def test_tensor_form_is_the_loops(T, mix):
-    attn = attention("mta-alibi", mta_head_mix=mix)
-    q, k, v = qkv(T)
-    p = attn.processor
-    pos = torch.arange(T)
-    bias = attn.bias(pos, pos)
-    want = mta_loops(q, k, v, p.kernel, p.pre_mix, p.post_mix, bias, (p.norm_weight, p.gate.weight[0], p.gate.bias))
-    assert_close(full(attn, q, k, v, "dense"), want, 1e-10, f"dense T={T} {mix}")
-    assert_close(full(attn, q, k, v, "chunked", chunk=4), want, 1e-10, f"chunked T={T} {mix}")
-
-
-def test_no_convolution_and_no_norm_are_the_loops_too():
-    attn = attention("mta-nope", layer=(0, 2), mta_every=2, mta_group_norm=False)  # layer 0 of 2: no convolution
-    assert attn.processor.kernel is None and attn.processor.q_halo == 0
-    q, k, v = qkv(9)
-    want = mta_loops(q, k, v, None, None, attn.processor.post_mix)
-    assert_close(full(attn, q, k, v, "dense"), want, 1e-10)
 
 
 @pytest.mark.parametrize("method", ["mta", "mta-kerple"])
@@ -85,7 +40,6 @@ def test_chunked_is_dense_forward_and_backward(method, T, chunk):
 def test_identity_initialisation_is_the_base_method():
     """Freshly built, the kernels and the mixing are identities: without the group norm MTA on a
     base gives the base's output exactly."""
-    from lenx.config import AttentionConfig
     torch.manual_seed(0)
     mta = Attention(AttentionConfig(method="mta-kerple", mta_every=1, mta_head_mix="both", mta_group_norm=False), 4, 32)
     torch.manual_seed(0)
@@ -101,7 +55,6 @@ def test_identity_initialisation_is_the_base_method():
 
 def test_paper_configuration():
     cfg = LMConfig(method="mta", n_layer=12, n_head=16, d_model=256)
-    from lenx.model import LM
     procs = [b.attn.processor for b in LM(cfg).blocks]
     assert [i for i, p in enumerate(procs) if p.kernel is not None] == [2, 6, 10]  # every 4th layer
     for n_layer, convolved in [(1, [0]), (2, [1]), (3, [2])]:  # a model too shallow: its last layer
