@@ -46,7 +46,7 @@ def test_identity_initialisation_is_the_base_method():
     base = Attention(AttentionConfig(method="kerple"), 4, 32)
     base.load_state_dict(mta.state_dict(), strict=False)
     p = mta.processor
-    assert p.kernel.shape == (4, 1, 6, 11) and p.kernel.sum() == 4 and (p.kernel[:, 0, -1, 5] == 1).all()
+    assert p.conv_kernel.shape == (4, 1, 6, 11) and p.conv_kernel.sum() == 4 and (p.conv_kernel[:, 0, -1, 5] == 1).all()
     assert torch.equal(p.pre_mix[0], torch.eye(4)) and torch.equal(p.post_mix[0], torch.eye(4))
     x = torch.randn(2, 23, 32)
     with torch.no_grad():
@@ -56,11 +56,11 @@ def test_identity_initialisation_is_the_base_method():
 def test_paper_configuration():
     cfg = LMConfig(method="mta", n_layer=12, n_head=16, d_model=256)
     procs = [b.attn.processor for b in LM(cfg).blocks]
-    assert [i for i, p in enumerate(procs) if p.kernel is not None] == [2, 6, 10]  # every 4th layer
+    assert [i for i, p in enumerate(procs) if p.conv_kernel is not None] == [2, 6, 10]  # every 4th layer
     for n_layer, convolved in [(1, [0]), (2, [1]), (3, [2])]:  # a model too shallow: its last layer
         blocks = LM(LMConfig(method="mta", n_layer=n_layer, n_head=4, d_model=32)).blocks
-        assert [i for i, b in enumerate(blocks) if b.attn.processor.kernel is not None] == convolved
-    assert all(p.kernel is None or p.kernel.shape == (16, 1, 6, 11) for p in procs)
+        assert [i for i, b in enumerate(blocks) if b.attn.processor.conv_kernel is not None] == convolved
+    assert all(p.conv_kernel is None or p.conv_kernel.shape == (16, 1, 6, 11) for p in procs)
     assert all(p.post_mix is not None and p.post_mix.shape == (1, 16, 16) and p.pre_mix is None for p in procs)
     assert all(p.norm_weight is not None for p in procs)
     assert parse_method("mta").base == "rope" and parse_method("mta-rope").name == "mta"

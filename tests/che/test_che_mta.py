@@ -22,7 +22,7 @@ def test_lenx_che_runs_mta_causally(tmp_path):
     assert runs_causally("mta") and runs_causally("mta-kerple")
     torch.manual_seed(0)
     model = Encoder("mta", 4, 2, make_config("smoke")).eval()
-    assert model.blocks[-1].attn.processor.kernel is not None  # the smoke encoder's 2 layers: the last convolves
+    assert model.blocks[-1].attn.processor.conv_kernel is not None  # the smoke encoder's 2 layers: the last convolves
     x = torch.randint(0, 3, (1, 12))
     y = x.clone()
     y[0, 5] = (y[0, 5] + 1) % 3

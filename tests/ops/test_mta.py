@@ -17,14 +17,14 @@ def test_tensor_form_is_the_loops(T, mix):
     p = attn.processor
     pos = torch.arange(T)
     bias = attn.bias(pos, pos)
-    want = mta_loops(q, k, v, p.kernel, p.pre_mix, p.post_mix, bias, (p.norm_weight, p.gate.weight[0], p.gate.bias))
+    want = mta_loops(q, k, v, p.conv_kernel, p.pre_mix, p.post_mix, bias, (p.norm_weight, p.gate.weight[0], p.gate.bias))
     assert_close(full(attn, q, k, v, "dense"), want, 1e-10, f"dense T={T} {mix}")
     assert_close(full(attn, q, k, v, "chunked", chunk=4), want, 1e-10, f"chunked T={T} {mix}")
 
 
 def test_no_convolution_and_no_norm_are_the_loops_too():
     attn = attention("mta-nope", layer=(0, 2), mta_every=2, mta_group_norm=False)  # layer 0 of 2: no convolution
-    assert attn.processor.kernel is None and attn.processor.q_halo == 0
+    assert attn.processor.conv_kernel is None and attn.processor.q_halo == 0
     q, k, v = qkv(9)
     want = mta_loops(q, k, v, None, None, attn.processor.post_mix)
     assert_close(full(attn, q, k, v, "dense"), want, 1e-10)

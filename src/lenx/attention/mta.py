@@ -34,11 +34,11 @@ class MTA(ScoreProcessor):
             raise ValueError(f"MTA head mixing must be one of {', '.join(HEAD_MIXES)}, got {head_mix!r}")
         self.num_heads, self.query_kernel, self.key_kernel, self.head_group = num_heads, query_kernel, key_kernel, group
         self.head_mix = head_mix
-        self.kernel = None
+        self.conv_kernel = None
         if conv:  # identity: a 1 at the row's own query and the key's own column
             kernel = torch.zeros(num_heads, 1, query_kernel, key_kernel)
             kernel[:, 0, -1, key_kernel // 2] = 1.0
-            self.kernel = nn.Parameter(kernel)
+            self.conv_kernel = nn.Parameter(kernel)
         eye = torch.eye(group).repeat(num_heads // group, 1, 1)
         self.pre_mix = nn.Parameter(eye.clone()) if head_mix in ("pre", "both") else None
         self.post_mix = nn.Parameter(eye.clone()) if head_mix in ("post", "both") else None
@@ -62,7 +62,7 @@ class MTA(ScoreProcessor):
     @property
     def q_halo(self) -> int:
         """Query rows before a block's first that its scores read: the query convolution's c_q - 1."""
-        return self.query_kernel - 1 if self.kernel is not None else 0
+        return self.query_kernel - 1 if self.conv_kernel is not None else 0
 
     @property
     def post_softmax(self) -> bool:
@@ -74,7 +74,7 @@ class MTA(ScoreProcessor):
         """MixPre(Conv2d(Mask_0(S + Bias))) for the scaled scores [B, H, Tq, Tk] (see mta_scores); q is
         not used. Entries after the diagonal are left for the normaliser's -inf mask."""
         logits = scores if bias is None else scores + bias.to(scores.dtype)
-        return mta_scores(logits, self.kernel, self.pre_mix, q_pos, k_pos, key_valid)
+        return mta_scores(logits, self.conv_kernel, self.pre_mix, q_pos, k_pos, key_valid)
 
     def after_softmax(self, probs: torch.Tensor) -> torch.Tensor:
         return mix_heads(probs, self.post_mix)
@@ -86,6 +86,6 @@ class MTA(ScoreProcessor):
         return group_norm(out, self.norm_weight, self.gate.weight[0], self.gate.bias)
 
     def extra_repr(self) -> str:
-        conv = f"{self.query_kernel}x{self.key_kernel}" if self.kernel is not None else "none"
+        conv = f"{self.query_kernel}x{self.key_kernel}" if self.conv_kernel is not None else "none"
         return (f"heads={self.num_heads}, conv={conv}, head_group={self.head_group}, head_mix={self.head_mix}, "
                 f"group_norm={self.norm_weight is not None}")
