@@ -123,3 +123,20 @@ def test_the_module_refuses_bad_values_too():
         MTA(4, 8, key_kernel=4)
     with pytest.raises(ValueError, match="does not divide"):
         MTA(4, 8, head_group=3)
+
+
+@pytest.mark.parametrize("decoding", ["eager", "static"])
+def test_greedy_generation_is_the_argmax_of_the_full_forward(decoding):
+    """Both decoders (LM.decode and the fixed-shape step a CUDA graph captures) read the cached
+    queries of the rows before the new one: greedy tokens are those of full forwards."""
+    from lenx.model.generate import generate
+
+    model = model_for("mta-alibi", mta_head_mix="both")
+    prompt = torch.randint(0, V, (2, 7))
+    out = generate(model, [prompt[0], prompt[1, 3:]], 10, temperature=0, decoding=decoding)["tokens"]
+    for b, p in enumerate((prompt[0], prompt[1, 3:])):
+        seq = p[None]
+        with torch.no_grad():
+            for _ in range(10):
+                seq = torch.cat([seq, model(seq)[0][:, -1].argmax(-1, keepdim=True)], 1)
+        assert torch.equal(out[b], seq[0, len(p):]), (decoding, b)
