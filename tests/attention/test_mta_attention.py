@@ -81,8 +81,9 @@ def test_causal():
 
 def test_decoding_with_a_padded_batch_is_each_prompt_alone():
     """Left-padded prompts of two lengths: each sequence's decoded logits are those of its own
-    full forward (the cached queries of the padding read as zero rows)."""
-    model = model_for("mta")
+    full forward (the cached queries of the padding read as zero rows), in float64, with head
+    mixing both before and after the softmax."""
+    model = model_for("mta-kerple", mta_head_mix="both")
     idx = torch.randint(0, V, (2, 20))
     with torch.no_grad():
         cache = model.new_cache(2, 20)
