@@ -6,8 +6,10 @@ model starts as its base method, up to the group norm).
 
 The paper's configuration (its section 4.2 and the released 880M config of facebookresearch/RAM
 projects/mta): c_q = 6, c_k = 11, the key-query convolution on every 4th layer (layers 2, 6, 10, ...
-counted from 0; the last layer of a model with fewer than 3), head mixing after the softmax in every layer over groups of 16 heads (model.mta_head_group
-= 0 takes all heads, the paper's 16 of 16), group norm with scalar gating in every layer.
+counted from 0; a model with fewer than 3 layers convolves on its last), head mixing after the
+softmax in every layer over groups of 16 heads (model.mta_head_group = 0 takes all heads, the paper's
+16 of 16), group norm with scalar gating in every layer (no depth scaling: the paper's ablation finds
+it worse). Not here: the released config's second (post-softmax) key-query convolution.
 """
 
 import torch
@@ -21,7 +23,8 @@ HEAD_MIXES = ("none", "pre", "post", "both")
 
 class MTA(ScoreProcessor):
     def __init__(self, num_heads: int, head_dim: int, query_kernel: int = 6, key_kernel: int = 11,
-                 head_group: int = 0, head_mix: str = "post", conv: bool = True, norm: bool = True):
+                 head_group: int = 0, head_mix: str = "post", conv: bool = True, norm: bool = True,
+                 d_model: int | None = None):
         super().__init__()
         if query_kernel < 1:
             raise ValueError(f"MTA query kernel must be >= 1, got {query_kernel}")
@@ -45,9 +48,10 @@ class MTA(ScoreProcessor):
         self.norm_weight = self.gate = None
         if norm:
             self.norm_weight = nn.Parameter(torch.ones(head_dim))
+            # the released code's gate: weight ~ N(0, d_model^-1/2) cut at 3 std, bias nn.Linear's own
             self.gate = nn.Linear(head_dim, 1)
-            nn.init.trunc_normal_(self.gate.weight, std=head_dim ** -0.5, a=-3 * head_dim ** -0.5, b=3 * head_dim ** -0.5)
-            nn.init.zeros_(self.gate.bias)
+            std = (d_model or num_heads * head_dim) ** -0.5
+            nn.init.trunc_normal_(self.gate.weight, std=std, a=-3 * std, b=3 * std)
 
     @classmethod
     def from_config(cls, ctx):
@@ -57,7 +61,7 @@ class MTA(ScoreProcessor):
         cfg, first = ctx.cfg, min(ctx.cfg.mta_every // 2, ctx.n_layer - 1)
         conv = ctx.layer >= first and (ctx.layer - first) % cfg.mta_every == 0
         return cls(ctx.n_head, ctx.head_dim, cfg.mta_query_kernel, cfg.mta_key_kernel, cfg.mta_head_group,
-                   cfg.mta_head_mix, conv, cfg.mta_group_norm)
+                   cfg.mta_head_mix, conv, cfg.mta_group_norm, ctx.d_model)
 
     @property
     def q_halo(self) -> int:
