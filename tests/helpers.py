@@ -28,7 +28,8 @@ def model_for(method: str, **overrides):
     from lenx.model import LM
 
     torch.manual_seed(0)
-    shape = dict(vocab_size=V, n_layer=2, n_head=2, d_model=16, dape_hidden=4, chunk_size=16, cope_npos=8)
+    # mta_every=1: MTA's query-key convolution on both layers (the paper's every 4th would skip them)
+    shape = dict(vocab_size=V, n_layer=2, n_head=2, d_model=16, dape_hidden=4, chunk_size=16, cope_npos=8, mta_every=1)
     cfg = LMConfig(method=method, **(shape | overrides))
     model = LM(cfg).double().eval()
     with torch.no_grad():  # parts that start at zero (CoPE's embeddings, a remainder vector) would test nothing

@@ -48,6 +48,12 @@ class AttentionConfig:
     dape_hidden: int = 32  # D
     dape_kernel: int = 3  # k for dapev2 (dape is always k = 1)
     dape_leak: bool = False  # drop the tril: the paper's information-leakage experiment only
+    mta_query_kernel: int = 6  # MTA's c_q: the query convolution reads this many queries, the row's own and earlier
+    mta_key_kernel: int = 11  # MTA's c_k (odd: centred on each key)
+    mta_head_group: int = 0  # MTA's c_h: heads mixed together (0: all heads, the paper's 16 of 16)
+    mta_head_mix: str = "post"  # none | pre | post | both: head mixing before and/or after the softmax
+    mta_every: int = 4  # the query-key convolution on layers l % mta_every == mta_every // 2 (at least the last)
+    mta_group_norm: bool = True  # per-head RMS norm with a scalar sigmoid gate on each head's output
     fire_width: int = 32
     fire_L_init: float = 512.0
     fire_activation: str = "auto"  # auto: relu alone, leaky_relu under a DAPE processor

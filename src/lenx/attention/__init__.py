@@ -13,6 +13,7 @@ from .dape import DapeV2
 from .fire import FIRE
 from .kerple import KerpleLog, KerplePower
 from .methods import BASES, MethodSpec, UnknownMethodError, all_methods, parse_method
+from .mta import MTA
 from .module import Attention, AttentionConfig
 from .parts import Parts, PartContext, ScoreBias, ScoreProcessor
 from .rope import RoPE

@@ -13,6 +13,8 @@ import torch
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .parts import normalise
+
 # cuDNN's SDPA builds an execution plan for every new shape (~4 ms a layer on an H100, torch 2.11):
 # fine for a step of fixed shapes, ruinous for one whose key count grows by a token each step. Without
 # it a masked SDPA runs the memory-efficient kernel, one block of rows per head (12 blocks walking
@@ -30,14 +32,17 @@ def _sdpa_backends(step, n_scores: int):
 
 class LayerCache:
     """K (already rotated for RoPE) and V [B, H, capacity, d] of slots 0..capacity-1 (K key_dim wide
-    when the q/k transform widens it: PoPE), and what the layer keeps per slot beside them (`extra`:
-    {name: (shape after [B, capacity], dtype)}; FoX: the prefix sums of its forget gates, "c"
-    [B, capacity, H]), zeros where nothing was written."""
+    when the q/k transform widens it: PoPE); with keep_q their queries Q too (MTA's query convolution
+    reads the score rows of the c_q - 1 queries before each new row, which a step recomputes from their
+    cached queries against all the keys: O(c_q T) per step); and what the layer keeps per slot beside
+    them (`extra`: {name: (shape after [B, capacity], dtype)}; FoX: the prefix sums of its forget
+    gates, "c" [B, capacity, H]), zeros where nothing was written."""
 
     def __init__(self, batch: int, heads: int, head_dim: int, capacity: int, device, dtype, key_dim: int | None = None,
-                 extra=None):
+                 extra=None, keep_q: bool = False):
         self.k = torch.zeros(batch, heads, capacity, key_dim or head_dim, device=device, dtype=dtype)
         self.v = torch.zeros(batch, heads, capacity, head_dim, device=device, dtype=dtype)
+        self.q = torch.zeros_like(self.k) if keep_q else None
         self.extra = {name: torch.zeros(batch, capacity, *shape, device=device, dtype=dt)
                       for name, (shape, dt) in (extra or {}).items()}
 
@@ -45,23 +50,31 @@ class LayerCache:
     def capacity(self) -> int:
         return self.k.shape[2]
 
-    def write(self, start: int, k: torch.Tensor, v: torch.Tensor, rows: list[int] | None = None, **extra) -> None:
+    def write(self, start: int, k: torch.Tensor, v: torch.Tensor, rows: list[int] | None = None,
+              q: torch.Tensor | None = None, **extra) -> None:
         """Keys and values [b, H, R, d] of slots start..start+R-1, of the sequences `rows` (batch
-        indices; None: all of them); `extra` [b, R, ...] of those slots by name."""
+        indices; None: all of them), their queries q when this cache keeps them, and `extra` [b, R, ...]
+        of those slots by name."""
         end = start + k.shape[2]
         if end > self.capacity:
             raise ValueError(f"the KV cache holds {self.capacity} positions; position {end - 1} does not fit")
         batch = slice(None) if rows is None else rows
         self.k[batch, :, start:end] = k.to(self.k.dtype)
         self.v[batch, :, start:end] = v.to(self.v.dtype)
+        if self.q is not None:
+            self.q[batch, :, start:end] = q.to(self.q.dtype)
         for name, value in extra.items():
             self.extra[name][batch, start:end] = value.to(self.extra[name].dtype)
 
-    def write_at(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **extra) -> None:
-        """Keys and values [B, H, R, d] of the slots `slots` [R] (a long tensor, distinct slots), and
-        `extra` [B, R, ...] by name: no host sync, so it runs inside a CUDA graph."""
+    def write_at(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q: torch.Tensor | None = None,
+                 **extra) -> None:
+        """Keys and values [B, H, R, d] of the slots `slots` [R] (a long tensor, distinct slots), their
+        queries q when this cache keeps them, and `extra` [B, R, ...] by name: no host sync, so it runs
+        inside a CUDA graph."""
         self.k.index_copy_(2, slots, k.to(self.k.dtype))
         self.v.index_copy_(2, slots, v.to(self.v.dtype))
+        if self.q is not None:
+            self.q.index_copy_(2, slots, q.to(self.q.dtype))
         for name, value in extra.items():
             self.extra[name].index_copy_(1, slots, value.to(self.extra[name].dtype))
 
@@ -103,20 +116,27 @@ class StepRows:
         return self._shared[key]
 
 
-def cached_attention(q, keys, values, parts, step: StepRows):
+def cached_attention(q, keys, values, parts, step: StepRows, queries=None):
     """Rows q [B, H, R, d] in cache slots step.rows against the keys and values [B, H, Tk, d] of
     slots 0..Tk-1 (Tk = step.n_keys). The slots outside a sequence (a left-padded batch's padding, a
     fixed-size cache's empty tail) are never attended, and a row outside its sequence gives zeros.
     Every part sees each sequence's own positions (the DAPE convolution reads the missing keys as
     its zero padding, CoPE counts no gate there, stick-breaking breaks no stick there), so each row
     is the row of its sequence's forward alone. -> (out [B, H, R, d], the normaliser's rem [B, H, R]
-    or None), as the reference backends' block_attention."""
+    or None), as the reference backends' block_attention. A processor with a query halo h (MTA)
+    reads the h rows before the step's first too (the rows are consecutive slots): their queries
+    come from `queries` [B, H, capacity, d], the cache's (LayerCache.q)."""
     q_pos, k_pos, key_valid = step.q_pos, step.k_pos, step.key_valid
     norm, bias_part = parts.normaliser, parts.bias
     allowed = step.shared(("allowed", norm.allowed_key, parts.causal), lambda: (
         norm.allowed(q_pos, k_pos, parts.causal) & key_valid[:, None, :]).unsqueeze(1))
+    h = parts.processor.q_halo if parts.processor is not None else 0
+    if h:  # slots before the cache's first read as rows at negative positions: Mask_0 zeroes them
+        slots = step.rows[:1] - h + torch.arange(h, device=q.device)
+        q = torch.cat([queries.index_select(2, slots.clamp(min=0)).to(q.dtype), q], 2)
+        q_pos = torch.cat([slots[None, :] - step.start[:, None], q_pos], 1)
     bias = None
-    if bias_part is not None and bias_part.per_distance:  # the layers' distances are the same
+    if bias_part is not None and bias_part.per_distance and not h:  # the layers' distances are the same
         dtype = bias_part.distance_dtype
         dist = step.shared(("distance", type(bias_part).distance, bias_part.causal, dtype), lambda: (
             bias_part.distance(q_pos, k_pos) if dtype is None else bias_part.distance(q_pos, k_pos).to(dtype)))
@@ -136,12 +156,12 @@ def cached_attention(q, keys, values, parts, step: StepRows):
     else:
         raw = torch.matmul(q, keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
         if parts.processor is not None:
-            scores = parts.processor(raw, bias, q, q_pos, k_pos, key_valid)
+            scores = parts.processor(raw, bias, q, q_pos, k_pos, key_valid)[..., h:, :]
         else:
             scores = raw if bias is None else raw + bias.to(raw.dtype)
-        out, rem = norm(scores, values, allowed)
+        out, rem = normalise(parts, scores, values, allowed)
     if step.rows_real:
         return out, rem
     # a row of padding attends no key (softmax gives NaN there): zeros, so its keys stay finite
-    real = step.shared("real rows", lambda: (q_pos >= 0)[:, None, :, None])
+    real = step.shared("real rows", lambda: (step.q_pos >= 0)[:, None, :, None])
     return torch.where(real, out, 0.0), rem

@@ -2,10 +2,11 @@
 
 A name reads the way the papers write it: ``[temperature-][processor-][normaliser-]base``.
 temperature: a query temperature (``ssmax``, ``logn``, ``l4temp``: temperature.py); processor: ``dape``
-(DAPE, a 1x1 kernel) or ``dapev2`` (DAPE V2, 1xk); normaliser: ``stickbreaking`` (softmax when absent);
-base: a position encoding (``nope`` when only a normaliser is named).
+(DAPE, a 1x1 kernel), ``dapev2`` (DAPE V2, 1xk) or ``mta`` (Multi-Token Attention, softmax only);
+normaliser: ``stickbreaking`` (softmax when absent); base: a position encoding (``nope`` when only a
+normaliser or processor is named; ``mta`` alone is the paper's MTA on RoPE).
 Examples: ``rope``, ``kerple``, ``dapev2-kerple``, ``dape-fire``, ``stickbreaking``, ``dapev2-stickbreaking-alibi``,
-``ssmax-rope``, ``logn-kerple``, ``ssmax-dapev2-kerple``, ``pope``.
+``ssmax-rope``, ``logn-kerple``, ``ssmax-dapev2-kerple``, ``pope``, ``fox``, ``dapev2-fox``, ``mta``, ``mta-kerple``.
 """
 
 from dataclasses import dataclass, replace
@@ -18,6 +19,7 @@ from .dape import DapeV2
 from .fire import FIRE
 from .fox import ForgetGate
 from .kerple import KerpleLog, KerplePower
+from .mta import MTA
 from .pope import PoPE
 from .rope import RoPE
 from .softmax import Softmax
@@ -60,7 +62,13 @@ BASES = {
 PROCESSORS = {
     "dape": Part("DAPE: per-entry MLP over [scores; bias] across heads (Zheng et al. 2024)", DapeV2, "processor"),
     "dapev2": Part("DAPE V2: 1xk convolution over [scores; bias] along keys (arXiv 2410.04798)", DapeV2, "processor"),
+    "mta": Part("Multi-Token Attention: c_q x c_k query-key convolution of the logits, head mixing, group norm "
+                "(Golovneva et al. 2025, arXiv 2504.00927)", MTA, "processor", causal_only=True),
 }
+# processors that only run under softmax (MTA mixes the softmax's probabilities across heads)
+SOFTMAX_ONLY = ("mta",)
+# the base a processor alone names: MTA's paper runs it on RoPE
+ALONE = {"mta": "rope"}
 NORMALISERS = {
     "softmax": Part("softmax", Softmax, "normaliser"),
     "stickbreaking": Part("stick-breaking (Tan et al. 2024)", StickBreaking, "normaliser", causal_only=True),
@@ -79,7 +87,7 @@ TEMPERATURES = {
 class MethodSpec:
     name: str
     base: str
-    processor: str | None  # "dape", "dapev2" or None
+    processor: str | None  # "dape", "dapev2", "mta" or None
     normaliser: str  # "softmax" or "stickbreaking"
     temperature: str | None = None  # "ssmax", "logn", "l4temp" or None
 
@@ -90,7 +98,8 @@ class MethodSpec:
 
     @property
     def causal_only(self) -> bool:
-        return BASES[self.base].causal_only or NORMALISERS[self.normaliser].causal_only
+        return (BASES[self.base].causal_only or NORMALISERS[self.normaliser].causal_only
+                or (self.processor is not None and PROCESSORS[self.processor].causal_only))
 
     @property
     def description(self) -> str:
@@ -112,6 +121,8 @@ def canonical_name(processor: str | None, normaliser: str, base: str) -> str:
     prefix = [p for p in (processor, None if normaliser == "softmax" else normaliser) if p]
     if normaliser != "softmax" and base == "nope":
         return "-".join(prefix)  # "stickbreaking" is stick-breaking on NoPE, as its paper writes it
+    if processor in ALONE and ALONE[processor] == base and normaliser == "softmax":
+        return processor  # "mta" is the paper's MTA, on RoPE
     return "-".join(prefix + [base])
 
 
@@ -119,10 +130,11 @@ def canonical_name(processor: str | None, normaliser: str, base: str) -> str:
 def _all_names() -> tuple[str, ...]:
     return tuple(
         canonical_name(processor, normaliser, base)
-        for processor in (None, "dape", "dapev2")
+        for processor in (None, *PROCESSORS)
         for normaliser in ("softmax", "stickbreaking")
         for base in BASES
         if not (processor and BASES[base].role == "processor")
+        and not (processor in SOFTMAX_ONLY and normaliser != "softmax")
     )
 
 
@@ -139,7 +151,8 @@ def parse_method(name: str) -> MethodSpec:
     if tokens and tokens[0] in ("stickbreaking", "sb"):
         tokens.pop(0)
         normaliser = "stickbreaking"
-    base = "-".join(tokens) if tokens else ("nope" if normaliser != "softmax" or processor else "")
+    base = "-".join(tokens) if tokens else (ALONE.get(processor) if processor in ALONE and normaliser == "softmax"
+                                           else "nope" if normaliser != "softmax" or processor else "")
     if base not in BASES:
         close = difflib.get_close_matches(name, all_methods(), n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
@@ -154,6 +167,10 @@ def parse_method(name: str) -> MethodSpec:
             f"{raw!r}: {base} is itself a score processor and does not compose with {processor}; use {base!r} "
             "alone or a DAPE processor on another base"
         )
+    if processor in SOFTMAX_ONLY and normaliser != "softmax":
+        raise UnknownMethodError(
+            f"{raw!r}: {processor} mixes the heads' softmax probabilities (the paper's placement), which "
+            f"{normaliser} does not give; use {processor}-<base> with softmax")
     return MethodSpec(canonical_name(processor, normaliser, base), base, processor, normaliser)
 
 

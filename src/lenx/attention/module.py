@@ -17,7 +17,8 @@ from .parts import PartContext, Parts
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: AttentionConfig, n_head: int, d_model: int, shared: dict | None = None):
+    def __init__(self, cfg: AttentionConfig, n_head: int, d_model: int, shared: dict | None = None, layer: int = 0,
+                 n_layer: int = 1):
         super().__init__()
         if d_model % n_head:
             raise ValueError(f"d_model {d_model} is not divisible by n_head {n_head}")
@@ -28,7 +29,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
         ctx = PartContext(spec.base, cfg, n_head, self.head_dim, d_model, {} if shared is None else shared,
-                          spec.processor)
+                          spec.processor, layer=layer, n_layer=n_layer)
         base = BASES[spec.base]
         built = base.build(ctx) if base.role else None
         self.rope = built if base.role == "qk" else None  # RoPE or PoPE
@@ -82,7 +83,7 @@ class Attention(nn.Module):
         q, k, v = self.project(x)
         parts, kept = self.parts_for(x)
         if cache is not None:
-            cache.write(at, k, v, rows, **kept)
+            cache.write(at, k, v, rows, q, **kept)
         attend = functools.partial(self.attend, parts=parts)
         if profiling.active():  # `lenx bench --train-step`: attention's kernels marked for torch.profiler
             out = profiling.marked(attend, q, k, v)
@@ -123,7 +124,8 @@ class Attention(nn.Module):
         parts: self.parts, or those bound to the input (parts_for)."""
         parts = self.parts if parts is None else parts
         out, rem = run_backend(self.backend_for(q.device), q, k, v, parts, self.cfg.chunk_size)
-        return self.normaliser.finish(out, rem, v)
+        out = self.normaliser.finish(out, rem, v)
+        return out if self.processor is None else self.processor.finish(out)
 
     def extend(self, x: torch.Tensor, cache: LayerCache, step: StepRows) -> torch.Tensor:
         """Rows x [B, R, C] in cache slots step.rows of sequences that hold slots start[b]..end-1
@@ -157,10 +159,11 @@ class Attention(nn.Module):
             term = step.shared(("temperature", self.temperature.settings, dtype),
                                lambda: self.temperature.position_term(step.q_pos + 1, dtype))
             q = self.temperature(q, term=term)
-        cache.write_at(step.rows, k, v, **kept)
+        cache.write_at(step.rows, k, v, q, **kept)
         keys, values = cache.read(step.n_keys)
         parts = self.parts
         if "c" in kept:
             parts = replace(parts, bias=self.bias.bind(c, cache.extra["c"][:, :step.n_keys].transpose(1, 2)))
-        out, rem = cached_attention(q, keys, values, parts, step)
-        return self._output(self.normaliser.finish(out, rem, v), x)
+        out, rem = cached_attention(q, keys, values, parts, step, cache.q)
+        out = self.normaliser.finish(out, rem, v)
+        return self._output(out if self.processor is None else self.processor.finish(out), x)

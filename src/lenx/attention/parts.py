@@ -38,12 +38,31 @@ class ScoreProcessor(nn.Module):
     padded batch or a fixed-size cache). A includes the bias.
 
     halo: keys past a row block's last query that its processed scores read (the chunked path
-    takes that many more). leak: processed scores see future keys (the causal cut is off).
-    op: the fused op (a folder of lenx.ops) that can run this processor, if any."""
+    takes that many more). q_halo: query rows before a block's first that its processed scores
+    read (MTA's query convolution): callers give those rows' scores too and drop their outputs.
+    leak: processed scores see future keys (the causal cut is off). op: the fused op (a folder of
+    lenx.ops) that can run this processor, if any. post_softmax: after_softmax(probs) changes the
+    softmax probabilities before they weight the values (normalise applies it). finish(out) maps
+    each head's output [B, H, T, d] after the normaliser's own finish."""
 
     halo = 0
+    q_halo = 0
     leak = False
     op: str | None = None
+    post_softmax = False
+
+    def after_softmax(self, probs):
+        return probs
+
+    def finish(self, out):
+        return out
+
+
+def normalise(parts: "Parts", scores, v, allowed):
+    """The normaliser's (out, rem) of processed scores, with the processor's post-softmax step."""
+    if parts.processor is not None and parts.processor.post_softmax:
+        return parts.normaliser(scores, v, allowed, post=parts.processor.after_softmax)
+    return parts.normaliser(scores, v, allowed)
 
 
 @dataclass(frozen=True)
@@ -71,3 +90,5 @@ class PartContext:
     shared: dict  # parts shared across layers (the T5 table)
     processor: str | None = None  # the composition's processor name, if any
     has_bias: bool = False  # whether the composition has an additive bias (set before the processor is built)
+    layer: int = 0  # the layer's index in the model (MTA convolves on some layers only)
+    n_layer: int = 1  # the model's layers

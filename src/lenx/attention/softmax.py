@@ -14,9 +14,10 @@ class Softmax(nn.Module):
     def from_config(cls, ctx):
         return cls()
 
-    def forward(self, scores, v, allowed):
-        """scores [B, H, Tq, Tk], allowed broadcastable to them -> (out [B, H, Tq, d], None)."""
-        return masked_softmax(scores, v, allowed), None
+    def forward(self, scores, v, allowed, post=None):
+        """scores [B, H, Tq, Tk], allowed broadcastable to them -> (out [B, H, Tq, d], None); post maps
+        the probabilities before they weight v (MTA's head mixing after the softmax)."""
+        return masked_softmax(scores, v, allowed, post), None
 
     def allowed(self, q_pos, k_pos, causal: bool):
         """[Tq, Tk], or [B, Tq, Tk] for positions per sequence ([B, Tq], [B, Tk])."""

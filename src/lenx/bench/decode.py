@@ -66,6 +66,8 @@ def _lenx_step(model, mode: str, context: int, batch: int, room: int, device, vo
     for layer in cache.layers:
         layer.k[:, :, :context].normal_(generator=gen)
         layer.v[:, :, :context].normal_(generator=gen)
+        if layer.q is not None:  # MTA's cached queries
+            layer.q[:, :, :context].normal_(generator=gen)
     cache.length = context
     if mode == "eager":
         def step(token):

@@ -80,8 +80,9 @@ TEST_BUDGET = 10
 
 def runs_causally(method: str) -> bool:
     """Stick-breaking, CoPE and FoX have no bidirectional form (they walk the keys from the query
-    backwards: sticks, gates, forget gates), so in CHE they are causal (the registry's causal_only);
-    every other method sees the whole sequence."""
+    backwards: sticks, gates, forget gates), nor has MTA (its query convolution reads earlier queries
+    only, as the paper has it), so in CHE they are causal (the registry's causal_only); every other
+    method sees the whole sequence."""
     return parse_method(method).causal_only
 
 
@@ -94,7 +95,7 @@ class Encoder(nn.Module):
         block_cfg = block_config(method, cfg)
         shared: dict = {}
         self.embed = nn.Embedding(vocab, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(block_cfg, shared) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(block_cfg, shared, i) for i in range(cfg.n_layer))
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, classes)
 

@@ -111,6 +111,8 @@ class LenxCache:
             self.kv = lm.new_cache(batch, max(need, 2 * old.capacity))
             for dst, src in zip(self.kv.layers, old.layers):
                 dst.k[:, :, :n], dst.v[:, :, :n] = src.k[:, :, :n], src.v[:, :, :n]
+                if src.q is not None:  # MTA's cached queries
+                    dst.q[:, :, :n] = src.q[:, :, :n]
             self.kv.tokens[:, :n], self.kv.length = old.tokens[:, :n], n
             self.kv.start.copy_(old.start)
         self.capacity = self.kv.capacity
@@ -120,6 +122,8 @@ class LenxCache:
         if self.kv is not None:
             for layer in self.kv.layers:
                 layer.k, layer.v = layer.k[beam_idx], layer.v[beam_idx]
+                if layer.q is not None:
+                    layer.q = layer.q[beam_idx]
             self.kv.tokens, self.kv.start = self.kv.tokens[beam_idx], self.kv.start[beam_idx]
 
 

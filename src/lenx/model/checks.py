@@ -9,6 +9,7 @@ import torch
 
 from ..attention.backends import BACKENDS, get_backend, plan_backend
 from ..attention.methods import parse_method
+from ..attention.mta import HEAD_MIXES
 from ..attention.rope import SCALINGS
 from ..attention.fox import SWITCHES as FOX_SWITCHES
 from ..attention.stickbreaking import REMAINDER_MODES
@@ -70,6 +71,7 @@ def _check_model(m: LMConfig) -> None:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
     check(m.dape_kernel % 2 == 1 and m.dape_kernel >= 1, "model.dape_kernel",
           "an odd integer >= 1 (the 1xk kernel is centred on each key)", m.dape_kernel)
+    _check_mta(m)
     check(m.t5_buckets >= 2, "model.t5_buckets", ">= 2", m.t5_buckets)
     check(m.t5_max_distance > m.t5_buckets // 2, "model.t5_max_distance",
           f"above the exact buckets (model.t5_buckets // 2 = {m.t5_buckets // 2})", m.t5_max_distance)
@@ -98,6 +100,17 @@ def _check_model(m: LMConfig) -> None:
                           f"stickbreaking-fox, ...), not model.method={m.method}")
     check(m.causal, "model.causal", "true (an LM that sees the tokens it predicts learns nothing; "
           "bidirectional encoders are `lenx che`)", m.causal)
+
+
+def _check_mta(m: LMConfig) -> None:
+    check(m.mta_key_kernel % 2 == 1 and m.mta_key_kernel >= 1, "model.mta_key_kernel",
+          "an odd integer >= 1 (the kernel is centred on each key)", m.mta_key_kernel)
+    check(m.mta_query_kernel >= 1, "model.mta_query_kernel", ">= 1 (the row's own query and earlier ones)",
+          m.mta_query_kernel)
+    check(m.mta_head_group >= 0 and (m.mta_head_group == 0 or m.n_head % m.mta_head_group == 0),
+          "model.mta_head_group", f"0 (all heads) or a divisor of model.n_head ({m.n_head})", m.mta_head_group)
+    one_of("model.mta_head_mix", m.mta_head_mix, HEAD_MIXES)
+    check(m.mta_every >= 1, "model.mta_every", ">= 1", m.mta_every)
 
 
 def _build_meta(model_cfg: LMConfig) -> LM:

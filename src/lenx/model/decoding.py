@@ -103,7 +103,8 @@ class StaticDecoder:
         if mode == "compile":
             if device.type == "cuda":
                 # the cache and the step's inputs keep their addresses: the compiled CUDA graph reads them in place
-                for t in [self.pos, self.token, cache.tokens, cache.start] + [x for l in cache.layers for x in (l.k, l.v)]:
+                kept = [x for l in cache.layers for x in (l.k, l.v, l.q) if x is not None]  # l.q: MTA's queries
+                for t in [self.pos, self.token, cache.tokens, cache.start] + kept:
                     torch._dynamo.mark_static_address(t)
             options = {"fullgraph": True, "dynamic": False}
             options |= {"mode": "reduce-overhead"} if device.type == "cuda" else {}

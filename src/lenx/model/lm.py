@@ -26,10 +26,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: LMConfig, shared: dict):
+    def __init__(self, cfg: LMConfig, shared: dict, layer: int = 0):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.attn = Attention(cfg, cfg.n_head, cfg.d_model, shared)
+        self.attn = Attention(cfg, cfg.n_head, cfg.d_model, shared, layer, cfg.n_layer)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
@@ -72,7 +72,7 @@ class LM(nn.Module):
         self.cfg = cfg
         shared: dict = {}  # parts shared across layers (the T5 bias table)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, shared) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, shared, i) for i in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight
@@ -131,8 +131,11 @@ class LM(nn.Module):
         p = self.wte.weight
         device = p.device if device is None else device
         dtype = p.dtype if dtype is None else dtype
+        # a layer whose processor reads earlier queries' scores (MTA) keeps every slot's query too
         layers = [LayerCache(batch, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head, capacity, device, dtype,
-                             b.attn.key_dim, b.attn.cache_extra(dtype)) for b in self.blocks]
+                             b.attn.key_dim, b.attn.cache_extra(dtype),
+                             keep_q=b.attn.processor is not None and b.attn.processor.q_halo > 0)
+                  for b in self.blocks]
         return KVCache(layers, torch.zeros(batch, capacity, dtype=torch.long, device=device))
 
     def prefill(self, idx: torch.Tensor, cache: KVCache, lengths=None, progress=None) -> torch.Tensor:

@@ -65,8 +65,12 @@ def estimate_memory(cfg: LMConfig, batch: int, seq_len: int, device: torch.devic
         attn = Attention(replace(cfg, backend="auto"), cfg.n_head, cfg.d_model, shared)
     if params is None:  # the LM's: tied embeddings; per layer the attention, the MLP and two LayerNorms
         once = sum(p.numel() for part in shared.values() for p in part.parameters())  # parts all layers share
-        layer = sum(p.numel() for p in attn.parameters()) - once + 2 * cfg.mlp_ratio * cfg.d_model ** 2 + 4 * cfg.d_model
-        params = cfg.vocab_size * cfg.d_model + cfg.n_layer * layer + once + 2 * cfg.d_model
+        with torch.device("meta"):  # a part may differ by layer (MTA convolves on some): each layer's, no memory
+            attns = [Attention(replace(cfg, backend="auto"), cfg.n_head, cfg.d_model, {}, i, cfg.n_layer)
+                     for i in range(cfg.n_layer)]
+        layers = sum(sum(p.numel() for p in a.parameters()) - once for a in attns)
+        layers += cfg.n_layer * (2 * cfg.mlp_ratio * cfg.d_model ** 2 + 4 * cfg.d_model)
+        params = cfg.vocab_size * cfg.d_model + layers + once + 2 * cfg.d_model
     outputs = cfg.vocab_size if outputs is None else outputs
     bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
     item = 2 if bf16 else 4

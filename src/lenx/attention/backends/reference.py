@@ -2,7 +2,8 @@
 
 dense    the whole [B, H, T, T] score map: the definition every other backend is tested against.
 chunked  the same per block of query rows, keys cut at the block's causal edge (plus the processor's
-         halo); at most [B, H, chunk, T] live, and blocks are recomputed in backward.
+         halo), with the processor's query halo of rows before the block (MTA); at most
+         [B, H, chunk, T] live, and blocks are recomputed in backward.
 
 Their memory grows with the score map, by as many maps as the composition keeps for its backward
 (one for softmax, about 20 under a DAPE processor): score_maps measures that on the composition
@@ -17,7 +18,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..._memory import pin_mmap_threshold
-from ..parts import Parts
+from ..parts import Parts, normalise
 from .base import Backend, LayerMemory, Work
 
 
@@ -33,13 +34,15 @@ def score_block(q, k, parts: Parts, q_start: int = 0):
     return raw, bias, raw if bias is None else raw + bias.to(raw.dtype)
 
 
-def block_attention(q, k, v, parts: Parts, q_start: int = 0):
+def block_attention(q, k, v, parts: Parts, q_start: int = 0, context: int = 0):
     """Rows q [B, H, c, d] at positions q_start.., keys/values [B, H, Tk, d] at 0..Tk-1.
-    Returns (out [B, H, c, d], rem [B, H, c] or None)."""
+    Returns (out [B, H, c - context, d], rem [B, H, c - context] or None): the first `context` rows
+    are only read by the processor's query convolution (its q_halo) and give no output."""
     _, _, scores = score_block(q, k, parts, q_start)
-    q_pos = torch.arange(q_start, q_start + q.shape[-2], device=q.device)
+    scores = scores[..., context:, :]
+    q_pos = torch.arange(q_start + context, q_start + q.shape[-2], device=q.device)
     k_pos = torch.arange(k.shape[-2], device=q.device)
-    return parts.normaliser(scores, v, parts.normaliser.allowed(q_pos, k_pos, parts.causal))
+    return normalise(parts, scores, v, parts.normaliser.allowed(q_pos, k_pos, parts.causal))
 
 
 def dense_attention(q, k, v, parts: Parts):
@@ -56,13 +59,15 @@ def chunked_attention(q, k, v, parts: Parts, chunk_size: int = 256):
     _pin_malloc_once()
     T = q.shape[-2]
     halo = parts.processor.halo if parts.processor is not None else 0
+    q_halo = parts.processor.q_halo if parts.processor is not None else 0
     sees_future = not parts.causal or (parts.processor is not None and parts.processor.leak)
     recompute = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     outs, rems = [], []
     for q0 in range(0, T, chunk_size):
         q1 = min(T, q0 + chunk_size)
         Tk = T if sees_future else min(T, q1 + halo)
-        args = (q[:, :, q0:q1], k[:, :, :Tk], v[:, :, :Tk], parts, q0)
+        a = max(0, q0 - q_halo)  # the rows before the block that its query convolution reads
+        args = (q[:, :, a:q1], k[:, :, :Tk], v[:, :, :Tk], parts, a, q0 - a)
         # Recompute each block in backward so training memory stays at one block, not T x T.
         out, rem = checkpoint(block_attention, *args, use_reentrant=False) if recompute else block_attention(*args)
         outs.append(out)

@@ -17,10 +17,13 @@ def table_bias(table: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor) ->
     return table[:, q_pos[:, None] - k_pos[None, :] + T - 1]
 
 
-def masked_softmax(scores: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """softmax(scores) v over the allowed keys: scores [..., Tq, Tk], allowed [Tq, Tk] -> [..., Tq, d]."""
+def masked_softmax(scores: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor, post=None) -> torch.Tensor:
+    """softmax(scores) v over the allowed keys: scores [..., Tq, Tk], allowed [Tq, Tk] -> [..., Tq, d].
+    post, if given, maps the probabilities before they weight v."""
     acc = torch.float64 if scores.dtype == torch.float64 else torch.float32
     probs = scores.to(acc).masked_fill(~allowed, float("-inf")).softmax(-1)
+    if post is not None:
+        probs = post(probs)
     return torch.matmul(probs.to(v.dtype), v)
 
 

@@ -1,0 +1,95 @@
+"""Multi-Token Attention (MTA; Golovneva et al. 2025, arXiv 2504.00927): a c_q x c_k convolution over
+(query, key) of each head's pre-softmax logits, head mixing within groups of heads before and/or
+after the softmax, and a group norm with a scalar gate on each head's output. The formula is
+lenx.ops.mta.reference; this module owns the weights, all initialised as the paper's identity (the
+model starts as its base method, up to the group norm).
+
+The paper's configuration (its section 4.2 and the released 880M config of facebookresearch/RAM
+projects/mta): c_q = 6, c_k = 11, the key-query convolution on every 4th layer (layers 2, 6, 10, ...
+counted from 0; a model with fewer than 3 layers convolves on its last), head mixing after the
+softmax in every layer over groups of 16 heads (model.mta_head_group = 0 takes all heads, the paper's
+16 of 16), group norm with scalar gating in every layer (no depth scaling: the paper's ablation finds
+it worse). Not here: the released config's second (post-softmax) key-query convolution.
+"""
+
+import torch
+from torch import nn
+
+from ..ops.mta.reference import group_norm, mix_heads, mta_scores
+from .parts import ScoreProcessor
+
+HEAD_MIXES = ("none", "pre", "post", "both")
+
+
+class MTA(ScoreProcessor):
+    def __init__(self, num_heads: int, head_dim: int, query_kernel: int = 6, key_kernel: int = 11,
+                 head_group: int = 0, head_mix: str = "post", conv: bool = True, norm: bool = True,
+                 d_model: int | None = None):
+        super().__init__()
+        if query_kernel < 1:
+            raise ValueError(f"MTA query kernel must be >= 1, got {query_kernel}")
+        if key_kernel < 1 or key_kernel % 2 == 0:
+            raise ValueError(f"MTA key kernel must be an odd integer >= 1 (centred on each key), got {key_kernel}")
+        group = head_group or num_heads
+        if group < 1 or num_heads % group:
+            raise ValueError(f"MTA head group {head_group} does not divide the {num_heads} heads")
+        if head_mix not in HEAD_MIXES:
+            raise ValueError(f"MTA head mixing must be one of {', '.join(HEAD_MIXES)}, got {head_mix!r}")
+        self.num_heads, self.query_kernel, self.key_kernel, self.head_group = num_heads, query_kernel, key_kernel, group
+        self.head_mix = head_mix
+        self.conv_kernel = None
+        if conv:  # identity: a 1 at the row's own query and the key's own column
+            kernel = torch.zeros(num_heads, 1, query_kernel, key_kernel)
+            kernel[:, 0, -1, key_kernel // 2] = 1.0
+            self.conv_kernel = nn.Parameter(kernel)
+        eye = torch.eye(group).repeat(num_heads // group, 1, 1)
+        self.pre_mix = nn.Parameter(eye.clone()) if head_mix in ("pre", "both") else None
+        self.post_mix = nn.Parameter(eye.clone()) if head_mix in ("post", "both") else None
+        self.norm_weight = self.gate = None
+        if norm:
+            self.norm_weight = nn.Parameter(torch.ones(head_dim))
+            # the released code's gate: weight ~ N(0, d_model^-1/2) cut at 3 std, bias nn.Linear's own
+            self.gate = nn.Linear(head_dim, 1)
+            std = (d_model or num_heads * head_dim) ** -0.5
+            nn.init.trunc_normal_(self.gate.weight, std=std, a=-3 * std, b=3 * std)
+
+    @classmethod
+    def from_config(cls, ctx):
+        """The key-query convolution on layers l with l % model.mta_every == model.mta_every // 2 (a
+        model too shallow to have one convolves on its last layer); head mixing and the group norm on
+        every layer."""
+        cfg, first = ctx.cfg, min(ctx.cfg.mta_every // 2, ctx.n_layer - 1)
+        conv = ctx.layer >= first and (ctx.layer - first) % cfg.mta_every == 0
+        return cls(ctx.n_head, ctx.head_dim, cfg.mta_query_kernel, cfg.mta_key_kernel, cfg.mta_head_group,
+                   cfg.mta_head_mix, conv, cfg.mta_group_norm, ctx.d_model)
+
+    @property
+    def q_halo(self) -> int:
+        """Query rows before a block's first that its scores read: the query convolution's c_q - 1."""
+        return self.query_kernel - 1 if self.conv_kernel is not None else 0
+
+    @property
+    def post_softmax(self) -> bool:
+        return self.post_mix is not None
+
+    def forward(self, scores: torch.Tensor, bias: torch.Tensor | None = None, q: torch.Tensor | None = None,
+                q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
+                key_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """MixPre(Conv2d(Mask_0(S + Bias))) for the scaled scores [B, H, Tq, Tk] (see mta_scores); q is
+        not used. Entries after the diagonal are left for the normaliser's -inf mask."""
+        logits = scores if bias is None else scores + bias.to(scores.dtype)
+        return mta_scores(logits, self.conv_kernel, self.pre_mix, q_pos, k_pos, key_valid)
+
+    def after_softmax(self, probs: torch.Tensor) -> torch.Tensor:
+        return mix_heads(probs, self.post_mix)
+
+    def finish(self, out: torch.Tensor) -> torch.Tensor:
+        """The group norm and gate of each head's output [B, H, T, d]."""
+        if self.norm_weight is None:
+            return out
+        return group_norm(out, self.norm_weight, self.gate.weight[0], self.gate.bias)
+
+    def extra_repr(self) -> str:
+        conv = f"{self.query_kernel}x{self.key_kernel}" if self.conv_kernel is not None else "none"
+        return (f"heads={self.num_heads}, conv={conv}, head_group={self.head_group}, head_mix={self.head_mix}, "
+                f"group_norm={self.norm_weight is not None}")

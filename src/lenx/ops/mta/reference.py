@@ -1,0 +1,135 @@
+"""Multi-Token Attention (MTA; Golovneva et al. 2025, arXiv 2504.00927), written from the paper:
+
+    Â = S (+ Bias)                        the base's logits, S = Q K^T / sqrt(d)
+    C = Conv2d_θ(Mask_0(Â))               per head, a c_q x c_k kernel: entry (i, j) reads the rows of
+                                          queries i - c_q + 1 .. i (past queries only) and the keys
+                                          j - c_k // 2 .. j + c_k // 2; zero padding, no conv bias
+    L = MixPre(C)                         head mixing within groups of c_h heads (or none)
+    P = MixPost(Softmax(Mask_-inf(L)))    the same mixing on the probabilities (or none)
+    out_h = P_h V_h,   then per head  o = RMSNorm(out_h) * w,  o * sigmoid(g . o + b)   (group norm + scalar gate)
+
+Mask_0 zeroes every entry whose key is after its own row's query (and keys that do not exist), so no
+output reads a future key: the paper's "mask with 0 before the convolution and -inf after". MixPost
+is not renormalised (the paper mixes the probabilities as they are). Kernel layout (F.conv2d's):
+kernel [H, 1, c_q, c_k], row a reads query i - (c_q - 1) + a, column b reads key j - c_k // 2 + b;
+the identity kernel has a single 1 at [c_q - 1, c_k // 2]. Mixing weights [G, c_h, c_h]: head a of
+group g becomes sum_b w[g, a, b] x[g c_h + b].
+"""
+
+import math
+
+import torch
+from torch.nn import functional as F
+
+
+def future_mask(q_pos, k_pos):
+    """True where the key is after the row's query: [Tq, Tk], or [B, 1, Tq, Tk] per sequence."""
+    mask = k_pos[..., None, :] > q_pos[..., :, None]
+    return mask.unsqueeze(-3) if mask.dim() == 3 else mask
+
+
+def mix_heads(x, w):
+    """x [B, H, ...] mixed within groups of c_h heads by w [G, c_h, c_h] (H = G c_h)."""
+    G, c, _ = w.shape
+    groups = x.reshape(x.shape[0], G, c, -1)
+    return torch.einsum("gab,zgbn->zgan", w.to(x.dtype), groups).reshape(x.shape)
+
+
+def mta_scores(logits, kernel=None, pre_mix=None, q_pos=None, k_pos=None, key_valid=None):
+    """L = MixPre(Conv2d_θ(Mask_0(Â))) for logits Â [B, H, Tq, Tk] of rows at q_pos against keys at
+    k_pos ([Tq], [Tk] or per sequence [B, Tq], [B, Tk]; default: the rows are the last Tq of Tk
+    positions). kernel [H, 1, c_q, c_k] or None (no convolution), pre_mix [G, c_h, c_h] or None.
+    key_valid [B, Tk] (default all): missing keys read as zero. The rows' query convolution reads
+    only the rows given: a block's first c_q - 1 rows see zero padding above them, so a caller that
+    needs exact rows gives the c_q - 1 rows before them too and drops those (the query halo)."""
+    Tq, Tk = logits.shape[-2:]
+    if k_pos is None:
+        k_pos = torch.arange(Tk, device=logits.device)
+    if q_pos is None:
+        q_pos = k_pos[..., Tk - Tq:]
+    x = logits.masked_fill(future_mask(q_pos, k_pos), 0.0)
+    if key_valid is not None:
+        x = x.masked_fill(~key_valid[:, None, None, :], 0.0)
+    if kernel is not None:
+        c_q, c_k = kernel.shape[-2:]
+        x = F.conv2d(F.pad(x, (c_k // 2, c_k // 2, c_q - 1, 0)), kernel.to(x.dtype), groups=kernel.shape[0])
+    return x if pre_mix is None else mix_heads(x, pre_mix)
+
+
+def group_norm(out, weight, gate_w=None, gate_b=None, eps: float = 1e-5):
+    """Each head's output out [B, H, T, d] RMS-normalised over d (in fp32 or fp64), times weight [d];
+    then, with a gate (gate_w [d], gate_b [1]), times sigmoid(gate_w . o + gate_b), one scalar per
+    head and position."""
+    acc = torch.float64 if out.dtype == torch.float64 else torch.float32
+    x = out.to(acc)
+    o = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.to(acc)
+    if gate_w is not None:
+        o = o * torch.sigmoid(o @ gate_w.to(acc) + gate_b.to(acc))[..., None]
+    return o.to(out.dtype)
+
+
+@torch.no_grad()
+def mta_loops(q, k, v, kernel=None, pre_mix=None, post_mix=None, bias=None, norm=None):
+    """Causal MTA attention of q, k, v [B, H, T, d] by explicit loops over every term of the formula
+    (float64, small T only): the definition the tensor form is tested against. bias [H, T, T] or
+    None; norm (weight, gate_w, gate_b) or None (no group norm)."""
+    B, H, T, d = q.shape
+    q, k, v = q.double(), k.double(), v.double()
+    logits = torch.zeros(B, H, T, T, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for i in range(T):
+                for j in range(i + 1):
+                    logits[b, h, i, j] = float(q[b, h, i] @ k[b, h, j]) / math.sqrt(d)
+                    if bias is not None:
+                        logits[b, h, i, j] += float(bias[h, i, j])
+
+    def masked(b, h, r, s):  # Mask_0(Â) with the zero padding around it
+        return float(logits[b, h, r, s]) if 0 <= r < T and 0 <= s <= r else 0.0
+
+    conv = logits.clone()
+    if kernel is not None:
+        c_q, c_k = kernel.shape[-2:]
+        for b in range(B):
+            for h in range(H):
+                for i in range(T):
+                    for j in range(T):
+                        conv[b, h, i, j] = sum(float(kernel[h, 0, a, t]) * masked(b, h, i - (c_q - 1) + a, j - c_k // 2 + t)
+                                               for a in range(c_q) for t in range(c_k))
+
+    def mixed(x, w):
+        if w is None:
+            return x
+        c = w.shape[-1]
+        y = torch.zeros_like(x)
+        for h in range(H):
+            g, a = divmod(h, c)
+            for bh in range(c):
+                y[:, h] += float(w[g, a, bh]) * x[:, g * c + bh]
+        return y
+
+    scores = mixed(conv, pre_mix)
+    probs = torch.zeros_like(scores)
+    for b in range(B):
+        for h in range(H):
+            for i in range(T):
+                row = [math.exp(float(scores[b, h, i, j])) for j in range(i + 1)]
+                for j in range(i + 1):
+                    probs[b, h, i, j] = row[j] / sum(row)
+    probs = mixed(probs, post_mix)
+    out = torch.zeros(B, H, T, d, dtype=torch.float64)
+    for b in range(B):
+        for h in range(H):
+            for i in range(T):
+                for j in range(i + 1):
+                    out[b, h, i] += probs[b, h, i, j] * v[b, h, j]
+    if norm is not None:
+        weight, gate_w, gate_b = (None if t is None else t.double() for t in norm)
+        for b in range(B):
+            for h in range(H):
+                for i in range(T):
+                    o = out[b, h, i] / math.sqrt(float(out[b, h, i].pow(2).mean()) + 1e-5) * weight
+                    if gate_w is not None:
+                        o = o / (1 + math.exp(-(float(o @ gate_w) + float(gate_b[0]))))
+                    out[b, h, i] = o
+    return out
