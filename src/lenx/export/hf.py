@@ -185,13 +185,16 @@ class LenxForCausalLM(PreTrainedModel, GenerationMixin):
 
     @torch.no_grad()
     def restore_buffers(self) -> None:
-        """Compute the non-persistent buffers again: every block is built alike from the config, so
-        one block built on the CPU has them all."""
-        with torch.device("cpu"):
-            fresh = dict(_non_persistent(Block(self.model.cfg, {})))
+        """Compute the non-persistent buffers again: a block built on the CPU from a layer's config
+        (its method and window of model.layers) has them, once per kind of layer."""
+        fresh: dict = {}
         for block in self.model.blocks:
+            kind = (block.attn.cfg.method, block.attn.cfg.window)
+            if kind not in fresh:
+                with torch.device("cpu"):
+                    fresh[kind] = dict(_non_persistent(Block(block.attn.cfg, {})))
             for name, buf in _non_persistent(block):
-                buf.copy_(fresh[name])
+                buf.copy_(fresh[kind][name])
         outside = [n for n, _ in _non_persistent(self.model) if not n.startswith("blocks.")]
         if outside:
             raise NotImplementedError(f"lenx export cannot restore the buffers {outside} outside the blocks")
