@@ -75,6 +75,11 @@ class LMConfig(AttentionConfig):
     # "3*(rope:w4096),nope" or a preset (`lenx list`); empty: model.method in every layer
     layers: str = ""
 
+    @property
+    def label(self) -> str:
+        """What the model is called in results: its method, or its layout (a preset's name, or the text)."""
+        return "".join(self.layers.split()).lower() if self.layers.strip() else self.method
+
 
 @dataclass
 class DataConfig:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import V, assert_close, model_for
-from lenx.attention.layouts import PRESETS, LayerSpec, LayoutError, layout_label, parse_layout
+from lenx.attention.layouts import PRESETS, LayerSpec, LayoutError, parse_layout
 from lenx.config import ConfigError, LMConfig, RunConfig
 from lenx.model import LM, check_config
 
@@ -30,7 +30,7 @@ def test_the_grammar_and_the_presets(text, n_layer, want):
 def test_every_preset_is_a_layout_with_a_description():
     for name, preset in PRESETS.items():
         assert parse_layout(name, 4) == parse_layout(preset.layers, 4) and len(preset.description) > 20
-    assert layout_label("rope", "") == "rope" and layout_label("rope", " SmolLM3 ") == "smollm3"
+    assert LMConfig().label == "rope" and LMConfig(layers=" SmolLM3 ").label == "smollm3"
 
 
 @pytest.mark.parametrize("text, n_layer, needles", [

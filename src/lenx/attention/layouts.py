@@ -2,7 +2,7 @@
 hybrids published models use.
 
 A layout is a comma-separated list of entries ``method[:wW]`` (W: the window, each query sees its W
-most recent keys; no window: global attention), with ``N*(...)`` (or ``N*entry``) for repeats:
+most recent keys; no window: global attention), with ``N*(...)`` (or ``N*entry``) for repeats and ``(...)`` for a group:
 ``rope:w4096,rope:w4096,rope:w4096,nope`` is ``3*(rope:w4096),nope``. A pattern shorter than the
 model repeats to n_layer, so its length must divide n_layer. Every method takes a window: a window
 masks keys as the causal edge does, and every part reads masked keys as it reads keys past that edge.
@@ -46,6 +46,7 @@ PRESETS = {
 
 _ENTRY = re.compile(r"([a-z0-9-]+)(?::w(\d+))?")
 MAX_PATTERN = 1 << 16
+_GROUP = re.compile(r"()")  # a bare (...): once
 _TOKEN = re.compile(r"[^,()]+")
 _REPEAT = re.compile(r"(\d+)\*")
 
@@ -91,9 +92,9 @@ def _items(s: str, at: int) -> tuple[list[str], int]:
     (at a ")" or the end)."""
     out = []
     while True:
-        repeat = _REPEAT.match(s, at)
+        repeat = _REPEAT.match(s, at) or (_GROUP.match(s, at) if s.startswith("(", at) else None)
         if repeat:
-            n, at = int(repeat.group(1)), repeat.end()
+            n, at = int(repeat.group(1) or 1), repeat.end()
             if n < 1:
                 raise LayoutError(f"a repeat count must be >= 1, got {n} at character {repeat.start() + 1}")
             if s.startswith("(", at):
@@ -130,11 +131,13 @@ def layer_configs(cfg, layers: str, n_layer: int) -> list:
     return [replace(cfg, method=s.method, window=s.window) for s in parse_layout(layers, n_layer)]
 
 
+def method_or_layout(name: str) -> tuple[str, str]:
+    """(method, layers) of a name that is a method, or a layout (a preset, or entries with windows,
+    repeats or several layers: its layers' methods replace the method, "nope")."""
+    layout = name.strip().lower() in PRESETS or any(c in name for c in ",:*(")
+    return ("nope", name) if layout else (name, "")
+
+
 def layer_methods(method: str, layers: str, n_layer: int) -> list[str]:
     """Each layer's method."""
     return [s.method for s in parse_layout(layers, n_layer)] if layers.strip() else [method] * n_layer
-
-
-def layout_label(method: str, layers: str) -> str:
-    """What a model is called in results: its method, or its layout (a preset's name, or the text)."""
-    return "".join(layers.split()).lower() if layers.strip() else method

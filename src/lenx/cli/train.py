@@ -35,7 +35,6 @@ def train_cmd(ctx: typer.Context, config: str = ConfigOpt, set_: list[str] = Set
     activations, the attention backend's own memory) and a run that would not fit the device is
     refused; --no-memory-check trains anyway.
     """
-    from ..attention.layouts import layout_label
     from ..config import ConfigError, load_config
     from ..fileio import check_writable_dir
     from ..model import check_device
@@ -64,7 +63,7 @@ def train_cmd(ctx: typer.Context, config: str = ConfigOpt, set_: list[str] = Set
         else:
             cfg = load_config(config, set_ or [])
             check_device(cfg, cfg.train.device)
-            name = re.sub(r"[^\w.-]+", "_", layout_label(cfg.model.method, cfg.model.layers))  # a layout: no , * ( :
+            name = re.sub(r"[^\w.-]+", "_", cfg.model.label)  # a layout: no , * ( :
             run_dir = out or Path("runs") / f"{cfg.data.corpus}-{name}-T{cfg.train.seq_len}"
             check_writable_dir(run_dir, "--out" if out else "the run folder")
             summary = train(cfg, run_dir, progress=_progress(progress), memory_check=not no_memory_check, until=until)

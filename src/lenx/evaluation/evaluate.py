@@ -175,7 +175,7 @@ def run_label(cfg) -> str | None:
 def apply_rope_scaling(cfg, scaling: str | None, factor: float | None) -> dict | None:
     """Set a RoPE context extension on cfg.model (for a model trained without one): `factor` None or
     0 is auto (evaluation length / training length). Returns what to record, or None."""
-    from ..attention.layouts import layer_methods, layout_label
+    from ..attention.layouts import layer_methods
     from ..attention.methods import parse_method
     from ..model import check_config
 
@@ -183,7 +183,7 @@ def apply_rope_scaling(cfg, scaling: str | None, factor: float | None) -> dict |
         return None
     m = cfg.model
     if all(parse_method(name).base != "rope" for name in layer_methods(m.method, m.layers, m.n_layer)):
-        raise ConfigError(f"--rope-scaling applies to RoPE models; {layout_label(m.method, m.layers)} has no RoPE")
+        raise ConfigError(f"--rope-scaling applies to RoPE models; {m.label} has no RoPE")
     if m.rope_scaling != "none":
         raise ConfigError(f"this run was trained with model.rope_scaling={m.rope_scaling}; --rope-scaling would replace it")
     m.rope_scaling, m.rope_scaling_factor = scaling, factor or 0.0
@@ -210,10 +210,7 @@ def _checkpoint(run_dir: Path, cfg, step: int | None) -> tuple[Path, int | None,
 
 def _header(run_dir: Path, cfg, at_step, finished, scaling: dict | None, corpus) -> dict:
     """What every evaluation file says about what it evaluated."""
-    from ..attention.layouts import layout_label
-
-    head = {"run": str(run_dir), "method": layout_label(cfg.model.method, cfg.model.layers),
-            "train_len": cfg.train.seq_len,
+    head = {"run": str(run_dir), "method": cfg.model.label, "train_len": cfg.train.seq_len,
             "corpus": cfg.data.corpus, "corpus_fingerprint": corpus.fingerprint(), "step": at_step,
             "steps": cfg.train.steps, "finished": finished}
     if scaling is not None:
