@@ -38,3 +38,11 @@ def test_train_with_a_layout_on_the_tiny_config(tmp_path):
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["layers"] == [{"method": m, "window": 0} for m in ("rope", "rope", "nope", "alibi")]
     assert 'layers = "2*(rope),nope,alibi"' in (folder / "config.toml").read_text()
+
+
+def test_a_sweep_refuses_a_layout_that_would_make_its_runs_one_model(tmp_path):
+    out = run("sweep", "--methods", "rope,alibi", "-c", "tiny", "--set", "model.layers=rope,nope", "-o", "sweep",
+              cwd=tmp_path)
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: model.layers=rope,nope"), out.stderr
+    assert not (tmp_path / "sweep").exists() and not (tmp_path / "data").exists()

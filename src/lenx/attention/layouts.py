@@ -69,7 +69,8 @@ def parse_layout(text: str, n_layer: int) -> list[LayerSpec]:
     for i, entry in enumerate(entries):
         match = _ENTRY.fullmatch(entry)
         if not match:
-            raise LayoutError(f"model.layers: layer {i} ({entry}): an entry reads method or method:wW (W a number of keys)")
+            raise LayoutError(f"model.layers: layer {i} ({entry}): an entry reads method or method:wW (W a number "
+                              "of keys)")
         name, window = match.groups()
         try:
             method = parse_method(name).name

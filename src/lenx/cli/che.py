@@ -11,8 +11,9 @@ from . import NoMemoryCheckOpt, ProgressOpt, _command, _fail, _parse_seeds, _pro
 
 @_command("che")
 def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (default: all 15)"),
-            methods: str = typer.Option(None, help="comma-separated methods (default: rope,alibi,kerple,dape-kerple,dapev2-kerple); "
-                                        "a layout (model.layers) is a preset or in parentheses: (3*(rope:w16),nope)"),
+            methods: str = typer.Option(None, help="comma-separated methods (default: rope,alibi,kerple,dape-kerple,"
+                                        "dapev2-kerple); a layout (model.layers) is a preset or in parentheses: "
+                                        "(3*(rope:w16),nope)"),
             preset: str = typer.Option("smoke", help="smoke (CPU, minutes), gpu (a few minutes per pair), paper (200k steps)"),
             steps: int = typer.Option(None, help="training steps per task-method-seed"),
             seeds: str = typer.Option(None, help="comma-separated seeds"),

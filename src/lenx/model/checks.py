@@ -27,7 +27,7 @@ def check_config(cfg: RunConfig) -> None:
     try:
         model = _build_meta(replace(cfg.model, backend="auto"))
     except (ValueError, AssertionError) as e:
-        raise ConfigError(f"model: {_label(cfg.model).split('=', 1)[1]} cannot be built with these settings: {e}") from None
+        raise ConfigError(f"model: {cfg.model.label} cannot be built with these settings: {e}") from None
     if cfg.model.backend != "auto":
         # judged where the backend runs at all (triton: CUDA); check_device judges the device in use
         _check_backend(model, cfg.model.backend, torch.device("cuda" if cfg.model.backend == "triton" else "cpu"))
@@ -124,5 +124,5 @@ def _check_backend(model: LM, backend: str, device: torch.device) -> None:
         try:
             plan_backend(block.attn.parts, device, backend)
         except ValueError as e:
-            where = f"layer {i}: {block.attn.spec.name}" if model.cfg.layers.strip() else f"model.method={model.cfg.method}"
+            where = f"layer {i}: {block.attn.spec.name}" if model.cfg.layers.strip() else _label(model.cfg)
             raise ConfigError(f"model.backend={backend} ({where}) on {device.type}: {e}") from None
