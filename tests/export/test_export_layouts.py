@@ -68,6 +68,7 @@ def test_a_layout_trains_evaluates_generates_exports_and_measures_from_the_cli(w
     same_numbers(mine, json.loads((where / "evals" / "layout" / "eval.json").read_text()))
     config = json.loads((where / "models" / "layout" / "config.json").read_text())
     assert config["lenx"]["layers"] == "t5,rope,dapev2-kerple,nope" and config["lenx"]["rope_fraction"] == 0.5
+    assert config["method"] == "t5,rope,dapev2-kerple,nope"
 
 
 @pytest.mark.parametrize("layout, needles", [

@@ -19,6 +19,7 @@ R, N = LayerSpec("rope"), LayerSpec("nope")
     (" 2*(alibi, 2*kerple:w8) , nope ", 7, [LayerSpec("alibi"), LayerSpec("kerple", 8), LayerSpec("kerple", 8)] * 2 + [N]),
     ("DAPEV2-Kerple:w3,sb", 2, [LayerSpec("dapev2-kerple", 3), LayerSpec("stickbreaking")]),  # canonical names
     ("rope", 3, [R] * 3),
+    ("(2*(rope:w16),nope),alibi", 4, [LayerSpec("rope", 16)] * 2 + [N, LayerSpec("alibi")]),  # a bare group: once
     ("smollm3", 8, [R, R, R, N] * 2),
     ("rnope-swa", 4, [LayerSpec("rope", 4096)] * 3 + [N]),
     ("irope", 4, [LayerSpec("rope", 8192)] * 3 + [N]),
@@ -44,6 +45,7 @@ def test_every_preset_is_a_layout_with_a_description():
     ("rope)", 1, ["unexpected ')'"]),
     ("0*rope", 1, ["repeat count must be >= 1"]),
     ("10000000000*rope", 1, ["more than 65536 layers"]),  # refused before any list is made
+    ("(" * 40 + "rope" + ")" * 40, 1, ["nested more than 16 deep"]),  # no RecursionError
     ("smollm", 4, ["'smollm3' is a preset"]),
     ("", 2, ["empty"]),
 ])

@@ -2,8 +2,8 @@
 hybrids published models use.
 
 A layout is a comma-separated list of entries ``method[:wW]`` (W: the window, each query sees its W
-most recent keys; no window: global attention), with ``N*(...)`` (or ``N*entry``) for repeats and ``(...)`` for a group:
-``rope:w4096,rope:w4096,rope:w4096,nope`` is ``3*(rope:w4096),nope``. A pattern shorter than the
+most recent keys; no window: global attention), with ``N*(...)`` (or ``N*entry``) for repeats and
+``(...)`` for a group: ``rope:w4096,rope:w4096,rope:w4096,nope`` is ``3*(rope:w4096),nope``. A pattern shorter than the
 model repeats to n_layer, so its length must divide n_layer. Every method takes a window: a window
 masks keys as the causal edge does, and every part reads masked keys as it reads keys past that edge.
 """
@@ -46,7 +46,6 @@ PRESETS = {
 
 _ENTRY = re.compile(r"([a-z0-9-]+)(?::w(\d+))?")
 MAX_PATTERN = 1 << 16
-_GROUP = re.compile(r"()")  # a bare (...): once
 _TOKEN = re.compile(r"[^,()]+")
 _REPEAT = re.compile(r"(\d+)\*")
 
@@ -88,29 +87,28 @@ def parse_layout(text: str, n_layer: int) -> list[LayerSpec]:
     return specs * (n_layer // len(entries))
 
 
-def _items(s: str, at: int) -> tuple[list[str], int]:
+def _items(s: str, at: int, depth: int = 0) -> tuple[list[str], int]:
     """The entries (expanded, as text) of the comma-separated items from s[at:], and where they end
     (at a ")" or the end)."""
+    if depth > 16:
+        raise LayoutError(f"parentheses nested more than 16 deep at character {at + 1}")
     out = []
     while True:
-        repeat = _REPEAT.match(s, at) or (_GROUP.match(s, at) if s.startswith("(", at) else None)
-        if repeat:
-            n, at = int(repeat.group(1) or 1), repeat.end()
-            if n < 1:
-                raise LayoutError(f"a repeat count must be >= 1, got {n} at character {repeat.start() + 1}")
-            if s.startswith("(", at):
-                inner, at = _items(s, at + 1)
-                if not s.startswith(")", at):
-                    raise LayoutError(f"'(' at character {repeat.end() + 1} is never closed")
-                at += 1
-            else:
-                inner, at = _entry(s, at)
-            if n * len(inner) > MAX_PATTERN:  # before the list is made: 10**9*rope must not take the memory
-                raise LayoutError(f"{n}*(...) makes a pattern of more than {MAX_PATTERN} layers")
-            out += inner * n
+        repeat = _REPEAT.match(s, at)
+        n = int(repeat.group(1)) if repeat else 1
+        if n < 1:
+            raise LayoutError(f"a repeat count must be >= 1, got {n} at character {at + 1}")
+        at = repeat.end() if repeat else at
+        if s.startswith("(", at):  # N*(...), or a bare group (...)
+            inner, end = _items(s, at + 1, depth + 1)
+            if not s.startswith(")", end):
+                raise LayoutError(f"'(' at character {at + 1} is never closed")
+            at = end + 1
         else:
-            entry, at = _entry(s, at)
-            out += entry
+            inner, at = _entry(s, at)
+        if n * len(inner) > MAX_PATTERN:  # before the list is made: 10**9*rope must not take the memory
+            raise LayoutError(f"{n}*(...) makes a pattern of more than {MAX_PATTERN} layers")
+        out += inner * n
         if not s.startswith(",", at):
             return out, at
         at += 1
