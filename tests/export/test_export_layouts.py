@@ -1,7 +1,8 @@
 """A model with a per-layer layout and partial RoPE, end to end as a user runs it: `lenx train --set
-model.layers=...`, meta.json's layers, `lenx eval`, `lenx generate`, `lenx export` (the folder knows each
-layer's method: same logits and generation through transformers) and `lenx eval --hf` with the run's
-numbers; and a bad layout's one-line error before any work."""
+model.layers=...`, meta.json's layers, `lenx eval`, `lenx generate`, `lenx plot --attention` of one
+layer, `lenx export` (the folder knows each layer's method: same logits and generation through
+transformers) and `lenx eval --hf` with the run's numbers; and a bad layout's one-line error before
+any work."""
 
 import json
 import os
@@ -56,6 +57,7 @@ def test_a_layout_trains_evaluates_generates_exports_and_measures_from_the_cli(w
     for args in (("eval", "runs/layout", *evals),
                  ("generate", "runs/layout", "--prompt", "north garden", "--max-new-tokens", "4", "--temperature", "0",
                   "--device", "cpu", "--json"),
+                 ("plot", "runs/layout", "--attention", "--layer", "2", "--length", "16"),
                  ("export", "runs/layout", "models/layout"),
                  ("eval", "--hf", "models/layout", "--like", "runs/layout", "--out", "evals/layout", "--device", "cpu",
                   "--no-progress")):
@@ -63,6 +65,8 @@ def test_a_layout_trains_evaluates_generates_exports_and_measures_from_the_cli(w
         assert out.returncode == 0 and "Traceback" not in out.stderr, (args, out.stderr[-3000:])
         if args[0] == "generate":
             assert len(json.loads(out.stdout)["outputs"]) == 1
+    maps = json.loads((where / "runs" / "layout" / "attention_L2_H0.json").read_text())
+    assert maps["method"] == "dapev2-kerple" and "processed" in maps  # the layer's own method and maps
     mine = json.loads((where / "runs" / "layout" / "eval.json").read_text())
     assert mine["method"] == "t5,rope,dapev2-kerple,nope"  # results name the layout, not model.method
     same_numbers(mine, json.loads((where / "evals" / "layout" / "eval.json").read_text()))
