@@ -148,3 +148,17 @@ def test_the_static_step_of_a_layout_equals_decode():
             got = model.static_step(idx[:, i], b, torch.tensor(i))
             b.length = i + 1
             assert_close(got, want, 1e-9, f"static step {i}")
+
+
+def test_rope_scaling_applies_to_a_layout_with_rope_layers():
+    """--rope-scaling: refused for a layout without RoPE, applied to one with (its RoPE layers take it)."""
+    from lenx.config import load_config
+    from lenx.evaluation.evaluate import apply_rope_scaling, run_label
+
+    with pytest.raises(ConfigError, match="alibi,nope has no RoPE"):
+        apply_rope_scaling(load_config("tiny", ["model.layers=alibi,nope"]), "yarn", None)
+    cfg = load_config("tiny", ["model.layers=nope,rope"])
+    assert apply_rope_scaling(cfg, "yarn", None)["train_len"] == 64
+    model = LM(cfg.model)
+    assert model.blocks[0].attn.rope is None and model.blocks[1].attn.rope.scaling == "yarn"
+    assert run_label(cfg) == "nope,rope+yarn fine-tuned"

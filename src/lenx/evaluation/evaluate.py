@@ -168,7 +168,7 @@ def run_label(cfg) -> str | None:
     """A name for figures when the method alone would not tell runs apart: a RoPE model trained
     (fine-tuned) with a context extension."""
     if cfg.model.rope_scaling != "none":
-        return f"{cfg.model.method}+{cfg.model.rope_scaling} fine-tuned"
+        return f"{cfg.model.label}+{cfg.model.rope_scaling} fine-tuned"
     return None
 
 
@@ -214,7 +214,7 @@ def _header(run_dir: Path, cfg, at_step, finished, scaling: dict | None, corpus)
             "corpus": cfg.data.corpus, "corpus_fingerprint": corpus.fingerprint(), "step": at_step,
             "steps": cfg.train.steps, "finished": finished}
     if scaling is not None:
-        head |= {"label": f"{cfg.model.method}+{scaling['kind']}", "rope_scaling": scaling}
+        head |= {"label": f"{cfg.model.label}+{scaling['kind']}", "rope_scaling": scaling}
     elif run_label(cfg):
         head["label"] = run_label(cfg)
     return head
