@@ -45,6 +45,7 @@ class AttentionConfig:
     rope_train_len: int = 0  # the length the scaling extends from (0: none set; evaluation fills it in)
     rope_yarn_beta_fast: float = 32.0
     rope_yarn_beta_slow: float = 1.0
+    rope_fraction: float = 1.0  # p-RoPE: the share of each head's dims rotated (the highest frequencies)
     dape_hidden: int = 32  # D
     dape_kernel: int = 3  # k for dapev2 (dape is always k = 1)
     dape_leak: bool = False  # drop the tril: the paper's information-leakage experiment only
@@ -73,6 +74,7 @@ class AttentionConfig:
     fox_qk_norm: bool = False
     fox_kv_shift: bool = False
     fox_output_norm: bool = False
+    window: int = 0  # each query sees its W most recent keys; 0 = global
 
 
 @dataclass
@@ -86,6 +88,14 @@ class LMConfig(AttentionConfig):
     mlp_ratio: int = 4
     activation: str = "gelu"  # gelu | relu (the CHE encoder uses ReLU)
     dropout: float = 0.0
+    # each layer's method and window (attention/layouts.py): "rope:w4096,rope:w4096,rope:w4096,nope",
+    # "3*(rope:w4096),nope" or a preset (`lenx list`); empty: model.method in every layer
+    layers: str = ""
+
+    @property
+    def label(self) -> str:
+        """What the model is called in results: its method, or its layout (a preset's name, or the text)."""
+        return "".join(self.layers.split()).lower() if self.layers.strip() else self.method
 
 
 @dataclass

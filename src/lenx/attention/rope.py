@@ -13,6 +13,10 @@ With theta_i = base^(-2i/d) (i = 0 .. d/2 - 1), a scale s and the training lengt
                times 0.1 ln s + 1 (1 when s <= 1), the attention temperature.
 factor <= 0 means "auto": s = max(1, L / L_train) for the length L being processed, so within the
 training length every method is the identity.
+
+Partial RoPE (p-RoPE, Barbero et al. 2024, arXiv 2410.06205): a fraction p rotates the first p d dims
+of each head (rotate-half within them) with the p d / 2 highest of the d / 2 frequencies above
+(theta_i, i < p d / 2, scaled as above); the other dims pass unrotated (theta = 0).
 """
 
 import math
@@ -24,13 +28,18 @@ SCALINGS = ("none", "pi", "ntk", "dynamic-ntk", "yarn")
 
 
 class RoPE(nn.Module):
-    """Rotate-half layout, all of the head dimension rotated, base 10000 by default."""
+    """Rotate-half layout, the first `fraction` of the head dimension rotated (all by default), base
+    10000 by default."""
 
     def __init__(self, head_dim: int, base: float = 10000.0, scaling: str = "none", factor: float = 0.0,
-                 train_len: int = 0, beta_fast: float = 32.0, beta_slow: float = 1.0):
+                 train_len: int = 0, beta_fast: float = 32.0, beta_slow: float = 1.0, fraction: float = 1.0):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
+        rotary = round(fraction * head_dim)
+        if not 0 < fraction <= 1 or abs(rotary - fraction * head_dim) > 1e-6 or rotary % 2:
+            raise ValueError(f"RoPE's fraction {fraction} of head dimension {head_dim} must be in (0, 1] and rotate an "
+                             "even number of dims")
         if scaling not in SCALINGS:
             raise ValueError(f"unknown RoPE scaling {scaling!r}; choose one of {', '.join(SCALINGS)}")
         if scaling != "none" and train_len < 1:
@@ -39,20 +48,22 @@ class RoPE(nn.Module):
         self.key_dim = head_dim  # the width of q and k after the rotation (PoPE's doubles)
         self.scaling, self.factor, self.train_len = scaling, factor, train_len
         self.beta_fast, self.beta_slow = beta_fast, beta_slow
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.rotary = rotary  # the rotated dims: the first `rotary` of each head
+        inv_freq = base ** (-torch.arange(0, rotary, 2, dtype=torch.float32) / head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     @classmethod
     def from_config(cls, ctx):
         c = ctx.cfg
         return cls(ctx.head_dim, c.rope_base, c.rope_scaling, c.rope_scaling_factor, c.rope_train_len,
-                   c.rope_yarn_beta_fast, c.rope_yarn_beta_slow)
+                   c.rope_yarn_beta_fast, c.rope_yarn_beta_slow, c.rope_fraction)
 
     @property
     def settings(self) -> tuple:
         """Everything its angles depend on beside the positions (the layers of a decode step share
         one table when these are the same)."""
-        return (self.head_dim, self.base, self.scaling, self.factor, self.train_len, self.beta_fast, self.beta_slow)
+        return (self.head_dim, self.base, self.scaling, self.factor, self.train_len, self.beta_fast, self.beta_slow,
+                self.rotary)
 
     @property
     def follows_length(self) -> bool:
@@ -85,7 +96,7 @@ class RoPE(nn.Module):
         if self.scaling == "pi":
             inv = inv_freq / s_
         elif self.scaling in ("ntk", "dynamic-ntk"):
-            exponent = -torch.arange(0, d, 2, dtype=torch.float64 if tensor else torch.float32,
+            exponent = -torch.arange(0, self.rotary, 2, dtype=torch.float64 if tensor else torch.float32,
                                      device=self.inv_freq.device) / d
             inv = (self.base * s_ ** (d / (d - 2))) ** exponent
         else:
@@ -110,11 +121,11 @@ class RoPE(nn.Module):
         high = min(math.ceil(index_of(self.beta_slow)), d - 1)
         if low == high:
             high += 0.001  # the authors' guard against a zero-width ramp
-        i = torch.arange(d // 2, dtype=torch.float32, device=self.inv_freq.device)
+        i = torch.arange(self.rotary // 2, dtype=torch.float32, device=self.inv_freq.device)
         return ((i - low) / (high - low)).clamp(0, 1)
 
     def table(self, pos: torch.Tensor, length=None, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [T, d] at positions pos [T], or [B, 1, T, d] per sequence (pos [B, T] or a
+        """cos and sin [T, r] (r: the rotated dims) at positions pos [T], or [B, 1, T, r] per sequence (pos [B, T] or a
         length per sequence), in `dtype`, the cos/sin factor included; `length`: see forward."""
         inv_freq, mscale = self.frequencies(pos.shape[-1] if length is None else length)
         angles = pos.to(torch.float32)[..., None] * inv_freq[..., None, :]  # [T, d/2] or [B, T, d/2]
@@ -130,7 +141,10 @@ class RoPE(nn.Module):
 
     @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [B, H, T, d] rotated by a table of `table`."""
+        """x [B, H, T, d] rotated by a table of `table` (its first r dims; the rest pass as they are)."""
+        r = cos.shape[-1]
+        if r < x.shape[-1]:
+            return torch.cat([RoPE.rotate(x[..., :r], cos, sin), x[..., r:]], -1)
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([-x2, x1], -1) * sin
 
@@ -138,13 +152,16 @@ class RoPE(nn.Module):
         """table()'s cos, and its sin with the first half's sign turned, for rotate_signed (decoding
         builds it once per step for all the layers)."""
         cos, sin = self.table(pos, length, dtype)
-        half = self.head_dim // 2
+        half = self.rotary // 2
         return cos, torch.cat([-sin[..., :half], sin[..., half:]], -1)
 
     @staticmethod
     def rotate_signed(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
         """rotate(x, cos, sin) from step_table's tables, with the same bits (-a * b is -(a * b)) and
         one operation fewer (the sign is in the table, not negated in every layer)."""
+        r = cos.shape[-1]
+        if r < x.shape[-1]:
+            return torch.cat([RoPE.rotate_signed(x[..., :r], cos, signed_sin), x[..., r:]], -1)
         x1, x2 = x.chunk(2, dim=-1)
         return x * cos + torch.cat([x2, x1], -1) * signed_sin
 
@@ -163,7 +180,8 @@ class RoPE(nn.Module):
         return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
 
     def extra_repr(self) -> str:
+        rotary = f", rotary={self.rotary}/{self.head_dim}" if self.rotary < self.head_dim else ""
         if self.scaling == "none":
-            return f"base={self.base}"
+            return f"base={self.base}{rotary}"
         factor = "auto" if self.factor <= 0 else self.factor
-        return f"base={self.base}, scaling={self.scaling}, factor={factor}, train_len={self.train_len}"
+        return f"base={self.base}, scaling={self.scaling}, factor={factor}, train_len={self.train_len}{rotary}"

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ..attention.layouts import layer_configs, method_or_layout
 from ..attention.methods import UnknownMethodError, parse_method
 from ..config import ConfigError, LMConfig, resolve_device
 from ..model.lm import Block
@@ -79,23 +80,21 @@ TEST_BUDGET = 10
 
 
 def runs_causally(method: str) -> bool:
-    """Stick-breaking, CoPE and FoX have no bidirectional form (they walk the keys from the query
-    backwards: sticks, gates, forget gates), nor has MTA (its query convolution reads earlier queries
-    only, as the paper has it), so in CHE they are causal (the registry's causal_only); every other
-    method sees the whole sequence."""
+    """Stick-breaking, CoPE, FoX (they walk the keys backwards: sticks, gates, forget gates) and MTA (its
+    query convolution reads earlier queries) have no bidirectional form: in CHE they run causally."""
     return parse_method(method).causal_only
 
 
 class Encoder(nn.Module):
-    """Token + blank embedding, lenx blocks (non-causal unless the method is directional), a
-    classification head per position."""
+    """Token + blank embedding, lenx blocks (non-causal unless the method is directional; a layout's
+    layers each by their own method), a classification head per position."""
 
     def __init__(self, method: str, vocab: int, classes: int, cfg: CHEConfig):
         super().__init__()
-        block_cfg = block_config(method, cfg)
-        shared: dict = {}
+        c, shared = block_config(method, cfg), {}
         self.embed = nn.Embedding(vocab, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(block_cfg, shared, i) for i in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(replace(b, causal=runs_causally(b.method)), shared, i)
+                                    for i, b in enumerate(layer_configs(c, c.layers, c.n_layer)))
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, classes)
 
@@ -107,8 +106,9 @@ class Encoder(nn.Module):
 
 
 def block_config(method: str, cfg: CHEConfig) -> LMConfig:
-    """The settings of the encoder's blocks (log-n's training length: the longest task length trained)."""
-    return LMConfig(method=method, causal=runs_causally(method), n_layer=cfg.n_layer, n_head=cfg.n_head,
+    """The encoder's blocks; `method` may be a layout (attention.layouts); log-n's L: the longest task length."""
+    base, layers = method_or_layout(method)
+    return LMConfig(method=base, layers=layers, causal=runs_causally(base), n_layer=cfg.n_layer, n_head=cfg.n_head,
                     d_model=cfg.d_model, activation="relu", dropout=cfg.dropout, temp_train_len=cfg.train_max_length)
 
 
@@ -270,11 +270,9 @@ def run_che(cfg: CHEConfig, out_dir: Path, progress: bool = True, memory_check: 
 
     Each finished run is appended to out_dir/runs.jsonl at once, so a killed run_che started again with
     the same out_dir skips what is done (if it was run under the same protocol)."""
-    from ..attention import Attention
-
     for method in cfg.methods:  # reject unknown methods and impossible settings before any training
         try:
-            Attention(block_config(method, cfg), cfg.n_head, cfg.d_model)
+            Encoder(method, 2, 2, cfg)  # every layer built: a layout's too
         except UnknownMethodError:
             raise
         except ValueError as e:

@@ -1,6 +1,7 @@
 """`lenx che`: the Chomsky-hierarchy length-generalisation benchmark."""
 
 from pathlib import Path
+import re
 from typing import Optional
 
 import typer
@@ -10,7 +11,9 @@ from . import NoMemoryCheckOpt, ProgressOpt, _command, _fail, _parse_seeds, _pro
 
 @_command("che")
 def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (default: all 15)"),
-            methods: str = typer.Option(None, help="comma-separated methods (default: rope,alibi,kerple,dape-kerple,dapev2-kerple)"),
+            methods: str = typer.Option(None, help="comma-separated methods (default: rope,alibi,kerple,dape-kerple,"
+                                        "dapev2-kerple); a layout (model.layers) is a preset or in parentheses: "
+                                        "(3*(rope:w16),nope)"),
             preset: str = typer.Option("smoke", help="smoke (CPU, minutes), gpu (a few minutes per pair), paper (200k steps)"),
             steps: int = typer.Option(None, help="training steps per task-method-seed"),
             seeds: str = typer.Option(None, help="comma-separated seeds"),
@@ -42,7 +45,9 @@ def che_cmd(tasks: str = typer.Option(None, help="comma-separated task names (de
         if merge:
             result = merge_che([Path(p) for p in split(merge)], out)
         else:
-            cfg = make_config(preset, tasks=split(tasks), methods=split(methods), steps=steps,
+            # a comma inside parentheses is a layout's
+            methods_ = [m for m in re.split(r",(?![^()]*\))", methods) if m] if methods else None
+            cfg = make_config(preset, tasks=split(tasks), methods=methods_, steps=steps,
                               seeds=_parse_seeds(seeds), test_max_length=test_max_length,
                               test_length_step=test_length_step, test_samples=test_samples)
             result = run_che(cfg, out, progress=_progress(progress), memory_check=not no_memory_check, force=force)

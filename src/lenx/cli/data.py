@@ -10,18 +10,20 @@ from . import ProgressOpt, _command, _fail, _progress, _user_errors
 
 @_command("list")
 def list_methods():
-    """List every method with the backends that run it, the query temperatures, and every CHE task.
+    """List every method with the backends that run it, the query temperatures, the layout presets,
+    and every CHE task.
 
     A backend marked "forward only" runs there but has no backward (FlexAttention on the CPU), so it
     can evaluate but not train. Where the fused backend picks its kernel by the work (DAPE V2), the
-    CUDA column says how; a run's meta.json records the kernels its layers ran ("kernels"). CHE tasks (`lenx che --tasks`) come with their
+    CUDA column says how; a run's meta.json records the kernels its layers ran ("kernels"). The layout
+    presets are values of model.layers (each layer's method and window). CHE tasks (`lenx che --tasks`) come with their
     Chomsky level and chance accuracy.
     """
-    from ..report.list_tables import method_backends, methods_table, tasks_table, temperatures_table
+    from ..report.list_tables import layouts_table, method_backends, methods_table, tasks_table, temperatures_table
     from ..report.tables import show
     from ..tasks import TASKS
 
-    show([methods_table(method_backends()), temperatures_table(), tasks_table(TASKS)])
+    show([methods_table(method_backends()), temperatures_table(), layouts_table(), tasks_table(TASKS)])
 
 
 @_command()

@@ -2,6 +2,7 @@
 
 import json
 from pathlib import Path
+import re
 from typing import Optional
 
 import typer
@@ -12,7 +13,8 @@ from . import (ConfigOpt, NoMemoryCheckOpt, ProgressOpt, SetOpt, _command, _fail
 
 @_command("train")
 def train_cmd(ctx: typer.Context, config: str = ConfigOpt, set_: list[str] = SetOpt,
-              out: Path = typer.Option(None, "--out", "-o", help="run directory (default runs/<corpus>-<method>-T<len>)"),
+              out: Path = typer.Option(None, "--out", "-o",
+                                       help="run directory (default runs/<corpus>-<method or layout>-T<len>)"),
               resume: Path = typer.Option(None, "--resume", help="continue this run directory from its last checkpoint"),
               until: Optional[int] = typer.Option(None, "--until", min=1,
                                                   help="stop at this step, checkpointed (continue later with --resume); "
@@ -61,7 +63,8 @@ def train_cmd(ctx: typer.Context, config: str = ConfigOpt, set_: list[str] = Set
         else:
             cfg = load_config(config, set_ or [])
             check_device(cfg, cfg.train.device)
-            run_dir = out or Path("runs") / f"{cfg.data.corpus}-{cfg.model.method}-T{cfg.train.seq_len}"
+            name = re.sub(r"[^\w.-]+", "_", cfg.model.label)  # a layout: no , * ( :
+            run_dir = out or Path("runs") / f"{cfg.data.corpus}-{name}-T{cfg.train.seq_len}"
             check_writable_dir(run_dir, "--out" if out else "the run folder")
             summary = train(cfg, run_dir, progress=_progress(progress), memory_check=not no_memory_check, until=until)
     except _user_errors(TrainingDiverged) as e:

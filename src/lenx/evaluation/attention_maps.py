@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..attention.backends import score_block
+from ..attention.layouts import layer_methods
 from ..attention.methods import BASES, parse_method
 from ..config import ConfigError
 from ..fileio import check_writable_dir
@@ -51,7 +52,8 @@ def check_maps_memory(m, length: int) -> None:
     cpu = torch.device("cpu")
     have = available_memory(cpu)
     forward = estimate_memory(m, 1, length, cpu, training=False).total
-    maps = len(map_names(m.method)) * m.n_head * length ** 2 * 4 + length ** 2 * 64
+    names = max(len(map_names(method)) for method in layer_methods(m.method, m.layers, m.n_layer))
+    maps = names * m.n_head * length ** 2 * 4 + length ** 2 * 64
     if have is not None and forward + maps > have:
         raise ConfigError(f"--attention at --length {length} needs about {(forward + maps) / GB:.1f} GB (the forward "
                           f"{forward / GB:.2f} GB, the maps and their JSON {maps / GB:.1f} GB) but the CPU has "
@@ -84,7 +86,7 @@ def attention_maps(run_dir: Path, tokens: torch.Tensor | None = None, layer: int
     T = len(tokens)
     mask = torch.ones(T, T, dtype=torch.bool).triu(1)
     return {name: m.masked_fill(mask, float("nan")) for name, m in maps.items()} | {
-        "method": cfg.model.method, "layer": layer, "head": head, "length": T}
+        "method": attn.spec.name, "layer": layer, "head": head, "length": T}  # the layer's (model.layers)
 
 
 def save_attention_maps(maps: dict, path: Path) -> Path:
@@ -117,7 +119,7 @@ def save_run_attention(run_dir: Path, out_dir: Path | None = None, layer: int = 
                               f"({option} 0 to {count - 1})")
     if length < 1:
         raise ConfigError(f"--length must be >= 1, got {length}")
-    check_json_size(m.method, length, force)
+    check_json_size(layer_methods(m.method, m.layers, m.n_layer)[layer], length, force)
     check_maps_memory(m, length)
     check_device(cfg, "cpu", training=False)
     if out_dir is None:

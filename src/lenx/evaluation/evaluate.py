@@ -169,21 +169,22 @@ def run_label(cfg) -> str | None:
     """A name for figures when the method alone would not tell runs apart: a RoPE model trained
     (fine-tuned) with a context extension."""
     if cfg.model.rope_scaling != "none":
-        return f"{cfg.model.method}+{cfg.model.rope_scaling} fine-tuned"
+        return f"{cfg.model.label}+{cfg.model.rope_scaling} fine-tuned"
     return None
 
 
 def apply_rope_scaling(cfg, scaling: str | None, factor: float | None) -> dict | None:
     """Set a RoPE context extension on cfg.model (for a model trained without one): `factor` None or
     0 is auto (evaluation length / training length). Returns what to record, or None."""
+    from ..attention.layouts import layer_methods
     from ..attention.methods import parse_method
     from ..model import check_config
 
     if scaling is None:
         return None
-    if parse_method(cfg.model.method).base != "rope":
-        raise ConfigError(f"--rope-scaling applies to RoPE models; {cfg.model.method} has no RoPE")
     m = cfg.model
+    if all(parse_method(name).base != "rope" for name in layer_methods(m.method, m.layers, m.n_layer)):
+        raise ConfigError(f"--rope-scaling applies to RoPE models; {m.label} has no RoPE")
     if m.rope_scaling != "none":
         raise ConfigError(f"this run was trained with model.rope_scaling={m.rope_scaling}; --rope-scaling would replace it")
     m.rope_scaling, m.rope_scaling_factor = scaling, factor or 0.0
@@ -210,11 +211,11 @@ def _checkpoint(run_dir: Path, cfg, step: int | None) -> tuple[Path, int | None,
 
 def _header(run_dir: Path, cfg, at_step, finished, scaling: dict | None, corpus) -> dict:
     """What every evaluation file says about what it evaluated."""
-    head = {"run": str(run_dir), "method": cfg.model.method, "train_len": cfg.train.seq_len,
+    head = {"run": str(run_dir), "method": cfg.model.label, "train_len": cfg.train.seq_len,
             "corpus": cfg.data.corpus, "corpus_fingerprint": corpus.fingerprint(), "step": at_step,
             "steps": cfg.train.steps, "finished": finished}
     if scaling is not None:
-        head |= {"label": f"{cfg.model.method}+{scaling['kind']}", "rope_scaling": scaling}
+        head |= {"label": f"{cfg.model.label}+{scaling['kind']}", "rope_scaling": scaling}
     elif run_label(cfg):
         head["label"] = run_label(cfg)
     return head

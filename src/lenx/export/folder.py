@@ -151,7 +151,7 @@ def export_run(run_dir: Path, out: Path, step: int | None = None, force: bool = 
             if p.is_dir() and not any(p.iterdir()):
                 p.rmdir()
         raise
-    return {"run": str(run_dir), "folder": str(out), "method": cfg.model.method, "step": source["step"],
+    return {"run": str(run_dir), "folder": str(out), "method": cfg.model.label, "step": source["step"],
             "steps": source["steps"], "finished": source["finished"],
             "parameters": model.model.num_params(), "tokenizer": tokenizer is not None,
             "files": sorted(p.name for p in out.iterdir())}
@@ -200,7 +200,7 @@ def card(model, cfg, source: dict, out: Path, has_tokenizer: bool) -> str:
            "# a token-level corpus: the model reads token ids, and the folder has no tokenizer")
     m = cfg.model
     unfinished = "" if source["finished"] else " (the run had not finished training)"
-    return CARD.format(method=m.method, version=lenx.__version__, run=source["run"], step=source["step"],
+    return CARD.format(method=m.label, version=lenx.__version__, run=source["run"], step=source["step"],
                        steps=source["steps"], unfinished=unfinished, params=model.model.num_params(),
                        n_layer=m.n_layer, d_model=m.d_model, n_head=m.n_head, train_len=cfg.train.seq_len,
                        corpus=source["corpus"], folder=out, tokenizer_line=tok,

@@ -36,7 +36,7 @@ class LenxConfig(PretrainedConfig):
     model_type = "lenx"
     lenx: dict | None = None
     lenx_version: str = ""
-    method: str = ""
+    method: str = ""  # the method, or the layout (model.layers)
     train_len: int = 0
     vocab_size: int = 256
     hidden_size: int = 128
@@ -63,7 +63,7 @@ def config_for(cfg: LMConfig, *, version: str, train_len: int, eos_id: int | Non
     """The LenxConfig of a run's model: backend auto, so that the folder runs on any device; the
     training length as max_position_embeddings (what lm-eval cuts its inputs to by default)."""
     lenx = asdict(cfg) | {"backend": "auto"}
-    return LenxConfig(lenx=lenx, lenx_version=version, method=cfg.method, train_len=train_len, lenx_source=source,
+    return LenxConfig(lenx=lenx, lenx_version=version, method=cfg.label, train_len=train_len, lenx_source=source,
                       vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layer,
                       num_attention_heads=cfg.n_head, max_position_embeddings=train_len, eos_token_id=eos_id,
                       architectures=["LenxForCausalLM"], auto_map=auto_map, dtype="float32")
@@ -189,13 +189,16 @@ class LenxForCausalLM(PreTrainedModel, GenerationMixin):
 
     @torch.no_grad()
     def restore_buffers(self) -> None:
-        """Compute the non-persistent buffers again: every block is built alike from the config, so
-        one block built on the CPU has them all."""
-        with torch.device("cpu"):
-            fresh = dict(_non_persistent(Block(self.model.cfg, {})))
+        """Compute the non-persistent buffers again: a block built on the CPU from a layer's config
+        (its method and window of model.layers) has them, once per kind of layer."""
+        fresh: dict = {}
         for block in self.model.blocks:
+            kind = (block.attn.cfg.method, block.attn.cfg.window)
+            if kind not in fresh:
+                with torch.device("cpu"):
+                    fresh[kind] = dict(_non_persistent(Block(block.attn.cfg, {})))
             for name, buf in _non_persistent(block):
-                buf.copy_(fresh[name])
+                buf.copy_(fresh[kind][name])
         outside = [n for n, _ in _non_persistent(self.model) if not n.startswith("blocks.")]
         if outside:
             raise NotImplementedError(f"lenx export cannot restore the buffers {outside} outside the blocks")

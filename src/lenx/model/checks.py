@@ -8,6 +8,7 @@ import math
 import torch
 
 from ..attention.backends import BACKENDS, get_backend, plan_backend
+from ..attention.layouts import layer_methods
 from ..attention.methods import parse_method
 from ..attention.mta import HEAD_MIXES
 from ..attention.rope import SCALINGS
@@ -29,7 +30,7 @@ def check_config(cfg: RunConfig) -> None:
     try:
         model = _build_meta(replace(cfg.model, backend="auto"))
     except (ValueError, AssertionError) as e:
-        raise ConfigError(f"model: {cfg.model.method} cannot be built with these settings: {e}") from None
+        raise ConfigError(f"model: {cfg.model.label} cannot be built with these settings: {e}") from None
     if cfg.model.backend != "auto":
         # judged where the backend runs at all (triton: CUDA); check_device judges the device in use
         _check_backend(model, cfg.model.backend, torch.device("cuda" if cfg.model.backend == "triton" else "cpu"))
@@ -43,8 +44,7 @@ def check_device(cfg: RunConfig, device: str, key: str = "train.device", trainin
     dev = resolve_device(device, key)
     backend = cfg.model.backend
     if backend != "auto":
-        # every layer has the same parts: one layer answers for all
-        _check_backend(_build_meta(replace(cfg.model, n_layer=1, backend="auto")), backend, dev)
+        _check_backend(_build_meta(replace(cfg.model, backend="auto")), backend, dev)
         if training and not get_backend(backend).trains(dev):
             raise ConfigError(f"model.backend={backend} cannot train on {dev.type} (it has no backward there); "
                               "use model.backend=chunked or auto")
@@ -56,7 +56,7 @@ def with_backend(cfg: RunConfig, backend: str, device: str, key: str = "--device
     device the command runs on, after the device itself (the config's own check judges triton where
     it runs at all, on CUDA): one error, the same for every command."""
     dev = check_device(cfg, device, key=key, training=False)
-    _check_backend(_build_meta(replace(cfg.model, n_layer=1, backend="auto")), backend, dev)
+    _check_backend(_build_meta(replace(cfg.model, backend="auto")), backend, dev)
     return replace(cfg, model=replace(cfg.model, backend=backend))
 
 
@@ -69,6 +69,7 @@ def _check_model(m: LMConfig) -> None:
              "dape_hidden", "fire_width", "cope_npos")
     if m.d_model % m.n_head:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_head ({m.n_head})")
+    _check_layout(m)
     check(m.dape_kernel % 2 == 1 and m.dape_kernel >= 1, "model.dape_kernel",
           "an odd integer >= 1 (the 1xk kernel is centred on each key)", m.dape_kernel)
     _check_mta(m)
@@ -95,7 +96,7 @@ def _check_model(m: LMConfig) -> None:
           m.temp_attn_scale)
     check(math.isfinite(m.pope_base) and m.pope_base > 1, "model.pope_base", "a number above 1", m.pope_base)
     fox = [name for name in FOX_SWITCHES if getattr(m, name)]
-    if fox and parse_method(m.method).base != "fox":
+    if fox and not any(parse_method(name).base == "fox" for name in layer_methods(m.method, m.layers, m.n_layer)):
         raise ConfigError(f"model.{fox[0]} is an option of FoX's Pro block: it needs a fox method (fox, dapev2-fox, "
                           f"stickbreaking-fox, ...), not model.method={m.method}")
     check(m.causal, "model.causal", "true (an LM that sees the tokens it predicts learns nothing; "
@@ -113,14 +114,40 @@ def _check_mta(m: LMConfig) -> None:
     check(m.mta_every >= 1, "model.mta_every", ">= 1", m.mta_every)
 
 
+def _check_layout(m: LMConfig) -> None:
+    """model.layers (attention.layouts) and partial RoPE (model.rope_fraction)."""
+    try:
+        methods = layer_methods(m.method, m.layers, m.n_layer)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if m.layers.strip():
+        check(m.window == 0, "model.window", "0 with model.layers (each entry gives its layer's window: method:wW)",
+              m.window)
+    check(0 < m.rope_fraction <= 1, "model.rope_fraction", "in (0, 1] (the share of each head's dims RoPE rotates)",
+          m.rope_fraction)
+    if m.rope_fraction != 1:
+        if not any(parse_method(name).base == "rope" for name in methods):
+            raise ConfigError(f"model.rope_fraction applies to RoPE layers and {_label(m)} has none; leave it at 1")
+        rotated = m.rope_fraction * (m.d_model // m.n_head)
+        check(abs(rotated - round(rotated)) < 1e-6 and round(rotated) % 2 == 0, "model.rope_fraction",
+              f"a fraction of the head dimension {m.d_model // m.n_head} that is an even number of dims "
+              f"(rotated in pairs)", m.rope_fraction)
+
+
 def _build_meta(model_cfg: LMConfig) -> LM:
     """The LM of model_cfg, its weights on the meta device (they take no memory)."""
     with torch.random.fork_rng(devices=[]), torch.device("meta"):  # building must not move the caller's random state
         return LM(model_cfg)
 
 
+def _label(m: LMConfig) -> str:
+    return f"model.layers={m.layers}" if m.layers.strip() else f"model.method={m.method}"
+
+
 def _check_backend(model: LM, backend: str, device: torch.device) -> None:
-    try:
-        plan_backend(model.blocks[0].attn.parts, device, backend)
-    except ValueError as e:
-        raise ConfigError(f"model.backend={backend} (model.method={model.cfg.method}) on {device.type}: {e}") from None
+    for i, block in enumerate(model.blocks):
+        try:
+            plan_backend(block.attn.parts, device, backend)
+        except ValueError as e:
+            where = f"layer {i}: {block.attn.spec.name}" if model.cfg.layers.strip() else _label(model.cfg)
+            raise ConfigError(f"model.backend={backend} ({where}) on {device.type}: {e}") from None

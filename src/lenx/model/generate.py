@@ -339,7 +339,7 @@ def generate_from_run(run_dir: Path, prompt, max_new_tokens: int = 100, *, tempe
     stream = TextStream(corpus, write, stops) if write is not None and len(prompts) == 1 else None
     what = f"the {width:,}-token prompt" if len(prompts) == 1 else f"{len(prompts)} prompts (up to {width:,} tokens)"
     if note is not None:
-        note(f"reading {what} ({cfg.model.method}, {dev}) ...")
+        note(f"reading {what} ({cfg.model.label}, {dev}) ...")
     bars = []  # the progress bar, made at the first layer read (when the number of layers is known)
 
     def layer_read(done, total):
@@ -378,6 +378,6 @@ def generate_from_run(run_dir: Path, prompt, max_new_tokens: int = 100, *, tempe
         stream.finish(outputs[0]["text"])
     keys = ("prefill_s", "decode_s", "setup_s", "decode_steps", "prefill_tokens_per_s", "tokens_per_s",
             "batch_tokens_per_s", "ms_per_token", "decoding")
-    result = {"run": str(run_dir), "method": cfg.model.method, "device": str(dev), "outputs": outputs,
+    result = {"run": str(run_dir), "method": cfg.model.label, "device": str(dev), "outputs": outputs,
               **{k: out[k] for k in keys}}
     return result | outputs[0] if isinstance(prompt, str) else result

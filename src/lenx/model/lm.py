@@ -9,6 +9,7 @@ from torch.nn import functional as F
 
 from ..attention import Attention
 from ..attention.cache import LayerCache, StepRows
+from ..attention.layouts import layer_configs
 from ..config import LMConfig
 
 
@@ -70,9 +71,10 @@ class LM(nn.Module):
     def __init__(self, cfg: LMConfig):
         super().__init__()
         self.cfg = cfg
-        shared: dict = {}  # parts shared across layers (the T5 bias table)
+        shared: dict = {}  # parts shared across layers (the T5 bias table, one for every T5 layer of a layout)
         self.wte = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, shared, i) for i in range(cfg.n_layer))
+        # each layer its own config: its method and window of model.layers (attention.layouts)
+        self.blocks = nn.ModuleList(Block(c, shared, i) for i, c in enumerate(layer_configs(cfg, cfg.layers, cfg.n_layer)))
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight
@@ -126,7 +128,7 @@ class LM(nn.Module):
         generated tokens)."""
         for b in self.blocks:
             if not b.attn.cfg.causal or (b.attn.processor is not None and b.attn.processor.leak):
-                raise ValueError(f"{self.cfg.method} sees future keys here (non-causal, or DAPE V2 leak=True), "
+                raise ValueError(f"{b.attn.spec.name} sees future keys here (non-causal, or DAPE V2 leak=True), "
                                  "so it cannot decode token by token")
         p = self.wte.weight
         device = p.device if device is None else device
@@ -211,6 +213,10 @@ class LM(nn.Module):
         for block, layer in zip(self.blocks, cache.layers):
             x = block.extend(x, layer, step)
         return self.lm_head(self.ln_f(x[:, -1]))
+
+    def layout(self) -> list[dict]:
+        """Each layer's method and window (0: global), as meta.json records them."""
+        return [{"method": b.attn.spec.name, "window": b.attn.cfg.window} for b in self.blocks]
 
     def backends(self, device: torch.device) -> list[str]:
         return [block.attn.backend_for(device) for block in self.blocks]

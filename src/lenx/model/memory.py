@@ -17,6 +17,8 @@ import torch
 
 from ..attention import Attention
 from ..attention.backends import Work, get_backend, plan_backend
+from ..attention.layouts import layer_configs
+from ..attention.methods import parse_method
 from ..config import ConfigError, LMConfig, RunConfig
 
 GB = 1e9
@@ -61,16 +63,18 @@ def estimate_memory(cfg: LMConfig, batch: int, seq_len: int, device: torch.devic
     (default: cfg.vocab_size). Under torchrun `world` ranks share the work: DDP keeps a second copy
     of the gradients for its buckets, FSDP shards the weights, gradients and optimizer state."""
     shared: dict = {}
-    with torch.random.fork_rng(devices=[]):  # one layer's attention on the CPU (its parts probe the reference backends)
-        attn = Attention(replace(cfg, backend="auto"), cfg.n_head, cfg.d_model, shared)
+    kinds: dict = {}  # one attention on the CPU per kind of layer (its parts probe the reference backends): [it, layers]
+    with torch.random.fork_rng(devices=[]):
+        for i, c in enumerate(layer_configs(replace(cfg, backend="auto"), cfg.layers, cfg.n_layer)):
+            # MTA's parts differ by layer (it convolves on some): its layers are kinds of their own
+            key = (c.method, c.window, i if parse_method(c.method).processor == "mta" else None)
+            kinds.setdefault(key, [Attention(c, cfg.n_head, cfg.d_model, shared, i, cfg.n_layer), 0])[1] += 1
     if params is None:  # the LM's: tied embeddings; per layer the attention, the MLP and two LayerNorms
-        once = sum(p.numel() for part in shared.values() for p in part.parameters())  # parts all layers share
-        with torch.device("meta"):  # a part may differ by layer (MTA convolves on some): each layer's, no memory
-            attns = [Attention(replace(cfg, backend="auto"), cfg.n_head, cfg.d_model, {}, i, cfg.n_layer)
-                     for i in range(cfg.n_layer)]
-        layers = sum(sum(p.numel() for p in a.parameters()) - once for a in attns)
-        layers += cfg.n_layer * (2 * cfg.mlp_ratio * cfg.d_model ** 2 + 4 * cfg.d_model)
-        params = cfg.vocab_size * cfg.d_model + layers + once + 2 * cfg.d_model
+        once = {id(p): p.numel() for part in shared.values() for p in part.parameters()}  # parts layers share
+        mlp = 2 * cfg.mlp_ratio * cfg.d_model ** 2 + 4 * cfg.d_model
+        layers = sum(n * (sum(p.numel() for p in attn.parameters() if id(p) not in once) + mlp)
+                     for attn, n in kinds.values())
+        params = cfg.vocab_size * cfg.d_model + layers + sum(once.values()) + 2 * cfg.d_model
     outputs = cfg.vocab_size if outputs is None else outputs
     bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
     item = 2 if bf16 else 4
@@ -83,20 +87,22 @@ def estimate_memory(cfg: LMConfig, batch: int, seq_len: int, device: torch.devic
             model += params * 4  # DDP's gradient buckets
     act = batch * seq_len * cfg.d_model
     logits = batch * seq_len * outputs
-    backend = plan_backend(attn.parts, device, cfg.backend)
     work = Work(batch, cfg.n_head, seq_len, cfg.d_model // cfg.n_head, item, cfg.chunk_size, training)
-    layer = get_backend(backend).memory(attn.parts, work)
+    backends = [plan_backend(attn.parts, device, cfg.backend) for attn, _ in kinds.values()]
+    mems = [(get_backend(b).memory(attn.parts, work), n) for b, (attn, n) in zip(backends, kinds.values())]
+    backend = ", ".join(dict.fromkeys(backends))
+    peak, kept = max(m.peak for m, _ in mems), sum(n * m.kept for m, n in mems)
     # the loss: the logits (bf16 under autocast) and fp32 copies of them, the log-softmax and in the
     # backward the gradients in and out
     head_peak = logits * (8 + (2 if bf16 else 0))
     if not training:  # one layer at a time, nothing kept
-        return MemoryEstimate(model, act * (2 * cfg.mlp_ratio + 2) * item, layer.peak, head_peak, backend, False)
+        return MemoryEstimate(model, act * (2 * cfg.mlp_ratio + 2) * item, peak, head_peak, backend, False)
     kept_output = act * 8 + logits * 4  # the final LayerNorm's input and output, the log-softmax of the logits
     mlp_peak = act * 2 * cfg.mlp_ratio * item  # a layer's backward: the MLP's widest gradients at once
     # every layer keeps its activations; the step peaks either at the loss or in a layer's backward
-    at_head = head_peak > mlp_peak + layer.peak
+    at_head = head_peak > mlp_peak + peak
     activations = cfg.n_layer * act * _kept_per_element(cfg.mlp_ratio, item) + (0 if at_head else mlp_peak)
-    attention = cfg.n_layer * layer.kept + (0 if at_head else layer.peak)
+    attention = kept + (0 if at_head else peak)
     output = kept_output + (head_peak if at_head else 0)
     return MemoryEstimate(model, activations, attention, output, backend)
 

@@ -1,4 +1,5 @@
-"""What `lenx list` prints: every method with the backends that run it, and every CHE task."""
+"""What `lenx list` prints: every method with the backends that run it, the layout presets, and every
+CHE task."""
 
 from .tables import Column, Table
 
@@ -46,6 +47,17 @@ def temperatures_table() -> Table:
                           "Not on stick-breaking or CoPE (lenx says why)")
     for name, part in TEMPERATURES.items():
         table.add_row(name, part.description)
+
+
+def layouts_table() -> Table:
+    """The presets of model.layers (lenx.attention.layouts.PRESETS) with the layout each stands for."""
+    from ..attention.layouts import PRESETS
+
+    table = Table("layout presets for model.layers (or list each layer: method[:wW], N*(...) repeats)",
+                  [Column("preset", no_wrap=True), Column("layers", no_wrap=True), Column("description")],
+                  piped_width=140)
+    for name, preset in PRESETS.items():
+        table.add_row(name, preset.layers, preset.description)
     return table
 
 

@@ -300,6 +300,7 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM,
     if not meta:  # a new run, or meta.json missing or torn: this resume writes it anew
         meta = {"environment": environment(device), "world_size": info.world, "parallel": cfg.train.parallel,
                 "backends": raw_model.backends(device), "params": raw_model.num_params(),
+                "layers": raw_model.layout(),  # each layer's method and window (model.layers)
                 "corpus": corpus.name, "vocab_size": corpus.vocab_size,
                 "corpus_fingerprint": corpus.fingerprint(), "corpus_prepared": corpus.manifest.get("created"),
                 "validation_windows": VALIDATION_DRAW}

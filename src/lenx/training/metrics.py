@@ -64,7 +64,7 @@ class MetricsLogger:
             if progress:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=cfg.train.steps, initial=start_step, desc=cfg.model.method,
+                self.bar = tqdm(total=cfg.train.steps, initial=start_step, desc=cfg.model.label,
                                 unit="step", dynamic_ncols=True)
         self.t_last = time.perf_counter()
 

@@ -39,6 +39,9 @@ class SweepError(RuntimeError):
 
 def _run_configs(methods: list[str], cfg: RunConfig, seeds: list[int] | None) -> dict[str, RunConfig]:
     """{run name: its config}: <method>, or <method>-s<seed> for each seed when seeds are given."""
+    if cfg.model.layers.strip():  # each layer's method would replace every run's: the runs would be one model
+        raise SweepError(f"model.layers={cfg.model.layers} gives every layer its method, so the runs of --methods "
+                         "would all be one model: leave model.layers out of a sweep (train a layout with lenx train)")
     cfgs = {}
     for method in methods:
         for seed in seeds if seeds is not None else [None]:
