@@ -1,24 +1,32 @@
 #!/bin/bash
-# A plan of jobs (scripts/repro/plan.py) on the device: [PLAN=repro|controls|epoch] bash scripts/repro/device.sh SECONDS
+# A plan of jobs (scripts/repro/plan.py) on the device: [PLAN=repro|controls|epoch|recipe] bash scripts/repro/device.sh SECONDS
 #   repro (issue 7): carries carry/data.tar.xz (tech + books, pack_data.sh) and carry/commit.txt;
 #   controls (issue 19): carries .carry/tech.tar.xz (data/tech) and .carry/tech-long.tar.xz
 #   (data-long/tech, for the 125M runs); the commit comes in $COMMIT.
 #   epoch (issue 29 step 4): the sharded `code` corpus, carried over earlier calls of the same machine
 #   as .carry/code (scripts/data/pack_corpus.py pack of its top-level files) and .carry/shards/*.bin.xz
 #   (`xz -k` of the shards scripts/data/shards_for_steps.py lists); the commit comes in $COMMIT.
+#   recipe (issue 44 part 2): the epoch plan's corpus, carried the same way; REPRO_RECIPE_ROPE=<recipe>
+#   adds the RoPE run of that recipe (plan.py recipe); REPRO_GPUS=1 runs one job at a time.
 # On a fresh machine: unpack the corpora, write the plan and start run_jobs.py detached (setsid), so
 # the jobs outlive this call. Every call then waits SECONDS, reporting progress, and packs every
 # finished file except checkpoints into $OUT/$PLAN.tar.gz. The next call (same machine) picks up where
 # this one left; on a fresh machine the jobs listed in $SKIP (default for PLAN=repro: carry/done.txt,
 # which pack_data.sh writes from results/repro/status.json; for epoch: results/epoch/done.txt, the runs
-# committed under results/epoch/runs; for controls: none) are skipped, and CHE jobs resume from the logs committed
+# committed under results/epoch/runs; for recipe: results/epoch/recipe/done.txt; for controls: none) are skipped, and CHE jobs resume from the logs committed
 # under results/repro/che/runs/. LM_SLOTS: training runs sharing one GPU (default 1). REPRO_GPUS: the GPUs
 # used (default all); the epoch plan's runs take one GPU each, so REPRO_GPUS=4 runs four at once.
-# Collect what came back: scripts/repro/collect.py (repro, controls), collect_epoch.py (epoch).
+# Collect what came back: scripts/repro/collect.py (repro, controls), collect_epoch.py (epoch),
+# collect_recipe.py (recipe).
 set -u
 PLAN=${PLAN:-repro}
 # the repro plan's finished jobs (carry/done.txt) are not the controls'
-case $PLAN in repro) default_skip=carry/done.txt ;; epoch) default_skip=results/epoch/done.txt ;; *) default_skip="" ;; esac
+case $PLAN in
+  repro) default_skip=carry/done.txt ;;
+  epoch) default_skip=results/epoch/done.txt ;;
+  recipe) default_skip=results/epoch/recipe/done.txt ;;
+  *) default_skip="" ;;
+esac
 R=runs/$PLAN
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
 export LENX_GIT_COMMIT=${COMMIT:-$(cat carry/commit.txt)}
@@ -35,7 +43,7 @@ if ! { [ -f $pid_file ] && kill -0 "$(cat $pid_file)" 2>/dev/null; }; then
       dest=$R/che/$(basename "$(dirname "$log")")
       [ -f "$dest/runs.jsonl" ] || { mkdir -p "$dest" && cp "$log" "$dest/"; }
     done
-  elif [ "$PLAN" = epoch ]; then
+  elif [ "$PLAN" = epoch ] || [ "$PLAN" = recipe ]; then
     # issue 29 step 4: the sharded `code` corpus came in earlier calls: .carry/code (pack_corpus.py's
     # pieces of its top-level files) and .carry/shards/*.bin.xz (the train shards the runs read)
     [ -f data/code/manifest.json ] || python3 scripts/data/pack_corpus.py unpack .carry/code data/code || exit 1

@@ -3,14 +3,16 @@ single-epoch 125M runs, as lists of jobs.
 
 Every language-model job trains the `small` preset (6 layers, d 384, 12 heads) with the same data,
 tokenizer, seed policy and token budget (2000 steps x 8192 tokens), then evaluates it with the same
-windows. `python scripts/repro/plan.py [repro|controls|epoch] > plan.json` writes the plan that run_jobs.py
-executes; `controls` also holds issue 19's 125M runs (exclusive jobs: one at a time on the last GPU);
-`epoch` is 125M runs only, each alone on a GPU (solo jobs: one per GPU at once).
+windows. `python scripts/repro/plan.py [repro|controls|epoch|recipe] > plan.json` writes the plan that
+run_jobs.py executes; `controls` also holds issue 19's 125M runs (exclusive jobs: one at a time on the last
+GPU); `epoch` is 125M runs only, each alone on a GPU (solo jobs: one per GPU at once); `recipe` is issue
+44's diagnosis of the T 2048 recipe, solo jobs like epoch's.
 Jobs are listed in priority order: the machine may be taken back before the last ones run.
 """
 
 import json
 import os
+from pathlib import Path
 import sys
 
 # REPRO_SMOKE=1: the same plan at toy sizes on a CPU, to check every command before device time is spent.
@@ -155,6 +157,50 @@ def epoch() -> list[dict]:
     return jobs
 
 
+RECIPE = "runs/recipe"
+# Issue 44 part 2: why every T 2048 run lagged its T 512 counterpart by 0.4-0.5 nats over steps 100-1000
+# (../shared/audits/science-2026-11-28.md section 3). Each recipe changes one thing of the epoch plan's
+# T 2048 recipe (lr 6e-4, warm-up 1% = 30 steps, 16 x 2048 from step 0); T2048/kerple-s0 is the
+# handicapped run they are compared with (collect_recipe.py).
+TENTH = max(2, EPOCH_STEPS // 10)  # 305 steps of 3052 (2 of the smoke plan's 4)
+RECIPES = {
+    "warm10": ("train.warmup_frac=0.1",),  # (a) learning-rate warm-up 10%: int(0.1 x 3052) = 305 steps
+    "lr3e-4": ("train.lr=3e-4",),  # (b) half the peak learning rate (the 125m preset's 6e-4)
+    # (c) sequence-length warm-up 512 -> 2048 over the first 10%: 512 for steps 0-152, 1024 for 153-304,
+    # then 2048, with 64 x 512 and 32 x 1024 a step (the same 32,768 tokens, each read once, in the same order)
+    "seqwarm10": ("train.seq_len_start=512", f"train.seq_len_warmup={TENTH}"),
+}
+# ---- Issue 43's per-position loss: the ONE place its flag goes. Set PER_POSITION = True once
+# `lenx eval --per-position` is on main (branch perpos); until then the recipe runs are evaluated
+# exactly as the epoch runs were (which the comparison with T2048/kerple-s0 needs either way).
+PER_POSITION = False
+
+
+def recipe_job(method: str, seed: int, recipe: str) -> dict:
+    """One issue 44 recipe run: the epoch plan's T 2048 run (125M, 16 x 2048, one pass over the same
+    100M tokens of `code`, evaluated to 16384 on the same 64 test documents, checkpoint deleted) with
+    RECIPES[recipe]'s change."""
+    job = epoch_job(method, seed, RECIPES[recipe], f"{method}-{recipe}-s{seed}", seq_len=2048)
+    run = job["run"].replace(EPOCH, RECIPE, 1)
+    cmd = job["cmd"].replace(job["run"], run)
+    if PER_POSITION:
+        cmd = cmd.replace(f"python3 -m lenx eval {run} --no-progress", f"python3 -m lenx eval {run} --no-progress "
+                          "--per-position")
+    return {"id": f"recipe/T2048/{Path(run).name}", "kind": "solo", "run": run, "cmd": cmd}
+
+
+def recipe(rope: str | None = None) -> list[dict]:
+    """Issue 44 part 2: Kerple at T 2048 with each recipe of RECIPES, seeds 0 and 1: every recipe's seed 0
+    first, so a machine taken back early still leaves one whole seed of each; then `rope`'s RoPE run
+    (REPRO_RECIPE_ROPE=<recipe>: chosen by the lead once the Kerple runs show the best recipe)."""
+    jobs = [recipe_job("kerple", s, r) for s in (0, 1) for r in RECIPES]
+    if rope is not None:
+        if rope not in RECIPES:
+            sys.exit(f"plan.py: REPRO_RECIPE_ROPE is one of {', '.join(RECIPES)}, got {rope!r}")
+        jobs.append(recipe_job("rope", 0, rope))
+    return jobs
+
+
 def controls() -> list[dict]:
     """Issue 19: the second seeds of the 125M verdict (then its other methods), and part 2's controls
     with the `small` preset, each evaluated like run 1 of the reproduction (to 16384) so it pairs with
@@ -195,7 +241,8 @@ def controls() -> list[dict]:
 
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "repro"
-    plans = {"repro": plan, "controls": controls, "epoch": epoch}
+    plans = {"repro": plan, "controls": controls, "epoch": epoch,
+             "recipe": lambda: recipe(os.environ.get("REPRO_RECIPE_ROPE") or None)}
     if which not in plans:
         sys.exit(f"plan.py: the plan is one of {', '.join(plans)}, got {which!r}")
     json.dump(plans[which](), sys.stdout, indent=1)
