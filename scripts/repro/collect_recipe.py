@@ -89,10 +89,13 @@ def curve_table(rows: list[tuple[str, int, dict]], reference: dict) -> Table:
 
     keys = [(part, k) for part in ("loss", "grad_norm", "val_loss") for k in reference[part]]
     heads = [f"loss {k}" if p == "loss" else f"grad norm {k}" if p == "grad_norm" else f"val {k}" for p, k in keys]
-    table = Table("training loss (mean of the logged steps of each bin), gradient norm and validation loss; "
-                  "(±): minus the handicapped T 2048 run", columns("run", "seeds", *heads, right_from=2))
+    table = Table("training loss (mean of the logged steps of each bin), gradient norm and validation loss "
+                  "(at T 512 on 512-token windows: not shown); (±): minus the handicapped T 2048 run",
+                  columns("run", "seeds", *heads, right_from=2))
     for label, seeds, s in rows:
-        table.add_row(label, str(seeds), *(cell(s[p][k], None if s is reference else reference[p][k]) for p, k in keys))
+        short = " T 512 " in label
+        table.add_row(label, seeds, *("" if short and p == "val_loss" else
+                                      cell(s[p][k], None if s is reference else reference[p][k]) for p, k in keys))
     return table
 
 
@@ -134,8 +137,12 @@ def collect(out: Path, epoch: Path, resamples: int) -> tuple[list[str], dict]:
                                (ref_label, [handicapped])] + \
                 [(f"{method} {n}", [run for run, r in mine if r["recipe"] == n]) for n in RECIPES]:
             if folders:
-                summaries[label] = seed_mean([curve_summary(f) for f in folders])
-                rows.append((label, len(folders), summaries[label]))
+                each = [curve_summary(f) for f in folders]
+                summaries[label] = seed_mean(each)
+                rows.append((label, str(len(folders)), summaries[label]))
+                if len(folders) > 1 and label != f"{method} T 512 (epoch)":  # a recipe's seeds one by one
+                    rows += [(f"{label} s{r['seed']}", "1", e) for r, e in
+                             zip([r for _, r in mine if r["label"] == label], each)]
         lines += [f"## {method}: the loss curve", "", to_markdown(curve_table(rows, summaries[ref_label]))]
         compared = compare_runs([handicapped] + [run for run, _ in mine], reference=ref_label, n=resamples,
                                 labels=[ref_label] + [r["label"] for _, r in mine])
@@ -164,6 +171,11 @@ def relative_to(result: dict, out: Path) -> dict:
     return result
 
 
+def same_windows(run: dict) -> dict:
+    """What must match for two training lengths to be compared window by window (not the lengths)."""
+    return {k: v for k, v in run["windows"].items() if k != "lengths"}
+
+
 def against_short(mine: list, short: list[dict], resamples: int) -> list[dict]:
     """Each recipe (its seeds) minus the method trained at 512 (its seeds) at every length both evaluated."""
     if not short:
@@ -173,7 +185,7 @@ def against_short(mine: list, short: list[dict], resamples: int) -> list[dict]:
         long = [load_run(run, name) for run, r in mine if r["recipe"] == name]
         if not long:
             continue
-        if long[0]["windows"] != short[0]["windows"]:
+        if same_windows(long[0]) != same_windows(short[0]):
             raise CompareError(f"{long[0]['run']} was evaluated on other windows than {short[0]['run']}")
         for L in sorted(set(long[0]["nll"]) & set(short[0]["nll"])):
             d = method_difference([r["nll"][L] for r in long], [r["nll"][L] for r in short],
