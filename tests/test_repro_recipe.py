@@ -16,7 +16,8 @@ def test_the_plan_runs_seed_0_of_every_recipe_first():
     assert out.returncode == 0, out.stderr
     jobs = json.loads(out.stdout)
     assert [j["id"] for j in jobs] == ["recipe/T2048/kerple-warm10-s0", "recipe/T2048/kerple-lr3e-4-s0",
-                                       "recipe/T2048/kerple-warm10-s1", "recipe/T2048/kerple-lr3e-4-s1",
+                                       "recipe/T2048/kerple-seqwarm10-s0", "recipe/T2048/kerple-warm10-s1",
+                                       "recipe/T2048/kerple-lr3e-4-s1", "recipe/T2048/kerple-seqwarm10-s1",
                                        "recipe/T2048/kerple-s1"]
     for j in jobs:
         cmd = j["cmd"]
@@ -24,7 +25,9 @@ def test_the_plan_runs_seed_0_of_every_recipe_first():
         assert j["run"] == "runs/recipe/T2048/" + j["id"].split("/")[-1] and j["kind"] == "solo"
     assert "train.warmup_frac=0.1" in jobs[0]["cmd"] and "train.lr=3e-4" not in jobs[0]["cmd"]
     assert "train.lr=3e-4" in jobs[1]["cmd"] and "warmup_frac" not in jobs[1]["cmd"]
-    assert "warmup_frac" not in jobs[4]["cmd"] and "train.lr" not in jobs[4]["cmd"]
+    assert "train.seq_len_start=512" in jobs[2]["cmd"] and "train.seq_len_warmup=305" in jobs[2]["cmd"]
+    assert "warmup_frac" not in jobs[2]["cmd"] and "train.lr=" not in jobs[2]["cmd"]
+    assert "warmup_frac" not in jobs[6]["cmd"] and "train.lr" not in jobs[6]["cmd"] and "seq_len_start" not in jobs[6]["cmd"]
 
 
 def test_the_committed_recipe_table_is_up_to_date(tmp_path):

@@ -132,6 +132,10 @@ class TrainConfig:
     # non-overlapping windows, each read once (lenx.training.batches)
     sampling: str = "random"
     pass_block: int = 64  # pass: windows are shuffled within blocks of this many steps' worth, in stream order
+    # Sequence-length warm-up (lenx.training.batches.seq_len_at): the first seq_len_warmup steps read
+    # shorter windows, from seq_len_start doubling up to seq_len, with as many tokens a step; 0 = off
+    seq_len_warmup: int = 0
+    seq_len_start: int = 0  # the warm-up's first length: seq_len divided by a power of two
 
 
 @dataclass
@@ -309,6 +313,26 @@ def _validate_train(t: TrainConfig) -> None:
     one_of("train.precision", t.precision, ("auto", "bf16", "fp32"))
     one_of("train.parallel", t.parallel, ("ddp", "fsdp"))
     one_of("train.sampling", t.sampling, ("random", "pass"))
+    _validate_length_warmup(t)
+
+
+def _validate_length_warmup(t: TrainConfig) -> None:
+    """train.seq_len_warmup and train.seq_len_start: doublings from the start length that tile
+    train.seq_len exactly, each of them at least one step, all within train.steps."""
+    at_least("train", t, 0, "seq_len_warmup", "seq_len_start")
+    if not t.seq_len_warmup:
+        check(t.seq_len_start == 0, "train.seq_len_start", "0 while train.seq_len_warmup is 0 (no warm-up; set "
+              "train.seq_len_warmup to the steps it lasts)", t.seq_len_start)
+        return
+    check(t.seq_len_start > 0, "train.seq_len_start", "set when train.seq_len_warmup is on (the length the "
+          "warm-up starts from, e.g. train.seq_len_start=512)", t.seq_len_start)
+    ratio = t.seq_len // t.seq_len_start
+    check(t.seq_len_start < t.seq_len and t.seq_len % t.seq_len_start == 0 and ratio & (ratio - 1) == 0,
+          "train.seq_len_start", f"train.seq_len ({t.seq_len}) divided by a power of two, smaller than it "
+          f"({t.seq_len // 2}, {t.seq_len // 4}, ...)", t.seq_len_start)
+    stages = ratio.bit_length() - 1
+    check(stages <= t.seq_len_warmup <= t.steps, "train.seq_len_warmup",
+          f"between {stages} (one step for each shorter length) and train.steps ({t.steps})", t.seq_len_warmup)
 
 
 def _validate_eval(e: EvalConfig) -> None:

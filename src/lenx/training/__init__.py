@@ -1,6 +1,6 @@
 """Training: the one training step (step.py: forward, loss, accumulation, clipping, optimizer step),
 the optimizer and its schedule (optim.py), the run's metrics (metrics.py), the windows each step
-reads (batches.py: random draws or one pass, train.sampling), the training loop of
+reads (batches.py: random draws or one pass, train.sampling; the sequence-length warm-up), the training loop of
 `lenx train` with its checkpoints and resumes (loop.py), data parallelism under torchrun
 (distributed.py) and `lenx sweep` (sweep.py: train and evaluate several methods on equal terms).
 

@@ -7,11 +7,18 @@ in blocks of train.pass_block steps' worth, in stream order, shuffled within eac
 s..s+n read one contiguous range of the stream, so a machine needs only the shards of its steps.
 Either way the batch of step s is a pure function of (seed, s): a resumed run reads what an
 uninterrupted one would, on any number of ranks.
+
+The sequence-length warm-up (train.seq_len_warmup steps from train.seq_len_start, seq_len_at) keeps
+all of that: a step reads the same train.seq_len windows as without it, each cut into pieces of the
+step's length L (L + 1 tokens, the last of one the first of the next), train.batch_size x seq_len / L
+rows. So every step predicts the same tokens, each once, in the same order; only how much context
+each prediction has changes.
 """
 
 from __future__ import annotations
 
 import bisect
+from typing import Callable
 
 import numpy as np
 import torch
@@ -60,13 +67,27 @@ class PassOrder:
         return k0 * self.block * self.seq_len, last * self.seq_len + 1
 
 
+def seq_len_at(t: TrainConfig, step: int) -> int:
+    """The length step `step` (from 0) trains at. Without a warm-up, train.seq_len. With one, the
+    lengths double from train.seq_len_start: the k lengths below train.seq_len share the first
+    train.seq_len_warmup steps equally (step s reads start x 2^floor(s k / warmup)), and from step
+    train.seq_len_warmup on the run reads train.seq_len (512 -> 2048 over 305 steps: 512 for steps
+    0-152, 1024 for 153-304, 2048 from 305)."""
+    if step >= t.seq_len_warmup:
+        return t.seq_len
+    stages = (t.seq_len // t.seq_len_start).bit_length() - 1
+    return t.seq_len_start << (step * stages // t.seq_len_warmup)
+
+
 class Batches:
     """The batch of step s depends only on (seed, s): resuming at step s reads exactly what an
     uninterrupted run would, on any number of ranks. Each rank takes its slice of every micro-batch.
-    `tokens`: an array or a sharded stream (lenx.data.shards.ShardedTokens)."""
+    `tokens`: an array or a sharded stream (lenx.data.shards.ShardedTokens). `length`: the length
+    each step trains at (seq_len_at; default seq_len throughout)."""
 
     def __init__(self, tokens, seq_len: int, batch_size: int, grad_accum: int, seed: int,
-                 info: distributed.DistInfo, split: str = "train", sampling: str = "random", pass_block: int = 64):
+                 info: distributed.DistInfo, split: str = "train", sampling: str = "random", pass_block: int = 64,
+                 length: Callable[[int], int] | None = None):
         if len(tokens) < seq_len + 2:
             raise ConfigError(f"the {split} split has {len(tokens)} tokens, fewer than train.seq_len + 2")
         micro = batch_size // grad_accum
@@ -75,6 +96,7 @@ class Batches:
         self.tokens, self.seq_len, self.seed, self.info = tokens, seq_len, seed, info
         self.batch_size, self.grad_accum, self.micro = batch_size, grad_accum, micro
         self.order = PassOrder(len(tokens), seq_len, batch_size, pass_block, seed) if sampling == "pass" else None
+        self.length = length or (lambda step: seq_len)
 
     def starts(self, step: int) -> np.ndarray:
         """The token offsets of the global batch of step `step`."""
@@ -84,11 +106,17 @@ class Batches:
         return rng.integers(0, len(self.tokens) - self.seq_len - 1, size=self.batch_size)
 
     def window(self, step: int, micro_index: int) -> torch.Tensor:
-        """This rank's rows of one micro-batch: [rows, seq_len + 1] tokens, inputs plus targets."""
+        """This rank's rows of one micro-batch: [rows, seq_len + 1] tokens, inputs plus targets; in
+        a length warm-up [rows x seq_len / L, L + 1], each window cut into its pieces in order."""
         rows = self.starts(step)[micro_index * self.micro:(micro_index + 1) * self.micro]
         per_rank = self.micro // self.info.world
         rows = rows[self.info.rank * per_rank:(self.info.rank + 1) * per_rank]
-        return torch.from_numpy(np.stack([self.tokens[s:s + self.seq_len + 1] for s in rows]).astype(np.int64))
+        windows = np.stack([self.tokens[s:s + self.seq_len + 1] for s in rows])
+        L = self.length(step)
+        if L != self.seq_len:
+            pieces = np.lib.stride_tricks.sliding_window_view(windows, L + 1, axis=1)[:, ::L]
+            windows = pieces.reshape(-1, L + 1)
+        return torch.from_numpy(windows.astype(np.int64))
 
     def get(self, step: int, micro_index: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         window = self.window(step, micro_index).to(device, non_blocking=True)
@@ -115,7 +143,7 @@ def train_batches(t: TrainConfig, corpus, info: distributed.DistInfo, first_step
     and, for a sharded train split, every shard that steps [first_step, end_step) read."""
     tokens = corpus.tokens("train")
     batches = Batches(tokens, t.seq_len, t.batch_size, t.grad_accum, t.seed, info, sampling=t.sampling,
-                      pass_block=t.pass_block)
+                      pass_block=t.pass_block, length=lambda step: seq_len_at(t, step))
     if batches.order is not None:
         check_pass_length(t, corpus, batches.order)
     check_shards_here(t, corpus, batches, first_step, end_step)

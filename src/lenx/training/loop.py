@@ -240,7 +240,8 @@ def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool, memory_check: 
         raise ConfigError(f"--until {until}: {run_dir} is at step {first} already; give a later step")
     batches = train_batches(cfg.train, corpus, info, first, _end_step(cfg, first, stop_after, until))
     if memory_check and first < cfg.train.steps:  # a finished run trains nothing
-        check_training_memory(cfg, device, info.world)  # before the model takes any memory
+        # before the model takes any memory; a length warm-up's shorter steps hold as many tokens
+        check_training_memory(cfg, device, info.world)
     torch.manual_seed(cfg.train.seed)
     raw_model = LM(cfg.model)
     # Full weights go into the plain model before it is wrapped or sharded, so any world size can

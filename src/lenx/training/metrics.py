@@ -11,6 +11,7 @@ import torch
 from ..model.checkpoint import CheckpointError
 from ..config import RunConfig
 from ..fileio import write_text
+from .batches import seq_len_at
 
 
 def read_metrics(path: Path, notes: bool = True) -> list[dict]:
@@ -51,6 +52,7 @@ class MetricsLogger:
         self.end, self.last_logged = end, start_step
         self.log_every = cfg.train.log_every
         self.tokens_per_step = cfg.train.batch_size * cfg.train.seq_len
+        self.train = cfg.train  # a length warm-up's records carry the length of their step
         self.path = run_dir / "metrics.jsonl"
         # On resume, the records after the checkpoint go: the steps they describe are taken again.
         kept = [r for r in records if r["step"] <= start_step]
@@ -80,6 +82,8 @@ class MetricsLogger:
             record = {"step": done, "loss": loss, "lr": lr, "grad_norm": float(grad_norm),
                       "tokens_per_s": self.tokens_per_step * (done - self.last_logged) / max(now - self.t_last, 1e-9),
                       "time": time.time()}
+            if self.train.seq_len_warmup:
+                record["seq_len"] = seq_len_at(self.train, done - 1)
             if val_loss is not None:
                 record["val_loss"] = val_loss
             self.t_last, self.last_logged = now, done
