@@ -141,3 +141,12 @@ def test_greedy_generation_is_the_argmax_of_the_full_forward(decoding):
             for _ in range(10):
                 seq = torch.cat([seq, model(seq)[0][:, -1].argmax(-1, keepdim=True)], 1)
         assert torch.equal(out[b], seq[0, len(p):]), (decoding, b)
+
+
+def test_mta_on_fox_is_refused_in_one_line():
+    """MTA's query halo needs earlier rows' biases, which FoX binds per decode step: refused, not wrong."""
+    from lenx.attention.methods import UnknownMethodError, all_methods, parse_method
+
+    with pytest.raises(UnknownMethodError, match="mta-fox is not supported"):
+        parse_method("mta-fox")
+    assert "mta-fox" not in all_methods() and "mta-kerple" in all_methods() and "dapev2-fox" in all_methods()

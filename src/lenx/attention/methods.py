@@ -135,6 +135,7 @@ def _all_names() -> tuple[str, ...]:
         for base in BASES
         if not (processor and BASES[base].role == "processor")
         and not (processor in SOFTMAX_ONLY and normaliser != "softmax")
+        and not (processor == "mta" and base == "fox")
     )
 
 
@@ -171,6 +172,10 @@ def parse_method(name: str) -> MethodSpec:
         raise UnknownMethodError(
             f"{raw!r}: {processor} mixes the heads' softmax probabilities (the paper's placement), which "
             f"{normaliser} does not give; use {processor}-<base> with softmax")
+    if processor == "mta" and base == "fox":
+        raise UnknownMethodError(
+            f"{raw!r}: MTA's query convolution reads the scores of earlier query rows, and FoX's bias is bound "
+            "to each step's own rows in decoding; mta-fox is not supported (use dapev2-fox or mta-<another base>)")
     return MethodSpec(canonical_name(processor, normaliser, base), base, processor, normaliser)
 
 

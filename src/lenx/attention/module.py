@@ -141,7 +141,9 @@ class Attention(nn.Module):
         rows those of a full forward either: every hidden state before them would change too)."""
         qkv = self._qkv(x)
         q, k, v = qkv
-        kept, real = {}, step.q_pos >= 0  # [B, R]: a padding row's gate and shift count nothing
+        kept = {}
+        if self.pro is not None or (self.bias is not None and self.bias.per_token):
+            real = step.q_pos >= 0  # [B, R]: a padding row's gate and shift count nothing
         if self.pro is not None:
             prev = None
             if self.pro.kv_shift:  # the key and value of the slot before the rows, projected again
