@@ -45,9 +45,16 @@ def test_skewed_fp32(T, H, d, ks, D, kind):
 
 
 @pytest.mark.parametrize("T,H,d,ks,D,kind", [(17, 3, 16, 3, 8, "kerple"), (64, 12, 16, 3, 32, "kerple"),
-                                             (33, 2, 32, 7, 8, None)])
+                                             (33, 2, 32, 7, 8, None), (21, 2, 128, 3, 8, "alibi")])
 def test_skewed_fp16(T, H, d, ks, D, kind):
     run_dape(1, H, T, d, ks, D, kind, torch.float16, op=skewed.dape_v2_skewed)
+
+
+@pytest.mark.parametrize("T,ks,kind", [(1, 3, "kerple"), (37, 3, "kerple"), (20, 5, None)])
+def test_skewed_head_dim_128(T, ks, kind):
+    """d = 128, which the O(T) kernel cannot take (the backend routes it here): one head's q and k
+    tiles at a time."""
+    run_dape(1, 2, T, 128, ks, 8, kind, torch.float32, op=skewed.dape_v2_skewed)
 
 
 def test_skewed_recompute_and_small_tiles():
@@ -195,14 +202,26 @@ def test_gpu_skewed_kerple(T):
     (17, 16, 64, 5, 32, "kerple"),
     (1000, 12, 64, 7, 32, "kerple"),
     (2048, 12, 128, 3, 32, "kerple"),
+    # d = 128 (the backend routes it here): T 1, odd T, ALiBi, k 5 at 16 heads
+    (1, 12, 128, 3, 32, "kerple"),
+    (111, 12, 128, 3, 32, "kerple"),
+    (1000, 12, 128, 3, 32, "alibi"),
+    (300, 16, 128, 5, 32, "kerple"),
+    (1000, 4, 128, 1, 16, None),
 ])
 def test_gpu_skewed_shapes(T, H, d, ks, D, kind):
     run_dape(2, H, T, d, ks, D, kind, torch.bfloat16, op=skewed.dape_v2_skewed)
 
 
 @pytest.mark.gpu
-def test_gpu_skewed_recompute():
-    run_dape(2, 12, 1000, 64, 3, 32, "kerple", torch.bfloat16, op=recompute)
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_skewed_recompute(d):
+    run_dape(2, 12, 1000, d, 3, 32, "kerple", torch.bfloat16, op=recompute)
+
+
+@pytest.mark.gpu
+def test_gpu_skewed_head_dim_128_fp32():
+    run_dape(1, 3, 300, 128, 3, 8, "kerple", torch.float32, op=skewed.dape_v2_skewed)
 
 
 def test_conv_stages_drop_to_what_fits_in_shared_memory(monkeypatch):

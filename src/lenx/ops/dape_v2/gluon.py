@@ -612,9 +612,10 @@ def _aligned(x):
     return x if ok else x.clone(memory_format=torch.contiguous_format)
 
 
-def dape_v2_gluon_forward(q, k, v, w1, b1, w2, b2, table=None):
+def dape_v2_gluon_forward(q, k, v, w1, b1, w2, b2, table=None, prepared=None):
     """Forward of causal DAPE V2 attention, q, k, v [B, H, T, 64] bf16 on an sm_90 GPU; returns
-    (o [B, H, T, 64] bf16, lse [B, H, T] fp32, natural log), like the Triton kernel's forward."""
+    (o [B, H, T, 64] bf16, lse [B, H, T] fp32, natural log), like the Triton kernel's forward.
+    prepared: prepare()'s operands for these weights, table and T, if the caller has them (tables.cached)."""
     import torch
 
     B, H, T, dh = q.shape
@@ -623,7 +624,7 @@ def dape_v2_gluon_forward(q, k, v, w1, b1, w2, b2, table=None):
         raise NotImplementedError(f"gluon DAPE V2 forward: d 64, H <= 16, D <= 32, k in (1, 3), bf16 only "
                                   f"(got d {dh}, H {H}, D {D}, k {ks}, {q.dtype})")
     q, k, v = (_aligned(x) for x in (q, k, v))
-    W1A, W2A, t1, k0, t2 = prepare(w1, b1, w2, b2, table, T, H, q.device)
+    W1A, W2A, t1, k0, t2 = prepared if prepared is not None else prepare(w1, b1, w2, b2, table, T, H, q.device)
     o = torch.empty_like(q)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
     grid = ((T + BM - 1) // BM, B)

@@ -455,6 +455,21 @@ def _dk(DSB, Q, DK, sqb, sqh, sqt, skb, skh, skt, T, scale,
              mask=(cols < T)[:, None])
 
 
+@triton.jit
+def _delta(O, DO, DELTA, sob, soh, sot, sdb, sdh, sdt, T, H: tl.constexpr, DH: tl.constexpr, BR: tl.constexpr):
+    """delta = rowsum(dO * O) in fp32 [B, H, T] from the strided O and dO: one launch for what were
+    two fp32 casts, a product and a sum (and a copy of dO)."""
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    rows = tl.program_id(1) * BR + tl.arange(0, BR)
+    dd = tl.arange(0, DH)
+    ok = (rows < T)[:, None]
+    o = tl.load(O + b * sob + h * soh + rows[:, None] * sot + dd[None, :], mask=ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdt + dd[None, :], mask=ok, other=0.0).to(tl.float32)
+    tl.store(DELTA + bh * T + rows, tl.sum(o * do, 1), mask=rows < T)
+
+
 # --- layout change -------------------------------------------------------------------------------
 
 @triton.jit
@@ -661,8 +676,10 @@ class DapeV2Skewed(torch.autograd.Function):
         if not ctx.keep:
             sb = _scores_buffer(q, k, cfg)
             fb = _conv_buffer(sb, wts, cfg)
-        dout = dout.contiguous()
-        delta = (dout.float() * out.float()).sum(-1).contiguous()
+        if dout.stride(-1) != 1:  # the kernels take dO's other strides as they come
+            dout = dout.contiguous()
+        delta = new((B, H, T), q, torch.float32)
+        _delta[(B * H, triton.cdiv(T, 64))](out, dout, delta, *strides(out), *strides(dout), T, H=H, DH=DH, BR=64)
         prec = dot_precision(q.dtype)
         scale = DH ** -0.5
         dq, dk, dv = new_like(q), new_like(k), new_like(v)
@@ -713,22 +730,32 @@ class DapeV2Skewed(torch.autograd.Function):
                 g_t2.to(dtypes[4]), None, None)
 
 
-def dape_v2_skewed(q, k, v, w1, b1, w2, b2, table=None, keep: bool = True, config: dict | None = None):
+def host_tables(w1, b1, w2, b2, table, T: int):
+    """Rewrite A's tables (t1 [D, 2T - 1], k0 [k // 2, D, T], t2 [H, 2T - 1]) for these weights and
+    bias table (or none: then the tables are the conv biases at every distance); what
+    dape_v2_skewed takes as `tables` (the triton backend caches them for forward-only work)."""
+    from .reference import dape_v2_tables
+
+    D, ks, H = w1.shape[0], w1.shape[-1], w2.shape[0]
+    if table is not None:
+        # in the weights' dtype also under autocast: a bf16 einsum would cost t1 (hundreds with
+        # ALiBi at long T) logit errors of ~1
+        with torch.autocast(w1.device.type, enabled=False):
+            return dape_v2_tables(w1, b1, b2, table, T)
+    return b1[:, None].expand(D, 2 * T - 1), w1.new_zeros(ks // 2, D, T), b2[:, None].expand(H, 2 * T - 1)
+
+
+def dape_v2_skewed(q, k, v, w1, b1, w2, b2, table=None, keep: bool = True, config: dict | None = None, tables=None):
     """softmax_causal(S + Bias + f(tril([S; Bias]))) V for q, k, v [B, H, T, d], as
     reference.dape_v2_reference (same arguments), through the T x T buffers of this module:
     differentiable in q, k, v, the conv weights and the table. keep: the forward keeps its S and
     F buffers for the backward (2 buffer_bytes) instead of recomputing them there. config: tile
-    settings over CONFIG (tuning, tests)."""
-    from .reference import dape_v2_tables
-
+    settings over CONFIG (tuning, tests). tables: host_tables(w1, b1, w2, b2, table, T) if the caller
+    has them (built here otherwise)."""
     check_qkv(q, k, v)
     B, H, T, d = q.shape
-    D, _, _, ks = w1.shape
     check_dape_v2_weights(w1, w2, H, T, table)
-    if table is not None:
-        t1, k0, t2 = dape_v2_tables(w1, b1, b2, table, T)
-    else:  # no bias channels: the tables are the conv biases at every distance
-        t1, k0, t2 = b1[:, None].expand(D, 2 * T - 1), w1.new_zeros(ks // 2, D, T), b2[:, None].expand(H, 2 * T - 1)
+    t1, k0, t2 = tables if tables is not None else host_tables(w1, b1, w2, b2, table, T)
     cfg = dict(CONFIG_FP32 if q.dtype == torch.float32 else CONFIG)
     unknown = set(config or {}) - set(cfg)
     if unknown:
