@@ -13,6 +13,7 @@ from helpers import assert_close
 from kernel_cases import CUDA, DEVICE, GPU_T, batch_for, bias_table, bounds_checked, causal_gap
 from lenx.ops.biased_softmax.reference import table_bias
 from lenx.ops.dape_v2.reference import dape_v2_scores, dape_v2_tables
+from test_dape_v2_large_bias import flash_bias
 from test_dape_v2 import conv_weights, run_dape
 
 pytest.importorskip("triton")
@@ -74,8 +75,9 @@ def test_skewed_recompute_and_small_tiles():
 @pytest.mark.parametrize("ks", [1, 3, 5])
 def test_buffers_hold_scores_and_residual_logits(ks):
     """The index maps: the S buffer is Q K^T / sqrt(d) at (b, i, j, slot h), its padded slots zero,
-    and the F buffer conv2(...) without its bias at (b, h, i, j), on and below the diagonal, for a
-    sequence that spans several bands."""
+    and the F buffer conv2(...) without its bias, less the residual table g[h, i - j] and the edge
+    term e0 (keys < 2h), at (b, h, i, j), on and below the diagonal, for a sequence that spans
+    several bands."""
     B, H, T, d, D = 2, 3, 41, 16, 8
     q, k = (torch.randn(B, H, T, d, device=DEVICE) for _ in range(2))
     w1, b1, w2, b2 = (x.to(DEVICE).float() for x in conv_weights(H, D, ks, True))
@@ -89,6 +91,8 @@ def test_buffers_hold_scores_and_residual_logits(ks):
     S = q @ k.transpose(-1, -2) / math.sqrt(d)
     bias = table_bias(table, pos, pos)
     f = dape_v2_scores(S, bias, w1, b1, w2, b2, pos, pos) - S - bias - b2[:, None, None]
+    t2f, e0 = skewed.flash_tables(t1, k0, w2, t2)  # F - g - e0: their sum is what the flash kernels add
+    f = f - (flash_bias(t2f, e0, T) - table_bias(t2, pos, pos))
     assert sb.shape == (B, T, T, 16)
     assert_close(sb[..., :H].permute(0, 3, 1, 2)[..., causal], S[..., causal], 1e-6, "S buffer")
     assert torch.equal(sb[:, causal][..., H:], torch.zeros_like(sb[:, causal][..., H:]))

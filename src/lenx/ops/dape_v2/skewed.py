@@ -41,6 +41,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from .._launch import LOG2E, check_dape_v2_weights, check_qkv, dot_precision, new, new_like, pow2, strides
+from .reference import dape_v2_tables, residual_table
 
 LN2 = 0.6931471805599453
 
@@ -118,6 +119,31 @@ def _hidden_taps(HB, b, i, j, T, KS: tl.constexpr, DP: tl.constexpr, KZ: tl.cons
 
 
 @triton.jit
+def _near_table(T1, K0, i, j, T, DP: tl.constexpr, HALF: tl.constexpr, base):
+    """base [pairs, DP] with leaky(t1 - k0) at keys j < h (conv1's table part there: the padding left
+    of key 0 takes k0 out of t1), leaky(t1) elsewhere as given."""
+    cc = tl.arange(0, DP)
+    near = (j >= 0) & (j < HALF) & (i < T) & (i - j < T)
+    t = tl.load(T1 + (i - j + T - 1)[:, None] * DP + cc[None, :], mask=near[:, None], other=0.0)
+    t -= tl.load(K0 + (j * T + i)[:, None] * DP + cc[None, :], mask=near[:, None], other=0.0)
+    return tl.where(near[:, None], tl.where(t > 0, t, 0.01 * t), base)
+
+
+@triton.jit
+def _edge_taps(T1, i, j, T, KS: tl.constexpr, DP: tl.constexpr, KZ: tl.constexpr):
+    """[pairs, KZ] fp32, laid out as _hidden_taps: leaky(t1[i - key]) at the keys >= T that conv2 reads
+    (the buffer reads 0 there, where the hidden map is z - leaky(t1) = -leaky(t1); residual_table
+    counts them; distances -h .. -1, so small: leaky(b1))."""
+    HALF: tl.constexpr = KS // 2
+    col = tl.arange(0, KZ)
+    key = j[:, None] - HALF + col[None, :] // DP
+    dist = i[:, None] - key
+    out = (col < KS * DP)[None, :] & (i < T)[:, None] & (key >= T) & (dist > -T)
+    t = tl.load(T1 + (dist + T - 1) * DP + (col % DP)[None, :], mask=out, other=0.0)
+    return tl.where(t > 0, t, 0.01 * t)
+
+
+@triton.jit
 def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
             DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
     """Z = LeakyReLU(conv1(X)) into the hidden buffer, for one band of BN distances walking its rows.
@@ -129,19 +155,29 @@ def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.co
     n0 = band * BN - HALF
     cc = tl.arange(0, DP)
     t1b = _band_table(T1, n0, T, BN, DP)
+    lt1 = tl.reshape(tl.broadcast_to(tl.where(t1b > 0, t1b, 0.01 * t1b)[None, :, :], (BM, BN, DP)), (BM * BN, DP))
     for i0 in range((tl.maximum(n0, 0) // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
         y, keyok = _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, HP, KS, DP, BM, BN, CDT, PREC)
-        z = tl.where(y > 0, y, 0.01 * y)
+        # the residual Z - leaky(table part of Y): bounded by conv1 of the scores, where Z itself is in
+        # the hundreds with a large bias (ALiBi at long T); _conv_f and the host table g undo it
+        base = lt1
+        if HALF > 0:
+            if i0 < n0 + BN - 1 + HALF:  # keys j < h: the table part is t1 - k0 there
+                base = _near_table(T1, K0, i, j, T, DP, HALF, base)
+        z = tl.where(y > 0, y, 0.01 * y) - base
         ok = keyok & (n >= -HALF)
         ptr = ZB + (b * T + i).to(tl.int64)[:, None] * T * DP + (j * DP)[:, None] + cc[None, :]
         tl.store(ptr, z.to(ZB.dtype.element_ty), mask=ok[:, None])
 
 
 @triton.jit
-def _conv_f(ZB, FB, W2Z, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, DP: tl.constexpr,
+def _conv_f(ZB, FB, W2Z, W2F, T1, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, DP: tl.constexpr,
             KZ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
-    """F = conv2(Z): one dot over conv2's concatenated taps per tile, into the F buffer."""
+    """F - g - e0 = conv2 of the residual hidden buffer (one dot over conv2's concatenated taps per
+    tile), in tiles whose taps reach keys >= T minus conv2 of _edge_taps, into the F buffer; g[i - j]
+    and e0 (keys < 2h) are the flash kernels' (flash_tables)."""
+    HALF: tl.constexpr = KS // 2
     band = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
     n0 = band * BN
@@ -152,6 +188,9 @@ def _conv_f(ZB, FB, W2Z, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
         i, n, j = _pairs(i0, n0, BM, BN)
         z = _hidden_taps(ZB, b, i, j, T, KS, DP, KZ)
         f = tl.dot(z.to(CDT), w2, input_precision=PREC)
+        if i0 + BM - 1 - n0 + HALF >= T:  # some tap reads a key >= T
+            w2f = tl.load(W2F + tl.arange(0, KZ)[:, None] * HP + ss[None, :])
+            f -= tl.dot(_edge_taps(T1, i, j, T, KS, DP, KZ), w2f, input_precision="ieee")
         ok = (ss < H)[None, :] & ((n >= 0) & (n <= i) & (i < T))[:, None]
         tl.store(FB + (plane0 + ss.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None],
                  f.to(FB.dtype.element_ty), mask=ok)
@@ -283,7 +322,8 @@ def _scores(Q, K, SB, sqb, sqh, sqt, skb, skh, skt, T, scale,
 
 
 @triton.jit
-def _logits2(q, k, fb, T2H, t2w, rows, cols, T, qk_scale, MASK: tl.constexpr, PREC: tl.constexpr):
+def _logits2(q, k, fb, T2H, t2w, E0H, rows, cols, n0, T, qk_scale, NE: tl.constexpr, MASK: tl.constexpr,
+             PREC: tl.constexpr):
     """Logits in base 2 of a [rows, keys] tile: q k^T scale + F + t2. MASK (tiles that cross the
     diagonal): -inf outside the causal triangle, t2 gathered from the head's table T2H by distance;
     else every key is before every row, rows past T read row T - 1 of F (finite values that are
@@ -302,12 +342,17 @@ def _logits2(q, k, fb, T2H, t2w, rows, cols, T, qk_scale, MASK: tl.constexpr, PR
         x = tl.arange(0, cols.shape[0])
         t2 = tl.load(t2w + a[:, None] * cols.shape[0] + x[None, :])
         s += (f + t2) * 1.4426950408889634
+    if NE > 0:
+        if n0 < NE:  # the first key tile: keys j < 2h take their edge term from E0 [T, NE] (fp32)
+            e = tl.load(E0H + rows[:, None] * NE + cols[None, :], mask=(rows < T)[:, None] & (cols < NE)[None, :],
+                        other=0.0)
+            s += e * 1.4426950408889634
     return s
 
 
 @triton.jit
-def _fwd_tile(q, K, V, fb, t2h, t2w, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb, svh, svt, T, qk_scale,
-              DH: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
+def _fwd_tile(q, K, V, fb, t2h, t2w, e0h, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb, svh, svt, T, qk_scale,
+              DH: tl.constexpr, BN: tl.constexpr, NE: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
     cols = n0 + tl.arange(0, BN)
     dd = tl.arange(0, DH)
     kp = K + b * skb + h * skh + cols[:, None] * skt + dd[None, :]
@@ -318,7 +363,7 @@ def _fwd_tile(q, K, V, fb, t2h, t2w, b, h, rows, n0, m_i, l_i, acc, skb, skh, sk
     else:
         k = tl.load(kp)
         v = tl.load(vp)
-    s = _logits2(q, k, fb, t2h, t2w, rows, cols, T, qk_scale, MASK, PREC)
+    s = _logits2(q, k, fb, t2h, t2w, e0h, rows, cols, n0, T, qk_scale, NE, MASK, PREC)
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
@@ -328,9 +373,9 @@ def _fwd_tile(q, K, V, fb, t2h, t2w, b, h, rows, n0, m_i, l_i, acc, skb, skh, sk
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, FB, T2, T2W, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
+def _attn_fwd(Q, K, V, FB, T2, T2W, E0, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
               T, nq, qk_scale, H: tl.constexpr, DH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-              PREC: tl.constexpr):
+              NE: tl.constexpr, PREC: tl.constexpr):
     """Online softmax over the logits of _logits2; lse in base 2. BM a multiple of BN; T2W the tile
     table of t2 for BM x BN tiles (nq tiles per head)."""
     bh = tl.program_id(0)
@@ -343,16 +388,17 @@ def _attn_fwd(Q, K, V, FB, T2, T2W, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, s
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=(rows < T)[:, None], other=0.0)
     fb = FB + bh.to(tl.int64) * T * T
     t2h = T2 + h * (2 * T - 1) + T - 1
+    e0h = E0 + (h * T).to(tl.int64) * NE
     m_i = tl.full([BM], -1e30, tl.float32)  # finite: padding rows see no key
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DH], tl.float32)
     t2w = T2W + (h * nq).to(tl.int64) * BM * BN
     for n0 in range(0, m0, BN):
-        m_i, l_i, acc = _fwd_tile(q, K, V, fb, t2h, t2w + ((m0 - n0) // BN) * BM * BN, b, h, rows, n0, m_i, l_i,
-                                  acc, skb, skh, skt, svb, svh, svt, T, qk_scale, DH, BN, False, PREC)
+        m_i, l_i, acc = _fwd_tile(q, K, V, fb, t2h, t2w + ((m0 - n0) // BN) * BM * BN, e0h, b, h, rows, n0, m_i,
+                                  l_i, acc, skb, skh, skt, svb, svh, svt, T, qk_scale, DH, BN, NE, False, PREC)
     for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
-        m_i, l_i, acc = _fwd_tile(q, K, V, fb, t2h, t2w, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb, svh,
-                                  svt, T, qk_scale, DH, BN, True, PREC)
+        m_i, l_i, acc = _fwd_tile(q, K, V, fb, t2h, t2w, e0h, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb,
+                                  svh, svt, T, qk_scale, DH, BN, NE, True, PREC)
     l_i = tl.maximum(l_i, 1e-30)
     tl.store(O + b * sob + h * soh + rows[:, None] * sot + dd[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
              mask=(rows < T)[:, None])
@@ -360,8 +406,9 @@ def _attn_fwd(Q, K, V, FB, T2, T2W, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, s
 
 
 @triton.jit
-def _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, b, h, bh, cols, m0, dv, sqb, sqh, sqt, sdb, sdh, sdt, T,
-              qk_scale, DH: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
+def _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, e0h, b, h, bh, cols, n0, m0, dv, sqb, sqh, sqt, sdb, sdh,
+              sdt, T, qk_scale, DH: tl.constexpr, BM: tl.constexpr, NE: tl.constexpr, MASK: tl.constexpr,
+              PREC: tl.constexpr):
     rows = m0 + tl.arange(0, BM)
     rok = rows < T
     dd = tl.arange(0, DH)
@@ -369,7 +416,7 @@ def _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, b, h, bh, cols, m0, dv,
     do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdt + dd[None, :], mask=rok[:, None], other=0.0)
     lse = tl.load(LSE + bh * T + rows, mask=rok, other=float("inf"))  # padding rows: p = 0
     delta = tl.load(DELTA + bh * T + rows, mask=rok, other=0.0)
-    s = _logits2(q, k, fb, t2h, t2w, rows, cols, T, qk_scale, MASK, PREC)  # [rows, keys]
+    s = _logits2(q, k, fb, t2h, t2w, e0h, rows, cols, n0, T, qk_scale, NE, MASK, PREC)  # [rows, keys]
     p = tl.exp2(s - lse[:, None])  # 0 outside the triangle (s = -inf there) and on padding rows
     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
@@ -380,9 +427,9 @@ def _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, b, h, bh, cols, m0, dv,
 
 
 @triton.jit
-def _attn_bwd(Q, K, V, FB, T2, T2W, DO, LSE, DELTA, GB, DV, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
+def _attn_bwd(Q, K, V, FB, T2, T2W, E0, DO, LSE, DELTA, GB, DV, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
               sdb, sdh, sdt, T, nq, qk_scale, H: tl.constexpr, DH: tl.constexpr, BM: tl.constexpr,
-              BN: tl.constexpr, PREC: tl.constexpr):
+              BN: tl.constexpr, NE: tl.constexpr, PREC: tl.constexpr):
     """Key owner: G = P (dO V^T - delta) into the G buffer (the gradient of the logits), and dV. BN a
     multiple of BM: row blocks past the key block need no mask. T2W: the tile table of t2 for BM x BN
     tiles (nq tiles per head)."""
@@ -399,14 +446,15 @@ def _attn_bwd(Q, K, V, FB, T2, T2W, DO, LSE, DELTA, GB, DV, sqb, sqh, sqt, skb, 
     gb = GB + bh.to(tl.int64) * T * T
     t2h = T2 + h * (2 * T - 1) + T - 1
     t2w = T2W + (h * nq).to(tl.int64) * BM * BN
+    e0h = E0 + (h * T).to(tl.int64) * NE
     dv = tl.zeros([BN, DH], tl.float32)
     hi = tl.minimum(n0 + BN, T)
     for m0 in range(n0, hi, BM):
-        dv = _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, b, h, bh, cols, m0, dv, sqb, sqh, sqt, sdb, sdh,
-                       sdt, T, qk_scale, DH, BM, True, PREC)
+        dv = _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, e0h, b, h, bh, cols, n0, m0, dv, sqb, sqh, sqt,
+                       sdb, sdh, sdt, T, qk_scale, DH, BM, NE, True, PREC)
     for m0 in range(hi, T, BM):
-        dv = _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w + ((m0 - n0) // BM) * BM * BN, b, h, bh, cols, m0,
-                       dv, sqb, sqh, sqt, sdb, sdh, sdt, T, qk_scale, DH, BM, False, PREC)
+        dv = _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w + ((m0 - n0) // BM) * BM * BN, e0h, b, h, bh, cols,
+                       n0, m0, dv, sqb, sqh, sqt, sdb, sdh, sdt, T, qk_scale, DH, BM, NE, False, PREC)
     tl.store(DV + b * svb + h * svh + cols[:, None] * svt + dd[None, :], dv.to(DV.dtype.element_ty),
              mask=(cols < T)[:, None])
 
@@ -532,7 +580,7 @@ class _Weights:
     KP = pow2(k HP) tap x slot columns, KZ = pow2(k DP) tap x channel columns):
       w1c [KP, DP]   conv1 over its concatenated taps: row t HP + s = W1[:, s, 0, t]
       w2c [KP, DP]   conv2 transposed over its concatenated taps: row u HP + s = W2[s, :, 0, u]
-      w2z [KZ, HP]   conv2 over concatenated hidden taps: row u DP + c = W2[:, c, 0, u]
+      w2z [KZ, HP]   conv2 over concatenated hidden taps: row u DP + c = W2[:, c, 0, u] (w2f: the same in fp32)
       w1x [KZ, HP]   conv1 transposed over concatenated hidden taps: row u DP + c = W1[c, :, 0, k - 1 - u]
       t1 [2T - 1, DP], k0 [h, T, DP] fp32."""
 
@@ -545,14 +593,15 @@ class _Weights:
         w1 = w1s.detach().float()[:, :, 0, :]  # [D, H, KS]
         w2f = w2.detach().float()[:, :, 0, :]  # [H, D, KS]
 
-        def packed(rows, block, cols, value):
+        def packed(rows, block, cols, value, dtype=cdt):
             out = torch.zeros(rows, cols, device=dev)
             out[:KS * block].view(KS, block, cols)[:, :value.shape[1], :value.shape[2]] = value
-            return out.to(cdt).contiguous()
+            return out.to(dtype).contiguous()
 
         self.w1c = packed(self.KP, self.HP, self.DP, w1.permute(2, 1, 0))
         self.w2c = packed(self.KP, self.HP, self.DP, w2f.permute(2, 0, 1))
         self.w2z = packed(self.KZ, self.DP, self.HP, w2f.permute(2, 1, 0))
+        self.w2f = packed(self.KZ, self.DP, self.HP, w2f.permute(2, 1, 0), torch.float32)  # the edge taps'
         self.w1x = packed(self.KZ, self.DP, self.HP, w1.permute(2, 0, 1).flip(0))
         T = k0.shape[-1]
         self.t1 = torch.zeros(2 * T - 1, self.DP, device=dev)
@@ -607,6 +656,35 @@ def _t2_tiles(t2f, T: int, BM: int, BN: int):
     return row[:, idx], nq
 
 
+def flash_tables(t1, k0, w2, t2):
+    """What the flash kernels add to S + F buffer (fp32): t2 + g [H, 2T - 1] (g = residual_table) and
+    the edge term e0 [H, T, 2h] of keys j < 2h (an empty tensor for k = 1). The F buffer holds F - g
+    - e0 (_conv_z, _conv_f), bounded by conv of the scores; F itself is in the hundreds with a large
+    bias. e0[h, i, j] = sum_u W2_u (P - L)(i, j + u - h) over the keys < h that conv2 reads: L =
+    leaky(t1[i - key]) is what g assumes at every key, P the table part of the hidden map (0 left of
+    key 0, where conv2 reads zero padding; leaky(t1 - k0) at keys < h)."""
+    t1, k0, w2 = (x.detach().float() for x in (t1, k0, w2))
+    t2f = (t2.detach().float() + residual_table(t1, w2)).contiguous()
+    H, _, _, KS = w2.shape
+    half, T = KS // 2, t1.shape[1] // 2 + 1
+    if half == 0:
+        return t2f, t2f.new_zeros(1)
+    rows = torch.arange(T, device=t1.device)
+    e0 = t1.new_zeros(2 * half, H, T)
+    for j in range(2 * half):
+        for u in range(KS):
+            key = j + u - half
+            if key >= half:
+                continue
+            dist = rows - key
+            inside = dist < T  # t1 holds |distance| < T
+            t = t1[:, (dist + T - 1).clamp(max=2 * T - 2)] * inside
+            lt = torch.nn.functional.leaky_relu(t, 0.01)
+            diff = -lt if key < 0 else torch.nn.functional.leaky_relu(t - k0[key], 0.01) - lt
+            e0[j] += w2[:, :, 0, u] @ diff
+    return t2f, e0.permute(1, 2, 0).contiguous()
+
+
 def _tl_dtype(dtype):
     return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
 
@@ -639,7 +717,8 @@ def _conv_buffer(sb, wts, cfg):
             CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
     fb = new((B, wts.H, T, T), sb)
     BM, BN, nw, ns = cfg["conv_f"]
-    _staged(_conv_f, (triton.cdiv(T, BN), B), zb, fb, wts.w2z, T, KZ=wts.KZ, BM=BM, BN=BN, CDT=cdt, PREC=prec,
+    _staged(_conv_f, (triton.cdiv(T, BN), B), zb, fb, wts.w2z, wts.w2f, wts.t1, T, KZ=wts.KZ, BM=BM, BN=BN,
+            CDT=cdt, PREC=prec,
             num_warps=nw, num_stages=ns, **wts.meta())
     return fb
 
@@ -650,27 +729,27 @@ class DapeV2Skewed(torch.autograd.Function):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         B, H, T, DH = q.shape
         wts = _Weights(w1s, t1, k0, w2, q.dtype)
-        t2f = t2.detach().float().contiguous()
+        t2f, e0 = flash_tables(t1, k0, w2, t2)
         sb = _scores_buffer(q, k, cfg)
         fb = _conv_buffer(sb, wts, cfg)
         out = new_like(q)
         lse = new((B, H, T), q, torch.float32)
         BM, BN, nw, ns = cfg["attn_fwd"]
         t2w, nq = _t2_tiles(t2f, T, BM, BN)
-        _attn_fwd[(B * H, triton.cdiv(T, BM))](q, k, v, fb, t2f, t2w, out, lse, *strides(q), *strides(k),
+        _attn_fwd[(B * H, triton.cdiv(T, BM))](q, k, v, fb, t2f, t2w, e0, out, lse, *strides(q), *strides(k),
                                                *strides(v), *strides(out), T, nq, DH ** -0.5 * LOG2E, H=H, DH=DH,
-                                               BM=BM, BN=BN, PREC=dot_precision(q.dtype), num_warps=nw,
-                                               num_stages=ns)
+                                               BM=BM, BN=BN, NE=e0.shape[-1] if e0.dim() == 3 else 0,
+                                               PREC=dot_precision(q.dtype), num_warps=nw, num_stages=ns)
         del t2w
         kept = (sb, fb) if keep else (None, None)
-        ctx.save_for_backward(q, k, v, out, lse, t2f, *kept)
+        ctx.save_for_backward(q, k, v, out, lse, t2f, e0, *kept)
         ctx.wts, ctx.cfg, ctx.keep = wts, cfg, keep
         ctx.dtypes = (w1s.dtype, t1.dtype, k0.dtype, w2.dtype, t2.dtype)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, t2f, sb, fb = ctx.saved_tensors
+        q, k, v, out, lse, t2f, e0, sb, fb = ctx.saved_tensors
         wts, cfg = ctx.wts, ctx.cfg
         B, H, T, DH = q.shape
         if not ctx.keep:
@@ -686,9 +765,10 @@ class DapeV2Skewed(torch.autograd.Function):
         gb = new((B, H, T, T), q)
         BM, BN, nw, ns = cfg["attn_bwd"]
         t2w, nq = _t2_tiles(t2f, T, BM, BN)
-        _attn_bwd[(B * H, triton.cdiv(T, BN))](q, k, v, fb, t2f, t2w, dout, lse, delta, gb, dv, *strides(q),
+        _attn_bwd[(B * H, triton.cdiv(T, BN))](q, k, v, fb, t2f, t2w, e0, dout, lse, delta, gb, dv, *strides(q),
                                                *strides(k), *strides(v), *strides(dout), T, nq, scale * LOG2E, H=H,
-                                               DH=DH, BM=BM, BN=BN, PREC=prec, num_warps=nw, num_stages=ns)
+                                               DH=DH, BM=BM, BN=BN, NE=e0.shape[-1] if e0.dim() == 3 else 0, PREC=prec,
+                                               num_warps=nw, num_stages=ns)
         del fb, t2w
         gb = _slots_buffer(gb, cfg)
         cdt = _tl_dtype(wts.w1c.dtype)
@@ -734,8 +814,6 @@ def host_tables(w1, b1, w2, b2, table, T: int):
     """Rewrite A's tables (t1 [D, 2T - 1], k0 [k // 2, D, T], t2 [H, 2T - 1]) for these weights and
     bias table (or none: then the tables are the conv biases at every distance); what
     dape_v2_skewed takes as `tables` (the triton backend caches them for forward-only work)."""
-    from .reference import dape_v2_tables
-
     D, ks, H = w1.shape[0], w1.shape[-1], w2.shape[0]
     if table is not None:
         # in the weights' dtype also under autocast: a bf16 einsum would cost t1 (hundreds with
