@@ -132,8 +132,8 @@ def _near_table(T1, K0, i, j, T, DP: tl.constexpr, HALF: tl.constexpr, base):
 @triton.jit
 def _edge_taps(T1, i, j, T, KS: tl.constexpr, DP: tl.constexpr, KZ: tl.constexpr):
     """[pairs, KZ] fp32, laid out as _hidden_taps: leaky(t1[i - key]) at the keys >= T that conv2 reads
-    (the buffer reads 0 there, where the hidden map is z - leaky(t1) = -leaky(t1); residual_table
-    counts them; distances -h .. -1, so small: leaky(b1))."""
+    (the buffer reads 0 there, where residual_table counts z - leaky(t1) = -leaky(t1)); distances -h
+    .. -1, so small: conv1's bias and the bias table at distance 0)."""
     HALF: tl.constexpr = KS // 2
     col = tl.arange(0, KZ)
     key = j[:, None] - HALF + col[None, :] // DP
@@ -155,13 +155,13 @@ def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.co
     n0 = band * BN - HALF
     cc = tl.arange(0, DP)
     t1b = _band_table(T1, n0, T, BN, DP)
-    lt1 = tl.reshape(tl.broadcast_to(tl.where(t1b > 0, t1b, 0.01 * t1b)[None, :, :], (BM, BN, DP)), (BM * BN, DP))
+    lt1b = tl.where(t1b > 0, t1b, 0.01 * t1b)
     for i0 in range((tl.maximum(n0, 0) // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
         y, keyok = _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, HP, KS, DP, BM, BN, CDT, PREC)
         # the residual Z - leaky(table part of Y): bounded by conv1 of the scores, where Z itself is in
         # the hundreds with a large bias (ALiBi at long T); _conv_f and the host table g undo it
-        base = lt1
+        base = tl.reshape(tl.broadcast_to(lt1b[None, :, :], (BM, BN, DP)), (BM * BN, DP))
         if HALF > 0:
             if i0 < n0 + BN - 1 + HALF:  # keys j < h: the table part is t1 - k0 there
                 base = _near_table(T1, K0, i, j, T, DP, HALF, base)
@@ -172,11 +172,11 @@ def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.co
 
 
 @triton.jit
-def _conv_f(ZB, FB, W2Z, W2F, T1, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, DP: tl.constexpr,
+def _conv_f(ZB, FB, W2Z, T1, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, DP: tl.constexpr,
             KZ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
     """F - g - e0 = conv2 of the residual hidden buffer (one dot over conv2's concatenated taps per
-    tile), in tiles whose taps reach keys >= T minus conv2 of _edge_taps, into the F buffer; g[i - j]
-    and e0 (keys < 2h) are the flash kernels' (flash_tables)."""
+    tile; in tiles whose taps reach keys >= T, less _edge_taps), into the F buffer; g[i - j] and e0
+    (keys < 2h) are the flash kernels' (flash_tables)."""
     HALF: tl.constexpr = KS // 2
     band = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
@@ -187,10 +187,9 @@ def _conv_f(ZB, FB, W2Z, W2F, T1, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.c
     for i0 in range((n0 // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
         z = _hidden_taps(ZB, b, i, j, T, KS, DP, KZ)
-        f = tl.dot(z.to(CDT), w2, input_precision=PREC)
         if i0 + BM - 1 - n0 + HALF >= T:  # some tap reads a key >= T
-            w2f = tl.load(W2F + tl.arange(0, KZ)[:, None] * HP + ss[None, :])
-            f -= tl.dot(_edge_taps(T1, i, j, T, KS, DP, KZ), w2f, input_precision="ieee")
+            z -= _edge_taps(T1, i, j, T, KS, DP, KZ).to(z.dtype)
+        f = tl.dot(z.to(CDT), w2, input_precision=PREC)
         ok = (ss < H)[None, :] & ((n >= 0) & (n <= i) & (i < T))[:, None]
         tl.store(FB + (plane0 + ss.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None],
                  f.to(FB.dtype.element_ty), mask=ok)
@@ -580,7 +579,7 @@ class _Weights:
     KP = pow2(k HP) tap x slot columns, KZ = pow2(k DP) tap x channel columns):
       w1c [KP, DP]   conv1 over its concatenated taps: row t HP + s = W1[:, s, 0, t]
       w2c [KP, DP]   conv2 transposed over its concatenated taps: row u HP + s = W2[s, :, 0, u]
-      w2z [KZ, HP]   conv2 over concatenated hidden taps: row u DP + c = W2[:, c, 0, u] (w2f: the same in fp32)
+      w2z [KZ, HP]   conv2 over concatenated hidden taps: row u DP + c = W2[:, c, 0, u]
       w1x [KZ, HP]   conv1 transposed over concatenated hidden taps: row u DP + c = W1[c, :, 0, k - 1 - u]
       t1 [2T - 1, DP], k0 [h, T, DP] fp32."""
 
@@ -593,15 +592,14 @@ class _Weights:
         w1 = w1s.detach().float()[:, :, 0, :]  # [D, H, KS]
         w2f = w2.detach().float()[:, :, 0, :]  # [H, D, KS]
 
-        def packed(rows, block, cols, value, dtype=cdt):
+        def packed(rows, block, cols, value):
             out = torch.zeros(rows, cols, device=dev)
             out[:KS * block].view(KS, block, cols)[:, :value.shape[1], :value.shape[2]] = value
-            return out.to(dtype).contiguous()
+            return out.to(cdt).contiguous()
 
         self.w1c = packed(self.KP, self.HP, self.DP, w1.permute(2, 1, 0))
         self.w2c = packed(self.KP, self.HP, self.DP, w2f.permute(2, 0, 1))
         self.w2z = packed(self.KZ, self.DP, self.HP, w2f.permute(2, 1, 0))
-        self.w2f = packed(self.KZ, self.DP, self.HP, w2f.permute(2, 1, 0), torch.float32)  # the edge taps'
         self.w1x = packed(self.KZ, self.DP, self.HP, w1.permute(2, 0, 1).flip(0))
         T = k0.shape[-1]
         self.t1 = torch.zeros(2 * T - 1, self.DP, device=dev)
@@ -717,7 +715,7 @@ def _conv_buffer(sb, wts, cfg):
             CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
     fb = new((B, wts.H, T, T), sb)
     BM, BN, nw, ns = cfg["conv_f"]
-    _staged(_conv_f, (triton.cdiv(T, BN), B), zb, fb, wts.w2z, wts.w2f, wts.t1, T, KZ=wts.KZ, BM=BM, BN=BN,
+    _staged(_conv_f, (triton.cdiv(T, BN), B), zb, fb, wts.w2z, wts.t1, T, KZ=wts.KZ, BM=BM, BN=BN,
             CDT=cdt, PREC=prec,
             num_warps=nw, num_stages=ns, **wts.meta())
     return fb
