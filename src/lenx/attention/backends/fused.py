@@ -68,7 +68,7 @@ class Fused(Backend):
     def memory(self, parts, work):
         # DAPE V2 at a head dim the O(T) kernel cannot take falls back to the chunked reference
         # where the skewed buffers do not fit (_dape_v2_kernel): its memory is then the chunked one
-        if parts.processor is not None and _wide(parts.processor, work.head_dim):
+        if parts.processor is not None and parts.processor.op == "dape_v2" and _wide(parts.processor, work.head_dim):
             return Chunked().memory(parts, work)
         return super().memory(parts, work)
 

@@ -99,11 +99,17 @@ def _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, HP: tl.constexpr, KS: tl.const
         y += tl.dot(x.to(CDT), w1, input_precision=PREC)
     if HALF > 0:
         if i0 < n0 + BN - 1 + HALF:  # only tiles with keys j < h (a band's first rows)
-            # keys j < h read conv1's zero padding where the table t1 assumed bias entries
-            near = (j >= 0) & (j < HALF) & (i < T)
-            y -= tl.load(K0 + (j * T + i)[:, None] * DP + cc[None, :], mask=near[:, None], other=0.0)
+            y -= _near_k0(K0, i, j, T, DP, HALF)
     keyok = (j >= 0) & (j < T) & (i < T)
     return y, keyok
+
+
+@triton.jit
+def _near_k0(K0, i, j, T, DP: tl.constexpr, HALF: tl.constexpr):
+    """k0 at the pairs whose key j < h (they read conv1's zero padding where the table t1 assumed bias
+    entries), 0 elsewhere: [pairs, DP]."""
+    near = (j >= 0) & (j < HALF) & (i < T)
+    return tl.load(K0 + (j * T + i)[:, None] * DP + tl.arange(0, DP)[None, :], mask=near[:, None], other=0.0)
 
 
 @triton.jit
@@ -116,17 +122,6 @@ def _hidden_taps(HB, b, i, j, T, KS: tl.constexpr, DP: tl.constexpr, KZ: tl.cons
     ok = (col < KS * DP)[None, :] & (key >= 0) & (key < T) & (i < T)[:, None]
     base = HB + (b * T + i).to(tl.int64) * T * DP
     return tl.load(base[:, None] + key * DP + (col % DP)[None, :], mask=ok, other=0.0)
-
-
-@triton.jit
-def _near_table(T1, K0, i, j, T, DP: tl.constexpr, HALF: tl.constexpr, base):
-    """base [pairs, DP] with leaky(t1 - k0) at keys j < h (conv1's table part there: the padding left
-    of key 0 takes k0 out of t1), leaky(t1) elsewhere as given."""
-    cc = tl.arange(0, DP)
-    near = (j >= 0) & (j < HALF) & (i < T) & (i - j < T)
-    t = tl.load(T1 + (i - j + T - 1)[:, None] * DP + cc[None, :], mask=near[:, None], other=0.0)
-    t -= tl.load(K0 + (j * T + i)[:, None] * DP + cc[None, :], mask=near[:, None], other=0.0)
-    return tl.where(near[:, None], tl.where(t > 0, t, 0.01 * t), base)
 
 
 @triton.jit
@@ -155,17 +150,17 @@ def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.co
     n0 = band * BN - HALF
     cc = tl.arange(0, DP)
     t1b = _band_table(T1, n0, T, BN, DP)
-    lt1b = tl.where(t1b > 0, t1b, 0.01 * t1b)
     for i0 in range((tl.maximum(n0, 0) // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
         y, keyok = _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, HP, KS, DP, BM, BN, CDT, PREC)
-        # the residual Z - leaky(table part of Y): bounded by conv1 of the scores, where Z itself is in
-        # the hundreds with a large bias (ALiBi at long T); _conv_f and the host table g undo it
-        base = tl.reshape(tl.broadcast_to(lt1b[None, :, :], (BM, BN, DP)), (BM * BN, DP))
+        # the residual Z - P, P = leaky(the table part of Y: t1, less k0 at keys j < h): bounded by
+        # conv1 of the scores, where Z itself is in the hundreds with a large bias (ALiBi at long T);
+        # the flash kernels add conv2(P) back (flash_tables)
+        part = tl.reshape(tl.broadcast_to(t1b[None, :, :], (BM, BN, DP)), (BM * BN, DP))
         if HALF > 0:
-            if i0 < n0 + BN - 1 + HALF:  # keys j < h: the table part is t1 - k0 there
-                base = _near_table(T1, K0, i, j, T, DP, HALF, base)
-        z = tl.where(y > 0, y, 0.01 * y) - base
+            if i0 < n0 + BN - 1 + HALF:
+                part -= _near_k0(K0, i, j, T, DP, HALF)
+        z = tl.where(y > 0, y, 0.01 * y) - tl.where(part > 0, part, 0.01 * part)
         ok = keyok & (n >= -HALF)
         ptr = ZB + (b * T + i).to(tl.int64)[:, None] * T * DP + (j * DP)[:, None] + cc[None, :]
         tl.store(ptr, z.to(ZB.dtype.element_ty), mask=ok[:, None])
