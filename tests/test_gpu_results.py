@@ -53,7 +53,7 @@ def test_kernel_hash_covers_kernel_code_only(tmp_path, monkeypatch):
 
 
 def test_kernel_hash_covers_host_tables_and_routing(tmp_path, monkeypatch):
-    """dape_v2_tables (what the fused kernels read) and the routing in fused.py decide what runs
+    """dape_v2_tables and residual_table (what the fused kernels read) and the routing in fused.py decide what runs
     on the GPU: changing either's code changes the hash; other reference code does not."""
     import shutil
 
@@ -72,6 +72,10 @@ def test_kernel_hash_covers_host_tables_and_routing(tmp_path, monkeypatch):
     assert runinfo.kernel_sources_hash() != before
     reference.write_text(text)
     assert runinfo.kernel_sources_hash() == before
+    head, resid = text.split("def residual_table", 1)  # g, which the skewed and Gluon kernels read through t2
+    reference.write_text(head + "def residual_table" + resid.replace("t1.float(), 0.01", "t1.float(), 0.02", 1))
+    assert runinfo.kernel_sources_hash() != before
+    reference.write_text(text)
     fused = tmp_path / "attention" / "backends" / "fused.py"
     fused.write_text(fused.read_text() + "\nROUTE_CHANGED = 1\n")
     assert runinfo.kernel_sources_hash() != before

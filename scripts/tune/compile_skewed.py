@@ -28,7 +28,7 @@ def main():
     mod = importlib.import_module(a.module)
     H, HP, D, DP, KS, DH = 12, 16, 32, 32, 3, 64
     conv = dict(H=H, HP=HP, KS=KS, DP=DP, CDT=tl.bfloat16, PREC="tf32")
-    flash = dict(H=H, HP=HP, DH=DH, PREC="tf32")
+    flash = dict(H=H, HP=HP, DH=DH, NE=2 * (KS // 2), PREC="tf32")  # NE: the edge term's keys (k 3: 2)
     out = {"triton": triton.__version__, "module": a.module}
     for name, tiles in mod.CONFIG.items():
         fn = getattr(mod, "_" + name, None)

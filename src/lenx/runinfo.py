@@ -76,7 +76,7 @@ def kernel_sources_hash() -> str:
 
 # (file under src/lenx, its top-level functions hashed, or None: all of it) added to the kernel hash
 HASHED_CODE = (
-    ("ops/dape_v2/reference.py", ("dape_v2_tables",)),
+    ("ops/dape_v2/reference.py", ("dape_v2_tables", "residual_table")),
     ("attention/backends/fused.py", None),
 )
 

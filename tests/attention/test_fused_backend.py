@@ -77,24 +77,21 @@ def test_dape_v2_forward_only_work_picks_gluon_only_where_it_can(monkeypatch):
     from lenx.ops.dape_v2 import gluon
 
     proc = DapeV2(12, 32, 3)
-    w = [x.detach() for x in proc.conv_weights()]
     q = torch.randn(1, 12, 8, 64).to(torch.bfloat16)
     monkeypatch.setattr(gluon, "unsupported_reason", lambda *a: None)  # as on an H100/H200 with triton 3.6
-    assert fused._use_gluon(q, q, q, w, None, proc)
-    with torch.no_grad():
-        assert fused._use_gluon(q, q, q, proc.conv_weights(), None, proc)
-    assert not fused._use_gluon(q, q, q, proc.conv_weights(), None, proc)  # conv weights need gradients
-    with torch.no_grad():
-        assert fused._use_gluon(q, q, q, w, None, DapeV2(12, 32, 1))
-    assert not fused._use_gluon(q.requires_grad_(), q, q, w, None, proc)
+    monkeypatch.setenv("LENX_DAPE_V2_SKEWED", "0")
+    assert fused._use_gluon(q, proc)
+    assert fused._dape_v2_kernel(q, proc, grad=False) == "gluon"
+    assert fused._dape_v2_kernel(q, proc, grad=True) == "triton"  # something needs a gradient
+    assert fused._use_gluon(q, DapeV2(12, 32, 1))
     monkeypatch.setenv("LENX_DAPE_V2_GLUON", "0")
-    with torch.no_grad():
-        assert not fused._use_gluon(q, q, q, w, None, proc)
+    assert not fused._use_gluon(q, proc)
+    assert fused._dape_v2_kernel(q, proc, grad=False) == "triton"
     monkeypatch.undo()
     # on this machine (no sm_90 GPU, or another triton) the real check says why not
-    reason = gluon.unsupported_reason(q.detach(), 12, 32, 3)
+    reason = gluon.unsupported_reason(q, 12, 32, 3)
     if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
-        assert reason is not None and not fused._use_gluon(q.detach(), q, q, w, None, proc)
+        assert reason is not None and not fused._use_gluon(q, proc)
 
 
 def test_forward_kernel_names_what_run_would_use(monkeypatch):
@@ -147,29 +144,36 @@ def test_parts_record_the_kernel_that_ran(monkeypatch, tmp_path):
 
 def test_skewed_plan_follows_free_memory(monkeypatch):
     """Gradient work takes the skewed kernels with their buffers kept when six buffers fit in free
-    memory, recomputed when four fit, else the O(T)-memory Triton kernel; forward-only work never."""
+    memory, recomputed when four fit, else the O(T)-memory Triton kernel; forward-only work only at
+    a head dim the Triton kernel cannot take (wide), when three fit."""
     from lenx.attention.backends import fused
     from lenx.ops.dape_v2.skewed import buffer_bytes
 
-    q = torch.randn(2, 12, 64, 64).to(torch.bfloat16).requires_grad_()
-    w = DapeV2(12, 32, 3).conv_weights()
+    q = torch.randn(2, 12, 64, 64).to(torch.bfloat16)
     need = buffer_bytes(2, 12, 64, torch.bfloat16)
     hidden = buffer_bytes(2, 12, 64, torch.bfloat16, channels=32)
-    q_cuda = type("FakeCuda", (), {"shape": q.shape, "dtype": q.dtype, "device": torch.device("cuda"),
-                                   "requires_grad": True})()
-    for free, plan in ((6 * need + hidden, "keep"), (6 * need + hidden - 1, "recompute"),
-                       (4 * need + hidden, "recompute"), (4 * need + hidden - 1, None)):
-        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev, free=free: (free - 1000, 10 * free))
+    q_cuda = type("FakeCuda", (), {"shape": q.shape, "dtype": q.dtype, "device": torch.device("cuda")})()
+
+    def plan(free, grad, wide=False, D=32):
+        monkeypatch.setattr(torch.cuda, "mem_get_info", lambda dev: (free - 1000, 10 * free))
         monkeypatch.setattr(torch.cuda, "memory_reserved", lambda dev: 3000)
         monkeypatch.setattr(torch.cuda, "memory_allocated", lambda dev: 2000)
-        assert fused._skewed_plan(q_cuda, q, q, w, None) == plan, free
-    with torch.no_grad():
-        assert fused._skewed_plan(q_cuda, q, q, w, None) is None
+        return fused._skewed_plan(q_cuda, D, grad, wide)
+
+    for free, want in ((6 * need + hidden, "keep"), (6 * need + hidden - 1, "recompute"),
+                       (4 * need + hidden, "recompute"), (4 * need + hidden - 1, None)):
+        assert plan(free, True) == want, free
+        assert plan(free, False) is None  # forward only: the Gluon or Triton forward
+    assert plan(2 * need + hidden, False, wide=True) == "forward"
+    assert plan(2 * need + hidden - 1, False, wide=True) is None
+    # the hidden buffer is allocated with at least 16 channels (pow2(D, 16)): D 8 counts 16, not 8
+    small = buffer_bytes(2, 12, 64, torch.bfloat16, channels=16)
+    assert plan(4 * need + small - 1, True, D=8) is None
     for mode in ("keep", "recompute"):
         monkeypatch.setenv("LENX_DAPE_V2_SKEWED", mode)
-        assert fused._skewed_plan(q_cuda, q, q, w, None) == mode
+        assert plan(0, True) == mode
     monkeypatch.setenv("LENX_DAPE_V2_SKEWED", "0")
-    assert fused._skewed_plan(q_cuda, q, q, w, None) is None
+    assert plan(10 * need, True) is None and plan(10 * need, False, wide=True) is None
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ from helpers import assert_close
 from kernel_cases import CUDA, DEVICE, GPU_T, batch_for, bias_table, bounds_checked, causal_gap
 from lenx.ops.biased_softmax.reference import table_bias
 from lenx.ops.dape_v2.reference import dape_v2_scores, dape_v2_tables
+from test_dape_v2_large_bias import flash_bias
 from test_dape_v2 import conv_weights, run_dape
 
 pytest.importorskip("triton")
@@ -45,9 +46,16 @@ def test_skewed_fp32(T, H, d, ks, D, kind):
 
 
 @pytest.mark.parametrize("T,H,d,ks,D,kind", [(17, 3, 16, 3, 8, "kerple"), (64, 12, 16, 3, 32, "kerple"),
-                                             (33, 2, 32, 7, 8, None)])
+                                             (33, 2, 32, 7, 8, None), (21, 2, 128, 3, 8, "alibi")])
 def test_skewed_fp16(T, H, d, ks, D, kind):
     run_dape(1, H, T, d, ks, D, kind, torch.float16, op=skewed.dape_v2_skewed)
+
+
+@pytest.mark.parametrize("T,ks,kind", [(1, 3, "kerple"), (37, 3, "kerple"), (20, 5, None)])
+def test_skewed_head_dim_128(T, ks, kind):
+    """d = 128, which the O(T) kernel cannot take (the backend routes it here): one head's q and k
+    tiles at a time."""
+    run_dape(1, 2, T, 128, ks, 8, kind, torch.float32, op=skewed.dape_v2_skewed)
 
 
 def test_skewed_recompute_and_small_tiles():
@@ -67,8 +75,9 @@ def test_skewed_recompute_and_small_tiles():
 @pytest.mark.parametrize("ks", [1, 3, 5])
 def test_buffers_hold_scores_and_residual_logits(ks):
     """The index maps: the S buffer is Q K^T / sqrt(d) at (b, i, j, slot h), its padded slots zero,
-    and the F buffer conv2(...) without its bias at (b, h, i, j), on and below the diagonal, for a
-    sequence that spans several bands."""
+    and the F buffer conv2(...) without its bias, less the residual table g[h, i - j] and the edge
+    term e0 (keys < 2h), at (b, h, i, j), on and below the diagonal, for a sequence that spans
+    several bands."""
     B, H, T, d, D = 2, 3, 41, 16, 8
     q, k = (torch.randn(B, H, T, d, device=DEVICE) for _ in range(2))
     w1, b1, w2, b2 = (x.to(DEVICE).float() for x in conv_weights(H, D, ks, True))
@@ -82,6 +91,8 @@ def test_buffers_hold_scores_and_residual_logits(ks):
     S = q @ k.transpose(-1, -2) / math.sqrt(d)
     bias = table_bias(table, pos, pos)
     f = dape_v2_scores(S, bias, w1, b1, w2, b2, pos, pos) - S - bias - b2[:, None, None]
+    t2f, e0 = skewed.flash_tables(t1, k0, w2, t2)  # F - g - e0: their sum is what the flash kernels add
+    f = f - (flash_bias(t2f, e0, T) - table_bias(t2, pos, pos))
     assert sb.shape == (B, T, T, 16)
     assert_close(sb[..., :H].permute(0, 3, 1, 2)[..., causal], S[..., causal], 1e-6, "S buffer")
     assert torch.equal(sb[:, causal][..., H:], torch.zeros_like(sb[:, causal][..., H:]))
@@ -195,14 +206,26 @@ def test_gpu_skewed_kerple(T):
     (17, 16, 64, 5, 32, "kerple"),
     (1000, 12, 64, 7, 32, "kerple"),
     (2048, 12, 128, 3, 32, "kerple"),
+    # d = 128 (the backend routes it here): T 1, odd T, ALiBi, k 5 at 16 heads
+    (1, 12, 128, 3, 32, "kerple"),
+    (111, 12, 128, 3, 32, "kerple"),
+    (1000, 12, 128, 3, 32, "alibi"),
+    (300, 16, 128, 5, 32, "kerple"),
+    (1000, 4, 128, 1, 16, None),
 ])
 def test_gpu_skewed_shapes(T, H, d, ks, D, kind):
     run_dape(2, H, T, d, ks, D, kind, torch.bfloat16, op=skewed.dape_v2_skewed)
 
 
 @pytest.mark.gpu
-def test_gpu_skewed_recompute():
-    run_dape(2, 12, 1000, 64, 3, 32, "kerple", torch.bfloat16, op=recompute)
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_skewed_recompute(d):
+    run_dape(2, 12, 1000, d, 3, 32, "kerple", torch.bfloat16, op=recompute)
+
+
+@pytest.mark.gpu
+def test_gpu_skewed_head_dim_128_fp32():
+    run_dape(1, 3, 300, 128, 3, 8, "kerple", torch.float32, op=skewed.dape_v2_skewed)
 
 
 def test_conv_stages_drop_to_what_fits_in_shared_memory(monkeypatch):

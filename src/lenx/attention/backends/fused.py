@@ -6,10 +6,13 @@ bias or processor (any remainder mode: the module applies it). Shapes the planne
 (head dim when unknown, T) are checked again when the kernel is called. DAPE V2's forward-only work
 goes to the Gluon forward on sm_90 where it covers the shape (`_use_gluon`), work that needs its
 gradient to the skewed training kernels where their buffers fit (`_skewed_plan`), the rest to the
-O(T)-memory Triton kernel.
+O(T)-memory Triton kernel. A head dim that kernel cannot take (128) goes to the
+skewed kernels, forward only included, where their buffers fit, else to the chunked reference.
+Forward-only work reuses its host tables between calls with the same weights (ops.dape_v2.tables).
 
 Its memory is the default O(T) (Backend.memory): the skewed kernels take their T x T buffers only
-where the device has them free when the step runs (`_skewed_plan`), so no step needs them.
+where the device has them free when the step runs (`_skewed_plan`), so no step needs them; the
+chunked reference's where DAPE V2's head dim can fall back to it.
 """
 
 import importlib.util
@@ -19,6 +22,7 @@ import torch
 
 from ...ops._launch import HEAD_DIMS
 from .base import Backend
+from .reference import Chunked, chunked_attention
 
 
 class Fused(Backend):
@@ -51,98 +55,146 @@ class Fused(Backend):
             return f"no fused Triton kernel for the {type(proc).__name__} score processor"
         if proc.leak:
             return "the fused DAPE V2 kernel is leak-free only (leak=True is the dense/chunked experiment)"
-        from ...ops.dape_v2.triton import shape_unsupported_reason
+        from ...ops.dape_v2.triton import conv_unsupported_reason
 
-        # Through the bare op API the head dim is unknown here; the kernel checks it again when called.
-        return shape_unsupported_reason(proc.num_heads, parts.head_dim or 16, proc.hidden, proc.kernel_size)
+        # The head dim: the Triton kernel where it takes it, else the skewed kernels or the chunked
+        # reference (_dape_v2_kernel); through the bare op API it is unknown here.
+        return conv_unsupported_reason(proc.num_heads, proc.hidden, proc.kernel_size)
 
     def describe(self, parts):
         if parts.processor is not None and parts.normaliser.name == "softmax":
-            return "training: skewed where its buffers fit, else triton; forward only: gluon on sm_90, else triton"
+            return ("training: skewed where its buffers fit, else triton; forward only: gluon on sm_90, else triton; "
+                    "head dim 128 (the triton kernel cannot take it): skewed where its buffers fit, else chunked")
         return None
+
+    def memory(self, parts, work):
+        # DAPE V2 at a head dim the O(T) kernel cannot take falls back to the chunked reference
+        # where the skewed buffers do not fit (_dape_v2_kernel): its memory is then the chunked one
+        if parts.processor is not None and parts.processor.op == "dape_v2" and _wide(parts.processor, work.head_dim):
+            return Chunked().memory(parts, work)
+        return super().memory(parts, work)
 
     def run(self, q, k, v, parts, chunk_size=256):
         if parts.normaliser.name == "stickbreaking":
             from ...ops.stickbreaking.triton import stickbreaking_triton
 
             return stickbreaking_triton(q, k, v, parts.normaliser.attend_current)
-        table = parts.bias.table(q.shape[-2], q.device) if parts.bias is not None else None
         if parts.processor is not None:
-            weights = parts.processor.conv_weights()
-            kernel = parts.processor.kernel = _dape_v2_kernel(q, k, v, weights, table, parts.processor)
-            if kernel == "gluon":
-                from ...ops.dape_v2.gluon import dape_v2_gluon_forward
-
-                return dape_v2_gluon_forward(q, k, v, *weights, table)[0], None
-            if kernel.startswith("skewed"):
-                from ...ops.dape_v2.skewed import dape_v2_skewed
-
-                return dape_v2_skewed(q, k, v, *weights, table, keep=kernel == "skewed (keep)"), None
-            from ...ops.dape_v2.triton import dape_v2_triton
-
-            return dape_v2_triton(q, k, v, *weights, table), None
+            return _dape_v2(q, k, v, parts, chunk_size)
         from ...ops.biased_softmax.triton import biased_attention
 
+        table = parts.bias.table(q.shape[-2], q.device) if parts.bias is not None else None
         # a bias may let the kernel give its parameters their gradients more cheaply (Kerple, T5)
         return biased_attention(q, k, v, table, **parts.bias.fused_grad_args() if parts.bias is not None else {}), None
 
 
+def _sources(parts):
+    """The leaf tensors DAPE V2's host tables derive from: the conv weights, the bias's parameters
+    and buffers (its table is built from them on every call)."""
+    bias = [*parts.bias.parameters(), *parts.bias.buffers()] if parts.bias is not None else []
+    return [*parts.processor.conv_weights(), *bias]
+
+
+def _dape_v2(q, k, v, parts, chunk_size):
+    from ...ops.dape_v2.tables import cached
+
+    proc = parts.processor
+    weights = proc.conv_weights()
+    sources = _sources(parts)
+    B, H, T, _ = q.shape
+    key = (id(parts.bias), T, q.device)
+
+    def table():
+        return parts.bias.table(T, q.device) if parts.bias is not None else None
+
+    kernel = proc.kernel = _dape_v2_kernel(q, proc, _needs_grad((q, k, v, *sources)))
+    if kernel == "gluon":  # forward only: its host operands cached (tables.cached) between calls
+        from ...ops.dape_v2 import gluon
+
+        prepared = cached(sources, ("gluon",) + key, lambda: gluon.prepare(*weights, table(), T, H, q.device))
+        return gluon.dape_v2_gluon_forward(q, k, v, *weights, prepared=prepared)[0], None
+    if kernel.startswith("skewed"):
+        from ...ops.dape_v2 import skewed
+
+        tab = table()
+        tables = cached(sources, ("skewed",) + key, lambda: skewed.host_tables(*weights, tab, T))
+        return skewed.dape_v2_skewed(q, k, v, *weights, tab, keep=kernel == "skewed (keep)", tables=tables), None
+    if kernel == "chunked":
+        return chunked_attention(q, k, v, parts, chunk_size)
+    from ...ops.dape_v2.triton import dape_v2_triton
+
+    return dape_v2_triton(q, k, v, *weights, table()), None
+
+
 def forward_kernel(q, k, v, parts) -> str:
-    """Which kernel this backend's run() would use for these operands ("gluon", "skewed" or "triton"),
-    so that a benchmark can say what it timed (call it under the same grad mode as run())."""
+    """Which kernel this backend's run() would use for these operands ("gluon", "skewed", "triton" or
+    "chunked"), so that a benchmark can say what it timed (call it under the same grad mode as run())."""
     if parts.processor is None or parts.normaliser.name == "stickbreaking":
         return "triton"
-    table = parts.bias.table(q.shape[-2], q.device) if parts.bias is not None else None
-    return _dape_v2_kernel(q, k, v, parts.processor.conv_weights(), table, parts.processor).split(" ")[0]
+    return _dape_v2_kernel(q, parts.processor, _needs_grad((q, k, v, *_sources(parts)))).split(" ")[0]
 
 
-def _dape_v2_kernel(q, k, v, weights, table, proc) -> str:
-    """The kernel for DAPE V2 work: "gluon" (forward only, _use_gluon), "skewed (keep)" or "skewed
-    (recompute)" (work that needs a gradient, where the buffers fit: _skewed_plan), else "triton"."""
-    if _use_gluon(q, k, v, weights, table, proc):
+def _dape_v2_kernel(q, proc, grad: bool) -> str:
+    """The kernel for DAPE V2 work: "gluon" (forward only, _use_gluon), "skewed (keep)",
+    "skewed (recompute)" or "skewed (forward)" (where the buffers fit: _skewed_plan), else "triton"
+    (the O(T)-memory kernel), or "chunked" (the reference in blocks of rows) where that kernel cannot
+    take the head dim (_wide)."""
+    if not grad and _use_gluon(q, proc):
         return "gluon"
-    plan = _skewed_plan(q, k, v, weights, table)
-    return "triton" if plan is None else f"skewed ({plan})"
+    wide = _wide(proc, q.shape[-1])
+    plan = _skewed_plan(q, proc.hidden, grad, wide)
+    if plan is not None:
+        return f"skewed ({plan})"
+    return "chunked" if wide else "triton"
+
+
+def _wide(proc, head_dim) -> bool:
+    """Whether the O(T) Triton kernel cannot take this head dim (it holds a q tile for every head, at
+    least 16 slots: 128 is too wide), while the skewed kernels, one head at a time, can."""
+    from ...ops.dape_v2.triton import shape_unsupported_reason
+
+    return head_dim is not None and shape_unsupported_reason(proc.num_heads, head_dim, proc.hidden,
+                                                            proc.kernel_size) is not None
 
 
 def _needs_grad(operands) -> bool:
     return torch.is_grad_enabled() and any(x.requires_grad for x in operands)
 
 
-def _skewed_plan(q, k, v, weights, table) -> str | None:
+def _skewed_plan(q, hidden: int, grad: bool, wide: bool) -> str | None:
     """Work that needs DAPE V2's gradient goes to the skewed kernels (lenx.ops.dape_v2.skewed) where
     their T x T buffers fit in the device's free memory: "keep" (the forward keeps its two buffers
     for the backward) when six buffers fit, "recompute" when four do (the backward's peak), else
     None (the O(T)-memory Triton kernel, 10-11x slower at the 125m training shapes: notes/kernels.md).
-    Forward-only work never takes them. LENX_DAPE_V2_SKEWED=0 keeps the Triton kernel, =keep or
-    =recompute forces that mode."""
+    Forward-only work takes them ("forward", three buffers) only at a head dim the Triton kernel
+    cannot take (wide; else it is the Gluon or Triton forward's). LENX_DAPE_V2_SKEWED=0 keeps the
+    Triton kernel (or the chunked reference where it cannot run), =keep or =recompute forces that mode."""
     mode = os.environ.get("LENX_DAPE_V2_SKEWED", "auto")
-    operands = (q, k, v, *weights) + ((table,) if table is not None else ())
-    if mode == "0" or not _needs_grad(operands):
+    if mode == "0" or not (grad or wide):
         return None
-    if mode in ("keep", "recompute"):
+    if grad and mode in ("keep", "recompute"):
         return mode
     if q.device.type != "cuda":  # Triton's interpreter (the CPU tests)
-        return "keep"
+        return "keep" if grad else "forward"
     from ...ops.dape_v2.skewed import buffer_bytes
 
     B, H, T, _ = q.shape
     need = buffer_bytes(B, H, T, q.dtype)
-    hidden = buffer_bytes(B, H, T, q.dtype, channels=1 << max(0, weights[0].shape[0] - 1).bit_length())
+    hidden = buffer_bytes(B, H, T, q.dtype, channels=max(16, 1 << max(0, hidden - 1).bit_length()))
     free = torch.cuda.mem_get_info(q.device)[0] + torch.cuda.memory_reserved(q.device) - torch.cuda.memory_allocated(q.device)
+    if not grad:
+        return "forward" if 2 * need + hidden <= free else None
     if 6 * need + hidden <= free:
         return "keep"
     return "recompute" if 4 * need + hidden <= free else None
 
 
-def _use_gluon(q, k, v, weights, table, proc) -> bool:
+def _use_gluon(q, proc) -> bool:
     """The DAPE V2 forward goes to the Gluon kernel (lenx.ops.dape_v2.gluon; on an H200 with its host
     tables 1.60-1.65x faster than the Triton one at k 3 and 1.01-1.12x at k 1, results/bench/
     h200_gluon_fwd_8warps) where nothing needs a gradient (it has no backward yet: evaluation,
     generation) and it covers the shape. LENX_DAPE_V2_GLUON=0 keeps the Triton kernel."""
     if os.environ.get("LENX_DAPE_V2_GLUON", "1") == "0":
-        return False
-    if _needs_grad((q, k, v, *weights) + ((table,) if table is not None else ())):
         return False
     from ...ops.dape_v2 import gluon
 

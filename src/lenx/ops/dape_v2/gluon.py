@@ -44,8 +44,8 @@ input, as in KERNEL_PLAN.md section 2); the logits use fp32 scores and an fp16 r
 Residual hidden map. With a large bias table (ALiBi at T 1000: |t1| ~ 600) the hidden map z and f are
 in the hundreds, and fp16 z and f cost logit errors of ~0.1 (rel err 0.03 on the GPU). So conv2 gets
 z - leaky(t1[c, i - u]) (at every key u of the window, the padding keys included), which is bounded by
-conv1 of the scores; its conv2 is f - g with g[h, i - j] = conv2 of leaky(t1) (residual_table: a
-per-distance table, exact because the subtracted map depends on i - u only), and the host folds g
+conv1 of the scores; its conv2 is f - g with g[h, i - j] = conv2 of leaky(t1) (reference.residual_table:
+a per-distance table, exact because the subtracted map depends on i - u only), and the host folds g
 into t2 (fp32).
 
 torch is imported lazily and triton's Gluon under a guard (the kernels are defined only where its
@@ -534,26 +534,6 @@ if _GLUON_ERROR is None:
             gl.store(LSE + (b * H + h) * T + s_rows, m + gl.log(l), mask=r_ok)
 
 
-def residual_table(t1, w2):
-    """g [H, 2T - 1] (entry (i - j) + T - 1): conv2 of the hidden map's table part,
-
-        g[h, n] = sum_{t, c} w2[h, c, 0, t] leaky_relu(t1[c, n - t + k // 2], 0.01)   (t1 = 0 beyond |n| < T)
-
-    The kernel feeds conv2 the residual z - leaky_relu(t1[c, i - u]) at every key u of a window (keys
-    outside [0, T) included, where z = 0; t1 read as 0 at |i - u| >= T, as the kernel loads it), so its
-    f is f - g[i - j] exactly, and g goes into t2. With a large bias table (ALiBi: |t1| ~ slope x T) z
-    and f are in the hundreds and fp16 would cost logit errors of ~0.1; the residuals are bounded by
-    conv1 of the scores (|leaky(a + b) - leaky(b)| <= |a|), so fp16 keeps them to ~1e-3."""
-    import torch
-    from torch.nn import functional as F
-
-    h = w2.shape[-1] // 2
-    n = t1.shape[1]
-    lt = F.pad(F.leaky_relu(t1, 0.01), (h, h))   # leaky(0) = 0: padding after the LeakyReLU is the same
-    return sum(torch.einsum("hc,cn->hn", w2[:, :, 0, t], lt[:, 2 * h - t: 2 * h - t + n])
-               for t in range(w2.shape[-1]))
-
-
 def prepare(w1, b1, w2, b2, table, T: int, H: int, device):
     """Host-side operands: W1A, W2A (fp16), t1 [D, 2T - 1], k0 [max(k // 2, 1), D, T], t2 + g
     [H, 2T - 1] (fp32, contiguous; g = residual_table). Without a bias table, a zero table with zero
@@ -567,7 +547,7 @@ def prepare(w1, b1, w2, b2, table, T: int, H: int, device):
 def _prepare(w1, b1, w2, b2, table, T: int, H: int, device):
     import torch
 
-    from .reference import dape_v2_tables
+    from .reference import dape_v2_tables, residual_table
 
     f32 = torch.float32
     if table is None:
@@ -612,9 +592,10 @@ def _aligned(x):
     return x if ok else x.clone(memory_format=torch.contiguous_format)
 
 
-def dape_v2_gluon_forward(q, k, v, w1, b1, w2, b2, table=None):
+def dape_v2_gluon_forward(q, k, v, w1, b1, w2, b2, table=None, prepared=None):
     """Forward of causal DAPE V2 attention, q, k, v [B, H, T, 64] bf16 on an sm_90 GPU; returns
-    (o [B, H, T, 64] bf16, lse [B, H, T] fp32, natural log), like the Triton kernel's forward."""
+    (o [B, H, T, 64] bf16, lse [B, H, T] fp32, natural log), like the Triton kernel's forward.
+    prepared: prepare()'s operands for these weights, table and T, if the caller has them (tables.cached)."""
     import torch
 
     B, H, T, dh = q.shape
@@ -623,7 +604,7 @@ def dape_v2_gluon_forward(q, k, v, w1, b1, w2, b2, table=None):
         raise NotImplementedError(f"gluon DAPE V2 forward: d 64, H <= 16, D <= 32, k in (1, 3), bf16 only "
                                   f"(got d {dh}, H {H}, D {D}, k {ks}, {q.dtype})")
     q, k, v = (_aligned(x) for x in (q, k, v))
-    W1A, W2A, t1, k0, t2 = prepare(w1, b1, w2, b2, table, T, H, q.device)
+    W1A, W2A, t1, k0, t2 = prepared if prepared is not None else prepare(w1, b1, w2, b2, table, T, H, q.device)
     o = torch.empty_like(q)
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
     grid = ((T + BM - 1) // BM, B)

@@ -90,6 +90,24 @@ def dape_v2_tables(w1, b1, b2, table, T: int):
     return t1, k0, table + b2[:, None]
 
 
+def residual_table(t1, w2):
+    """g [H, 2T - 1] (entry (i - j) + T - 1): conv2 of the hidden map's table part,
+
+        g[h, n] = sum_{t, c} w2[h, c, 0, t] leaky_relu(t1[c, n - t + k // 2], 0.01)   (t1 = 0 beyond |n| < T)
+
+    The fused kernels feed conv2 the residual z - leaky_relu(t1[c, i - u]) at every key u (keys
+    outside [0, T) included, where z = 0; t1 read as 0 at |i - u| >= T), so their f is f - g[i - j]
+    exactly, and g goes into t2 (fp32). With a large bias table (ALiBi: |t1| ~ slope x T) z and f are
+    in the hundreds, and fp16 or bf16 would cost logit errors of 0.1-1; the residuals are bounded by
+    conv1 of the scores (|leaky(a + b) - leaky(b)| <= |a|). fp32 also under autocast."""
+    h = w2.shape[-1] // 2
+    n = t1.shape[1]
+    with torch.autocast(t1.device.type, enabled=False):
+        lt = F.pad(F.leaky_relu(t1.float(), 0.01), (h, h))  # leaky(0) = 0: padding after the LeakyReLU is the same
+        return sum(torch.einsum("hc,cn->hn", w2[:, :, 0, t].float(), lt[:, 2 * h - t: 2 * h - t + n])
+                   for t in range(w2.shape[-1]))
+
+
 def dape_v2_scores_tabled(scores, w1, t1, k0, w2, t2, q_pos, k_pos):
     """dape_v2_scores with a per-distance bias, through rewrite A: scores [B, H, Tq, Tk] (scaled), the
     score channels' conv1 weights w1 [D, H, 1, k], the tables of dape_v2_tables, conv2's weight w2

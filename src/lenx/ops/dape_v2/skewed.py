@@ -41,6 +41,7 @@ import triton.language as tl
 from triton.runtime.errors import OutOfResources
 
 from .._launch import LOG2E, check_dape_v2_weights, check_qkv, dot_precision, new, new_like, pow2, strides
+from .reference import dape_v2_tables, residual_table
 
 LN2 = 0.6931471805599453
 
@@ -98,11 +99,17 @@ def _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, HP: tl.constexpr, KS: tl.const
         y += tl.dot(x.to(CDT), w1, input_precision=PREC)
     if HALF > 0:
         if i0 < n0 + BN - 1 + HALF:  # only tiles with keys j < h (a band's first rows)
-            # keys j < h read conv1's zero padding where the table t1 assumed bias entries
-            near = (j >= 0) & (j < HALF) & (i < T)
-            y -= tl.load(K0 + (j * T + i)[:, None] * DP + cc[None, :], mask=near[:, None], other=0.0)
+            y -= _near_k0(K0, i, j, T, DP, HALF)
     keyok = (j >= 0) & (j < T) & (i < T)
     return y, keyok
+
+
+@triton.jit
+def _near_k0(K0, i, j, T, DP: tl.constexpr, HALF: tl.constexpr):
+    """k0 at the pairs whose key j < h (they read conv1's zero padding where the table t1 assumed bias
+    entries), 0 elsewhere: [pairs, DP]."""
+    near = (j >= 0) & (j < HALF) & (i < T)
+    return tl.load(K0 + (j * T + i)[:, None] * DP + tl.arange(0, DP)[None, :], mask=near[:, None], other=0.0)
 
 
 @triton.jit
@@ -115,6 +122,20 @@ def _hidden_taps(HB, b, i, j, T, KS: tl.constexpr, DP: tl.constexpr, KZ: tl.cons
     ok = (col < KS * DP)[None, :] & (key >= 0) & (key < T) & (i < T)[:, None]
     base = HB + (b * T + i).to(tl.int64) * T * DP
     return tl.load(base[:, None] + key * DP + (col % DP)[None, :], mask=ok, other=0.0)
+
+
+@triton.jit
+def _edge_taps(T1, i, j, T, KS: tl.constexpr, DP: tl.constexpr, KZ: tl.constexpr):
+    """[pairs, KZ] fp32, laid out as _hidden_taps: leaky(t1[i - key]) at the keys >= T that conv2 reads
+    (the buffer reads 0 there, where residual_table counts z - leaky(t1) = -leaky(t1)); distances -h
+    .. -1, so small: conv1's bias and the bias table at distance 0)."""
+    HALF: tl.constexpr = KS // 2
+    col = tl.arange(0, KZ)
+    key = j[:, None] - HALF + col[None, :] // DP
+    dist = i[:, None] - key
+    out = (col < KS * DP)[None, :] & (i < T)[:, None] & (key >= T) & (dist > -T)
+    t = tl.load(T1 + (dist + T - 1) * DP + (col % DP)[None, :], mask=out, other=0.0)
+    return tl.where(t > 0, t, 0.01 * t)
 
 
 @triton.jit
@@ -132,16 +153,26 @@ def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.co
     for i0 in range((tl.maximum(n0, 0) // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
         y, keyok = _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, HP, KS, DP, BM, BN, CDT, PREC)
-        z = tl.where(y > 0, y, 0.01 * y)
+        # the residual Z - P, P = leaky(the table part of Y: t1, less k0 at keys j < h): bounded by
+        # conv1 of the scores, where Z itself is in the hundreds with a large bias (ALiBi at long T);
+        # the flash kernels add conv2(P) back (flash_tables)
+        part = tl.reshape(tl.broadcast_to(t1b[None, :, :], (BM, BN, DP)), (BM * BN, DP))
+        if HALF > 0:
+            if i0 < n0 + BN - 1 + HALF:
+                part -= _near_k0(K0, i, j, T, DP, HALF)
+        z = tl.where(y > 0, y, 0.01 * y) - tl.where(part > 0, part, 0.01 * part)
         ok = keyok & (n >= -HALF)
         ptr = ZB + (b * T + i).to(tl.int64)[:, None] * T * DP + (j * DP)[:, None] + cc[None, :]
         tl.store(ptr, z.to(ZB.dtype.element_ty), mask=ok[:, None])
 
 
 @triton.jit
-def _conv_f(ZB, FB, W2Z, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, DP: tl.constexpr,
+def _conv_f(ZB, FB, W2Z, T1, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, DP: tl.constexpr,
             KZ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
-    """F = conv2(Z): one dot over conv2's concatenated taps per tile, into the F buffer."""
+    """F - g - e0 = conv2 of the residual hidden buffer (one dot over conv2's concatenated taps per
+    tile; in tiles whose taps reach keys >= T, less _edge_taps), into the F buffer; g[i - j] and e0
+    (keys < 2h) are the flash kernels' (flash_tables)."""
+    HALF: tl.constexpr = KS // 2
     band = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
     n0 = band * BN
@@ -151,6 +182,8 @@ def _conv_f(ZB, FB, W2Z, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
     for i0 in range((n0 // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
         z = _hidden_taps(ZB, b, i, j, T, KS, DP, KZ)
+        if i0 + BM - 1 - n0 + HALF >= T:  # some tap reads a key >= T
+            z -= _edge_taps(T1, i, j, T, KS, DP, KZ).to(z.dtype)
         f = tl.dot(z.to(CDT), w2, input_precision=PREC)
         ok = (ss < H)[None, :] & ((n >= 0) & (n <= i) & (i < T))[:, None]
         tl.store(FB + (plane0 + ss.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None],
@@ -283,7 +316,8 @@ def _scores(Q, K, SB, sqb, sqh, sqt, skb, skh, skt, T, scale,
 
 
 @triton.jit
-def _logits2(q, k, fb, T2H, t2w, rows, cols, T, qk_scale, MASK: tl.constexpr, PREC: tl.constexpr):
+def _logits2(q, k, fb, T2H, t2w, E0H, rows, cols, n0, T, qk_scale, NE: tl.constexpr, MASK: tl.constexpr,
+             PREC: tl.constexpr):
     """Logits in base 2 of a [rows, keys] tile: q k^T scale + F + t2. MASK (tiles that cross the
     diagonal): -inf outside the causal triangle, t2 gathered from the head's table T2H by distance;
     else every key is before every row, rows past T read row T - 1 of F (finite values that are
@@ -302,12 +336,17 @@ def _logits2(q, k, fb, T2H, t2w, rows, cols, T, qk_scale, MASK: tl.constexpr, PR
         x = tl.arange(0, cols.shape[0])
         t2 = tl.load(t2w + a[:, None] * cols.shape[0] + x[None, :])
         s += (f + t2) * 1.4426950408889634
+    if NE > 0:
+        if n0 < NE:  # the first key tile: keys j < 2h take their edge term from E0 [T, NE] (fp32)
+            e = tl.load(E0H + rows[:, None] * NE + cols[None, :], mask=(rows < T)[:, None] & (cols < NE)[None, :],
+                        other=0.0)
+            s += e * 1.4426950408889634
     return s
 
 
 @triton.jit
-def _fwd_tile(q, K, V, fb, t2h, t2w, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb, svh, svt, T, qk_scale,
-              DH: tl.constexpr, BN: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
+def _fwd_tile(q, K, V, fb, t2h, t2w, e0h, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb, svh, svt, T, qk_scale,
+              DH: tl.constexpr, BN: tl.constexpr, NE: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
     cols = n0 + tl.arange(0, BN)
     dd = tl.arange(0, DH)
     kp = K + b * skb + h * skh + cols[:, None] * skt + dd[None, :]
@@ -318,7 +357,7 @@ def _fwd_tile(q, K, V, fb, t2h, t2w, b, h, rows, n0, m_i, l_i, acc, skb, skh, sk
     else:
         k = tl.load(kp)
         v = tl.load(vp)
-    s = _logits2(q, k, fb, t2h, t2w, rows, cols, T, qk_scale, MASK, PREC)
+    s = _logits2(q, k, fb, t2h, t2w, e0h, rows, cols, n0, T, qk_scale, NE, MASK, PREC)
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
@@ -328,9 +367,9 @@ def _fwd_tile(q, K, V, fb, t2h, t2w, b, h, rows, n0, m_i, l_i, acc, skb, skh, sk
 
 
 @triton.jit
-def _attn_fwd(Q, K, V, FB, T2, T2W, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
+def _attn_fwd(Q, K, V, FB, T2, T2W, E0, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
               T, nq, qk_scale, H: tl.constexpr, DH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-              PREC: tl.constexpr):
+              NE: tl.constexpr, PREC: tl.constexpr):
     """Online softmax over the logits of _logits2; lse in base 2. BM a multiple of BN; T2W the tile
     table of t2 for BM x BN tiles (nq tiles per head)."""
     bh = tl.program_id(0)
@@ -343,16 +382,17 @@ def _attn_fwd(Q, K, V, FB, T2, T2W, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, s
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=(rows < T)[:, None], other=0.0)
     fb = FB + bh.to(tl.int64) * T * T
     t2h = T2 + h * (2 * T - 1) + T - 1
+    e0h = E0 + (h * T).to(tl.int64) * NE
     m_i = tl.full([BM], -1e30, tl.float32)  # finite: padding rows see no key
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DH], tl.float32)
     t2w = T2W + (h * nq).to(tl.int64) * BM * BN
     for n0 in range(0, m0, BN):
-        m_i, l_i, acc = _fwd_tile(q, K, V, fb, t2h, t2w + ((m0 - n0) // BN) * BM * BN, b, h, rows, n0, m_i, l_i,
-                                  acc, skb, skh, skt, svb, svh, svt, T, qk_scale, DH, BN, False, PREC)
+        m_i, l_i, acc = _fwd_tile(q, K, V, fb, t2h, t2w + ((m0 - n0) // BN) * BM * BN, e0h, b, h, rows, n0, m_i,
+                                  l_i, acc, skb, skh, skt, svb, svh, svt, T, qk_scale, DH, BN, NE, False, PREC)
     for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
-        m_i, l_i, acc = _fwd_tile(q, K, V, fb, t2h, t2w, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb, svh,
-                                  svt, T, qk_scale, DH, BN, True, PREC)
+        m_i, l_i, acc = _fwd_tile(q, K, V, fb, t2h, t2w, e0h, b, h, rows, n0, m_i, l_i, acc, skb, skh, skt, svb,
+                                  svh, svt, T, qk_scale, DH, BN, NE, True, PREC)
     l_i = tl.maximum(l_i, 1e-30)
     tl.store(O + b * sob + h * soh + rows[:, None] * sot + dd[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty),
              mask=(rows < T)[:, None])
@@ -360,8 +400,9 @@ def _attn_fwd(Q, K, V, FB, T2, T2W, O, LSE, sqb, sqh, sqt, skb, skh, skt, svb, s
 
 
 @triton.jit
-def _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, b, h, bh, cols, m0, dv, sqb, sqh, sqt, sdb, sdh, sdt, T,
-              qk_scale, DH: tl.constexpr, BM: tl.constexpr, MASK: tl.constexpr, PREC: tl.constexpr):
+def _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, e0h, b, h, bh, cols, n0, m0, dv, sqb, sqh, sqt, sdb, sdh,
+              sdt, T, qk_scale, DH: tl.constexpr, BM: tl.constexpr, NE: tl.constexpr, MASK: tl.constexpr,
+              PREC: tl.constexpr):
     rows = m0 + tl.arange(0, BM)
     rok = rows < T
     dd = tl.arange(0, DH)
@@ -369,7 +410,7 @@ def _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, b, h, bh, cols, m0, dv,
     do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdt + dd[None, :], mask=rok[:, None], other=0.0)
     lse = tl.load(LSE + bh * T + rows, mask=rok, other=float("inf"))  # padding rows: p = 0
     delta = tl.load(DELTA + bh * T + rows, mask=rok, other=0.0)
-    s = _logits2(q, k, fb, t2h, t2w, rows, cols, T, qk_scale, MASK, PREC)  # [rows, keys]
+    s = _logits2(q, k, fb, t2h, t2w, e0h, rows, cols, n0, T, qk_scale, NE, MASK, PREC)  # [rows, keys]
     p = tl.exp2(s - lse[:, None])  # 0 outside the triangle (s = -inf there) and on padding rows
     dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
@@ -380,9 +421,9 @@ def _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, b, h, bh, cols, m0, dv,
 
 
 @triton.jit
-def _attn_bwd(Q, K, V, FB, T2, T2W, DO, LSE, DELTA, GB, DV, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
+def _attn_bwd(Q, K, V, FB, T2, T2W, E0, DO, LSE, DELTA, GB, DV, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
               sdb, sdh, sdt, T, nq, qk_scale, H: tl.constexpr, DH: tl.constexpr, BM: tl.constexpr,
-              BN: tl.constexpr, PREC: tl.constexpr):
+              BN: tl.constexpr, NE: tl.constexpr, PREC: tl.constexpr):
     """Key owner: G = P (dO V^T - delta) into the G buffer (the gradient of the logits), and dV. BN a
     multiple of BM: row blocks past the key block need no mask. T2W: the tile table of t2 for BM x BN
     tiles (nq tiles per head)."""
@@ -399,14 +440,15 @@ def _attn_bwd(Q, K, V, FB, T2, T2W, DO, LSE, DELTA, GB, DV, sqb, sqh, sqt, skb, 
     gb = GB + bh.to(tl.int64) * T * T
     t2h = T2 + h * (2 * T - 1) + T - 1
     t2w = T2W + (h * nq).to(tl.int64) * BM * BN
+    e0h = E0 + (h * T).to(tl.int64) * NE
     dv = tl.zeros([BN, DH], tl.float32)
     hi = tl.minimum(n0 + BN, T)
     for m0 in range(n0, hi, BM):
-        dv = _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, b, h, bh, cols, m0, dv, sqb, sqh, sqt, sdb, sdh,
-                       sdt, T, qk_scale, DH, BM, True, PREC)
+        dv = _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, e0h, b, h, bh, cols, n0, m0, dv, sqb, sqh, sqt,
+                       sdb, sdh, sdt, T, qk_scale, DH, BM, NE, True, PREC)
     for m0 in range(hi, T, BM):
-        dv = _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w + ((m0 - n0) // BM) * BM * BN, b, h, bh, cols, m0,
-                       dv, sqb, sqh, sqt, sdb, sdh, sdt, T, qk_scale, DH, BM, False, PREC)
+        dv = _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w + ((m0 - n0) // BM) * BM * BN, e0h, b, h, bh, cols,
+                       n0, m0, dv, sqb, sqh, sqt, sdb, sdh, sdt, T, qk_scale, DH, BM, NE, False, PREC)
     tl.store(DV + b * svb + h * svh + cols[:, None] * svt + dd[None, :], dv.to(DV.dtype.element_ty),
              mask=(cols < T)[:, None])
 
@@ -453,6 +495,21 @@ def _dk(DSB, Q, DK, sqb, sqh, sqt, skb, skh, skt, T, scale,
         acc += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
     tl.store(DK + b * skb + h * skh + cols[:, None] * skt + dd[None, :], (acc * scale).to(DK.dtype.element_ty),
              mask=(cols < T)[:, None])
+
+
+@triton.jit
+def _delta(O, DO, DELTA, sob, soh, sot, sdb, sdh, sdt, T, H: tl.constexpr, DH: tl.constexpr, BR: tl.constexpr):
+    """delta = rowsum(dO * O) in fp32 [B, H, T] from the strided O and dO: one launch for what were
+    two fp32 casts, a product and a sum (and a copy of dO)."""
+    bh = tl.program_id(0)
+    b = bh // H
+    h = bh % H
+    rows = tl.program_id(1) * BR + tl.arange(0, BR)
+    dd = tl.arange(0, DH)
+    ok = (rows < T)[:, None]
+    o = tl.load(O + b * sob + h * soh + rows[:, None] * sot + dd[None, :], mask=ok, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdt + dd[None, :], mask=ok, other=0.0).to(tl.float32)
+    tl.store(DELTA + bh * T + rows, tl.sum(o * do, 1), mask=rows < T)
 
 
 # --- layout change -------------------------------------------------------------------------------
@@ -592,6 +649,35 @@ def _t2_tiles(t2f, T: int, BM: int, BN: int):
     return row[:, idx], nq
 
 
+def flash_tables(t1, k0, w2, t2):
+    """What the flash kernels add to S + F buffer (fp32): t2 + g [H, 2T - 1] (g = residual_table) and
+    the edge term e0 [H, T, 2h] of keys j < 2h (an empty tensor for k = 1). The F buffer holds F - g
+    - e0 (_conv_z, _conv_f), bounded by conv of the scores; F itself is in the hundreds with a large
+    bias. e0[h, i, j] = sum_u W2_u (P - L)(i, j + u - h) over the keys < h that conv2 reads: L =
+    leaky(t1[i - key]) is what g assumes at every key, P the table part of the hidden map (0 left of
+    key 0, where conv2 reads zero padding; leaky(t1 - k0) at keys < h)."""
+    t1, k0, w2 = (x.detach().float() for x in (t1, k0, w2))
+    t2f = (t2.detach().float() + residual_table(t1, w2)).contiguous()
+    H, _, _, KS = w2.shape
+    half, T = KS // 2, t1.shape[1] // 2 + 1
+    if half == 0:
+        return t2f, t2f.new_zeros(1)
+    rows = torch.arange(T, device=t1.device)
+    e0 = t1.new_zeros(2 * half, H, T)
+    for j in range(2 * half):
+        for u in range(KS):
+            key = j + u - half
+            if key >= half:
+                continue
+            dist = rows - key
+            inside = dist < T  # t1 holds |distance| < T
+            t = t1[:, (dist + T - 1).clamp(max=2 * T - 2)] * inside
+            lt = torch.nn.functional.leaky_relu(t, 0.01)
+            diff = -lt if key < 0 else torch.nn.functional.leaky_relu(t - k0[key], 0.01) - lt
+            e0[j] += w2[:, :, 0, u] @ diff
+    return t2f, e0.permute(1, 2, 0).contiguous()
+
+
 def _tl_dtype(dtype):
     return {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}[dtype]
 
@@ -624,7 +710,8 @@ def _conv_buffer(sb, wts, cfg):
             CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
     fb = new((B, wts.H, T, T), sb)
     BM, BN, nw, ns = cfg["conv_f"]
-    _staged(_conv_f, (triton.cdiv(T, BN), B), zb, fb, wts.w2z, T, KZ=wts.KZ, BM=BM, BN=BN, CDT=cdt, PREC=prec,
+    _staged(_conv_f, (triton.cdiv(T, BN), B), zb, fb, wts.w2z, wts.t1, T, KZ=wts.KZ, BM=BM, BN=BN,
+            CDT=cdt, PREC=prec,
             num_warps=nw, num_stages=ns, **wts.meta())
     return fb
 
@@ -635,43 +722,46 @@ class DapeV2Skewed(torch.autograd.Function):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         B, H, T, DH = q.shape
         wts = _Weights(w1s, t1, k0, w2, q.dtype)
-        t2f = t2.detach().float().contiguous()
+        t2f, e0 = flash_tables(t1, k0, w2, t2)
         sb = _scores_buffer(q, k, cfg)
         fb = _conv_buffer(sb, wts, cfg)
         out = new_like(q)
         lse = new((B, H, T), q, torch.float32)
         BM, BN, nw, ns = cfg["attn_fwd"]
         t2w, nq = _t2_tiles(t2f, T, BM, BN)
-        _attn_fwd[(B * H, triton.cdiv(T, BM))](q, k, v, fb, t2f, t2w, out, lse, *strides(q), *strides(k),
+        _attn_fwd[(B * H, triton.cdiv(T, BM))](q, k, v, fb, t2f, t2w, e0, out, lse, *strides(q), *strides(k),
                                                *strides(v), *strides(out), T, nq, DH ** -0.5 * LOG2E, H=H, DH=DH,
-                                               BM=BM, BN=BN, PREC=dot_precision(q.dtype), num_warps=nw,
-                                               num_stages=ns)
+                                               BM=BM, BN=BN, NE=e0.shape[-1] if e0.dim() == 3 else 0,
+                                               PREC=dot_precision(q.dtype), num_warps=nw, num_stages=ns)
         del t2w
         kept = (sb, fb) if keep else (None, None)
-        ctx.save_for_backward(q, k, v, out, lse, t2f, *kept)
+        ctx.save_for_backward(q, k, v, out, lse, t2f, e0, *kept)
         ctx.wts, ctx.cfg, ctx.keep = wts, cfg, keep
         ctx.dtypes = (w1s.dtype, t1.dtype, k0.dtype, w2.dtype, t2.dtype)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, out, lse, t2f, sb, fb = ctx.saved_tensors
+        q, k, v, out, lse, t2f, e0, sb, fb = ctx.saved_tensors
         wts, cfg = ctx.wts, ctx.cfg
         B, H, T, DH = q.shape
         if not ctx.keep:
             sb = _scores_buffer(q, k, cfg)
             fb = _conv_buffer(sb, wts, cfg)
-        dout = dout.contiguous()
-        delta = (dout.float() * out.float()).sum(-1).contiguous()
+        if dout.stride(-1) != 1:  # the kernels take dO's other strides as they come
+            dout = dout.contiguous()
+        delta = new((B, H, T), q, torch.float32)
+        _delta[(B * H, triton.cdiv(T, 64))](out, dout, delta, *strides(out), *strides(dout), T, H=H, DH=DH, BR=64)
         prec = dot_precision(q.dtype)
         scale = DH ** -0.5
         dq, dk, dv = new_like(q), new_like(k), new_like(v)
         gb = new((B, H, T, T), q)
         BM, BN, nw, ns = cfg["attn_bwd"]
         t2w, nq = _t2_tiles(t2f, T, BM, BN)
-        _attn_bwd[(B * H, triton.cdiv(T, BN))](q, k, v, fb, t2f, t2w, dout, lse, delta, gb, dv, *strides(q),
+        _attn_bwd[(B * H, triton.cdiv(T, BN))](q, k, v, fb, t2f, t2w, e0, dout, lse, delta, gb, dv, *strides(q),
                                                *strides(k), *strides(v), *strides(dout), T, nq, scale * LOG2E, H=H,
-                                               DH=DH, BM=BM, BN=BN, PREC=prec, num_warps=nw, num_stages=ns)
+                                               DH=DH, BM=BM, BN=BN, NE=e0.shape[-1] if e0.dim() == 3 else 0, PREC=prec,
+                                               num_warps=nw, num_stages=ns)
         del fb, t2w
         gb = _slots_buffer(gb, cfg)
         cdt = _tl_dtype(wts.w1c.dtype)
@@ -713,22 +803,30 @@ class DapeV2Skewed(torch.autograd.Function):
                 g_t2.to(dtypes[4]), None, None)
 
 
-def dape_v2_skewed(q, k, v, w1, b1, w2, b2, table=None, keep: bool = True, config: dict | None = None):
+def host_tables(w1, b1, w2, b2, table, T: int):
+    """Rewrite A's tables (t1 [D, 2T - 1], k0 [k // 2, D, T], t2 [H, 2T - 1]) for these weights and
+    bias table (or none: then the tables are the conv biases at every distance); what
+    dape_v2_skewed takes as `tables` (the triton backend caches them for forward-only work)."""
+    D, ks, H = w1.shape[0], w1.shape[-1], w2.shape[0]
+    if table is not None:
+        # in the weights' dtype also under autocast: a bf16 einsum would cost t1 (hundreds with
+        # ALiBi at long T) logit errors of ~1
+        with torch.autocast(w1.device.type, enabled=False):
+            return dape_v2_tables(w1, b1, b2, table, T)
+    return b1[:, None].expand(D, 2 * T - 1), w1.new_zeros(ks // 2, D, T), b2[:, None].expand(H, 2 * T - 1)
+
+
+def dape_v2_skewed(q, k, v, w1, b1, w2, b2, table=None, keep: bool = True, config: dict | None = None, tables=None):
     """softmax_causal(S + Bias + f(tril([S; Bias]))) V for q, k, v [B, H, T, d], as
     reference.dape_v2_reference (same arguments), through the T x T buffers of this module:
     differentiable in q, k, v, the conv weights and the table. keep: the forward keeps its S and
     F buffers for the backward (2 buffer_bytes) instead of recomputing them there. config: tile
-    settings over CONFIG (tuning, tests)."""
-    from .reference import dape_v2_tables
-
+    settings over CONFIG (tuning, tests). tables: host_tables(w1, b1, w2, b2, table, T) if the caller
+    has them (built here otherwise)."""
     check_qkv(q, k, v)
     B, H, T, d = q.shape
-    D, _, _, ks = w1.shape
     check_dape_v2_weights(w1, w2, H, T, table)
-    if table is not None:
-        t1, k0, t2 = dape_v2_tables(w1, b1, b2, table, T)
-    else:  # no bias channels: the tables are the conv biases at every distance
-        t1, k0, t2 = b1[:, None].expand(D, 2 * T - 1), w1.new_zeros(ks // 2, D, T), b2[:, None].expand(H, 2 * T - 1)
+    t1, k0, t2 = tables if tables is not None else host_tables(w1, b1, w2, b2, table, T)
     cfg = dict(CONFIG_FP32 if q.dtype == torch.float32 else CONFIG)
     unknown = set(config or {}) - set(cfg)
     if unknown:

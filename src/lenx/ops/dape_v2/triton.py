@@ -460,17 +460,25 @@ class DapeV2Attention(torch.autograd.Function):
         return dq, dk, dv, (dtab if need_dtab else None), dw1, db1, dw2, db2, None, None
 
 
+def conv_unsupported_reason(H, hidden, kernel_size):
+    """Why no fused DAPE V2 kernel (this one or the skewed ones) takes these conv sizes, or None."""
+    if H > 32 or hidden > 64 or kernel_size > 7:
+        return "the fused DAPE V2 kernel takes H <= 32, hidden <= 64, kernel_size <= 7"
+    if kernel_size >= 5 and hidden > 32:
+        return "the fused DAPE V2 kernel takes hidden <= 32 when kernel_size >= 5"
+    return None
+
+
 def shape_unsupported_reason(H, d, hidden, kernel_size, conv_precision="bf16"):
     """Why the fused kernel cannot take this shape, or None. The limits are the H100/H200 shared
     memory (227 KB per program) with one program holding a window for all heads: measured by
     compiling for sm_90 offline (notes/kernels.md)."""
     HP = pow2(H)
-    if H > 32 or hidden > 64 or kernel_size > 7:
-        return "the fused DAPE V2 kernel takes H <= 32, hidden <= 64, kernel_size <= 7"
+    reason = conv_unsupported_reason(H, hidden, kernel_size)
+    if reason:
+        return reason
     if HP * d > 1024:
         return f"the fused DAPE V2 kernel takes (heads padded to {HP}) x head dim <= 1024, got {HP} x {d}"
-    if kernel_size >= 5 and hidden > 32:
-        return "the fused DAPE V2 kernel takes hidden <= 32 when kernel_size >= 5"
     if conv_precision == "tf32" and (kernel_size > 3 or hidden > 32):
         return "tf32 conv matmuls fit only kernel_size <= 3 and hidden <= 32 (use conv_precision='bf16')"
     return None

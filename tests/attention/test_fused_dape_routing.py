@@ -1,0 +1,145 @@
+"""DAPE V2 in the fused backend: head dim 128 (which the O(T) Triton kernel cannot take: it pads
+the heads to at least 16 slots, and 16 x 128 > 1024) goes to the skewed kernels, forward only included, else to the chunked reference; and
+forward-only work reuses its host tables (ops.dape_v2.tables) until the weights change. Without
+CUDA under Triton's interpreter."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from lenx.attention import DapeV2, KerpleLog, Softmax  # noqa: E402
+from lenx.attention.backends import Parts, Work, dense_attention, get_backend, run_backend  # noqa: E402
+from lenx.attention.backends import fused  # noqa: E402
+from lenx.ops.dape_v2 import gluon, skewed, tables  # noqa: E402
+from kernel_cases import DEVICE, compare  # noqa: E402
+
+H, D = 2, 4
+
+
+def wide_parts(d=128):
+    torch.manual_seed(0)
+    return Parts(KerpleLog(H).to(DEVICE), DapeV2(H, D, 3).to(DEVICE), Softmax(), head_dim=d)
+
+
+def qkv(T, d=128, grad=False):
+    return [torch.randn(1, H, T, d, device=DEVICE, requires_grad=grad) for _ in range(3)]
+
+
+def test_the_planner_takes_head_dim_128():
+    parts = wide_parts()
+    assert get_backend("triton").unsupported(parts, torch.device("cuda")) in (None, "triton is not installed")
+    assert fused._wide(parts.processor, 128) and not fused._wide(parts.processor, 64)
+    # where the skewed buffers do not fit it runs the chunked reference: the memory it declares is that one
+    work = Work(batch=1, heads=H, length=4096, head_dim=128)
+    assert fused.Fused().memory(parts, work) == get_backend("chunked").memory(parts, work)
+    narrow = Work(batch=1, heads=H, length=4096, head_dim=64)
+    assert fused.Fused().memory(parts, narrow) != get_backend("chunked").memory(parts, narrow)
+
+
+def test_head_dim_128_trains_on_the_skewed_kernels():
+    parts = wide_parts()
+    q, k, v = qkv(17, grad=True)
+    params = [q, k, v, *parts.bias.parameters(), *parts.processor.parameters()]
+    out, _ = run_backend("triton", q, k, v, parts)
+    assert parts.processor.kernel == "skewed (keep)"
+    up = torch.randn_like(out)
+    ref, _ = dense_attention(q, k, v, parts)
+    names = ["out"] + [f"g{i}" for i in range(len(params))]
+    floors = {names[-1]: 1.0}  # conv2's bias: its exact gradient is 0 (see run_dape)
+    compare("wide training", [out, *torch.autograd.grad(out, params, up)],
+            [ref, *torch.autograd.grad(ref, params, up)], names, 1e-4, floors)
+    assert tables.size() == 0  # training never fills the cache
+
+
+def test_head_dim_128_forward_reuses_its_tables_until_a_step(monkeypatch):
+    """Forward only: the skewed forward with the host tables built once; an optimizer step on the
+    conv weights (or the bias's) rebuilds them, and the output follows the new weights."""
+    tables.clear()
+    built = []
+    real = skewed.host_tables
+    monkeypatch.setattr(skewed, "host_tables", lambda *a: built.append(1) or real(*a))
+    parts = wide_parts()
+    q, k, v = qkv(23)
+
+    def check(what):
+        with torch.no_grad():
+            out, _ = run_backend("triton", q, k, v, parts)
+            ref, _ = dense_attention(q, k, v, parts)
+        assert parts.processor.kernel == "skewed (forward)"
+        compare(what, [out], [ref], ["out"], 1e-4)
+
+    check("first")
+    check("cached")
+    assert len(built) == 1
+    for module in (parts.processor, parts.bias):
+        params = list(module.parameters())
+        for p in params:
+            p.grad = torch.randn_like(p)
+        torch.optim.SGD(params, lr=0.5).step()
+        check(f"after a step of {type(module).__name__}")
+    assert len(built) == 3
+
+
+def test_head_dim_128_without_the_skewed_kernels_runs_the_chunked_reference(monkeypatch):
+    monkeypatch.setenv("LENX_DAPE_V2_SKEWED", "0")
+    parts = wide_parts()
+    q, k, v = qkv(19, grad=True)
+    out, _ = run_backend("triton", q, k, v, parts)
+    assert parts.processor.kernel == "chunked"
+    compare("chunked fallback", [out], [dense_attention(q, k, v, parts)[0]], ["out"], 1e-5)
+
+
+def test_gluon_forward_gets_cached_operands(monkeypatch):
+    """The Gluon path (faked here: it needs an sm_90 GPU): gluon.prepare runs once for repeated
+    forward-only calls with the same weights, again after a bias parameter changes in place, and
+    the kernel gets what it returned."""
+    tables.clear()
+    prepared, seen = [], []
+    real = gluon.prepare
+    monkeypatch.setattr(fused, "_use_gluon", lambda q, proc: True)
+    monkeypatch.setattr(gluon, "prepare", lambda *a: prepared.append(real(*a)) or prepared[-1])
+    monkeypatch.setattr(gluon, "dape_v2_gluon_forward",
+                        lambda q, k, v, *w, prepared=None: seen.append(prepared) or (q, None))
+    parts = wide_parts(64)
+    q, k, v = qkv(12, d=64)
+    with torch.no_grad():
+        for _ in range(3):
+            run_backend("triton", q, k, v, parts)
+        parts.bias.r1.add_(0.1)
+        run_backend("triton", q, k, v, parts)
+    assert len(prepared) == 2
+    assert all(s is prepared[0] for s in seen[:3]) and seen[3] is prepared[1]
+    assert not torch.equal(prepared[0][4], prepared[1][4])  # t2 follows the bias
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grad", [True, False])
+def test_gpu_module_head_dim_128(grad):
+    """The whole dapev2-kerple module at d 128 (12 heads of 128) with backend='triton' against
+    'dense' (fp32: the kernels' exact path): training on the skewed kernels, forward only on the
+    skewed forward."""
+    from lenx.attention import Attention, AttentionConfig
+
+    torch.manual_seed(0)
+    cfg = AttentionConfig(method="dapev2-kerple", backend="dense")
+    ref = Attention(cfg, 12, 1536).to(DEVICE)
+    fast = Attention(AttentionConfig(**{**cfg.__dict__, "backend": "triton"}), 12, 1536).to(DEVICE)
+    fast.load_state_dict(ref.state_dict())
+    assert fast.backend_for(DEVICE) == "triton"
+    x = torch.randn(2, 300, 1536, device=DEVICE, requires_grad=grad)
+    x2 = x.detach().clone().requires_grad_(grad)
+    with torch.set_grad_enabled(grad):
+        y_ref, y = ref(x), fast(x2)
+    assert fast.processor.kernel == ("skewed (keep)" if grad else "skewed (forward)")
+    if not grad:
+        compare("module d128 forward", [y], [y_ref], ["out"], 1e-4)
+        return
+    g = torch.randn_like(y)
+    y_ref.backward(g)
+    y.backward(g)
+    names = ["out", "dx"] + [n for n, _ in fast.named_parameters()]
+    outs = [y, x2.grad] + [p.grad for _, p in fast.named_parameters()]
+    refs = [y_ref, x.grad] + [p.grad for _, p in ref.named_parameters()]
+    floors = {n: 1.0 for n in names if n.endswith("conv2.bias")}
+    compare("module d128 training", outs, refs, names, 1e-4, floors)

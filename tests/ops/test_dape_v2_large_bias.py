@@ -1,0 +1,169 @@
+"""DAPE V2's skewed kernels with a large bias (ALiBi beyond ~1000 tokens, Kerple-power): the hidden
+map Z and the conv output F then carry conv1 of the bias, hundreds, and a 2-byte buffer would round
+them to ~0.25-1 logit. The kernels store the residuals Z - leaky(t1) and F - g instead (g =
+reference.residual_table, added to t2 in fp32). These tests compare the logits the flash kernels
+form (S + F buffer + t2) with the float64 reference at a logit-scale tolerance, on the CPU (the
+interpreter in fp16, a steep table at short T; and a float64 model of the bf16 rounding points at T
+1500) and on the GPU in bf16 with the real ALiBi and Kerple-power tables."""
+
+import math
+
+import pytest
+import torch
+
+from kernel_cases import CUDA, DEVICE
+from lenx.ops.biased_softmax.reference import table_bias
+from lenx.ops.dape_v2.reference import dape_v2_scores, dape_v2_scores_tabled, dape_v2_tables, residual_table
+
+# logits are S + Bias + F with |S| of a few units: 2-byte rounding of residuals that size costs
+# ~0.01-0.03 logit; F itself in bf16 at |F| ~ 100-500 costs 0.25-1 (what this catches)
+LOGIT_TOL = 0.1
+
+
+def weights(H, D, k=3):
+    torch.manual_seed(3)
+    return (torch.randn(D, 2 * H, 1, k, dtype=torch.float64) * 0.3, torch.randn(D, dtype=torch.float64) * 0.1,
+            torch.randn(H, D, 1, k, dtype=torch.float64) * 0.3, torch.randn(H, dtype=torch.float64) * 0.1)
+
+
+def reference_logits(q, k, w, table):
+    """float64 logits S + Bias + f(tril([S; Bias])) of (already rounded) q, k: [B, H, T, T]."""
+    T, d = q.shape[-2:]
+    pos = torch.arange(T, device=q.device)
+    S = q.double() @ k.double().transpose(-1, -2) / math.sqrt(d)
+    w = [x.to(q.device) for x in w]
+    return dape_v2_scores(S, table_bias(table.double(), pos, pos), *w, pos, pos)
+
+
+def fused_logits(q, k, w, table):
+    """The logits the skewed flash kernels form from the S and F buffers: S (fp32 in the kernels, exact
+    here) + F buffer + skewed.flash_tables (t2 + g by distance, e0 at keys < 2h), in float64."""
+    from lenx.ops.dape_v2 import skewed
+
+    B, H, T, d = q.shape
+    w1, b1, w2, b2 = (x.to(q.device).float() for x in w)
+    t1, k0, t2 = skewed.host_tables(w1, b1, w2, b2, table.float(), T)
+    cfg = dict(skewed.CONFIG)
+    sb = skewed._scores_buffer(q, k, cfg)
+    fb = skewed._conv_buffer(sb, skewed._Weights(w1[:, :H], t1, k0, w2, q.dtype), cfg)
+    pos = torch.arange(T, device=q.device)
+    S = q.double() @ k.double().transpose(-1, -2) / math.sqrt(d)
+    return S + fb.double() + flash_bias(*skewed.flash_tables(t1, k0, w2, t2), T)
+
+
+def flash_bias(t2f, e0, T):
+    """[H, T, T] float64: t2f by distance plus e0 [H, T, 2h] at keys < 2h (what the flash kernels add)."""
+    pos = torch.arange(T, device=t2f.device)
+    bias = table_bias(t2f.double(), pos, pos).clone()
+    if e0.dim() == 3:
+        n = min(e0.shape[-1], T)
+        bias[..., :n] += e0[..., :n].double()
+    return bias
+
+
+def logit_error(q, k, w, table):
+    T = q.shape[-2]
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    err = (fused_logits(q, k, w, table) - reference_logits(q, k, w, table))[..., causal]
+    return err.abs().max().item()
+
+
+def steep_table(H, T, slopes):
+    """-slope x distance (ALiBi's form) with slopes up to 8: |bias| ~ 500 at T 64."""
+    n = torch.arange(-(T - 1), T, dtype=torch.float32).clamp(min=0)
+    return -torch.tensor(slopes)[:, None] * n
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter's fp16 path; the GPU test below runs bf16")
+def test_fp16_logits_with_a_steep_table():
+    """Under the interpreter in fp16 (2^-11: F at 500 would still be off by ~0.25)."""
+    pytest.importorskip("triton")
+    H, T = 2, 64
+    torch.manual_seed(0)
+    q, k = (torch.randn(1, H, T, 16).half() for _ in range(2))
+    table = steep_table(H, T, [8.0, 3.0])
+    assert reference_logits(q, k, weights(H, 8), table).abs().max() > 300
+    assert logit_error(q, k, weights(H, 8), table) < LOGIT_TOL / 4
+
+
+def bf16(x):
+    return x.to(torch.bfloat16).double()
+
+
+def test_bf16_rounding_points_model_at_T_1500():
+    """A float64 model of the kernels' bf16 rounding points on the last 32 rows of an ALiBi sequence
+    of 1500 tokens (S as conv1's input, the hidden map, F): storing Z and F themselves is off by
+    more than 0.25 logit; the residuals (Z - P, F - g - e0, as _conv_z and _conv_f store them, with
+    the keys >= T in fp32 as _edge_taps) are within LOGIT_TOL."""
+    from torch.nn import functional as F
+
+    from lenx.attention import ALiBi
+    from lenx.ops.dape_v2.skewed import flash_tables
+
+    H, D, T, d, R = 4, 8, 1500, 16, 32
+    torch.manual_seed(0)
+    q, k = (bf16(torch.randn(1, H, T, d)) for _ in range(2))
+    table = ALiBi(H).table(T).double()
+    w1, b1, w2, b2 = weights(H, D)
+    t1, k0, t2 = dape_v2_tables(w1, b1, b2, table, T)
+    pos = torch.arange(T)
+    rows = pos[T - R:]
+    S = q[:, :, T - R:] @ k.transpose(-1, -2) / math.sqrt(d)
+    want = dape_v2_scores_tabled(S, w1[:, :H], t1, k0, w2, t2, rows, pos)
+    # conv1 of bf16 S plus the table part P (t1 - k0 at key 0), in fp32 accumulators (exact here)
+    x = bf16(S).masked_fill(pos[None, :] > rows[:, None], 0.0)
+    part = table_bias(t1, rows, pos) - k0[0][:, rows, None] * (pos == 0)
+    z = F.leaky_relu(F.conv2d(x, w1[:, :H], None, padding=(0, 1)) + part, 0.01)
+    stored = F.conv2d(bf16(z), w2, None, padding=(0, 1))  # Z in bf16, then F in bf16
+    old = S + bf16(stored) + table_bias(t2, rows, pos)
+    # residuals: zero padding left of key 0, -leaky(t1) (fp32) right of key T - 1
+    right = -F.leaky_relu(table_bias(t1, rows, torch.tensor([T])), 0.01)[None]
+    zr = torch.cat([torch.zeros_like(right), bf16(z - F.leaky_relu(part, 0.01)), right], -1)
+    fr = F.conv2d(zr, w2, None)
+    new = S + bf16(fr) + flash_bias(*flash_tables(t1, k0, w2, t2), T)[:, T - R:]
+    causal = pos[None, :] <= rows[:, None]
+    err_old = (old - want)[..., causal].abs().max().item()
+    err_new = (new - want)[..., causal].abs().max().item()
+    assert want.abs().max() > 100
+    assert err_old > 0.25, err_old
+    assert err_new < LOGIT_TOL, err_new
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind,T", [("alibi", 1536), ("kerple-power", 2048)])
+def test_gpu_bf16_logits_with_a_large_bias(kind, T):
+    """The real tables in bf16 on the GPU: ALiBi beyond 1000 tokens, Kerple-power (its initial
+    parameters; |bias| in the hundreds at the far keys)."""
+    from kernel_cases import bias_table
+
+    from lenx.attention import DapeV2
+
+    H, D, d = 12, 32, 64
+    torch.manual_seed(0)
+    q, k = (torch.randn(1, H, T, d, device=DEVICE).bfloat16() for _ in range(2))
+    table = bias_table(kind, H, T).detach()
+    w = [p.detach().double() for p in DapeV2(H, D, 3).parameters()]  # the model's own initialisation
+    assert reference_logits(q, k, w, table).abs().max() > 100
+    assert logit_error(q, k, w, table) < LOGIT_TOL
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method,T", [("dapev2-alibi", 1536), ("dapev2-kerple-power", 2048)])
+def test_gpu_module_bf16_autocast_with_a_large_bias(method, T):
+    """The whole module, backend 'triton' under bf16 autocast (training: the skewed kernels; its host
+    tables are built outside autocast) against 'dense' in float64: outputs within 2e-2 relative
+    (bf16 attention is ~3e-3). A guard for the whole path; the logits test above is the sharp one."""
+    from lenx.attention import Attention, AttentionConfig
+
+    torch.manual_seed(0)
+    cfg = AttentionConfig(method=method, backend="dense")
+    ref = Attention(cfg, 12, 768).to(DEVICE).double()
+    fast = Attention(AttentionConfig(**{**cfg.__dict__, "backend": "triton"}), 12, 768).to(DEVICE)
+    fast.load_state_dict({n: p.float() for n, p in ref.state_dict().items()})
+    x = torch.randn(1, T, 768, device=DEVICE, requires_grad=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = fast(x)
+    assert fast.processor.kernel.startswith("skewed")
+    y_ref = ref(x.detach().double())
+    err = ((y.double() - y_ref).norm() / y_ref.norm()).item()
+    assert err < 2e-2, f"{method} T {T}: rel err {err:.3g}"
