@@ -152,7 +152,10 @@ def test_gpu_bf16_logits_with_a_large_bias(kind, T):
 def test_gpu_module_bf16_autocast_with_a_large_bias(method, T):
     """The whole module, backend 'triton' under bf16 autocast (training: the skewed kernels; its host
     tables are built outside autocast) against 'dense' in float64: outputs within 2e-2 relative
-    (bf16 attention is ~3e-3). A guard for the whole path; the logits test above is the sharp one."""
+    (bf16 attention is ~3e-3), or no further than the dense path under the same autocast where that
+    one is further (on an H200 Kerple-power at 2048 with the model's initialisation is ill-conditioned:
+    dense is 0.17 off in fp32 and 0.39 under bf16, the skewed kernels 0.12). A guard for the whole
+    path; the logits test above is the sharp one."""
     from lenx.attention import Attention, AttentionConfig
 
     torch.manual_seed(0)
@@ -166,4 +169,9 @@ def test_gpu_module_bf16_autocast_with_a_large_bias(method, T):
     assert fast.processor.kernel.startswith("skewed")
     y_ref = ref(x.detach().double())
     err = ((y.double() - y_ref).norm() / y_ref.norm()).item()
-    assert err < 2e-2, f"{method} T {T}: rel err {err:.3g}"
+    dense = Attention(cfg, 12, 768).to(DEVICE)
+    dense.load_state_dict(fast.state_dict())
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        y_dense = dense(x.detach())
+    bar = max(2e-2, ((y_dense.double() - y_ref).norm() / y_ref.norm()).item())
+    assert err < bar, f"{method} T {T}: rel err {err:.3g}, the dense path's {bar:.3g}"
