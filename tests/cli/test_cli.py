@@ -187,7 +187,7 @@ def test_eval_passes_the_step(tmp_path, monkeypatch):
     monkeypatch.setattr(lenx.evaluation.evaluate, "evaluate", fake_evaluate)
     assert invoke("eval", str(tmp_path / "run"), "--step", "200", "--no-progress").exit_code == 0
     assert invoke("eval", str(tmp_path / "run"), "--no-progress").exit_code == 0
-    plain = {"progress": False, "rope_scaling": None, "rope_scaling_factor": 0.0}
+    plain = {"progress": False, "rope_scaling": None, "rope_scaling_factor": 0.0, "per_position": None}
     assert seen == [plain | {"step": 200}, plain | {"step": None}]
 
 

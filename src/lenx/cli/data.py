@@ -15,9 +15,10 @@ def list_methods():
 
     A backend marked "forward only" runs there but has no backward (FlexAttention on the CPU), so it
     can evaluate but not train. Where the fused backend picks its kernel by the work (DAPE V2), the
-    CUDA column says how; a run's meta.json records the kernels its layers ran ("kernels"). The layout
-    presets are values of model.layers (each layer's method and window). CHE tasks (`lenx che --tasks`) come with their
-    Chomsky level and chance accuracy.
+    CUDA column says how; a run's meta.json records the kernels its layers ran ("kernels").
+
+    The layout presets are values of model.layers (each layer's method and window). CHE tasks (`lenx
+    che --tasks`) come with their Chomsky level and chance accuracy.
     """
     from ..report.list_tables import layouts_table, method_backends, methods_table, tasks_table, temperatures_table
     from ..report.tables import show

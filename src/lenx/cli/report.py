@@ -34,9 +34,10 @@ def compare_cmd(runs: list[Path] = typer.Argument(..., metavar="RUN_OR_FOLDER", 
 
     Each method's effective length: the longest length up to which its perplexity stays within
     0.85 of its own at the training length (ppl(L) <= ppl(T_train) / 0.85), and per task of the
-    suite files (eval_<tasks>.json) its runs have, with a range from the intervals. Runs evaluated
-    with --per-position get their loss-by-position curves, with intervals per bin, in the JSON and
-    in <out>_per_position.png.
+    suite files (eval_<tasks>.json) its runs have, with a range from the intervals.
+
+    Runs evaluated with --per-position get their loss-by-position curves, with intervals per bin, in
+    the JSON and in <out>_per_position.png.
 
     All runs must be
     evaluated on the same windows (corpus, split, eval.seed, windows, scored and lengths). Writes
