@@ -13,6 +13,8 @@ import torch
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .masks import visible
+
 # cuDNN's SDPA builds an execution plan for every new shape (~4 ms a layer on an H100, torch 2.11):
 # fine for a step of fixed shapes, ruinous for one whose key count grows by a token each step. Without
 # it a masked SDPA runs the memory-efficient kernel, one block of rows per head (12 blocks walking
@@ -97,8 +99,11 @@ def cached_attention(q, keys, values, parts, step: StepRows):
     or None), as the reference backends' block_attention."""
     q_pos, k_pos, key_valid = step.q_pos, step.k_pos, step.key_valid
     norm, bias_part = parts.normaliser, parts.bias
-    allowed = step.shared(("allowed", norm.allowed_key, parts.causal), lambda: (
-        norm.allowed(q_pos, k_pos, parts.causal) & key_valid[:, None, :]).unsqueeze(1))
+    # a window hides keys as the causal cut does (masks.py); [B, R, Tk] or None
+    seen = step.shared(("window", parts.window), lambda: visible(q_pos, k_pos, parts.window))
+    allowed = step.shared(("allowed", norm.allowed_key, parts.causal, parts.window), lambda: (
+        norm.allowed(q_pos, k_pos, parts.causal) & key_valid[:, None, :]
+        & (True if seen is None else seen)).unsqueeze(1))
     bias = None
     if bias_part is not None and bias_part.per_distance:  # the layers' distances are the same
         dtype = bias_part.distance_dtype
@@ -109,9 +114,9 @@ def cached_attention(q, keys, values, parts, step: StepRows):
         bias = bias_part(q_pos, k_pos, q=q, k=keys)
     if parts.processor is None and norm.name == "softmax":
         # one fused kernel for the scores, the mask and the softmax (a decode step is launch-bound)
-        blocked = step.shared(("blocked", norm.allowed_key, parts.causal), lambda: ~allowed)
+        blocked = step.shared(("blocked", norm.allowed_key, parts.causal, parts.window), lambda: ~allowed)
         if bias is None:  # an additive mask once per step: SDPA would turn a boolean one into it in every layer
-            mask = step.shared(("additive", norm.allowed_key, parts.causal, q.dtype), lambda: torch.zeros(
+            mask = step.shared(("additive", norm.allowed_key, parts.causal, parts.window, q.dtype), lambda: torch.zeros(
                 allowed.shape, dtype=q.dtype, device=q.device).masked_fill(blocked, float("-inf")))
         else:
             mask = bias.to(q.dtype).masked_fill(blocked, float("-inf"))
@@ -120,7 +125,8 @@ def cached_attention(q, keys, values, parts, step: StepRows):
     else:
         raw = torch.matmul(q, keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
         if parts.processor is not None:
-            scores = parts.processor(raw, bias, q, q_pos, k_pos, key_valid)
+            extra = {} if seen is None else {"visible": seen}
+            scores = parts.processor(raw, bias, q, q_pos, k_pos, key_valid, **extra)
         else:
             scores = raw if bias is None else raw + bias.to(raw.dtype)
         out, rem = norm(scores, values, allowed)

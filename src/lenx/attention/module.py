@@ -1,6 +1,8 @@
 """The one attention module: a q/k transform, a score bias, a score processor and a normaliser,
 built from the method registry (methods.py)."""
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -8,6 +10,7 @@ from ..config import AttentionConfig
 from . import profiling
 from .backends import plan_backend, run_backend
 from .cache import LayerCache, StepRows, cached_attention
+from .masks import check_segments
 from .methods import BASES, NORMALISERS, PROCESSORS, parse_method
 from .parts import PartContext, Parts
 
@@ -21,6 +24,9 @@ class Attention(nn.Module):
         spec = self.spec = parse_method(cfg.method)
         if not cfg.causal and spec.causal_only:
             raise ValueError(f"method {spec.name!r} is causal by construction and cannot run non-causally")
+        if cfg.window < 0 or (cfg.window and not cfg.causal):
+            raise ValueError(f"window must be 0 (global) or >= 1 keys, on a causal attention; got window={cfg.window}"
+                             f"{'' if cfg.causal else ' with causal=False'}")
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
         ctx = PartContext(spec.base, cfg, n_head, self.head_dim, d_model, {} if shared is None else shared,
@@ -37,13 +43,17 @@ class Attention(nn.Module):
             self.processor = built if base.role == "processor" else None
         ctx.name = spec.normaliser
         self.normaliser = NORMALISERS[spec.normaliser].build(ctx)
-        self.parts = Parts(self.bias, self.processor, self.normaliser, cfg.causal, self.head_dim)
+        self.parts = Parts(self.bias, self.processor, self.normaliser, cfg.causal, self.head_dim, cfg.window)
         # Fail at construction, not at the first forward, when a forced backend cannot run this
         # composition (triton is judged for CUDA, the only device it runs on).
         plan_backend(self.parts, torch.device("cuda" if cfg.backend == "triton" else "cpu"), cfg.backend)
 
-    def backend_for(self, device: torch.device) -> str:
-        return plan_backend(self.parts, device, self.cfg.backend)
+    def backend_for(self, device: torch.device, segments: bool = False) -> str:
+        """The backend for this layer on `device`, for a call with document ids when `segments`."""
+        return plan_backend(self.parts_for(segments), device, self.cfg.backend)
+
+    def parts_for(self, segments: bool) -> Parts:
+        return replace(self.parts, segments=True) if segments else self.parts
 
     def _qkv(self, x: torch.Tensor):
         B, T, _ = x.shape
@@ -60,22 +70,29 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None, rows: list[int] | None = None,
-                at: int = 0) -> torch.Tensor:
-        """x [B, T, C] at positions 0..T-1. With a cache (a prefill), their keys and values go to its
-        slots at..at+T-1 of the sequences `rows` (None: all)."""
+                at: int = 0, segments: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, C] at positions 0..T-1; segments [B, T] their document ids (None: one document;
+        no row attends across a document boundary). With a cache (a prefill), their keys and
+        values go to its slots at..at+T-1 of the sequences `rows` (None: all)."""
         B, T, C = x.shape
+        check_segments(segments, B, T)
+        if cache is not None and segments is not None:
+            raise ValueError("decoding has no document segments: a prompt is one document")
         q, k, v = self.project(x)
         if cache is not None:
             cache.write(at, k, v, rows)
         if profiling.active():  # `lenx bench --train-step`: attention's kernels marked for torch.profiler
-            out = profiling.marked(self.attend, q, k, v)
+            out = profiling.marked(lambda q, k, v: self.attend(q, k, v, segments), q, k, v)
         else:
-            out = self.attend(q, k, v)
+            out = self.attend(q, k, v, segments)
         return self.proj(out.transpose(1, 2).reshape(B, T, C))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """The attention itself: q, k, v [B, H, T, d] (q and k already rotated) -> out [B, H, T, d]."""
-        out, rem = run_backend(self.backend_for(q.device), q, k, v, self.parts, self.cfg.chunk_size)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, segments=None) -> torch.Tensor:
+        """The attention itself: q, k, v [B, H, T, d] (q and k already rotated), segments [B, T] or
+        None -> out [B, H, T, d]."""
+        parts = self.parts_for(segments is not None)
+        backend = plan_backend(parts, q.device, self.cfg.backend)
+        out, rem = run_backend(backend, q, k, v, parts, self.cfg.chunk_size, segments)
         return self.normaliser.finish(out, rem, v)
 
     def extend(self, x: torch.Tensor, cache: LayerCache, step: StepRows) -> torch.Tensor:

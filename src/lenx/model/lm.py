@@ -9,6 +9,7 @@ from torch.nn import functional as F
 
 from ..attention import Attention
 from ..attention.cache import LayerCache, StepRows
+from ..attention.masks import check_segments
 from ..config import LMConfig
 
 
@@ -34,8 +35,9 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, cache: LayerCache | None = None, rows: list[int] | None = None, at: int = 0):
-        x = x + self.drop(self.attn(self.ln1(x), cache, rows, at))
+    def forward(self, x, cache: LayerCache | None = None, rows: list[int] | None = None, at: int = 0,
+                segments=None):
+        x = x + self.drop(self.attn(self.ln1(x), cache, rows, at, segments))
         return x + self.drop(self.mlp(self.ln2(x)))
 
     def extend(self, x, cache: LayerCache, step: StepRows):
@@ -87,14 +89,18 @@ class LM(nn.Module):
             for lin in (block.attn.proj, block.mlp.proj):
                 nn.init.normal_(lin.weight, std=0.02 / math.sqrt(2 * self.cfg.n_layer))
 
-    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden(self, idx: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        check_segments(doc_ids, *idx.shape)
         x = self.wte(idx)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, segments=doc_ids)
         return self.ln_f(x)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        logits = self.lm_head(self.hidden(idx))
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, doc_ids: torch.Tensor | None = None):
+        """idx [B, T] -> (logits [B, T, vocab], the next-token loss on targets or None). doc_ids [B, T]:
+        a document id per token (attention.masks.document_ids makes them from a packed batch's EOS
+        tokens); no token attends across a document boundary."""
+        logits = self.lm_head(self.hidden(idx, doc_ids))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)

@@ -4,12 +4,16 @@ Each backend is one object (base.Backend) that says why it cannot run a composit
 it. REGISTRY is the planner's order of preference: the first backend that can run a composition
 and may be picked automatically on the device wins. Adding a backend: one file and one entry here.
 
-triton   lenx's fused kernels (lenx.ops), CUDA only, where a kernel covers the composition
-sdpa     fused torch scaled_dot_product_attention: softmax with no bias and no processor
-flex     FlexAttention with a per-distance bias table (automatic on CUDA only)
+triton   lenx's fused kernels (lenx.ops), CUDA only, where a kernel covers the composition (no masks yet)
+sdpa     fused torch scaled_dot_product_attention: softmax with no bias and no processor (a window or
+         document mask as a boolean mask)
+flex     FlexAttention with a per-distance bias table and/or a window or document block mask
+         (automatic on CUDA only)
 chunked  the reference per block of query rows: everything, in O(T) memory
 dense    the reference: the whole [B, H, T, T] score map (only when asked for)
 """
+
+from dataclasses import replace
 
 import torch
 
@@ -52,10 +56,24 @@ def plan_backend(parts: Parts, device: torch.device, requested: str = "auto") ->
     raise AssertionError("the chunked reference runs every composition")
 
 
-def run_backend(backend: str, q, k, v, parts: Parts, chunk_size: int = 256):
-    """(out [B, H, T, d], rem [B, H, T] or None) of the named backend."""
-    return get_backend(backend).run(q, k, v, parts, chunk_size)
+def run_backend(backend: str, q, k, v, parts: Parts, chunk_size: int = 256, segments=None):
+    """(out [B, H, T, d], rem [B, H, T] or None) of the named backend; segments [B, T] the
+    document ids (None: one document; parts.segments must say whether they come)."""
+    if (segments is not None) != parts.segments:
+        raise ValueError("segments given without parts.segments (or the reverse): the plan would not know of them")
+    return get_backend(backend).run(q, k, v, parts, chunk_size, segments)
 
 
-__all__ = ["BACKENDS", "REGISTRY", "Backend", "LayerMemory", "Parts", "Work", "get_backend", "unsupported_reason", "plan_backend",
+def plan_note(parts: Parts, device: torch.device, requested: str = "auto") -> str | None:
+    """Why the plan for `parts` is not the fused kernels where they would otherwise run it: a window
+    or document mask they do not take yet (for `lenx bench`, `lenx list` and run records)."""
+    if parts.masked is None or requested not in ("auto", "triton"):
+        return None
+    if Fused().unsupported(replace(parts, window=0, segments=False), device) is not None:
+        return None
+    chosen = plan_backend(parts, device, "auto")
+    return f"{chosen}, not triton: the fused kernels take no mask yet ({parts.masked})"
+
+
+__all__ = ["BACKENDS", "REGISTRY", "Backend", "LayerMemory", "Parts", "Work", "get_backend", "unsupported_reason", "plan_backend", "plan_note",
            "run_backend", "score_block", "score_maps", "block_attention", "dense_attention", "chunked_attention"]
