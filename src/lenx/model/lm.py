@@ -8,9 +8,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..attention import Attention
-from ..attention.cache import LayerCache, StepRows
+from ..attention.cache import LayerCache, RingCache, StepRows
 from ..attention.masks import check_segments
 from ..config import LMConfig
+
+
+RING_ROWS = 64  # new tokens one decode step appends at most with a windowed layer (decode splits more)
 
 
 class MLP(nn.Module):
@@ -137,9 +140,21 @@ class LM(nn.Module):
         p = self.wte.weight
         device = p.device if device is None else device
         dtype = p.dtype if dtype is None else dtype
-        layers = [LayerCache(batch, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head, capacity, device, dtype)
-                  for _ in self.blocks]
+        shape = (batch, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head)
+        layers = []
+        for b in self.blocks:
+            size = self._ring_size(b.attn)
+            layers.append(RingCache(*shape, min(size, capacity), device, dtype) if size else
+                          LayerCache(*shape, capacity, device, dtype))
         return KVCache(layers, torch.zeros(batch, capacity, dtype=torch.long, device=device))
+
+    def _ring_size(self, attn) -> int:
+        """The slots a windowed layer keeps (0: no window, every slot): a step's rows (the halo and
+        up to RING_ROWS new tokens), the window before the first and the layer's conv reach left of it."""
+        if not attn.parts.window:
+            return 0
+        reach = attn.processor.halo if attn.processor is not None else 0
+        return self.halo + RING_ROWS + attn.parts.window - 1 + reach
 
     def prefill(self, idx: torch.Tensor, cache: KVCache, lengths=None, progress=None) -> torch.Tensor:
         """Read the prompts idx [B, T] into an empty cache with the usual forward (the planner's
@@ -189,6 +204,19 @@ class LM(nn.Module):
         n, m = cache.length, idx.shape[1]
         if n + m > cache.capacity:
             raise ValueError(f"the cache holds {cache.capacity} tokens; {n + m} do not fit")
+        # a windowed layer's ring holds RING_ROWS new rows a step: more go in pieces, and a piece's
+        # halo rows, recomputed by the next, are taken from the next
+        size = RING_ROWS if any(layer.ring for layer in cache.layers) else m
+        out = None
+        for i in range(0, m, size):
+            first, logits = self._append(idx[:, i:i + size], cache)
+            keep = logits[:, max(0, n - first):]
+            out = keep if out is None else torch.cat([out[:, :max(0, first - n)], keep], 1)
+        return out
+
+    def _append(self, idx: torch.Tensor, cache: KVCache) -> tuple[int, torch.Tensor]:
+        """Append idx [B, m] -> (the first row computed, the logits of rows first..length-1)."""
+        n, m = cache.length, idx.shape[1]
         cache.tokens[:, n:n + m] = idx
         first = max(0, n - self.halo)
         # every row a new token of a sequence that holds one already: none is padding
@@ -198,7 +226,7 @@ class LM(nn.Module):
         for block, layer in zip(self.blocks, cache.layers):
             x = block.extend(x, layer, step)
         cache.length = n + m
-        return self.lm_head(self.ln_f(x[:, n - first:]))
+        return first, self.lm_head(self.ln_f(x))
 
     def static_step(self, token: torch.Tensor, cache: KVCache, pos: torch.Tensor) -> torch.Tensor:
         """Append one token per sequence (token [B]) in slot `pos` (a 0-d long tensor on the device,
