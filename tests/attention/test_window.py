@@ -151,7 +151,11 @@ def test_the_dape_conv_reads_zeros_at_a_window_edge():
     assert_close(out2[..., -1, :], out[..., -1, :], 1e-12, "the last row ignores keys left of its window")
 
 
-def test_the_planner_routes_masked_work_off_the_fused_kernels():
+def test_the_planner_routes_masked_work_off_the_fused_kernels(monkeypatch):
+    from lenx.attention.backends import fused
+
+    # judged as on a CUDA machine with triton, whatever this one has
+    monkeypatch.setattr(fused.importlib.util, "find_spec", lambda name: object())
     cuda = torch.device("cuda")
     kerple = layer("kerple", 64).parts
     # where triton would be judged (a CUDA device) it says why it cannot take the window
@@ -162,7 +166,10 @@ def test_the_planner_routes_masked_work_off_the_fused_kernels():
     assert plan_backend(kerple, torch.device("cpu")) == "chunked"
     assert plan_backend(layer("rope", 8).parts, torch.device("cpu")) == "sdpa"
     assert plan_backend(layer("dapev2-kerple", 8).parts, torch.device("cpu")) == "chunked"
-    assert plan_note(layer("kerple", 0).parts, torch.device("cpu")) is None
+    assert plan_note(layer("kerple", 0).parts, cuda) is None
+    assert plan_note(kerple, cuda) == "flex, not triton: the fused kernels take no mask yet (a window)"
+    assert plan_backend(layer("dapev2-kerple", 8).parts_for(True), cuda) == "chunked"
+    assert "document segments" in plan_note(layer("stickbreaking", 0).parts_for(True), cuda)
 
 
 @pytest.mark.parametrize("window,causal", [(-1, True), (4, False)])
