@@ -170,6 +170,10 @@ def test_the_planner_routes_masked_work_off_the_fused_kernels(monkeypatch):
     assert plan_note(kerple, cuda) == "flex, not triton: the fused kernels take no mask yet (a window)"
     assert plan_backend(layer("dapev2-kerple", 8).parts_for(True), cuda) == "chunked"
     assert "document segments" in plan_note(layer("stickbreaking", 0).parts_for(True), cuda)
+    # what a run's meta.json and `lenx bench --train-step` record
+    from helpers import model_for
+    assert model_for("kerple", window=8, d_model=32).backend_notes(cuda) == [plan_note(kerple, cuda)]
+    assert model_for("kerple", d_model=32).backend_notes(cuda) == []
 
 
 @pytest.mark.parametrize("window,causal", [(-1, True), (4, False)])

@@ -8,6 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..attention import Attention
+from ..attention.backends import plan_note
 from ..attention.cache import LayerCache, RingCache, StepRows
 from ..attention.masks import check_segments
 from ..config import LMConfig
@@ -245,6 +246,11 @@ class LM(nn.Module):
 
     def backends(self, device: torch.device) -> list[str]:
         return [block.attn.backend_for(device) for block in self.blocks]
+
+    def backend_notes(self, device: torch.device) -> list[str]:
+        """Why a layer's backend is not the fused kernels that would run it unmasked (a window), once each."""
+        notes = (plan_note(block.attn.parts, device, block.attn.cfg.backend) for block in self.blocks)
+        return list(dict.fromkeys(n for n in notes if n))
 
     def kernels(self) -> list[str | None]:
         """The fused kernel each layer's DAPE V2 processor last ran (None: none, or no such choice)."""
