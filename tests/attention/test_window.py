@@ -163,6 +163,8 @@ def test_the_planner_routes_masked_work_off_the_fused_kernels(monkeypatch):
         plan_backend(kerple, cuda, "triton")
     with pytest.raises(ValueError, match="no mask yet"):
         Attention(AttentionConfig(method="kerple", window=8, backend="triton"), H, H * D)
+    with pytest.raises(ValueError, match="fused Triton kernels"):  # never run with the mask ignored
+        run_backend("triton", *(t.detach() for t in operands(1, 8)), kerple)
     assert plan_backend(kerple, torch.device("cpu")) == "chunked"
     assert plan_backend(layer("rope", 8).parts, torch.device("cpu")) == "sdpa"
     assert plan_backend(layer("dapev2-kerple", 8).parts, torch.device("cpu")) == "chunked"

@@ -1,7 +1,6 @@
 """lenx's fused Triton kernels (lenx.ops), CUDA only, where a kernel covers the composition.
 
-Covered (causal only, no window or document mask yet: the planner sends masked work to chunked or
-flex, and plan_note says so): softmax + the DAPE V2 processor with or without a per-distance bias; softmax
+Covered (causal only): softmax + the DAPE V2 processor with or without a per-distance bias; softmax
 + a per-distance bias (alibi, kerple, kerple-power, t5) with no processor; stick-breaking with no
 bias or processor (any remainder mode: the module applies it). Shapes the planner cannot see
 (head dim when unknown, T) are checked again when the kernel is called. DAPE V2's forward-only work
@@ -32,8 +31,6 @@ class Fused(Backend):
             return "triton is not installed"
         if not parts.causal:
             return "the fused Triton kernels are causal only"
-        if parts.masked:
-            return f"the fused Triton kernels take no mask yet ({parts.masked}); backend auto runs it on one that does"
         if parts.head_dim is not None and parts.head_dim not in HEAD_DIMS:
             return f"the fused Triton kernels take head dims 16, 32, 64 or 128, not {parts.head_dim}"
         name = parts.normaliser.name
@@ -62,7 +59,7 @@ class Fused(Backend):
             return "training: skewed where its buffers fit, else triton; forward only: gluon on sm_90, else triton"
         return None
 
-    def run(self, q, k, v, parts, chunk_size=256, segments=None):
+    def run(self, q, k, v, parts, chunk_size=256):
         if parts.normaliser.name == "stickbreaking":
             from ...ops.stickbreaking.triton import stickbreaking_triton
 
