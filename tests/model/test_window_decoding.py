@@ -74,3 +74,17 @@ def test_decoding_refuses_segments():
     with pytest.raises(ValueError, match="decoding has no document segments"):
         model.blocks[0].attn(torch.zeros(1, 3, 16, dtype=torch.float64), cache.layers[0],
                              segments=torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_the_memory_check_counts_the_rings(monkeypatch):
+    """`lenx generate`'s check counts a windowed layer's ring, not a slot per token: a long generation
+    that a global model could not hold passes with a window."""
+    from lenx.config import ConfigError, load_config
+    from lenx.model import memory
+    from lenx.model.generate import check_generate_memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda device: 50 * 2**20)
+    cpu = torch.device("cpu")
+    check_generate_memory(load_config("tiny", ["model.window=16"]), 1, 10, 100_000, cpu)
+    with pytest.raises(ConfigError, match="KV cache"):
+        check_generate_memory(load_config("tiny"), 1, 10, 100_000, cpu)
