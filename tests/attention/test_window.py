@@ -182,3 +182,12 @@ def test_the_planner_routes_masked_work_off_the_fused_kernels(monkeypatch):
 def test_a_bad_window_is_refused(window, causal):
     with pytest.raises(ValueError, match="window"):
         Attention(AttentionConfig(method="alibi", window=window, causal=causal), H, H * D)
+
+
+def test_the_chunked_memory_estimate_follows_the_window():
+    from lenx.attention.backends import Work, get_backend
+
+    chunked = get_backend("chunked")
+    work = Work(batch=1, heads=H, length=8192, head_dim=D, chunk_size=256)
+    windowed, wide = (chunked.memory(layer("kerple", w).parts, work).peak for w in (256, 0))
+    assert windowed * 8192 // 512 == pytest.approx(wide, rel=0.01)  # keys per block: 256 + 256, not 8192
