@@ -159,9 +159,10 @@ def cached_attention(q, keys, values, parts, step: StepRows, ring: int = 0):
     norm, bias_part = parts.normaliser, parts.bias
     # a window hides keys as the causal cut does (masks.py); [B, R, Tk] or None
     seen = step.shared(("window", parts.window, ring), lambda: visible(q_pos, k_pos, parts.window))
-    allowed = step.shared(("allowed", norm.allowed_key, parts.causal, parts.window, ring), lambda: (
-        norm.allowed(q_pos, k_pos, parts.causal) & key_valid[:, None, :]
-        & (True if seen is None else seen)).unsqueeze(1))
+    def make_allowed():
+        allowed = norm.allowed(q_pos, k_pos, parts.causal) & key_valid[:, None, :]
+        return (allowed if seen is None else allowed & seen).unsqueeze(1)
+    allowed = step.shared(("allowed", norm.allowed_key, parts.causal, parts.window, ring), make_allowed)
     bias = None
     if bias_part is not None and bias_part.per_distance:  # the layers' distances are the same
         dtype = bias_part.distance_dtype
