@@ -14,7 +14,8 @@ from lenx.config import AttentionConfig
 from lenx.ops.stickbreaking.reference import stickbreaking_weights
 
 H, D = 2, 16  # heads, head dim
-METHODS = ["nope", "kerple", "alibi", "t5", "fire", "dapev2-kerple", "dapev2", "stickbreaking", "cope"]
+METHODS = ["nope", "kerple", "alibi", "t5", "fire", "xl", "dapev2-kerple", "dapev2", "stickbreaking", "cope",
+           "dapev2-stickbreaking-alibi"]
 
 
 def layer(method, window, **kw):
