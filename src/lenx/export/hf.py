@@ -122,6 +122,7 @@ class LenxCache:
                 layer.k, layer.v = layer.k[beam_idx], layer.v[beam_idx]
                 if layer.q is not None:
                     layer.q = layer.q[beam_idx]
+                layer.extra = {name: kept[beam_idx] for name, kept in layer.extra.items()}  # FoX's
             self.kv.tokens, self.kv.start = self.kv.tokens[beam_idx], self.kv.start[beam_idx]
 
 
