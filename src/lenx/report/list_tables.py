@@ -47,6 +47,7 @@ def temperatures_table() -> Table:
                           "Not on stick-breaking or CoPE (lenx says why)")
     for name, part in TEMPERATURES.items():
         table.add_row(name, part.description)
+    return table
 
 
 def layouts_table() -> Table:
