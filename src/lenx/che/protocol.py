@@ -94,7 +94,6 @@ class Encoder(nn.Module):
         super().__init__()
         c, shared = block_config(method, cfg), {}
         self.embed = nn.Embedding(vocab, cfg.d_model)
-        # a windowed layer keeps each query's W most recent keys, a causal notion: it runs causally too
         self.blocks = nn.ModuleList(Block(replace(b, causal=runs_causally(b.method) or b.window > 0), shared, i)
                                     for i, b in enumerate(layer_configs(c, c.layers, c.n_layer)))
         self.norm = nn.LayerNorm(cfg.d_model)
