@@ -38,6 +38,7 @@ class AttentionConfig:
     backend: str = "auto"  # auto | dense | chunked | sdpa | flex | triton
     chunk_size: int = 256  # query rows per block on the chunked path
     causal: bool = True  # False for encoders (CHE): biases use |i - j|, DAPE V2 drops the tril
+    window: int = 0  # sliding window: each query sees its `window` most recent keys (0 = global; causal only)
     rope_base: float = 10000.0
     # RoPE context extension (attention/rope.py): none | pi | ntk | dynamic-ntk | yarn
     rope_scaling: str = "none"
@@ -74,7 +75,6 @@ class AttentionConfig:
     fox_qk_norm: bool = False
     fox_kv_shift: bool = False
     fox_output_norm: bool = False
-    window: int = 0  # each query sees its W most recent keys; 0 = global
 
 
 @dataclass

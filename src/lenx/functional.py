@@ -19,7 +19,7 @@ class MapBias(ScoreBias):
         self.full = full
 
     def forward(self, q_pos, k_pos, q=None, k=None):
-        return self.full[..., q_pos[0]: q_pos[-1] + 1, : len(k_pos)]
+        return self.full[..., q_pos[0]: q_pos[-1] + 1, k_pos[0]: k_pos[-1] + 1]
 
 
 def stickbreaking_attention(q, k, v, attend_current: bool = False, backend: str = "auto", chunk_size: int = 256):

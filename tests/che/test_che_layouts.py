@@ -24,6 +24,8 @@ def test_each_encoder_layer_has_its_method_and_direction():
     torch.manual_seed(0)
     x = torch.randint(0, 3, (1, 12))
     assert model(x).shape == (1, 12, 2)
+    windowed = Encoder("(rope:w4,nope)", 4, 2, cfg)  # a window keeps the most recent keys: it runs causally
+    assert [(b.attn.cfg.window, b.attn.cfg.causal) for b in windowed.blocks] == [(4, True), (0, False)] * 2
 
 
 def test_a_bad_layout_is_refused_before_any_training(tmp_path):

@@ -13,6 +13,7 @@ import torch
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .masks import visible
 from .parts import normalise
 
 # cuDNN's SDPA builds an execution plan for every new shape (~4 ms a layer on an H100, torch 2.11):
@@ -36,7 +37,10 @@ class LayerCache:
     reads the score rows of the c_q - 1 queries before each new row, which a step recomputes from their
     cached queries against all the keys: O(c_q T) per step); and what the layer keeps per slot beside
     them (`extra`: {name: (shape after [B, capacity], dtype)}; FoX: the prefix sums of its forget
-    gates, "c" [B, capacity, H]), zeros where nothing was written."""
+    gates, "c" [B, capacity, H]), zeros where nothing was written. ring: 0 (every slot kept;
+    RingCache keeps the last few)."""
+
+    ring = 0
 
     def __init__(self, batch: int, heads: int, head_dim: int, capacity: int, device, dtype, key_dim: int | None = None,
                  extra=None, keep_q: bool = False):
@@ -88,6 +92,54 @@ class LayerCache:
         """Keys and values of slots 0..end-1."""
         return self.k[:, :, :end], self.v[:, :, :end]
 
+    def read_step(self, step: "StepRows") -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values a decode step's rows read (step.key_slots(self.ring) says their slots)."""
+        return self.read(step.n_keys)
+
+    def copy_from(self, other: "LayerCache", n: int) -> None:
+        """Take the first n slots of a smaller cache of the same layer (a cache that grows)."""
+        self.k[:, :, :n], self.v[:, :, :n] = other.k[:, :, :n], other.v[:, :, :n]
+        if self.q is not None:
+            self.q[:, :, :n] = other.q[:, :, :n]
+        for name, kept in self.extra.items():
+            kept[:, :n] = other.extra[name][:, :n]
+
+
+class RingCache(LayerCache):
+    """The cache of a windowed layer: only the last `size` slots, slot t at index t % size, so that
+    it does not grow with the context. A decode step reads the ring in slot order (the DAPE
+    convolution and stick-breaking read keys in order), slots end - size..end - 1; size covers a
+    step's rows, the window before its first row and the convolution's reach left of that. K may be
+    key_dim wide (PoPE); it keeps no queries and no extras (model/checks.py refuses a window on the
+    methods that need them: FoX, MTA)."""
+
+    def __init__(self, batch: int, heads: int, head_dim: int, size: int, device, dtype, key_dim: int | None = None):
+        super().__init__(batch, heads, head_dim, size, device, dtype, key_dim)
+        self.ring = size
+
+    def write(self, start: int, k, v, rows=None, q=None) -> None:
+        R = k.shape[2]
+        if R > self.ring:  # a prompt longer than the ring: its last slots
+            k, v, start = k[:, :, R - self.ring:], v[:, :, R - self.ring:], start + R - self.ring
+        index = torch.arange(start, start + k.shape[2], device=self.k.device) % self.ring
+        for mine, new in ((self.k, k), (self.v, v)):
+            if rows is None:
+                mine.index_copy_(2, index, new.to(mine.dtype))
+            else:
+                mine[rows] = mine[rows].index_copy(2, index, new.to(mine.dtype))
+
+    def write_at(self, slots, k, v, q=None) -> None:
+        super().write_at(slots % self.ring, k, v)
+
+    def read_step(self, step):
+        order = step.key_slots(self.ring)[0] % self.ring
+        return self.k.index_select(2, order), self.v.index_select(2, order)
+
+    def copy_from(self, other, n: int) -> None:
+        slots = torch.arange(max(0, n - other.capacity), n, device=self.k.device)
+        for mine, theirs in ((self.k, other.k), (self.v, other.v)):
+            mine.index_copy_(2, slots % self.ring, theirs.index_select(2, slots % theirs.shape[2]))
+
 
 class StepRows:
     """The rows [R] (cache slots, a long tensor) that one decode step computes in every layer, of
@@ -110,26 +162,44 @@ class StepRows:
         self.key_valid = (self.k_pos >= 0) & (slots < end)[None, :]
         self._shared: dict = {}
 
+    def key_slots(self, ring: int = 0):
+        """(slots [Tk], positions [B, Tk], which exist [B, Tk]) of the keys a layer reads: slots
+        0..n_keys-1, or with a ring of that size the last `ring` slots before end (RingCache)."""
+        if not ring:
+            return None, self.k_pos, self.key_valid
+
+        def make():
+            slots = torch.arange(ring, device=self.rows.device) + (self.end - ring)
+            k_pos = slots[None, :] - self.start[:, None]
+            return slots, k_pos, (k_pos >= 0) & (slots >= 0)[None, :]
+        return self.shared(("ring", ring), make)
+
     def shared(self, key, make):
         if key not in self._shared:
             self._shared[key] = make()
         return self._shared[key]
 
 
-def cached_attention(q, keys, values, parts, step: StepRows, queries=None):
+def cached_attention(q, keys, values, parts, step: StepRows, ring: int = 0, queries=None):
     """Rows q [B, H, R, d] in cache slots step.rows against the keys and values [B, H, Tk, d] of
-    slots 0..Tk-1 (Tk = step.n_keys). The slots outside a sequence (a left-padded batch's padding, a
-    fixed-size cache's empty tail) are never attended, and a row outside its sequence gives zeros.
+    slots 0..Tk-1 (Tk = step.n_keys), or of the last `ring` slots (a RingCache's read_step). The
+    slots outside a sequence (a left-padded batch's padding, a fixed-size cache's empty tail) are
+    never attended, and a row outside its sequence gives zeros.
     Every part sees each sequence's own positions (the DAPE convolution reads the missing keys as
     its zero padding, CoPE counts no gate there, stick-breaking breaks no stick there), so each row
     is the row of its sequence's forward alone. -> (out [B, H, R, d], the normaliser's rem [B, H, R]
     or None), as the reference backends' block_attention. A processor with a query halo h (MTA)
     reads the h rows before the step's first too (the rows are consecutive slots): their queries
-    come from `queries` [B, H, capacity, d], the cache's (LayerCache.q)."""
-    q_pos, k_pos, key_valid = step.q_pos, step.k_pos, step.key_valid
+    come from `queries` [B, H, capacity, d], the cache's (LayerCache.q); it takes no window (no ring)."""
+    q_pos = step.q_pos
+    _, k_pos, key_valid = step.key_slots(ring)
     norm, bias_part = parts.normaliser, parts.bias
-    allowed = step.shared(("allowed", norm.allowed_key, parts.causal), lambda: (
-        norm.allowed(q_pos, k_pos, parts.causal) & key_valid[:, None, :]).unsqueeze(1))
+    # a window hides keys as the causal cut does (masks.py); [B, R, Tk] or None
+    seen = step.shared(("window", parts.window, ring), lambda: visible(q_pos, k_pos, parts.window))
+    def make_allowed():
+        allowed = norm.allowed(q_pos, k_pos, parts.causal) & key_valid[:, None, :]
+        return (allowed if seen is None else allowed & seen).unsqueeze(1)
+    allowed = step.shared(("allowed", norm.allowed_key, parts.causal, parts.window, ring), make_allowed)
     h = parts.processor.q_halo if parts.processor is not None else 0
     if h:  # slots before the cache's first read as rows at negative positions: Mask_0 zeroes them
         slots = step.rows[:1] - h + torch.arange(h, device=q.device)
@@ -138,17 +208,18 @@ def cached_attention(q, keys, values, parts, step: StepRows, queries=None):
     bias = None
     if bias_part is not None and bias_part.per_distance and not h:  # the layers' distances are the same
         dtype = bias_part.distance_dtype
-        dist = step.shared(("distance", type(bias_part).distance, bias_part.causal, dtype), lambda: (
+        dist = step.shared(("distance", type(bias_part).distance, bias_part.causal, dtype, ring), lambda: (
             bias_part.distance(q_pos, k_pos) if dtype is None else bias_part.distance(q_pos, k_pos).to(dtype)))
         bias = bias_part.from_distance(dist).movedim(0, -3)
     elif bias_part is not None:
         bias = bias_part(q_pos, k_pos, q=q, k=keys)
     if parts.processor is None and norm.name == "softmax":
         # one fused kernel for the scores, the mask and the softmax (a decode step is launch-bound)
-        blocked = step.shared(("blocked", norm.allowed_key, parts.causal), lambda: ~allowed)
+        blocked = step.shared(("blocked", norm.allowed_key, parts.causal, parts.window, ring), lambda: ~allowed)
         if bias is None:  # an additive mask once per step: SDPA would turn a boolean one into it in every layer
-            mask = step.shared(("additive", norm.allowed_key, parts.causal, q.dtype), lambda: torch.zeros(
-                allowed.shape, dtype=q.dtype, device=q.device).masked_fill(blocked, float("-inf")))
+            key = ("additive", norm.allowed_key, parts.causal, parts.window, ring, q.dtype)
+            mask = step.shared(key, lambda: torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(
+                blocked, float("-inf")))
         else:
             mask = bias.to(q.dtype).masked_fill(blocked, float("-inf"))
         with _sdpa_backends(step, q.shape[0] * q.shape[1] * q.shape[2] * keys.shape[2]):
@@ -156,7 +227,8 @@ def cached_attention(q, keys, values, parts, step: StepRows, queries=None):
     else:
         raw = torch.matmul(q, keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
         if parts.processor is not None:
-            scores = parts.processor(raw, bias, q, q_pos, k_pos, key_valid)[..., h:, :]
+            extra = {} if seen is None else {"visible": seen}
+            scores = parts.processor(raw, bias, q, q_pos, k_pos, key_valid, **extra)[..., h:, :]
         else:
             scores = raw if bias is None else raw + bias.to(raw.dtype)
         out, rem = normalise(parts, scores, values, allowed)

@@ -20,12 +20,14 @@ class CoPE(ScoreProcessor):
     def from_config(cls, ctx):
         return cls(ctx.head_dim, ctx.cfg.cope_npos)
 
-    def forward(self, scores, bias, q, q_pos, k_pos, key_valid=None):
+    def forward(self, scores, bias, q, q_pos, k_pos, key_valid=None, visible=None):
         if bias is not None:
             scores = scores + bias.to(scores.dtype)
         counted = (k_pos[..., None, :] <= q_pos[..., :, None]).unsqueeze(-3)  # [1 or B, 1, Tq, Tk]
         if key_valid is not None:  # a padded batch or a fixed-size cache: keys that do not exist count nothing
             counted = counted & key_valid[:, None, None, :]
+        if visible is not None:  # a window or another document: no gate counted, as past the causal edge
+            counted = counted & visible.unsqueeze(-3)
         gates = torch.sigmoid(scores).masked_fill(~counted, 0.0)
         # Reverse cumulative sum along keys: p_ij = sum over t >= j of the (masked) gates of row i.
         pos = gates.flip(-1).cumsum(-1).flip(-1).clamp(max=self.npos_max - 1)

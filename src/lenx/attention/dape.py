@@ -50,16 +50,17 @@ class DapeV2(ScoreProcessor):
 
     def forward(self, scores: torch.Tensor, bias: torch.Tensor | None = None, q: torch.Tensor | None = None,
                 q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
-                key_valid: torch.Tensor | None = None) -> torch.Tensor:
+                key_valid: torch.Tensor | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
         """scores [B, H, Tq, Tk] (scaled), bias broadcastable to it; q_pos, k_pos the rows' and keys'
         positions (default: the rows are the last Tq of Tk positions); q is not used; key_valid
-        [B, Tk] the keys that exist (default: all; see dape_v2_scores). Returns
+        [B, Tk] the keys that exist (default: all; see dape_v2_scores), visible the keys a mask
+        leaves each row (read as keys past the diagonal; see attention/masks.py). Returns
         S + Bias + f(tril([S; Bias])) with no -inf masking."""
         if self.with_bias and bias is None:
             raise ValueError("this DapeV2 was built with_bias=True (2H input channels) but got no bias")
         if not self.with_bias and bias is not None:
             raise ValueError("this DapeV2 was built with_bias=False (H input channels) but got a bias")
-        return dape_v2_scores(scores, bias, *self.conv_weights(), q_pos, k_pos, self.leak, key_valid)
+        return dape_v2_scores(scores, bias, *self.conv_weights(), q_pos, k_pos, self.leak, key_valid, visible)
 
     def extra_repr(self) -> str:
         return f"heads={self.num_heads}, hidden={self.hidden}, k={self.kernel_size}, with_bias={self.with_bias}, leak={self.leak}"

@@ -124,10 +124,11 @@ def _entry(s: str, at: int) -> tuple[list[str], int]:
 
 def layer_configs(cfg, layers: str, n_layer: int) -> list:
     """One attention config per layer: `cfg` with each layer's method and window (`layers` empty:
-    `cfg` in every layer)."""
+    `cfg` in every layer). A windowed layer is causal (its W most recent keys), in CHE's encoder too."""
     if not layers.strip():
         return [cfg] * n_layer
-    return [replace(cfg, method=s.method, window=s.window) for s in parse_layout(layers, n_layer)]
+    return [replace(cfg, method=s.method, window=s.window, causal=cfg.causal or s.window > 0)
+            for s in parse_layout(layers, n_layer)]
 
 
 def method_or_layout(name: str) -> tuple[str, str]:

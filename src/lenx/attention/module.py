@@ -12,6 +12,7 @@ from . import profiling
 from .backends import plan_backend, run_backend
 from .cache import LayerCache, StepRows, cached_attention
 from .fox import FoxPro
+from .masks import check_segments
 from .methods import BASES, NORMALISERS, PROCESSORS, TEMPERATURES, parse_method
 from .parts import PartContext, Parts
 
@@ -26,6 +27,9 @@ class Attention(nn.Module):
         spec = self.spec = parse_method(cfg.method)
         if not cfg.causal and spec.causal_only:
             raise ValueError(f"method {spec.name!r} is causal by construction and cannot run non-causally")
+        if cfg.window < 0 or (cfg.window and not cfg.causal):
+            raise ValueError(f"window must be 0 (global) or >= 1 keys, on a causal attention; got window={cfg.window}"
+                             f"{'' if cfg.causal else ' with causal=False'}")
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.proj = nn.Linear(d_model, d_model, bias=False)
         ctx = PartContext(spec.base, cfg, n_head, self.head_dim, d_model, {} if shared is None else shared,
@@ -46,13 +50,28 @@ class Attention(nn.Module):
             self.processor = built if base.role == "processor" else None
         ctx.name = spec.normaliser
         self.normaliser = NORMALISERS[spec.normaliser].build(ctx)
-        self.parts = Parts(self.bias, self.processor, self.normaliser, cfg.causal, self.head_dim, self.key_dim)
+        self.parts = Parts(self.bias, self.processor, self.normaliser, cfg.causal, self.head_dim, self.key_dim,
+                           cfg.window)
+        refused = self._unwindowed() if cfg.window else None
+        if refused:
+            raise ValueError(f"a window on {spec.name} is not supported yet: {refused}")
         # Fail at construction, not at the first forward, when a forced backend cannot run this
         # composition (triton is judged for CUDA, the only device it runs on).
         plan_backend(self.parts, torch.device("cuda" if cfg.backend == "triton" else "cpu"), cfg.backend)
 
-    def backend_for(self, device: torch.device) -> str:
-        return plan_backend(self.parts, device, self.cfg.backend)
+    def _unwindowed(self) -> str | None:
+        """Why this layer takes no window yet (None: it does). A windowed layer decodes from a ring of
+        the last slots (cache.RingCache), which keeps keys and values only."""
+        if self.processor is not None and not self.processor.masks:
+            return "MTA's query-key convolution takes no mask yet, and its decoding cache keeps every query"
+        if self.cache_extra(torch.float32):
+            return "FoX's decoding cache keeps per-slot forget-gate sums (and inputs), which a window's ring does not"
+        return None
+
+    def backend_for(self, device: torch.device, segments: bool = False) -> str:
+        """The backend for this layer on `device`, for a call with document ids when `segments`."""
+        parts = replace(self.parts, segments=True) if segments else self.parts
+        return plan_backend(parts, device, self.cfg.backend)
 
     def _qkv(self, x: torch.Tensor):
         B, T, _ = x.shape
@@ -77,14 +96,22 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None, rows: list[int] | None = None,
-                at: int = 0) -> torch.Tensor:
-        """x [B, T, C] at positions 0..T-1. With a cache (a prefill), their keys and values go to its
-        slots at..at+T-1 of the sequences `rows` (None: all)."""
+                at: int = 0, segments: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T, C] at positions 0..T-1; segments [B, T] their document ids (None: one document;
+        no row attends across a document boundary). With a cache (a prefill), their keys and
+        values go to its slots at..at+T-1 of the sequences `rows` (None: all)."""
+        B, T, C = x.shape
+        check_segments(segments, B, T)
+        if cache is not None and segments is not None:
+            raise ValueError("decoding has no document segments: a prompt is one document")
+        if segments is not None and self.processor is not None and not self.processor.masks:
+            raise ValueError(f"document segments on {self.spec.name} are not supported yet: MTA's query-key "
+                             "convolution takes no mask")
         q, k, v = self.project(x)
         parts, kept = self.parts_for(x)
         if cache is not None:
             cache.write(at, k, v, rows, q, **kept)
-        attend = functools.partial(self.attend, parts=parts)
+        attend = functools.partial(self.attend, parts=parts, segments=segments)
         if profiling.active():  # `lenx bench --train-step`: attention's kernels marked for torch.profiler
             out = profiling.marked(attend, q, k, v)
         else:
@@ -119,11 +146,15 @@ class Attention(nn.Module):
         B, _, T, _ = out.shape
         return self.proj(out.transpose(1, 2).reshape(B, T, -1))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parts: Parts | None = None) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parts: Parts | None = None,
+               segments: torch.Tensor | None = None) -> torch.Tensor:
         """The attention itself: q, k, v [B, H, T, d] (q and k already rotated) -> out [B, H, T, d].
-        parts: self.parts, or those bound to the input (parts_for)."""
+        parts: self.parts, or those bound to the input (parts_for); segments [B, T] or None."""
         parts = self.parts if parts is None else parts
-        out, rem = run_backend(self.backend_for(q.device), q, k, v, parts, self.cfg.chunk_size)
+        if segments is not None:
+            parts = replace(parts, segments=True)
+        backend = self.backend_for(q.device, segments is not None)
+        out, rem = run_backend(backend, q, k, v, parts, self.cfg.chunk_size, segments)
         out = self.normaliser.finish(out, rem, v)
         return out if self.processor is None else self.processor.finish(out)
 
@@ -162,10 +193,10 @@ class Attention(nn.Module):
                                lambda: self.temperature.position_term(step.q_pos + 1, dtype))
             q = self.temperature(q, term=term)
         cache.write_at(step.rows, k, v, q, **kept)
-        keys, values = cache.read(step.n_keys)
+        keys, values = cache.read_step(step)
         parts = self.parts
         if "c" in kept:
             parts = replace(parts, bias=self.bias.bind(c, cache.extra["c"][:, :step.n_keys].transpose(1, 2)))
-        out, rem = cached_attention(q, keys, values, parts, step, cache.q)
+        out, rem = cached_attention(q, keys, values, parts, step, cache.ring, cache.q)
         out = self.normaliser.finish(out, rem, v)
         return self._output(out if self.processor is None else self.processor.finish(out), x)

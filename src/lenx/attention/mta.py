@@ -22,6 +22,8 @@ HEAD_MIXES = ("none", "pre", "post", "both")
 
 
 class MTA(ScoreProcessor):
+    masks = False  # its query-key convolution reads no `visible` yet: no window, no document segments
+
     def __init__(self, num_heads: int, head_dim: int, query_kernel: int = 6, key_kernel: int = 11,
                  head_group: int = 0, head_mix: str = "post", conv: bool = True, norm: bool = True,
                  d_model: int | None = None):

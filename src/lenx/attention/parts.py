@@ -31,11 +31,13 @@ class ScoreBias(nn.Module):
 
 
 class ScoreProcessor(nn.Module):
-    """Maps the score block to processed scores: forward(raw, bias, q, q_pos, k_pos, key_valid=None)
-    -> A, where raw [B, H, Tq, Tk] are the scaled q.k scores, bias the bias part's block (or None),
+    """Maps the score block to processed scores: forward(raw, bias, q, q_pos, k_pos, key_valid=None,
+    visible=None) -> A, where raw [B, H, Tq, Tk] are the scaled q.k scores, bias the bias part's block (or None),
     q [B, H, Tq, d] the rows' queries, q_pos [Tq] and k_pos [Tk] their positions (or per sequence
     [B, Tq], [B, Tk]), key_valid [B, Tk] the keys that exist (None: all; decoding passes it for a
-    padded batch or a fixed-size cache). A includes the bias.
+    padded batch or a fixed-size cache), visible [Tq, Tk] or [B, Tq, Tk] the keys a window or
+    document mask leaves each row (None: all; a hidden key is read as one past the causal edge,
+    see masks.py). A includes the bias.
 
     halo: keys past a row block's last query that its processed scores read (the chunked path
     takes that many more). q_halo: query rows before a block's first that its processed scores
@@ -43,10 +45,12 @@ class ScoreProcessor(nn.Module):
     leak: processed scores see future keys (the causal cut is off). op: the fused op (a folder of
     lenx.ops) that can run this processor, if any. post_softmax: after_softmax(probs) changes the
     softmax probabilities before they weight the values (normalise applies it). finish(out) maps
-    each head's output [B, H, T, d] after the normaliser's own finish."""
+    each head's output [B, H, T, d] after the normaliser's own finish. masks: forward takes
+    `visible` (a window, document segments); False: the attention refuses both."""
 
     halo = 0
     q_halo = 0
+    masks = True
     leak = False
     op: str | None = None
     post_softmax = False
@@ -76,6 +80,20 @@ class Parts:
     causal: bool = True
     head_dim: int | None = None  # lets the planner reject shapes a fused kernel cannot take
     key_dim: int | None = None  # q and k's width when it is not head_dim (PoPE's 2d)
+    window: int = 0  # each row sees its `window` most recent keys (0: all; masks.py)
+    segments: bool = False  # the call carries document ids (set per call: the planner reads it)
+
+    def __post_init__(self):
+        if self.window < 0:
+            raise ValueError(f"window must be 0 (global) or a number of keys >= 1, got {self.window}")
+        if self.window and not self.causal:
+            raise ValueError("a window needs a causal attention (it keeps each row's most recent keys)")
+
+    @property
+    def masked(self) -> str | None:
+        """What masks keys beyond the causal cut ("a window", "document segments"), or None."""
+        what = [w for w, on in (("a window", self.window), ("document segments", self.segments)) if on]
+        return " and ".join(what) or None
 
 
 @dataclass

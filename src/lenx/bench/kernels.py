@@ -31,11 +31,12 @@ BACKENDS = ("sdpa", "flex", "triton", "chunked", "dense")
 LENGTHS = (512, 2048, 8192, 16384, 32768)
 
 
-def _parts(method: str, heads: int, head_dim: int, device, dape_hidden: int, dape_kernel: int):
-    """The attention parts of a lenx method ("sdpa" = plain causal softmax, lenx's "nope")."""
+def _parts(method: str, heads: int, head_dim: int, device, dape_hidden: int, dape_kernel: int, window: int = 0):
+    """The attention parts of a lenx method ("sdpa" = plain causal softmax, lenx's "nope"), with a
+    sliding window of `window` keys (0: none)."""
     name = "nope" if method == "sdpa" else method
     cfg = AttentionConfig(method=name, backend="dense", dape_hidden=dape_hidden, dape_kernel=dape_kernel,
-                          sb_remainder="drop")
+                          sb_remainder="drop", window=window)
     module = Attention(cfg, heads, heads * head_dim).to(device)
     return module.parts, [p for n, p in module.named_parameters() if not n.startswith(("qkv", "proj"))]
 
@@ -79,10 +80,10 @@ def median_ms(fn, warmup_ms: float, rep_ms: float, max_reps: int, grads_to_none=
 
 
 def _measure(method, backend, T, *, batch, heads, head_dim, dtype, device, chunk_size, dape_hidden, dape_kernel,
-             warmup_ms, rep_ms, max_reps):
+             warmup_ms, rep_ms, max_reps, window=0):
     """One row: fwd / fwd+bwd time and peak memory. Raises on anything but OOM."""
     torch.manual_seed(0)
-    parts, params = _parts(method, heads, head_dim, device, dape_hidden, dape_kernel)
+    parts, params = _parts(method, heads, head_dim, device, dape_hidden, dape_kernel, window)
     row = {"method": method, "backend": backend, "T": T}
     reason = unsupported_reason(backend, parts, device)
     if reason:
@@ -138,11 +139,12 @@ def run_bench(methods=METHODS, lengths=LENGTHS, batch: int = 1, heads: int = 12,
               dtype=torch.bfloat16, backends=BACKENDS, out_path=None, *, chunk_size: int = 256,
               dape_hidden: int = 32, dape_kernel: int = 3, max_call_s: float = 3.0, warmup_ms: float = 25,
               rep_ms: float = 200, max_reps: int = 50, only_at: dict | None = None, commit: str | None = None,
-              command: str | None = None, log=print) -> dict:
+              command: str | None = None, window: int = 0, log=print) -> dict:
     """Benchmark every (method, backend, length) on the current CUDA device -> result dict (see
     module docstring); written as JSON to out_path when given (after every length, so a run cut
     short keeps what it measured). only_at: {backend: lengths} runs that backend at those lengths
-    only (e.g. FlexAttention recompiles for every length)."""
+    only (e.g. FlexAttention recompiles for every length). window: every row with a sliding window
+    of that many keys (the fused kernels' rows then say they take no mask yet)."""
     only_at = only_at or {}
     if not torch.cuda.is_available():
         raise RuntimeError("lenx bench needs a CUDA device")
@@ -165,7 +167,7 @@ def run_bench(methods=METHODS, lengths=LENGTHS, batch: int = 1, heads: int = 12,
                      dtype=str(dtype).replace("torch.", ""), backends=list(backends), chunk_size=chunk_size,
                      dape_hidden=dape_hidden, dape_kernel=dape_kernel, max_call_s=max_call_s,
                      warmup_ms=warmup_ms, rep_ms=rep_ms, max_reps=max_reps,
-                     only_at={b: list(v) for b, v in only_at.items()}),
+                     only_at={b: list(v) for b, v in only_at.items()}, window=window),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "rows": [],
     }
@@ -183,7 +185,8 @@ def run_bench(methods=METHODS, lengths=LENGTHS, batch: int = 1, heads: int = 12,
                     t0 = time.time()
                     row = _measure(method, backend, T, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype,
                                    device=device, chunk_size=chunk_size, dape_hidden=dape_hidden,
-                                   dape_kernel=dape_kernel, warmup_ms=warmup_ms, rep_ms=rep_ms, max_reps=max_reps)
+                                   dape_kernel=dape_kernel, warmup_ms=warmup_ms, rep_ms=rep_ms, max_reps=max_reps,
+                                   window=window)
                     row["wall_s"] = round(time.time() - t0, 2)
                     # the median, not the first call: that one carries one-time costs (CUDA and
                     # cuBLAS start-up, compilation) and once skipped SDPA's chunked rows too early

@@ -39,6 +39,8 @@ def _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, ste
     torch.manual_seed(0)
     model = LM(model_cfg).to(device)
     row = {"method": method, "backends": model.backends(device), "params": model.num_params()}
+    if model.backend_notes(device):
+        row["backend_notes"] = model.backend_notes(device)
     optimizer = adamw(model, cfg.train, device)
     # one fixed batch: the step's cost does not depend on the token values, and no data loading is timed
     tokens = torch.randint(0, vocab_size, (batch_size, seq_len + 1), device=device)

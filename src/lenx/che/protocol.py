@@ -10,7 +10,8 @@ How each method is made bidirectional: ALiBi, Kerple and FIRE use |i - j| (FIRE 
 max(i, j)); T5 gives each direction its own 16 buckets; Transformer-XL uses signed distances; RoPE
 and NoPE need no change; DAPE / DAPE V2 see the whole score map (no tril). CoPE, stick-breaking and
 FoX are directional by construction: they run causally (see `runs_causally`); the answer positions come
-after the whole input, so a causal model still reads all of it.
+after the whole input, so a causal model still reads all of it. A layout's windowed layer (`rope:w16`)
+runs causally too: its window is each query's W most recent keys.
 """
 
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -86,14 +87,14 @@ def runs_causally(method: str) -> bool:
 
 
 class Encoder(nn.Module):
-    """Token + blank embedding, lenx blocks (non-causal unless the method is directional; a layout's
-    layers each by their own method), a classification head per position."""
+    """Token + blank embedding, lenx blocks (non-causal unless the method is directional or the layer
+    windowed; a layout's layers each by their own method), a classification head per position."""
 
     def __init__(self, method: str, vocab: int, classes: int, cfg: CHEConfig):
         super().__init__()
         c, shared = block_config(method, cfg), {}
         self.embed = nn.Embedding(vocab, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(replace(b, causal=runs_causally(b.method)), shared, i)
+        self.blocks = nn.ModuleList(Block(replace(b, causal=runs_causally(b.method) or b.window > 0), shared, i)
                                     for i, b in enumerate(layer_configs(c, c.layers, c.n_layer)))
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, classes)

@@ -45,6 +45,8 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
               lengths: str = typer.Option("512,2048,8192,16384,32768", help="comma-separated sequence lengths"),
               batch: int = typer.Option(None, help="batch size (default 1; with --train-step 32)"),
               heads: int = typer.Option(12), head_dim: int = typer.Option(64),
+              window: int = typer.Option(0, help="kernel rows with a sliding window of this many keys "
+                                                 "(model.window; 0: none)"),
               commit: str = typer.Option(None, help="git commit to record (default: this checkout's)"),
               out: Path = typer.Option(None, "--out", "-o",
                                        help="JSON output (default bench.json; with --train-step bench_train_step.json, "
@@ -114,6 +116,9 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     from ..runinfo import git_commit
 
     try:
+        if window < 0 or (window and (train_step or decode)):
+            raise ConfigError(f"--window takes a number of keys >= 0 (got {window}) and applies to the kernel rows "
+                              "only (not to --train-step or --decode)")
         if train_step and decode:
             raise ConfigError("--train-step and --decode are two benchmarks: give one of them")
         if methods and not (train_step or decode) and any(
@@ -177,6 +182,6 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     result = run_bench(methods=(methods or "sdpa,kerple,dapev2-kerple,stickbreaking").split(","),
                        lengths=length_list, batch=batch or 1,
                        heads=heads, head_dim=head_dim, backends=backends.split(","), out_path=str(out),
-                       commit=commit or git_commit(), command=" ".join(sys.argv))
+                       commit=commit or git_commit(), command=" ".join(sys.argv), window=window)
     show([bench_table(result)])
     print(f"wrote {out}")

@@ -62,7 +62,8 @@ def check_maps_memory(m, length: int) -> None:
 
 def attention_maps(run_dir: Path, tokens: torch.Tensor | None = None, layer: int = 0, head: int = 0,
                    length: int = 64) -> dict:
-    """Raw scores, bias and processed scores (pre-softmax, causal part; NaN above the diagonal) of
+    """Raw scores, bias and processed scores (pre-softmax, the part a row sees; NaN above the diagonal
+    and left of a window) of
     one head of a trained run for one input, with "method", "layer", "head" and "length". The input
     is `tokens`, by default the first `length` tokens of the run's test split. Runs on the CPU."""
     cfg = run_config(run_dir)
@@ -85,6 +86,8 @@ def attention_maps(run_dir: Path, tokens: torch.Tensor | None = None, layer: int
             maps["processed"] = processed[0, head]
     T = len(tokens)
     mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+    if attn.parts.window:  # keys left of the window are masked as those past the diagonal
+        mask |= torch.ones(T, T, dtype=torch.bool).tril(-attn.parts.window)
     return {name: m.masked_fill(mask, float("nan")) for name, m in maps.items()} | {
         "method": attn.spec.name, "layer": layer, "head": head, "length": T}  # the layer's (model.layers)
 

@@ -110,9 +110,7 @@ class LenxCache:
             old, n = self.kv, self.kv.length
             self.kv = lm.new_cache(batch, max(need, 2 * old.capacity))
             for dst, src in zip(self.kv.layers, old.layers):
-                dst.k[:, :, :n], dst.v[:, :, :n] = src.k[:, :, :n], src.v[:, :, :n]
-                if src.q is not None:  # MTA's cached queries
-                    dst.q[:, :, :n] = src.q[:, :, :n]
+                dst.copy_from(src, n)  # keys, values, MTA's queries, FoX's extras; a ring its last slots
             self.kv.tokens[:, :n], self.kv.length = old.tokens[:, :n], n
             self.kv.start.copy_(old.start)
         self.capacity = self.kv.capacity
@@ -124,6 +122,7 @@ class LenxCache:
                 layer.k, layer.v = layer.k[beam_idx], layer.v[beam_idx]
                 if layer.q is not None:
                     layer.q = layer.q[beam_idx]
+                layer.extra = {name: kept[beam_idx] for name, kept in layer.extra.items()}  # FoX's
             self.kv.tokens, self.kv.start = self.kv.tokens[beam_idx], self.kv.start[beam_idx]
 
 

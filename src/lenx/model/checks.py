@@ -86,7 +86,7 @@ def _check_model(m: LMConfig) -> None:
     one_of("model.rope_scaling", m.rope_scaling, SCALINGS)
     check(m.rope_scaling_factor == 0 or m.rope_scaling_factor >= 1, "model.rope_scaling_factor",
           "0 (auto: the length processed / model.rope_train_len) or a number >= 1", m.rope_scaling_factor)
-    at_least("model", m, 0, "rope_train_len")
+    at_least("model", m, 0, "rope_train_len", "window")
     check(m.rope_scaling == "none" or m.rope_train_len >= 1, "model.rope_train_len",
           f">= 1 with model.rope_scaling={m.rope_scaling} (the training length the scaling extends)", m.rope_train_len)
     at_least("model", m, 0, "temp_train_len")

@@ -14,8 +14,10 @@ import time
 
 import torch
 
+from ..attention.layouts import layer_configs
 from ..config import ConfigError
 from .decoding import MODES, StaticDecoder
+from .lm import RING_ROWS
 
 MAX_CONTEXT = 32768
 GRAPH_ON_CUDA = True  # `lenx generate` decodes with a CUDA graph on CUDA unless --no-cuda-graph
@@ -65,7 +67,11 @@ def check_generate_memory(cfg, batch: int, width: int, max_new_tokens: int, devi
     reading = estimate_memory(m, batch, width, device, cfg.train.precision, training=False)
     item = 2 if cfg.train.precision == "bf16" or (cfg.train.precision == "auto" and device.type == "cuda") else 4
     slots = width + max_new_tokens
-    cache = batch * slots * (m.n_layer * 2 * m.d_model * item + 8)
+    # a windowed layer (model.window, or its layout entry's :wW) keeps a ring of slots (LM._ring_size;
+    # bounded here by the widest DAPE halo)
+    kept = sum(min(slots, c.window + RING_ROWS + 2 * (m.dape_kernel // 2)) if c.window else slots
+               for c in layer_configs(m, m.layers, m.n_layer))
+    cache = batch * (kept * 2 * m.d_model * item + slots * 8)
     have = available_memory(device)
     if have is not None and cache + reading.total > have:
         raise ConfigError(

@@ -8,9 +8,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..attention import Attention
-from ..attention.cache import LayerCache, StepRows
+from ..attention.backends import plan_note
+from ..attention.cache import LayerCache, RingCache, StepRows
 from ..attention.layouts import layer_configs
+from ..attention.masks import check_segments
 from ..config import LMConfig
+
+
+RING_ROWS = 64  # new tokens one decode step appends at most with a windowed layer (decode splits more)
 
 
 class MLP(nn.Module):
@@ -35,8 +40,9 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, cache: LayerCache | None = None, rows: list[int] | None = None, at: int = 0):
-        x = x + self.drop(self.attn(self.ln1(x), cache, rows, at))
+    def forward(self, x, cache: LayerCache | None = None, rows: list[int] | None = None, at: int = 0,
+                segments=None):
+        x = x + self.drop(self.attn(self.ln1(x), cache, rows, at, segments))
         return x + self.drop(self.mlp(self.ln2(x)))
 
     def extend(self, x, cache: LayerCache, step: StepRows):
@@ -89,14 +95,18 @@ class LM(nn.Module):
             for lin in (block.attn.proj, block.mlp.proj):
                 nn.init.normal_(lin.weight, std=0.02 / math.sqrt(2 * self.cfg.n_layer))
 
-    def hidden(self, idx: torch.Tensor) -> torch.Tensor:
+    def hidden(self, idx: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
+        check_segments(doc_ids, *idx.shape)
         x = self.wte(idx)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, segments=doc_ids)
         return self.ln_f(x)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        logits = self.lm_head(self.hidden(idx))
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, doc_ids: torch.Tensor | None = None):
+        """idx [B, T] -> (logits [B, T, vocab], the next-token loss on targets or None). doc_ids [B, T]:
+        a document id per token (attention.masks.document_ids makes them from a packed batch's EOS
+        tokens); no token attends across a document boundary."""
+        logits = self.lm_head(self.hidden(idx, doc_ids))
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=-100)
@@ -133,12 +143,24 @@ class LM(nn.Module):
         p = self.wte.weight
         device = p.device if device is None else device
         dtype = p.dtype if dtype is None else dtype
-        # a layer whose processor reads earlier queries' scores (MTA) keeps every slot's query too
-        layers = [LayerCache(batch, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head, capacity, device, dtype,
-                             b.attn.key_dim, b.attn.cache_extra(dtype),
-                             keep_q=b.attn.processor is not None and b.attn.processor.q_halo > 0)
-                  for b in self.blocks]
+        shape = (batch, self.cfg.n_head, self.cfg.d_model // self.cfg.n_head)
+        layers = []
+        for b in self.blocks:
+            size = self._ring_size(b.attn)
+            if size:  # a windowed layer keeps no queries and no extras (Attention refuses those windows)
+                layers.append(RingCache(*shape, min(size, capacity), device, dtype, b.attn.key_dim))
+            else:  # a layer whose processor reads earlier queries' scores (MTA) keeps every slot's query too
+                layers.append(LayerCache(*shape, capacity, device, dtype, b.attn.key_dim, b.attn.cache_extra(dtype),
+                                         keep_q=b.attn.processor is not None and b.attn.processor.q_halo > 0))
         return KVCache(layers, torch.zeros(batch, capacity, dtype=torch.long, device=device))
+
+    def _ring_size(self, attn) -> int:
+        """The slots a windowed layer keeps (0: no window, every slot): a step's rows (the halo and
+        up to RING_ROWS new tokens), the window before the first and the layer's conv reach left of it."""
+        if not attn.parts.window:
+            return 0
+        reach = attn.processor.halo if attn.processor is not None else 0
+        return self.halo + RING_ROWS + attn.parts.window - 1 + reach
 
     def prefill(self, idx: torch.Tensor, cache: KVCache, lengths=None, progress=None) -> torch.Tensor:
         """Read the prompts idx [B, T] into an empty cache with the usual forward (the planner's
@@ -188,6 +210,19 @@ class LM(nn.Module):
         n, m = cache.length, idx.shape[1]
         if n + m > cache.capacity:
             raise ValueError(f"the cache holds {cache.capacity} tokens; {n + m} do not fit")
+        # a windowed layer's ring holds RING_ROWS new rows a step: more go in pieces, and a piece's
+        # halo rows, recomputed by the next, are taken from the next
+        size = RING_ROWS if any(layer.ring for layer in cache.layers) else m
+        out = None
+        for i in range(0, m, size):
+            first, logits = self._append(idx[:, i:i + size], cache)
+            keep = logits[:, max(0, n - first):]
+            out = keep if out is None else torch.cat([out[:, :max(0, first - n)], keep], 1)
+        return out
+
+    def _append(self, idx: torch.Tensor, cache: KVCache) -> tuple[int, torch.Tensor]:
+        """Append idx [B, m] -> (the first row computed, the logits of rows first..length-1)."""
+        n, m = cache.length, idx.shape[1]
         cache.tokens[:, n:n + m] = idx
         first = max(0, n - self.halo)
         # every row a new token of a sequence that holds one already: none is padding
@@ -197,7 +232,7 @@ class LM(nn.Module):
         for block, layer in zip(self.blocks, cache.layers):
             x = block.extend(x, layer, step)
         cache.length = n + m
-        return self.lm_head(self.ln_f(x[:, n - first:]))
+        return first, self.lm_head(self.ln_f(x))
 
     def static_step(self, token: torch.Tensor, cache: KVCache, pos: torch.Tensor) -> torch.Tensor:
         """Append one token per sequence (token [B]) in slot `pos` (a 0-d long tensor on the device,
@@ -220,6 +255,11 @@ class LM(nn.Module):
 
     def backends(self, device: torch.device) -> list[str]:
         return [block.attn.backend_for(device) for block in self.blocks]
+
+    def backend_notes(self, device: torch.device) -> list[str]:
+        """Why a layer's backend is not the fused kernels that would run it unmasked (a window), once each."""
+        notes = (plan_note(block.attn.parts, device, block.attn.cfg.backend) for block in self.blocks)
+        return list(dict.fromkeys(n for n in notes if n))
 
     def kernels(self) -> list[str | None]:
         """The fused kernel each layer's DAPE V2 processor last ran (None: none, or no such choice)."""

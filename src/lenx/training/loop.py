@@ -305,6 +305,8 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM,
                 "corpus": corpus.name, "vocab_size": corpus.vocab_size,
                 "corpus_fingerprint": corpus.fingerprint(), "corpus_prepared": corpus.manifest.get("created"),
                 "validation_windows": VALIDATION_DRAW}
+        if raw_model.backend_notes(device):  # a window keeps a layer off the fused kernels: say so
+            meta["backend_notes"] = raw_model.backend_notes(device)
     meta.update(sampling_record(cfg.train, corpus))  # again on resume: config.toml's train.steps may have changed
     if resumed_at is not None:
         meta.setdefault("resumes", []).append({

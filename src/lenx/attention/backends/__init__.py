@@ -4,12 +4,16 @@ Each backend is one object (base.Backend) that says why it cannot run a composit
 it. REGISTRY is the planner's order of preference: the first backend that can run a composition
 and may be picked automatically on the device wins. Adding a backend: one file and one entry here.
 
-triton   lenx's fused kernels (lenx.ops), CUDA only, where a kernel covers the composition
-sdpa     fused torch scaled_dot_product_attention: softmax with no bias and no processor
-flex     FlexAttention with a per-distance bias table (automatic on CUDA only)
+triton   lenx's fused kernels (lenx.ops), CUDA only, where a kernel covers the composition (no masks yet)
+sdpa     fused torch scaled_dot_product_attention: softmax with no bias and no processor (a window or
+         document mask as a boolean mask)
+flex     FlexAttention with a per-distance bias table and/or a window or document block mask
+         (automatic on CUDA only)
 chunked  the reference per block of query rows: everything, in O(T) memory
 dense    the reference: the whole [B, H, T, T] score map (only when asked for)
 """
+
+from dataclasses import replace
 
 import torch
 
@@ -32,9 +36,21 @@ def get_backend(name: str) -> Backend:
         raise ValueError(f"unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}") from None
 
 
+# Backends whose kernels take no window or document mask yet, judged here and not in their files
+# (the kernel hash of lenx.runinfo covers the fused routing, and no kernel changes with this).
+NO_MASKS = {"triton": "the fused Triton kernels take no mask yet"}
+
+
+def _unsupported(backend: Backend, parts: Parts, device: torch.device) -> str | None:
+    reason = backend.unsupported(parts, device)
+    if reason is None and parts.masked and backend.name in NO_MASKS:
+        return f"{NO_MASKS[backend.name]} ({parts.masked}); backend auto runs it on one that does"
+    return reason
+
+
 def unsupported_reason(backend: str, parts: Parts, device: torch.device) -> str | None:
     """Why `backend` cannot compute this composition on `device`, or None if it can."""
-    return get_backend(backend).unsupported(parts, device)
+    return _unsupported(get_backend(backend), parts, device)
 
 
 def plan_backend(parts: Parts, device: torch.device, requested: str = "auto") -> str:
@@ -43,19 +59,37 @@ def plan_backend(parts: Parts, device: torch.device, requested: str = "auto") ->
     if requested != "auto":
         reason = unsupported_reason(requested, parts, device)
         if reason:
-            ok = [b.name for b in REGISTRY if b.unsupported(parts, device) is None]
+            ok = [b.name for b in REGISTRY if _unsupported(b, parts, device) is None]
             raise ValueError(f"backend {requested!r} cannot run this attention: {reason}. Usable here: {', '.join(ok)}")
         return requested
     for backend in REGISTRY:
-        if backend.auto(device) and backend.unsupported(parts, device) is None:
+        if backend.auto(device) and _unsupported(backend, parts, device) is None:
             return backend.name
     raise AssertionError("the chunked reference runs every composition")
 
 
-def run_backend(backend: str, q, k, v, parts: Parts, chunk_size: int = 256):
-    """(out [B, H, T, d], rem [B, H, T] or None) of the named backend."""
-    return get_backend(backend).run(q, k, v, parts, chunk_size)
+def run_backend(backend: str, q, k, v, parts: Parts, chunk_size: int = 256, segments=None):
+    """(out [B, H, T, d], rem [B, H, T] or None) of the named backend; segments [B, T] the
+    document ids (None: one document; parts.segments must say whether they come)."""
+    if (segments is not None) != parts.segments:
+        raise ValueError("segments given without parts.segments (or the reverse): the plan would not know of them")
+    if parts.masked and backend in NO_MASKS:  # its kernels would ignore the mask
+        raise ValueError(unsupported_reason(backend, parts, q.device) or NO_MASKS[backend])
+    if segments is None:  # the fused backend's run takes no segments
+        return get_backend(backend).run(q, k, v, parts, chunk_size)
+    return get_backend(backend).run(q, k, v, parts, chunk_size, segments)
 
 
-__all__ = ["BACKENDS", "REGISTRY", "Backend", "LayerMemory", "Parts", "Work", "get_backend", "unsupported_reason", "plan_backend",
-           "run_backend", "score_block", "score_maps", "block_attention", "dense_attention", "chunked_attention"]
+def plan_note(parts: Parts, device: torch.device, requested: str = "auto") -> str | None:
+    """Why the plan for `parts` is not the fused kernels where they would otherwise run it: a window
+    or document mask they do not take yet (a run's meta.json and `lenx bench --train-step` record it)."""
+    if parts.masked is None or requested not in ("auto", "triton"):
+        return None
+    if unsupported_reason("triton", replace(parts, window=0, segments=False), device) is not None:
+        return None
+    chosen = plan_backend(parts, device, "auto")
+    return f"{chosen}, not triton: the fused kernels take no mask yet ({parts.masked})"
+
+
+__all__ = ["BACKENDS", "REGISTRY", "Backend", "LayerMemory", "Parts", "Work", "get_backend", "unsupported_reason",
+           "plan_backend", "plan_note", "run_backend", "score_block", "score_maps", "block_attention", "dense_attention", "chunked_attention"]

@@ -33,7 +33,8 @@ class LayerMemory:
 class Backend:
     """One way to compute an attention composition. `unsupported` says why it cannot run `parts` on
     `device` (None: it can), `run` computes (out [B, H, T, d], rem [B, H, T] or None) from q, k, v
-    [B, H, T, d] (q and k already rotated). `auto`: the planner may pick it without being asked; `trains`: it has a backward there."""
+    [B, H, T, d] (q and k already rotated) and the document ids segments [B, T] (None: one
+    document; parts.segments says whether they come, parts.window the window: masks.py). `auto`: the planner may pick it without being asked; `trains`: it has a backward there."""
 
     name: str = ""
 
@@ -57,5 +58,5 @@ class Backend:
         rows = work.batch * work.heads * work.length
         return LayerMemory(kept=rows * 4 if work.training else 0, peak=2 * rows * 4)
 
-    def run(self, q, k, v, parts: Parts, chunk_size: int = 256):
+    def run(self, q, k, v, parts: Parts, chunk_size: int = 256, segments=None):
         raise NotImplementedError

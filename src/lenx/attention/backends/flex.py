@@ -1,4 +1,5 @@
-"""FlexAttention with a per-distance bias table: softmax, a per-distance bias, no processor."""
+"""FlexAttention: softmax with a per-distance bias table and/or a window or document mask (its
+block mask skips the blocks a window leaves out), no processor."""
 
 import torch
 
@@ -24,9 +25,11 @@ class Flex(Backend):
         self._compiled = None
 
     def unsupported(self, parts, device):
-        if (parts.bias is None or not parts.bias.per_distance or parts.processor is not None
+        biased = parts.bias is not None and parts.bias.per_distance
+        if ((parts.bias is not None and not biased) or not (biased or parts.masked) or parts.processor is not None
                 or parts.normaliser.name != "softmax"):
-            return "FlexAttention here takes softmax with a per-distance bias (alibi, kerple, kerple-power, t5) and no processor"
+            return ("FlexAttention here takes softmax with a per-distance bias (alibi, kerple, kerple-power, t5) "
+                    "or a window or document mask, and no processor")
         if not _has_flex():
             return "this torch has no FlexAttention"
         if device.type == "cuda" and parts.head_dim is not None and parts.head_dim < 16:
@@ -40,21 +43,21 @@ class Flex(Backend):
     def trains(self, device):
         return device.type == "cuda"
 
-    def run(self, q, k, v, parts, chunk_size=256):
+    def run(self, q, k, v, parts, chunk_size=256, segments=None):
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         if not self.trains(q.device) and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise RuntimeError("FlexAttention has no backward on CPU; train with backend='chunked' (or 'auto')")
         T = q.shape[-2]
-        table = parts.bias.table(T, q.device)  # [H, 2T - 1]
-        table = table.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+        score_mod = None
+        if parts.bias is not None:
+            table = parts.bias.table(T, q.device)  # [H, 2T - 1]
+            table = table.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
 
-        def score_mod(score, b, h, q_idx, kv_idx):
-            return score + table[h, q_idx - kv_idx + T - 1]
+            def score_mod(score, b, h, q_idx, kv_idx):
+                return score + table[h, q_idx - kv_idx + T - 1]
 
-        block_mask = None
-        if parts.causal:
-            block_mask = create_block_mask(lambda b, h, qi, ki: ki <= qi, None, None, T, T, device=q.device)
+        block_mask = _block_mask(parts, T, q.device, segments)
         if not q.is_cuda:
             return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask), None
         if self._compiled is None:
@@ -64,3 +67,21 @@ class Flex(Backend):
             self._compiled = torch.compile(flex_attention, dynamic=False)
         return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask,
                               kernel_options=KERNEL_OPTIONS), None
+
+
+def _block_mask(parts, T: int, device, segments):
+    """The causal cut, the window and the documents as one block mask (None: nothing masked)."""
+    from torch.nn.attention.flex_attention import and_masks, create_block_mask
+
+    rules = []
+    if parts.causal:
+        rules.append(lambda b, h, qi, ki: ki <= qi)
+    if parts.window:
+        window = parts.window
+        rules.append(lambda b, h, qi, ki: qi - ki < window)
+    if segments is not None:
+        rules.append(lambda b, h, qi, ki: segments[b, qi] == segments[b, ki])
+    if not rules:
+        return None
+    batch = None if segments is None else segments.shape[0]
+    return create_block_mask(and_masks(*rules), batch, None, T, T, device=device)

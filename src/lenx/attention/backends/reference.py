@@ -2,7 +2,8 @@
 
 dense    the whole [B, H, T, T] score map: the definition every other backend is tested against.
 chunked  the same per block of query rows, keys cut at the block's causal edge (plus the processor's
-         halo), with the processor's query halo of rows before the block (MTA); at most
+         halo) and, with a window, before its first row's window (less the halo), with the
+         processor's query halo of rows before the block (MTA); at most
          [B, H, chunk, T] live, and blocks are recomputed in backward.
 
 Their memory grows with the score map, by as many maps as the composition keeps for its backward
@@ -18,35 +19,55 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..._memory import pin_mmap_threshold
+from ..masks import key_range, visible
 from ..parts import Parts, normalise
 from .base import Backend, LayerMemory, Work
 
 
-def score_block(q, k, parts: Parts, q_start: int = 0):
-    """Pre-normaliser scores of rows q [B, H, c, d] (positions q_start..) against keys k [B, H, Tk, d]
-    (positions 0..Tk-1). Returns (raw scaled scores, bias or None, processed scores A)."""
+def _positions(q, k, q_start: int, k_start: int):
     q_pos = torch.arange(q_start, q_start + q.shape[-2], device=q.device)
-    k_pos = torch.arange(k.shape[-2], device=q.device)
+    return q_pos, torch.arange(k_start, k_start + k.shape[-2], device=q.device)
+
+
+def _visible(parts: Parts, q_pos, k_pos, segments):
+    """The window and document mask of these rows and keys (masks.visible), or None."""
+    if segments is None:
+        return visible(q_pos, k_pos, parts.window)
+    return visible(q_pos, k_pos, parts.window, segments[:, q_pos], segments[:, k_pos])
+
+
+def score_block(q, k, parts: Parts, q_start: int = 0, k_start: int = 0, segments=None):
+    """Pre-normaliser scores of rows q [B, H, c, d] (positions q_start..) against keys k [B, H, Tk, d]
+    (positions k_start..k_start+Tk-1), segments [B, T] the document ids of every position (or None).
+    Returns (raw scaled scores, bias or None, processed scores A)."""
+    q_pos, k_pos = _positions(q, k, q_start, k_start)
     raw = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     bias = parts.bias(q_pos, k_pos, q=q, k=k) if parts.bias is not None else None
     if parts.processor is not None:
-        return raw, bias, parts.processor(raw, bias, q, q_pos, k_pos)
+        seen = _visible(parts, q_pos, k_pos, segments)
+        # passed only when set, so a processor that predates masks still runs unmasked configs
+        extra = {} if seen is None else {"visible": seen}
+        return raw, bias, parts.processor(raw, bias, q, q_pos, k_pos, **extra)
     return raw, bias, raw if bias is None else raw + bias.to(raw.dtype)
 
 
-def block_attention(q, k, v, parts: Parts, q_start: int = 0, context: int = 0):
-    """Rows q [B, H, c, d] at positions q_start.., keys/values [B, H, Tk, d] at 0..Tk-1.
-    Returns (out [B, H, c - context, d], rem [B, H, c - context] or None): the first `context` rows
-    are only read by the processor's query convolution (its q_halo) and give no output."""
-    _, _, scores = score_block(q, k, parts, q_start)
+def block_attention(q, k, v, parts: Parts, q_start: int = 0, k_start: int = 0, segments=None, context: int = 0):
+    """Rows q [B, H, c, d] at positions q_start.., keys/values [B, H, Tk, d] at k_start..,
+    segments [B, T] (or None). Returns (out [B, H, c - context, d], rem [B, H, c - context] or None):
+    the first `context` rows are only read by the processor's query convolution (its q_halo) and
+    give no output."""
+    _, _, scores = score_block(q, k, parts, q_start, k_start, segments)
     scores = scores[..., context:, :]
-    q_pos = torch.arange(q_start + context, q_start + q.shape[-2], device=q.device)
-    k_pos = torch.arange(k.shape[-2], device=q.device)
-    return normalise(parts, scores, v, parts.normaliser.allowed(q_pos, k_pos, parts.causal))
+    q_pos, k_pos = _positions(q[..., context:, :], k, q_start + context, k_start)
+    allowed = parts.normaliser.allowed(q_pos, k_pos, parts.causal)
+    seen = _visible(parts, q_pos, k_pos, segments)
+    if seen is not None:
+        allowed = allowed & seen if seen.dim() == 2 else (allowed & seen)[:, None]  # [B, 1, Tq, Tk]
+    return normalise(parts, scores, v, allowed)
 
 
-def dense_attention(q, k, v, parts: Parts):
-    return block_attention(q, k, v, parts, 0)
+def dense_attention(q, k, v, parts: Parts, segments=None):
+    return block_attention(q, k, v, parts, 0, 0, segments)
 
 
 @functools.cache
@@ -55,7 +76,10 @@ def _pin_malloc_once() -> bool:
     return pin_mmap_threshold()
 
 
-def chunked_attention(q, k, v, parts: Parts, chunk_size: int = 256):
+def chunked_attention(q, k, v, parts: Parts, chunk_size: int = 256, segments=None):
+    """Blocks of `chunk_size` rows, each against the keys it reads: up to its causal edge (plus the
+    processor's halo), and with a window only the last W (plus the halo to the left, which the
+    DAPE convolution reads), so the work grows with W, not T."""
     _pin_malloc_once()
     T = q.shape[-2]
     halo = parts.processor.halo if parts.processor is not None else 0
@@ -65,9 +89,9 @@ def chunked_attention(q, k, v, parts: Parts, chunk_size: int = 256):
     outs, rems = [], []
     for q0 in range(0, T, chunk_size):
         q1 = min(T, q0 + chunk_size)
-        Tk = T if sees_future else min(T, q1 + halo)
         a = max(0, q0 - q_halo)  # the rows before the block that its query convolution reads
-        args = (q[:, :, a:q1], k[:, :, :Tk], v[:, :, :Tk], parts, a, q0 - a)
+        k0, k1 = key_range(a, q1, T, parts.window, left=halo, right=T if sees_future else halo)
+        args = (q[:, :, a:q1], k[:, :, k0:k1], v[:, :, k0:k1], parts, a, k0, segments, q0 - a)
         # Recompute each block in backward so training memory stays at one block, not T x T.
         out, rem = checkpoint(block_attention, *args, use_reentrant=False) if recompute else block_attention(*args)
         outs.append(out)
@@ -127,8 +151,8 @@ class Dense(Backend):
             return LayerMemory(kept=round(maps * one), peak=round((maps + 1) * one))
         return LayerMemory(kept=0, peak=round((maps + 3) * one))
 
-    def run(self, q, k, v, parts, chunk_size=256):
-        return dense_attention(q, k, v, parts)
+    def run(self, q, k, v, parts, chunk_size=256, segments=None):
+        return dense_attention(q, k, v, parts, segments)
 
 
 class Chunked(Backend):
@@ -139,9 +163,10 @@ class Chunked(Backend):
         # it, and in the backward (which recomputes it) the maps, their gradients and the parts'
         # transient gradients; conservative: tests/model/test_memory.py measures the whole step's tensor
         # peak at 0.6x its estimate for ALiBi and DAPE V2 on this path
-        block = work.batch * work.heads * min(work.chunk_size, work.length) * work.length * 4
+        keys = min(work.length, work.chunk_size + parts.window) if parts.window else work.length
+        block = work.batch * work.heads * min(work.chunk_size, work.length) * keys * 4
         maps = score_maps(parts, work)
         return LayerMemory(kept=0, peak=round((3 * maps + 1 if work.training else maps + 3) * block))
 
-    def run(self, q, k, v, parts, chunk_size=256):
-        return chunked_attention(q, k, v, parts, chunk_size)
+    def run(self, q, k, v, parts, chunk_size=256, segments=None):
+        return chunked_attention(q, k, v, parts, chunk_size, segments)

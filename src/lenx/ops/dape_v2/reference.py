@@ -22,7 +22,8 @@ from torch.nn import functional as F
 from ..biased_softmax.reference import masked_softmax, table_bias
 
 
-def dape_v2_scores(scores, bias, w1, b1, w2, b2, q_pos=None, k_pos=None, leak: bool = False, key_valid=None):
+def dape_v2_scores(scores, bias, w1, b1, w2, b2, q_pos=None, k_pos=None, leak: bool = False, key_valid=None,
+                   visible=None):
     """S + Bias + f(tril([S; Bias])) for scores [B, H, Tq, Tk] (scaled) and bias broadcastable to
     them (or None: then conv1 takes H channels). q_pos, k_pos: the rows' and keys' positions, [Tq]
     and [Tk] or per sequence [B, Tq] and [B, Tk] (default: the rows are the last Tq of Tk
@@ -30,7 +31,8 @@ def dape_v2_scores(scores, bias, w1, b1, w2, b2, q_pos=None, k_pos=None, leak: b
     key_valid [B, Tk] (default: all): the keys that exist; the others (a left-padded batch's
     padding, a fixed-size cache's empty slots) read as the zero padding past the sequence's ends,
     both as conv1's input and as conv2's, so a row's scores are those of its sequence alone.
-    No -inf masking."""
+    visible [Tq, Tk] or [B, Tq, Tk] (default: all): keys a mask hides from the row (a window, another
+    document) read as keys past the diagonal do, zeros as conv1's input. No -inf masking."""
     if bias is not None:
         bias = bias.to(scores.dtype).expand_as(scores)
         x = torch.cat([scores, bias], dim=1)
@@ -43,6 +45,8 @@ def dape_v2_scores(scores, bias, w1, b1, w2, b2, q_pos=None, k_pos=None, leak: b
         if q_pos is None:
             q_pos = k_pos[..., Tk - Tq:]
         x = x.masked_fill((k_pos[..., None, :] > q_pos[..., :, None]).unsqueeze(-3), 0.0)
+    if visible is not None:
+        x = x.masked_fill(~visible.unsqueeze(-3), 0.0)
     absent = None if key_valid is None else ~key_valid[:, None, None, :]
     if absent is not None:
         x = x.masked_fill(absent, 0.0)

@@ -1,0 +1,195 @@
+"""The sliding window (model.window) and document segments on every backend that takes them, against
+a float64 reference whose mask is built by hand, entry by entry; forward and backward."""
+
+from dataclasses import replace
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from helpers import assert_close
+from lenx.attention import Attention
+from lenx.attention.backends import plan_backend, plan_note, run_backend
+from lenx.config import AttentionConfig
+from lenx.ops.stickbreaking.reference import stickbreaking_weights
+
+H, D = 2, 16  # heads, head dim
+METHODS = ["nope", "kerple", "alibi", "t5", "fire", "xl", "dapev2-kerple", "dapev2", "stickbreaking", "cope",
+           "dapev2-stickbreaking-alibi"]
+
+
+def layer(method, window, **kw):
+    torch.manual_seed(0)
+    attn = Attention(AttentionConfig(method=method, window=window, dape_hidden=4, cope_npos=8, **kw), H, H * D).double()
+    with torch.no_grad():  # parts that start at zero would test nothing
+        for p in attn.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return attn
+
+
+def hand_seen(T, window, segments, B):
+    """[B, T, T]: row i sees key j when j is among its `window` most recent (0: all) and in its document."""
+    seen = torch.ones(B, T, T, dtype=torch.bool)
+    for b in range(B):
+        for i in range(T):
+            for j in range(T):
+                if window and i - j >= window:
+                    seen[b, i, j] = False
+                if segments is not None and segments[b, i] != segments[b, j]:
+                    seen[b, i, j] = False
+    return seen
+
+
+def hand_attention(q, k, v, parts, seen):
+    """The parts' formulas with the mask `seen` [B, T, T] (and the causal cut) applied by hand."""
+    T = q.shape[-2]
+    pos = torch.arange(T)
+    raw = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    bias = parts.bias(pos, pos, q=q, k=k) if parts.bias is not None else None
+    if parts.processor is not None:
+        scores = parts.processor(raw, bias, q, pos, pos, visible=seen)
+    else:
+        scores = raw if bias is None else raw + bias
+    if parts.normaliser.name == "stickbreaking":
+        allowed = (pos[None, :] < pos[:, None]) & seen
+        A, rem = stickbreaking_weights(scores, allowed[:, None])
+        return A @ v, rem
+    allowed = (pos[None, :] <= pos[:, None]) & seen
+    return torch.softmax(scores.masked_fill(~allowed[:, None], -math.inf), -1) @ v, None
+
+
+def operands(B, T, seed=1):
+    torch.manual_seed(seed)
+    return [torch.randn(B, H, T, D, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+
+
+def compare(backend, method, T, window, segments=None, chunk=16, B=2):
+    attn = layer(method, window)
+    parts = replace(attn.parts, segments=segments is not None)
+    q, k, v = operands(B, T)
+    if backend == "flex":  # no backward on the CPU
+        q, k, v = (t.detach() for t in (q, k, v))
+    out, rem = run_backend(backend, q, k, v, parts, chunk, segments)
+    ref, ref_rem = hand_attention(q, k, v, parts, hand_seen(T, window, segments, B))
+    what = f"{backend} {method} T={T} W={window}"
+    assert_close(out, ref, 1e-9, what)
+    if ref_rem is not None:
+        assert_close(rem, ref_rem, 1e-9, what + " rem")
+    if backend == "flex":
+        return
+    weights = torch.randn_like(ref)
+    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * weights).sum(), (q, k, v))
+    for g, r, name in zip(grads, ref_grads, "qkv"):
+        assert_close(g, r, 1e-9, f"{what} d{name}", floor=1e-3)  # a gradient may be 0 (T = 1)
+
+
+# windows of 1, W = T - 1, W > T, and windows ending mid-chunk (chunk 16)
+@pytest.mark.parametrize("T,window", [(1, 1), (63, 1), (63, 62), (63, 5), (111, 23), (111, 200)])
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("backend", ["dense", "chunked"])
+def test_window_on_the_reference_paths(backend, method, T, window):
+    compare(backend, method, T, window)
+
+
+@pytest.mark.parametrize("T,window", [(1, 1), (63, 62), (111, 23)])
+@pytest.mark.parametrize("method", ["nope", "rope"])
+def test_window_on_sdpa(method, T, window):
+    compare("sdpa", method, T, window)
+
+
+@pytest.mark.parametrize("method", ["nope", "kerple", "alibi"])
+def test_window_on_flex(method):
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    compare("flex", method, 63, 9)
+
+
+def test_the_chunked_path_reads_only_the_window(monkeypatch):
+    """A window lets a block of rows skip the keys before it: the keys each block reads grow with W, not T."""
+    from lenx.attention.backends import reference
+
+    widths = []
+    real = reference.block_attention
+
+    def spy(q, k, v, parts, *where):
+        widths.append(k.shape[-2])
+        return real(q, k, v, parts, *where)
+
+    monkeypatch.setattr(reference, "block_attention", spy)
+    q, k, v = (t.detach() for t in operands(1, 200))
+    run_backend("chunked", q, k, v, layer("dapev2-kerple", 20).parts, 16)
+    assert max(widths) == 16 + 19 + 2  # the block, the window before it, the conv's halo both sides
+    widths.clear()
+    run_backend("chunked", q, k, v, layer("dapev2-kerple", 0).parts, 16)
+    assert max(widths) == 200
+
+
+def test_the_dape_conv_reads_zeros_at_a_window_edge():
+    """At a window edge the DAPE V2 convolution reads the keys left of the window as it reads keys past
+    the diagonal: zeros as conv1's input (scores and bias), conv1's output there read by conv2. Written
+    out by hand with the conv weights, and nothing the row cannot see changes its output."""
+    T, W = 12, 4
+    attn = layer("dapev2-kerple", W)
+    proc, parts = attn.processor, attn.parts
+    q, k, v = (t.detach() for t in operands(1, T))
+    pos = torch.arange(T)
+    raw = q @ k.transpose(-1, -2) / math.sqrt(D)
+    bias = parts.bias(pos, pos).expand_as(raw)
+    hidden_keys = (pos[None, :] > pos[:, None]) | (pos[:, None] - pos[None, :] >= W)
+    x = torch.cat([raw, bias], 1).masked_fill(hidden_keys, 0.0)
+    w1, b1, w2, b2 = proc.conv_weights()
+    half = w1.shape[-1] // 2
+    f = F.conv2d(F.leaky_relu(F.conv2d(x, w1, b1, padding=(0, half)), 0.01), w2, b2, padding=(0, half))
+    A = raw + bias + f
+    seen = (pos[None, :] <= pos[:, None]) & ~hidden_keys
+    ref = torch.softmax(A.masked_fill(~seen, -math.inf), -1) @ v
+    out, _ = run_backend("chunked", q, k, v, parts, 5)
+    assert_close(out, ref, 1e-12, "the conv at a window edge")
+    k2, v2 = k.clone(), v.clone()
+    k2[..., : T - W, :] += 3.0  # keys the last row cannot see
+    v2[..., : T - W, :] -= 2.0
+    out2, _ = run_backend("dense", q, k2, v2, parts)
+    assert_close(out2[..., -1, :], out[..., -1, :], 1e-12, "the last row ignores keys left of its window")
+
+
+def test_the_planner_routes_masked_work_off_the_fused_kernels(monkeypatch):
+    from lenx.attention.backends import fused
+
+    # judged as on a CUDA machine with triton, whatever this one has
+    monkeypatch.setattr(fused.importlib.util, "find_spec", lambda name: object())
+    cuda = torch.device("cuda")
+    kerple = layer("kerple", 64).parts
+    # where triton would be judged (a CUDA device) it says why it cannot take the window
+    with pytest.raises(ValueError, match="no mask yet"):
+        plan_backend(kerple, cuda, "triton")
+    with pytest.raises(ValueError, match="no mask yet"):
+        Attention(AttentionConfig(method="kerple", window=8, backend="triton"), H, H * D)
+    with pytest.raises(ValueError, match="fused Triton kernels"):  # never run with the mask ignored
+        run_backend("triton", *(t.detach() for t in operands(1, 8)), kerple)
+    assert plan_backend(kerple, torch.device("cpu")) == "chunked"
+    assert plan_backend(layer("rope", 8).parts, torch.device("cpu")) == "sdpa"
+    assert plan_backend(layer("dapev2-kerple", 8).parts, torch.device("cpu")) == "chunked"
+    assert plan_note(layer("kerple", 0).parts, cuda) is None
+    assert plan_note(kerple, cuda) == "flex, not triton: the fused kernels take no mask yet (a window)"
+    assert plan_backend(replace(layer("dapev2-kerple", 8).parts, segments=True), cuda) == "chunked"
+    assert "document segments" in plan_note(replace(layer("stickbreaking", 0).parts, segments=True), cuda)
+    # what a run's meta.json and `lenx bench --train-step` record
+    from helpers import model_for
+    assert model_for("kerple", window=8, d_model=32).backend_notes(cuda) == [plan_note(kerple, cuda)]
+    assert model_for("kerple", d_model=32).backend_notes(cuda) == []
+
+
+@pytest.mark.parametrize("window,causal", [(-1, True), (4, False)])
+def test_a_bad_window_is_refused(window, causal):
+    with pytest.raises(ValueError, match="window"):
+        Attention(AttentionConfig(method="alibi", window=window, causal=causal), H, H * D)
+
+
+def test_the_chunked_memory_estimate_follows_the_window():
+    from lenx.attention.backends import Work, get_backend
+
+    chunked = get_backend("chunked")
+    work = Work(batch=1, heads=H, length=8192, head_dim=D, chunk_size=256)
+    windowed, wide = (chunked.memory(layer("kerple", w).parts, work).peak for w in (256, 0))
+    assert windowed * 8192 // 512 == pytest.approx(wide, rel=0.01)  # keys per block: 256 + 256, not 8192

@@ -1,0 +1,85 @@
+"""A layout entry's window (`rope:w4`) masks its layer as model.window does: the layer's output is the
+dense softmax under a window mask built by hand, decoding equals the full forward (float64) from a ring
+of slots in the windowed layers only, and the windows not supported yet (FoX, MTA) are refused in one
+line before any work."""
+
+import math
+
+import pytest
+import torch
+
+import lenx.model.lm as lm_module
+from helpers import V, assert_close, model_for
+from lenx.attention import Attention
+from lenx.attention.cache import LayerCache, RingCache
+from lenx.config import AttentionConfig, ConfigError, LMConfig, RunConfig
+from lenx.model import check_config
+
+
+def test_a_layout_window_masks_its_layer_only():
+    model = model_for("rope", layers="rope:w4,nope")
+    windowed, dense = (b.attn for b in model.blocks)
+    assert (windowed.parts.window, dense.parts.window) == (4, 0)
+    T = 11
+    x = torch.randn(2, T, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        got = windowed(x)
+        q, k, v = windowed.project(x)
+        i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+        allowed = (j <= i) & (i - j < 4)  # the window by hand: each row's 4 most recent keys, itself included
+        raw = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        out = torch.softmax(raw.masked_fill(~allowed, -math.inf), -1) @ v
+        want = windowed.proj(out.transpose(1, 2).reshape(2, T, 16))
+        unmasked = torch.softmax(raw.masked_fill(j > i, -math.inf), -1) @ v  # causal only
+    assert_close(got, want, 1e-12, "rope:w4 layer 0")
+    assert not torch.allclose(out, unmasked)  # the window changed something at T = 11
+
+
+@pytest.mark.parametrize("layers", ["rope:w8,nope", "dapev2-kerple:w5,rope", "pope:w6,alibi"])
+def test_a_windowed_layout_decodes_as_its_full_forward(layers, monkeypatch):
+    """Token by token and in a block longer than a ring step: every step is the full forward's row;
+    the windowed layer decodes from a ring (PoPE's keys 2d wide), the other from every slot."""
+    monkeypatch.setattr(lm_module, "RING_ROWS", 4)
+    model = model_for("rope", layers=layers, dape_kernel=3)
+    T = 30
+    idx = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        cache = model.new_cache(2, T)
+        steps = [model.prefill(idx[:, :3], cache)] + [model.decode(idx[:, i:i + 1], cache)[:, 0] for i in range(3, T)]
+        ref = [model(idx[:, :i + 1])[0][:, -1] for i in range(2, T)]
+        long = model.new_cache(2, T)
+        model.prefill(idx[:, :12], long)
+        block = model.decode(idx[:, 12:25], long)  # 13 tokens: pieces of RING_ROWS
+        block_ref = model(idx[:, :25])[0][:, 12:]
+    for n, (got, want) in enumerate(zip(steps, ref)):
+        assert_close(got, want, 1e-9, f"{layers} step {n}")
+    assert_close(block, block_ref, 1e-9, f"{layers} block")
+    ring, full = cache.layers
+    assert isinstance(ring, RingCache) and ring.k.shape[2] < T and type(full) is LayerCache
+    assert ring.k.shape[-1] == model.blocks[0].attn.key_dim
+
+
+@pytest.mark.parametrize("method, says", [
+    ("fox", "FoX's decoding cache keeps per-slot forget-gate sums"),
+    ("dapev2-fox", "FoX's decoding cache"),
+    ("mta", "MTA's query-key convolution takes no mask yet"),
+])
+def test_a_window_that_is_not_supported_yet_is_refused(method, says):
+    with pytest.raises(ValueError, match=f"a window on {method} is not supported yet") as e:
+        Attention(AttentionConfig(method=method, window=4), 2, 16)
+    assert says in str(e.value) and "\n" not in str(e.value)
+    Attention(AttentionConfig(method=method), 2, 16)  # without the window it builds
+    for model in ({"method": method, "window": 8}, {"layers": f"{method}:w8,rope"}):
+        cfg = RunConfig()
+        cfg.model = LMConfig(**({"n_layer": 2, "n_head": 2, "d_model": 16, "mta_every": 1} | model))
+        with pytest.raises(ConfigError) as e:
+            check_config(cfg)
+        assert "\n" not in str(e.value) and f"a window on {method} is not supported yet" in str(e.value), str(e.value)
+
+
+def test_document_segments_on_mta_are_refused():
+    model = model_for("mta")
+    idx = torch.randint(0, V, (1, 6))
+    with pytest.raises(ValueError, match="document segments on mta are not supported yet"):
+        model(idx, doc_ids=torch.zeros(1, 6, dtype=torch.long))
+    model(idx)  # without them it runs

@@ -1,0 +1,91 @@
+"""Decoding a windowed model: each windowed layer keeps a ring of slots that does not grow with the
+context, and every step equals the full forward (float64), token by token, in blocks longer than a
+ring step, from a left-padded batch and with the static step a CUDA graph captures."""
+
+import pytest
+import torch
+
+import lenx.model.lm as lm_module
+from helpers import V, assert_close, model_for
+from lenx.attention.cache import RingCache
+from lenx.model.decoding import StaticDecoder
+from lenx.model.generate import batch_prompts
+
+METHODS = ["rope", "kerple", "alibi", "dapev2-kerple", "stickbreaking"]
+T, W = 40, 5
+
+
+@pytest.fixture(autouse=True)
+def small_ring(monkeypatch):
+    monkeypatch.setattr(lm_module, "RING_ROWS", 4)  # a ring far smaller than the context
+
+
+def last_row(model, idx):
+    with torch.no_grad():
+        return model(idx)[0][:, -1]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_windowed_decoding_equals_the_full_forward(method):
+    model = model_for(method, window=W, dape_kernel=5)
+    idx = torch.randint(0, V, (2, T))
+    with torch.no_grad():
+        cache = model.new_cache(2, T)
+        steps = [model.prefill(idx[:, :1], cache)] + [model.decode(idx[:, i:i + 1], cache)[:, 0] for i in range(1, T)]
+        long = model.new_cache(2, T)
+        model.prefill(idx[:, :25], long)  # a prompt longer than the ring
+        block = model.decode(idx[:, 25:36], long)  # more tokens than a ring step holds: decoded in pieces
+        block_ref = model(idx[:, :36])[0][:, 25:]
+    for i, logits in enumerate(steps):
+        assert_close(logits, last_row(model, idx[:, :i + 1]), 1e-9, f"{method} step {i}")
+    assert_close(block, block_ref, 1e-9, f"{method} a block of 11")
+    ring = model.halo + 4 + W - 1 + model.halo  # RING_ROWS = 4
+    assert all(isinstance(layer, RingCache) and layer.k.shape[2] == ring for layer in cache.layers)
+
+
+@pytest.mark.parametrize("method", ["kerple", "dapev2-kerple", "stickbreaking"])
+def test_a_padded_batch_decodes_with_the_static_step(method):
+    model = model_for(method, window=W, dape_kernel=3)
+    prompts = [torch.randint(0, V, (n,)).tolist() for n in (3, 17, 9)]
+    idx, lengths = batch_prompts(prompts, width=model.halo)
+    steps = 12
+    tokens = torch.randint(0, V, (3, steps))
+    with torch.no_grad():
+        cache = model.new_cache(3, idx.shape[1] + steps)
+        model.prefill(idx, cache, lengths)
+        decoder = StaticDecoder(model, cache, "static")
+        got = [decoder(tokens[:, i]).clone() for i in range(steps)]
+    for b, prompt in enumerate(prompts):
+        full = torch.cat([torch.tensor(prompt), tokens[b]])[None]
+        for i in range(steps):
+            assert_close(got[i][b:b + 1], last_row(model, full[:, :len(prompt) + i + 1]), 1e-9, f"{method} {b} {i}")
+
+
+def test_the_ring_does_not_grow_with_the_context():
+    model = model_for("rope", window=W)
+    small, large = model.new_cache(1, 64), model.new_cache(1, 4096)
+    assert small.layers[0].k.shape == large.layers[0].k.shape
+    assert model_for("rope").new_cache(1, 4096).layers[0].k.shape[2] == 4096
+
+
+def test_decoding_refuses_segments():
+    model = model_for("rope", window=W)
+    cache = model.new_cache(1, 8)
+    with pytest.raises(ValueError, match="decoding has no document segments"):
+        model.blocks[0].attn(torch.zeros(1, 3, 16, dtype=torch.float64), cache.layers[0],
+                             segments=torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_the_memory_check_counts_the_rings(monkeypatch):
+    """`lenx generate`'s check counts a windowed layer's ring, not a slot per token: a long generation
+    that a global model could not hold passes with a window."""
+    from lenx.config import ConfigError, load_config
+    from lenx.model import memory
+    from lenx.model.generate import check_generate_memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda device: 50 * 2**20)
+    cpu = torch.device("cpu")
+    check_generate_memory(load_config("tiny", ["model.window=16"]), 1, 10, 100_000, cpu)
+    check_generate_memory(load_config("tiny", ["model.layers=rope:w16"]), 1, 10, 100_000, cpu)  # a layout's windows
+    with pytest.raises(ConfigError, match="KV cache"):
+        check_generate_memory(load_config("tiny"), 1, 10, 100_000, cpu)
