@@ -1,4 +1,4 @@
-"""Issue 45 (session 21): DAPE V2 with a large bias under each backend and precision against float64:
+"""Issue 45: DAPE V2 with a large bias under each backend and precision against float64:
 the relative error of one layer's output (dense, chunked, triton; fp32 and bf16 autocast; no grad, so triton
 runs the Gluon forward). Run on a GPU from the repository root: python3 scripts/tune/probe_large_bias.py"""
 import torch, sys
