@@ -118,12 +118,9 @@ def plot_curves(curves: dict[str, dict], out: Path, title: str | None = None) ->
     ax.set_title(title or "Loss by position (bands: 95% intervals over documents and seeds)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    from .plot import _save
+
+    return _save(fig, out)
 
 
 def draw_compare(result: dict, out: Path) -> Path | None:
