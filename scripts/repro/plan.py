@@ -174,6 +174,31 @@ def recipe() -> list[dict]:
     return jobs + [epoch_job("kerple", 1, ("eval.per_position=true",), "kerple-s1", 2048, "runs/recipe", "recipe")]
 
 
+# Issues 42 and 43: a first look at the newer methods (a smoke result, not the verdict) and the
+# evaluation example. `small` at T 128 on `code` (2000 steps x 64 x 128 = 16.4M tokens, one pass:
+# train shard 00000 only), evaluated to 8192 with the per-position loss.
+NEWER_BASELINES = ["kerple", "rope", "dapev2-kerple"]
+NEWER_METHODS = ["fox", "ssmax-rope", "pope", "mta", "dapev2-fox"]
+SUITE_LENGTHS = "128,512,2048,8192"
+
+
+def newer() -> list[dict]:
+    """Every method's seed 0 first (a cut-off machine still compares them all), then seeds 1 and 2.
+    The baselines' seed 0 also runs the synthetic suite (RULER- and BABILong-style) at 128-8192:
+    issue 43's example."""
+    jobs = []
+    for seed in (0, 1, 2):
+        for method in NEWER_BASELINES + NEWER_METHODS:
+            job = lm_job("T128", method, seed, corpus="code", root="runs/newer",
+                         extra=("train.sampling=pass", "eval.per_position=true"))
+            if seed == 0 and method in NEWER_BASELINES:
+                lengths = "256,512" if SMOKE else SUITE_LENGTHS
+                job["cmd"] += "".join(f" && python3 -m lenx eval {job['run']} --task {t} --lengths {lengths}"
+                                      f" --no-progress" for t in ("ruler", "babilong"))
+            jobs.append(job)
+    return jobs
+
+
 def controls() -> list[dict]:
     """Issue 19: the second seeds of the 125M verdict (then its other methods), and part 2's controls
     with the `small` preset, each evaluated like run 1 of the reproduction (to 16384) so it pairs with
@@ -214,7 +239,8 @@ def controls() -> list[dict]:
 
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "repro"
-    plans = {"repro": plan, "controls": controls, "epoch": epoch, "recipe": recipe}
+    plans = {"repro": plan, "controls": controls, "epoch": epoch, "recipe": recipe,
+             "newer": newer}
     if which not in plans:
         sys.exit(f"plan.py: the plan is one of {', '.join(plans)}, got {which!r}")
     json.dump(plans[which](), sys.stdout, indent=1)
