@@ -176,6 +176,12 @@ class RoPE(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, length=None):
         """Rotate q and k [..., T, d] at positions pos [T] (or [B, T], per sequence); `length` is the
         context length that sets an auto or dynamic scale (default T; a tensor [B]: one per sequence)."""
+        if q.is_cuda and not torch.compiler.is_compiling():  # one fused launch (inductor fuses its own)
+            from ..ops.rope.triton import rotate_qk
+
+            cos, sin = self.table(pos, length, torch.float32)
+            half = self.rotary // 2
+            return rotate_qk(q, k, cos[..., :half], sin[..., :half])
         cos, sin = self.table(pos, length, q.dtype)  # one table for both
         return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
 

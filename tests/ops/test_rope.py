@@ -1,0 +1,100 @@
+"""lenx.ops.rope: the reference against the RoPE module's rotation, and the fused kernel (triton.py)
+against the reference, forward and backward, full and partial rotation, shared and per-sequence
+tables, strided inputs. Without CUDA the kernel runs under Triton's interpreter."""
+
+import pytest
+import torch
+
+from helpers import assert_close
+from kernel_cases import DEVICE
+from lenx.attention.rope import RoPE
+from lenx.ops.rope.reference import rotate_reference
+
+
+def tables(rope, T, B=None):
+    pos = torch.arange(T) if B is None else torch.stack([torch.arange(T) + 3 * b for b in range(B)])
+    cos, sin = rope.table(pos, dtype=torch.float64)
+    h = rope.rotary // 2
+    return cos[..., :h], sin[..., :h]
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_reference_is_the_modules_rotation(fraction):
+    rope = RoPE(16, fraction=fraction).double()
+    x = torch.randn(2, 3, 11, 16, dtype=torch.float64)
+    cos, sin = tables(rope, 11)
+    full_cos, full_sin = rope.table(torch.arange(11), dtype=torch.float64)
+    assert_close(rotate_reference(x, cos, sin), RoPE.rotate(x, full_cos, full_sin), 1e-14)
+
+
+pytest.importorskip("triton")
+from lenx.ops.rope.triton import rotate_qk  # noqa: E402
+
+
+def check(B, H, T, d, fraction=1.0, per_sequence=False, dtype=torch.float32, strided=False, tol=1e-6):
+    rope = RoPE(d, fraction=fraction)
+    cos, sin = tables(rope, T, B if per_sequence else None)
+    if strided:  # the projection's layout: [B, T, 3, H, d] permuted to q, k, v [B, H, T, d]
+        qkv = torch.randn(B, T, 3, H, d, device=DEVICE).permute(2, 0, 3, 1, 4).to(dtype)
+        q, k = (t.detach().requires_grad_() for t in (qkv[0], qkv[1]))
+    else:
+        q, k = (torch.randn(B, H, T, d, device=DEVICE, dtype=dtype, requires_grad=True) for _ in range(2))
+    cos_d, sin_d = (c.to(DEVICE) for c in (cos, sin))
+    qo, ko = rotate_qk(q, k, cos_d, sin_d)
+    assert qo.dtype == dtype and qo.is_contiguous()
+    dq_out, dk_out = torch.randn_like(qo), torch.randn_like(ko)
+    dq, dk = torch.autograd.grad((qo, ko), (q, k), (dq_out, dk_out))
+    refs = [x.detach().double().requires_grad_() for x in (q, k)]
+    ref_q, ref_k = (rotate_reference(x, cos_d.double(), sin_d.double()) for x in refs)  # [B, 1, T, h] per sequence
+    ref_dq, ref_dk = torch.autograd.grad((ref_q, ref_k), refs, (dq_out.double(), dk_out.double()))
+    for name, a, b in (("q", qo, ref_q), ("k", ko, ref_k), ("dq", dq, ref_dq), ("dk", dk, ref_dk)):
+        assert_close(a, b, tol, f"B{B} H{H} T{T} d{d} p{fraction} {dtype} {name}")
+
+
+@pytest.mark.parametrize("T", [1, 63, 111])
+@pytest.mark.parametrize("d", [16, 64])
+def test_fused_rotation(T, d):
+    check(2, 3, T, d)
+
+
+@pytest.mark.parametrize("fraction", [0.5, 0.25])
+def test_fused_partial_rotation(fraction):
+    check(2, 2, 37, 32, fraction=fraction)
+
+
+def test_fused_per_sequence_tables_and_strided_inputs():
+    check(3, 2, 21, 16, per_sequence=True, strided=True)
+
+
+def test_fused_odd_head_dim():
+    check(1, 2, 9, 24)  # d not a power of two: the tile is padded and the pad masked
+
+
+def test_rejects_mismatched_inputs():
+    q = torch.randn(1, 2, 8, 16, device=DEVICE)
+    cos = torch.zeros(8, 8, device=DEVICE)
+    with pytest.raises(ValueError, match="one shape and dtype"):
+        rotate_qk(q, q[:, :1], cos, cos)
+    with pytest.raises(ValueError, match="2h <= d"):
+        rotate_qk(q, q, torch.zeros(8, 9, device=DEVICE), torch.zeros(8, 9, device=DEVICE))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 111, 4096])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_fused_rotation(T, dtype):
+    # bf16: one rounding of the fp32 result (2^-9 relative), against the float64 reference
+    check(2, 12, T, 64, dtype=dtype, strided=True, tol=1e-6 if dtype == torch.float32 else 5e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_module_uses_the_fused_rotation_and_matches_cpu():
+    """The RoPE part on CUDA (the fused kernel) against the same part on the CPU (unfused), with
+    per-sequence positions and partial rotation."""
+    rope = RoPE(64, fraction=0.5)
+    q, k = (torch.randn(2, 4, 300, 64) for _ in range(2))
+    pos = torch.stack([torch.arange(300), torch.arange(300) + 7])
+    cpu = rope(q, k, pos)
+    gpu = rope.cuda()(q.cuda(), k.cuda(), pos.cuda())
+    for a, b in zip(gpu, cpu):
+        assert_close(a.cpu(), b, 1e-5)
