@@ -33,11 +33,18 @@ def stickbreaking_weights(logits: torch.Tensor, allowed: torch.Tensor):
     return log_a.exp(), torch.exp(-total.squeeze(-1))
 
 
-def stickbreaking_reference(q, k, v, attend_current: bool = False):
-    """Dense stick-breaking attention, q, k, v [B, H, T, d], scale 1/sqrt(d) -> (out, rem)."""
+def stickbreaking_reference(q, k, v, attend_current: bool = False, window: int = 0, segments=None):
+    """Dense stick-breaking attention, q, k, v [B, H, T, d], scale 1/sqrt(d) -> (out, rem). window > 0:
+    query i sees keys i - window < j only; segments [B, T]: no query sees a key of another document.
+    A key masked so is exactly a key past the causal edge: it takes no share and breaks no stick."""
     T = q.shape[-2]
     pos = torch.arange(T, device=q.device)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     logits = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) / math.sqrt(q.shape[-1])
-    A, rem = stickbreaking_weights(logits, stickbreaking_allowed(pos, pos, attend_current))
+    allowed = stickbreaking_allowed(pos, pos, attend_current)
+    if window:
+        allowed = allowed & (pos[:, None] - pos[None, :] < window)
+    if segments is not None:
+        allowed = allowed & (segments[:, None, :, None] == segments[:, None, None, :])
+    A, rem = stickbreaking_weights(logits, allowed)
     return torch.matmul(A, v.to(acc)).to(v.dtype), rem

@@ -44,14 +44,39 @@ def _softplus_parts(qk, scale, HW: tl.constexpr):
 
 
 @triton.jit
-def _allowed(rows, cols, T, CURRENT: tl.constexpr):
-    """[rows, keys] entries of a diagonal-block tile that take part: keys before the row (or at it,
-    CURRENT), inside [0, T), in rows inside [0, T)."""
+def _allowed(rows, cols, T, CURRENT: tl.constexpr, W, seg_r, SEG, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
+    """[rows, keys] entries of a masked tile that take part: keys before the row (or at it, CURRENT),
+    inside [0, T), in rows inside [0, T); with HAS_W, inside the row's window of W keys; with
+    HAS_SEG, of the row's document (seg_r the rows' ids, SEG the ids of this sequence)."""
     if CURRENT:
         allowed = cols[None, :] <= rows[:, None]
     else:
         allowed = cols[None, :] < rows[:, None]
-    return allowed & (cols < T)[None, :] & (rows < T)[:, None]
+    allowed = allowed & (cols < T)[None, :] & (rows < T)[:, None]
+    if HAS_W:
+        allowed = allowed & (cols[None, :] > rows[:, None] - W)
+    if HAS_SEG:
+        seg_c = tl.load(SEG + cols, mask=cols < T, other=-2)
+        allowed = allowed & (seg_r[:, None] == seg_c[None, :])
+    return allowed
+
+
+@triton.jit
+def _window_tiles(m0, W, BM: tl.constexpr, BN: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
+    """The key tiles below the diagonal block [m0, m0 + BM) that a row of it sees: (first key, tiles,
+    of which the `clear` nearest the diagonal need no mask). Without a window: all from key 0, all
+    clear; a window skips the tiles wholly before its edge (cost O(W), not O(T)) and masks the tiles
+    that a row's edge crosses; documents mask every tile."""
+    first = 0
+    if HAS_W:
+        first = tl.maximum(m0 - W + 1, 0) // BN * BN
+    tiles = (m0 - first) // BN
+    clear = tiles
+    if HAS_W:
+        clear = tl.minimum(tiles, tl.maximum(W - BM, 0) // BN)  # tiles at keys >= m0 + BM - W
+    if HAS_SEG:
+        clear = 0
+    return first, tiles, clear
 
 
 @triton.jit
@@ -98,14 +123,14 @@ def _scan(x, M, KIND: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr):
 
 
 @triton.jit
-def _sb_fwd_tile(q, kp, vp, acc, carry, U, rows, cols, T, qk_scale,
+def _sb_fwd_tile(q, kp, vp, acc, carry, U, rows, cols, T, qk_scale, W, seg_r, SEG,
                  CURRENT: tl.constexpr, MASK: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
-                 HW: tl.constexpr):
+                 HW: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
     """One key tile, walking towards key 0. All sums in base-2 units (log2 of the weights)."""
     qk = tl.dot(q, tl.trans(key_tile(kp, cols, T, MASK)), input_precision=PREC)
     sp, _ = _softplus_parts(qk, qk_scale, HW)
     if MASK:
-        allowed = _allowed(rows, cols, T, CURRENT)
+        allowed = _allowed(rows, cols, T, CURRENT, W, seg_r, SEG, HAS_W, HAS_SEG)
         sp = tl.where(allowed, sp, 0.0)
     # log2 A = logsigmoid(z) - strict suffix = z - inclusive suffix (logsigmoid = z - softplus): two
     # fewer operations per score; the fp16 scan now also rounds the key's own softplus (measured:
@@ -121,14 +146,15 @@ def _sb_fwd_tile(q, kp, vp, acc, carry, U, rows, cols, T, qk_scale,
 
 
 @triton.jit
-def _sb_fwd(Q, K, V, O, REM, LTOT,
+def _sb_fwd(Q, K, V, O, REM, LTOT, SEGS,
             sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-            T, qk_scale,
+            T, qk_scale, W,
             H: tl.constexpr, DH: tl.constexpr, CURRENT: tl.constexpr,
             BM: tl.constexpr, BN: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
-            HW: tl.constexpr):
+            HW: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
     """One program: BM rows. The BM // BN tiles of the diagonal block (masked), then the tiles
-    below it (no masks: padding rows compute garbage that is never stored). Heavy blocks first."""
+    below it (no masks but at a window's edge or with documents: padding rows compute garbage that
+    is never stored). Heavy blocks first."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
@@ -144,15 +170,24 @@ def _sb_fwd(Q, K, V, O, REM, LTOT,
     acc = tl.zeros([BM, DH], tl.float32)
     carry = tl.zeros([BM], tl.float64)  # softplus sum over the keys already walked (nearer the diagonal)
     U = _tri(BN, "suffix_incl", SCAN_MM, PREC)
+    SEG = SEGS + b * T
+    seg_r = rows
+    if HAS_SEG:
+        seg_r = tl.load(SEG + rows, mask=rmask, other=-1)
     n_diag = tl.cdiv(tl.minimum(m0 + BM, T) - m0, BN)
     for it in range(0, n_diag):
         n0 = m0 + (n_diag - 1 - it) * BN
         acc, carry = _sb_fwd_tile(q, kp + n0 * skt, vp + n0 * svt, acc, carry, U, rows, n0 + nn, T, qk_scale,
-                                  CURRENT, True, SCAN_MM, PREC, HW)
-    for it in range(0, m0 // BN):
+                                  W, seg_r, SEG, CURRENT, True, SCAN_MM, PREC, HW, HAS_W, HAS_SEG)
+    first, tiles, clear = _window_tiles(m0, W, BM, BN, HAS_W, HAS_SEG)
+    for it in range(0, clear):
         n0 = m0 - (it + 1) * BN
         acc, carry = _sb_fwd_tile(q, kp + n0 * skt, vp + n0 * svt, acc, carry, U, rows, n0 + nn, T, qk_scale,
-                                  CURRENT, False, SCAN_MM, PREC, HW)
+                                  W, seg_r, SEG, CURRENT, False, SCAN_MM, PREC, HW, HAS_W, HAS_SEG)
+    for it in range(clear, tiles):
+        n0 = m0 - (it + 1) * BN
+        acc, carry = _sb_fwd_tile(q, kp + n0 * skt, vp + n0 * svt, acc, carry, U, rows, n0 + nn, T, qk_scale,
+                                  W, seg_r, SEG, CURRENT, True, SCAN_MM, PREC, HW, HAS_W, HAS_SEG)
     tl.store(O + b * sob + h * soh + rows[:, None] * sot + dd[None, :], acc.to(O.dtype.element_ty), mask=rmask[:, None])
     tl.store(REM + bh * T + rows, tl.exp2(-carry.to(tl.float32)), mask=rmask)
     tl.store(LTOT + bh * T + rows, carry, mask=rmask)  # base 2
@@ -160,14 +195,14 @@ def _sb_fwd(Q, K, V, O, REM, LTOT,
 
 @triton.jit
 def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, pre_sp, pre_g, dq, U, L, rows, cols, T, qk_scale, sm_scale,
-                 CURRENT: tl.constexpr, MASK: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
-                 HW: tl.constexpr):
+                 W, seg_r, SEG, CURRENT: tl.constexpr, MASK: tl.constexpr, SCAN_MM: tl.constexpr,
+                 PREC: tl.constexpr, HW: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
     k = key_tile(kp, cols, T, MASK)
     v = key_tile(vp, cols, T, MASK)
     da = tl.dot(do, tl.trans(v), input_precision=PREC)  # first: independent of the chain below
     sp, logsig = _softplus_parts(tl.dot(q, tl.trans(k), input_precision=PREC), qk_scale, HW)
     if MASK:
-        allowed = _allowed(rows, cols, T, CURRENT)
+        allowed = _allowed(rows, cols, T, CURRENT, W, seg_r, SEG, HAS_W, HAS_SEG)
         sp = tl.where(allowed, sp, 0.0)
     blk = tl.sum(sp, 1)
     # softplus sum past this block (padding rows: total = +inf, so a = 0 there)
@@ -197,13 +232,14 @@ def _sb_bwd_tile(q, do, kp, vp, DKP, DVP, total, pre_sp, pre_g, dq, U, L, rows, 
 
 
 @triton.jit
-def _sb_bwd(Q, K, V, DO, DREM, REM, LTOT, DQ, DK, DV,
+def _sb_bwd(Q, K, V, DO, DREM, REM, LTOT, DQ, DK, DV, SEGS,
             sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-            T, qk_scale, sm_scale,
+            T, qk_scale, sm_scale, W,
             H: tl.constexpr, DH: tl.constexpr, CURRENT: tl.constexpr,
             BM: tl.constexpr, BN: tl.constexpr, SCAN_MM: tl.constexpr, PREC: tl.constexpr,
-            HW: tl.constexpr):
-    """One program: BM rows, key tiles from 0 up (no masks), then the diagonal block's (masked)."""
+            HW: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
+    """One program: BM rows, key tiles from the first one a row sees up (masked at a window's edge
+    or with documents, else not), then the diagonal block's (masked)."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
@@ -225,14 +261,24 @@ def _sb_bwd(Q, K, V, DO, DREM, REM, LTOT, DQ, DK, DV,
     kp = K + b * skb + h * skh + nn[:, None] * skt + dd[None, :]
     vp = V + b * svb + h * svh + nn[:, None] * svt + dd[None, :]
     kv = bh * T * DH + nn[:, None] * DH + dd[None, :]  # DK, DV: contiguous fp32 buffers
-    for n0 in range(0, m0, BN):
+    SEG = SEGS + b * T
+    seg_r = rows
+    if HAS_SEG:
+        seg_r = tl.load(SEG + rows, mask=rmask, other=-1)
+    first, tiles, clear = _window_tiles(m0, W, BM, BN, HAS_W, HAS_SEG)
+    edge = first + (tiles - clear) * BN  # the masked tiles are the farthest from the diagonal
+    for n0 in range(first, edge, BN):
         dq, pre_sp, pre_g = _sb_bwd_tile(q, do, kp + n0 * skt, vp + n0 * svt, DK + kv + n0 * DH, DV + kv + n0 * DH,
                                          total, pre_sp, pre_g, dq, U, L, rows, n0 + nn, T, qk_scale, sm_scale,
-                                         CURRENT, False, SCAN_MM, PREC, HW)
+                                         W, seg_r, SEG, CURRENT, True, SCAN_MM, PREC, HW, HAS_W, HAS_SEG)
+    for n0 in range(edge, m0, BN):
+        dq, pre_sp, pre_g = _sb_bwd_tile(q, do, kp + n0 * skt, vp + n0 * svt, DK + kv + n0 * DH, DV + kv + n0 * DH,
+                                         total, pre_sp, pre_g, dq, U, L, rows, n0 + nn, T, qk_scale, sm_scale,
+                                         W, seg_r, SEG, CURRENT, False, SCAN_MM, PREC, HW, HAS_W, HAS_SEG)
     for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
         dq, pre_sp, pre_g = _sb_bwd_tile(q, do, kp + n0 * skt, vp + n0 * svt, DK + kv + n0 * DH, DV + kv + n0 * DH,
                                          total, pre_sp, pre_g, dq, U, L, rows, n0 + nn, T, qk_scale, sm_scale,
-                                         CURRENT, True, SCAN_MM, PREC, HW)
+                                         W, seg_r, SEG, CURRENT, True, SCAN_MM, PREC, HW, HAS_W, HAS_SEG)
     tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
 
 
@@ -257,18 +303,21 @@ def tile_config(dtype, overrides: dict | None = None) -> dict:
 
 class StickBreakingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, attend_current, cfg):
+    def forward(ctx, q, k, v, attend_current, cfg, window, segments):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        segs = segments if segments is not None else q  # a pointer the kernel never reads
         B, H, T, DH = q.shape
         out = new(q.shape, q)
         rem = new((B, H, T), q, torch.float32)
         total = new((B, H, T), q, torch.float64)  # base 2
         BM, BN, nw, ns = cfg["fwd"]
         _sb_fwd[(B * H, triton.cdiv(T, BM))](
-            q, k, v, out, rem, total, *strides(q), *strides(k), *strides(v), *strides(out),
-            T, DH ** -0.5 * LOG2E, H=H, DH=DH, CURRENT=bool(attend_current), BM=BM, BN=BN,
-            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=dot_precision(q.dtype), HW=q.is_cuda, num_warps=nw, num_stages=ns)
-        ctx.save_for_backward(q, k, v, rem, total)
+            q, k, v, out, rem, total, segs, *strides(q), *strides(k), *strides(v), *strides(out),
+            T, DH ** -0.5 * LOG2E, window, H=H, DH=DH, CURRENT=bool(attend_current), BM=BM, BN=BN,
+            SCAN_MM=_SCANS[cfg["scan"][0]], PREC=dot_precision(q.dtype), HW=q.is_cuda, HAS_W=window > 0,
+            HAS_SEG=segments is not None, num_warps=nw, num_stages=ns)
+        ctx.save_for_backward(q, k, v, rem, total, segs)
+        ctx.window, ctx.has_seg = window, segments is not None
         ctx.attend_current = bool(attend_current)
         ctx.cfg = cfg
         ctx.mark_non_differentiable(total)
@@ -276,7 +325,7 @@ class StickBreakingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, drem):
-        q, k, v, rem, total = ctx.saved_tensors
+        q, k, v, rem, total, segs = ctx.saved_tensors
         B, H, T, DH = q.shape
         dout = torch.zeros_like(q) if dout is None else dout.contiguous()
         drem = torch.zeros_like(rem) if drem is None else drem.float().contiguous()
@@ -286,17 +335,26 @@ class StickBreakingAttention(torch.autograd.Function):
         dv = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         BM, BN, nw, ns = ctx.cfg["bwd"]
         _sb_bwd[(B * H, triton.cdiv(T, BM))](
-            q, k, v, dout, drem, rem, total, dq, dk, dv,
+            q, k, v, dout, drem, rem, total, dq, dk, dv, segs,
             *strides(q), *strides(k), *strides(v), *strides(dout),
-            T, DH ** -0.5 * LOG2E, DH ** -0.5, H=H, DH=DH, CURRENT=ctx.attend_current, BM=BM, BN=BN,
-            SCAN_MM=_SCANS[ctx.cfg["scan"][0]], PREC=dot_precision(q.dtype), HW=q.is_cuda,
-            num_warps=nw, num_stages=ns)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
+            T, DH ** -0.5 * LOG2E, DH ** -0.5, ctx.window, H=H, DH=DH, CURRENT=ctx.attend_current, BM=BM, BN=BN,
+            SCAN_MM=_SCANS[ctx.cfg["scan"][0]], PREC=dot_precision(q.dtype), HW=q.is_cuda, HAS_W=ctx.window > 0,
+            HAS_SEG=ctx.has_seg, num_warps=nw, num_stages=ns)
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
-def stickbreaking_triton(q, k, v, attend_current: bool = False, config: dict | None = None):
+def stickbreaking_triton(q, k, v, attend_current: bool = False, config: dict | None = None, window: int = 0,
+                         segments: torch.Tensor | None = None):
     """Stick-breaking attention, q, k, v [B, H, T, d] (d in 16/32/64/128) -> (out, rem), as
-    reference.stickbreaking_reference (out in v's dtype, rem fp32). config: tile settings over the
-    defaults (see CONFIG), for tuning and tests."""
+    reference.stickbreaking_reference (out in v's dtype, rem fp32), with its window (0: none) and
+    document ids segments [B, T]. config: tile settings over the defaults (see CONFIG), for tuning
+    and tests."""
     check_qkv(q, k, v)
-    return StickBreakingAttention.apply(q, k, v, attend_current, tile_config(q.dtype, config))
+    B, _, T, _ = q.shape
+    if not (isinstance(window, int) and window >= 0):
+        raise ValueError(f"window must be an int >= 0 (0: none), got {window!r}")
+    if segments is not None:
+        if tuple(segments.shape) != (B, T):
+            raise ValueError(f"segments must be [B, T] = [{B}, {T}], got {tuple(segments.shape)}")
+        segments = segments.to(device=q.device, dtype=torch.int32).contiguous()
+    return StickBreakingAttention.apply(q, k, v, attend_current, tile_config(q.dtype, config), int(window), segments)
