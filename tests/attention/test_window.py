@@ -173,7 +173,9 @@ def test_the_planner_routes_masked_work_off_the_fused_kernels(monkeypatch):
     assert plan_note(layer("kerple", 0).parts, cuda) is None
     assert plan_note(kerple, cuda) == "flex, not triton: the fused kernels take no mask yet (a window)"
     assert plan_backend(replace(layer("dapev2-kerple", 8).parts, segments=True), cuda) == "chunked"
-    assert "document segments" in plan_note(replace(layer("stickbreaking", 0).parts, segments=True), cuda)
+    # stick-breaking's fused kernels take both masks
+    masked_sb = replace(layer("stickbreaking", 8).parts, segments=True)
+    assert plan_note(masked_sb, cuda) is None and plan_backend(masked_sb, cuda) == "triton"
     # what a run's meta.json and `lenx bench --train-step` record
     from helpers import model_for
     assert model_for("kerple", window=8, d_model=32).backend_notes(cuda) == [plan_note(kerple, cuda)]
@@ -193,3 +195,24 @@ def test_the_chunked_memory_estimate_follows_the_window():
     work = Work(batch=1, heads=H, length=8192, head_dim=D, chunk_size=256)
     windowed, wide = (chunked.memory(layer("kerple", w).parts, work).peak for w in (256, 0))
     assert windowed * 8192 // 512 == pytest.approx(wide, rel=0.01)  # keys per block: 256 + 256, not 8192
+
+
+@pytest.mark.parametrize("T,window,docs", [(1, 1, False), (63, 62, True), (111, 23, False), (111, 0, True)])
+def test_stickbreaking_masks_on_the_fused_kernels(T, window, docs):
+    """The planner's triton backend for stick-breaking with a window and/or documents (Triton's
+    interpreter on the CPU, fp32) against the hand-built float64 reference."""
+    pytest.importorskip("triton")
+    B = 2
+    segments = torch.tensor([[0] * (T // 3) + [1] * (T - T // 3), [0] * T]) if docs else None
+    parts = replace(layer("stickbreaking", window).parts, segments=docs)
+    q, k, v = (t.detach().float().requires_grad_() for t in operands(B, T))
+    out, rem = run_backend("triton", q, k, v, parts, 16, segments)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, ref_rem = hand_attention(q64, k64, v64, parts, hand_seen(T, window, segments, B))
+    assert_close(out, ref, 1e-4, "out")
+    assert_close(rem, ref_rem, 1e-4, "rem")
+    weights = torch.randn_like(ref)
+    grads = torch.autograd.grad((out * weights.float()).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((ref * weights).sum(), (q64, k64, v64))
+    for g, r, name in zip(grads, ref_grads, "qkv"):
+        assert_close(g, r, 1e-4, f"d{name}", floor=1e-3)

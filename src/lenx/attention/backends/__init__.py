@@ -36,14 +36,18 @@ def get_backend(name: str) -> Backend:
         raise ValueError(f"unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}") from None
 
 
-# Backends whose kernels take no window or document mask yet, judged here and not in their files
-# (the kernel hash of lenx.runinfo covers the fused routing, and no kernel changes with this).
-NO_MASKS = {"triton": "the fused Triton kernels take no mask yet"}
+# Backends whose kernels take no window or document mask yet, judged here and not in their files,
+# but for the compositions whose kernels do (stick-breaking's fused kernels take both).
+NO_MASKS = {"triton": "the fused Triton kernels take no mask yet but stick-breaking's"}
+
+
+def _takes_masks(backend: str, parts: Parts) -> bool:
+    return backend not in NO_MASKS or (parts.normaliser.name == "stickbreaking" and parts.processor is None)
 
 
 def _unsupported(backend: Backend, parts: Parts, device: torch.device) -> str | None:
     reason = backend.unsupported(parts, device)
-    if reason is None and parts.masked and backend.name in NO_MASKS:
+    if reason is None and parts.masked and not _takes_masks(backend.name, parts):
         return f"{NO_MASKS[backend.name]} ({parts.masked}); backend auto runs it on one that does"
     return reason
 
@@ -73,10 +77,8 @@ def run_backend(backend: str, q, k, v, parts: Parts, chunk_size: int = 256, segm
     document ids (None: one document; parts.segments must say whether they come)."""
     if (segments is not None) != parts.segments:
         raise ValueError("segments given without parts.segments (or the reverse): the plan would not know of them")
-    if parts.masked and backend in NO_MASKS:  # its kernels would ignore the mask
+    if parts.masked and not _takes_masks(backend, parts):  # its kernels would ignore the mask
         raise ValueError(unsupported_reason(backend, parts, q.device) or NO_MASKS[backend])
-    if segments is None:  # the fused backend's run takes no segments
-        return get_backend(backend).run(q, k, v, parts, chunk_size)
     return get_backend(backend).run(q, k, v, parts, chunk_size, segments)
 
 
@@ -86,6 +88,8 @@ def plan_note(parts: Parts, device: torch.device, requested: str = "auto") -> st
     if parts.masked is None or requested not in ("auto", "triton"):
         return None
     if unsupported_reason("triton", replace(parts, window=0, segments=False), device) is not None:
+        return None
+    if _takes_masks("triton", parts):
         return None
     chosen = plan_backend(parts, device, "auto")
     return f"{chosen}, not triton: the fused kernels take no mask yet ({parts.masked})"

@@ -74,11 +74,12 @@ class Fused(Backend):
             return Chunked().memory(parts, work)
         return super().memory(parts, work)
 
-    def run(self, q, k, v, parts, chunk_size=256):
+    def run(self, q, k, v, parts, chunk_size=256, segments=None):
         if parts.normaliser.name == "stickbreaking":
             from ...ops.stickbreaking.triton import stickbreaking_triton
 
-            return stickbreaking_triton(q, k, v, parts.normaliser.attend_current)
+            return stickbreaking_triton(q, k, v, parts.normaliser.attend_current, window=parts.window,
+                                        segments=segments)
         if parts.processor is not None:
             return _dape_v2(q, k, v, parts, chunk_size)
         from ...ops.biased_softmax.triton import biased_attention
