@@ -59,10 +59,11 @@ def suite_export_cmd(out: Path = typer.Argument(..., metavar="DIR", show_default
 
     DIR gets, per suite task T, T.jsonl (the instances as text: the very inputs `lenx eval --task`
     scores), lenx_T.yaml (greedy generation, exact match as lenx scores it) and lenx_T_logprob.yaml
-    (the answer's log-likelihood), lenx_suite.py (their loader and scores) and lenx_suite.json (the
-    corpus fingerprint, the grid and each task's instances hash, as in eval_<task>.json). Then:
-    lm_eval --model hf --model_args pretrained=MODEL,max_length=N --include_path DIR --tasks lenx_suite
-    (docs/suite.md).
+    (the answer's log-likelihood); lenx_suite.py loads and scores them, and lenx_suite.json records
+    the corpus fingerprint, the grid and each task's instances hash (as in eval_<task>.json).
+
+    Then: lm_eval --model hf --model_args pretrained=MODEL,max_length=N --include_path DIR --tasks
+    lenx_suite (docs/suite.md).
     """
     from ..config import ConfigError
     from ..evaluation.suite_export import export_settings, export_suite

@@ -6,7 +6,8 @@ last. Two scores per (length, depth) cell: "exact", the share of cases whose gre
 (KV-cache generation, lenx.model.generate) starts with the answer, and "logprob", the mean
 per-token log-probability of the answer's tokens given the input (teacher-forced). The cases depend
 only on the corpus, split, seed, task, length, depth and case index; their SHA-256 ("instances"),
-the generator versions and the corpus fingerprint go into the result.
+the generator versions and the corpus fingerprint go into the result. A token-level corpus (no
+tokenizer) gets the token-level variant of the RULER-style tasks (lenx.evaluation.ruler_tokens).
 """
 
 from contextlib import nullcontext
