@@ -137,7 +137,7 @@ def test_token_level_answers_follow_the_needles(tokens):
 
 
 def test_token_level_refuses_the_reasoning_tasks(tokens):
-    with pytest.raises(ConfigError, match="the qa2 task is reasoning over sentences; corpus 'synthetic' is token-level"):
+    with pytest.raises(ConfigError, match="the qa2 task is reasoning over sentences; corpus 'synthetic' is token"):
         suite.build_case(tokens, "qa2", 400, 0.5, 0, 1)
 
 

@@ -131,5 +131,5 @@ def test_the_answer_logprob_per_instance_is_lenx_s(world, lenx_scores, harness):
                     s = samples[(L, d, i)]
                     n = len(tok(" " + s["doc"]["answer"], add_special_tokens=False)["input_ids"])
                     want = result["tasks"][t]["logprob_cases"][a][b][i] * n   # lenx: the mean per token
-                    assert s["logprob"] == pytest.approx(want, abs=LOGPROB_TOL), (t, L, i)
-                    assert s["logprob_per_byte"] == pytest.approx(s["logprob"] / len(s["doc"]["continuation"]))
+                    assert s["logprob_sum"] == pytest.approx(want, abs=LOGPROB_TOL), (t, L, i)
+                    assert s["logprob_per_byte"] == pytest.approx(s["logprob_sum"] / len(s["doc"]["continuation"]))

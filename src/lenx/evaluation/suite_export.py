@@ -2,14 +2,14 @@
 lm-evaluation-harness (`lm_eval --include_path DIR`), which runs with no download.
 
 Per suite task T the folder holds T.jsonl (one row per instance: the input decoded to text from
-lenx's tokens, the answer and " " + answer, the length, depth and index, the task's instances hash), lenx_T.yaml
-(greedy generation, scored "exact" as lenx scores it: the stripped continuation starts with the
-answer) and lenx_T_logprob.yaml (the answer's log-likelihood given the input: "logprob", its sum
-in nats, "logprob_per_byte" and "greedy"). Both also report the score per length (exact_<L>,
-logprob_per_byte_<L>). lenx_suite.py loads the JSONL beside it (after checking its SHA-256
-against lenx_suite.json) and scores the answers; lenx_suite.json records the corpus fingerprint,
-the generator versions, seed, split, grid and every task's instances hash: the hash that
-`lenx eval --task` writes for the same grid. Every task carries the tag lenx_suite.
+lenx's tokens, the answer and " " + answer, the length, depth and index, the task's instances
+hash), lenx_T.yaml (greedy generation, scored "exact" as lenx scores it: the stripped continuation
+starts with the answer) and lenx_T_logprob.yaml (the log-likelihood of " " + answer given the
+input: "logprob_sum" in nats, "logprob_per_byte" and "greedy"). Both also report the score per
+length (exact_<L>, logprob_per_byte_<L>). lenx_suite.py loads the JSONL beside it (after checking
+its SHA-256 against lenx_suite.json) and scores the answers; lenx_suite.json records the corpus
+fingerprint, the generator versions, seed, split, grid and every task's instances hash: the hash
+that `lenx eval --task` writes for the same grid. Every task carries the tag lenx_suite.
 """
 
 import hashlib
@@ -97,7 +97,7 @@ def logprob(doc, results):
     per byte of it, and whether greedy decoding would give it."""
     ll, greedy = results[0]
     per_byte = ll / len(doc["continuation"].encode("utf-8"))
-    return {"logprob": ll, "logprob_per_byte": per_byte, "greedy": float(greedy),
+    return {"logprob_sum": ll, "logprob_per_byte": per_byte, "greedy": float(greedy),
             f"logprob_per_byte_{doc['length']}": per_byte}
 '''
 
@@ -187,7 +187,7 @@ def export_suite(out: Path, task: str, settings: dict, depths, samples: int, for
             write_text(tmp / f"lenx_{t}.yaml", GENERATE.format(
                 **common, max_gen_toks=longest, metrics=_metrics(["exact"] + [f"exact_{L}" for L in lengths])))
             write_text(tmp / f"lenx_{t}_logprob.yaml", LOGPROB.format(**common, metrics=_metrics(
-                ["logprob", "logprob_per_byte", "greedy"] + [f"logprob_per_byte_{L}" for L in lengths])))
+                ["logprob_sum", "logprob_per_byte", "greedy"] + [f"logprob_per_byte_{L}" for L in lengths])))
             manifest["tasks"][t] = {"instances": digest, "count": len(rows), "max_gen_toks": longest,
                                     "jsonl_sha256": hashlib.sha256(data).hexdigest()}
         write_text(tmp / "lenx_suite.py", CODE)

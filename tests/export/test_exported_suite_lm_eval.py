@@ -59,5 +59,5 @@ def test_an_exported_run_scores_the_suite_under_lm_eval_as_lenx_does(both):
                         continue   # the text splits into other tokens than lenx's (the module docstring)
                     same += 1
                     want = ours["tasks"][t]["logprob_cases"][a][b][i] * len(case["answer"])
-                    assert ll[(L, d, i)]["logprob"] == pytest.approx(want, abs=1e-3), (t, L, d, i)
+                    assert ll[(L, d, i)]["logprob_sum"] == pytest.approx(want, abs=1e-3), (t, L, d, i)
     assert same >= 4   # half the instances or more read the same tokens: the comparison means something
