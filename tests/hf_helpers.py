@@ -33,17 +33,17 @@ def corpus_tokenizer(corpus):
     return PreTrainedTokenizerFast(tokenizer_file=str(corpus.root / "tokenizer.json"), eos_token="<|endoftext|>")
 
 
-def own_tokenizer(texts: list[str], vocab_size: int = 320):
-    """A byte-level BPE of its own (not the corpus's), with EOS "<eos>", as a transformers tokenizer."""
+def own_tokenizer(texts: list[str], vocab_size: int = 320, eos: str = "<eos>"):
+    """A byte-level BPE of its own (not the corpus's), with EOS `eos`, as a transformers tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>"],
+    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[eos],
                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos)
 
 
 def corpus_texts(corpus, split: str = "train") -> list[str]:

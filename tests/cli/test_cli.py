@@ -16,7 +16,7 @@ from helpers import eval_result
 from lenx.cli import app
 
 SRC = Path(__file__).resolve().parents[2] / "src"
-COMMANDS = ("list", "prepare", "shard", "train", "eval", "generate", "export", "sweep", "compare", "plot", "che", "bench", "demo")
+COMMANDS = ("list", "prepare", "shard", "train", "eval", "generate", "export", "suite-export", "sweep", "compare", "plot", "che", "bench", "demo")
 
 
 SMALL_EVAL = ["--set", "eval.max_length=128", "--set", "eval.windows=4"]

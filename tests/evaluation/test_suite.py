@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from helpers import model_for, words_corpus
 from lenx.config import ConfigError
@@ -86,3 +87,77 @@ def test_bad_input(corpus):
         suite.build_case(corpus, "niah_single", 10, 0.5, 0, 1)
     with pytest.raises(ConfigError, match="fewer than"):
         suite.build_case(corpus, "qa1", 10 ** 7, 0.5, 0, 1)
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    """The token-level synthetic corpus (ids 0-254, EOS 255; no text)."""
+    from lenx.data import open_corpus
+    from lenx.data.build import prepare_corpus
+
+    root = tmp_path_factory.mktemp("synthetic")
+    prepare_corpus("synthetic", root, progress=False)
+    return open_corpus("synthetic", root)
+
+
+def _count(ids: np.ndarray, part) -> int:
+    part = np.asarray(part)
+    return sum(np.array_equal(ids[k:k + len(part)], part) for k in range(len(ids) - len(part) + 1))
+
+
+@pytest.mark.parametrize("task", list(suite.ruler_tokens.GENERATORS))
+def test_token_level_instances_are_solvable_and_seeded(tokens, task):
+    for depth in (0.0, 0.5, 1.0):
+        for i in range(3):
+            case = suite.build_case(tokens, task, 400, depth, i, seed=5)
+            again = suite.build_case(tokens, task, 400, depth, i, seed=5)
+            assert case["tokens"] and len(case["input"]) == 400 and np.array_equal(case["input"], again["input"])
+            assert tokens.eos_id not in case["answer"] and case["answer_text"] == tokens.decode(case["answer"])
+            for t in case["answer"]:   # every answer token is in the input; stated facts exactly once
+                assert t in case["input"], (task, t)
+            for part in case["once"]:
+                assert _count(case["input"], part) == 1, (task, part)
+            if task in ("niah_single", "niah_multikey"):   # the value follows the asked key
+                assert _count(case["input"], case["answer"]) >= 1
+    other = suite.build_case(tokens, task, 400, 0.5, 0, seed=6)
+    assert not np.array_equal(other["input"], suite.build_case(tokens, task, 400, 0.5, 0, seed=5)["input"])
+
+
+def test_token_level_answers_follow_the_needles(tokens):
+    rng = np.random.default_rng(0)
+    symbols = np.arange(255)
+    for i in range(10):
+        case = suite.ruler_tokens.fwe(rng, 0.5, i, symbols)
+        listing = case.needles[0][0]
+        words = [tuple(listing[k:k + 2]) for k in range(2, len(listing), 3)]   # head, then word + separator
+        assert max(set(words), key=words.count) == tuple(case.answer)
+        case = suite.ruler_tokens.vt(rng, 1.0, i, symbols)
+        first = case.needles[0][0]   # assign N1 eq VALUE: the question asks for VALUE
+        assert np.array_equal(first[-3:], case.question[2:5]) and np.array_equal(first[2:4], case.answer[:2])
+
+
+def test_token_level_refuses_the_reasoning_tasks(tokens):
+    with pytest.raises(ConfigError, match="the qa2 task is reasoning over sentences; corpus 'synthetic' is token"):
+        suite.build_case(tokens, "qa2", 400, 0.5, 0, 1)
+
+
+def test_token_level_exact_match_compares_ids(tokens, monkeypatch):
+    """A continuation 12 34 56 does not start with the answer 12 34 5, though its text does."""
+    from lenx.model import generate as gen
+
+    model = model_for("rope", vocab_size=tokens.vocab_size)
+    case = suite.build_case(tokens, "niah_single", 100, 0.5, 0, 1)
+    case["answer"] = np.array([12, 34, 5])
+    case["answer_text"] = tokens.decode(case["answer"])
+    for made, want in (([12, 34, 5, 7, 7], 1.0), ([12, 34, 56, 7, 7], 0.0), ([3, 12, 34, 5, 7], 0.0)):
+        monkeypatch.setattr(gen, "generate", lambda *a, made=made, **k: {"tokens": torch.tensor([made])})
+        exact, logprob = suite.score_case(model, case, tokens.decode, torch.device("cpu"), nullcontext)
+        assert exact == want and logprob < 0
+
+
+def test_token_level_suite_runs_and_records_its_generator(tokens):
+    model = model_for("rope", vocab_size=tokens.vocab_size)
+    out = suite.run_suite(model, tokens, ["niah_single", "cwe"], [200], [0.5], samples=1, seed=3, autocast=nullcontext)
+    assert out["generator_version"] == {"ruler_tokens": 1}
+    for t, r in out["tasks"].items():
+        assert 0 <= r["exact"][0][0] <= 1 and r["logprob"][0][0] < 0 and r["chance"] == suite.CHANCE[t]

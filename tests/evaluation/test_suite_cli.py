@@ -45,3 +45,22 @@ def test_a_cell_that_would_not_fit_refuses_before_the_model_loads(work, monkeypa
     monkeypatch.setattr(suite_eval, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
     with pytest.raises(ConfigError, match="suite at length 192 needs about"):
         suite_eval.evaluate_suite(work / "runs" / "r", "qa1", lengths=[192], samples=1, device="cpu", progress=False)
+
+
+def test_a_token_level_run_gets_the_token_level_suite(tmp_path):
+    """A run trained on the synthetic corpus (ids, no text): the RULER-style tasks run on token
+    sequences; the BABILong-style ones are refused in one line before the model loads."""
+    sets = [a for s in ("model.n_layer=1", "model.d_model=32", "model.n_head=2", "train.seq_len=32",
+                        "train.batch_size=4", "train.steps=2", "train.device=cpu") for a in ("--set", s)]
+    (tmp_path / "elsewhere").mkdir()
+    ok(lenx("train", "-c", "tiny", *sets, "-o", "runs/s", "--no-progress", cwd=tmp_path))
+    out = ok(lenx("eval", "../runs/s", "--task", "niah_multiquery,fwe", "--lengths", "200", "--depths", "0.5",
+                  "--samples", "1", "--device", "cpu", cwd=tmp_path / "elsewhere"))
+    result = json.loads((tmp_path / "runs" / "s" / "eval_niah_multiquery+fwe.json").read_text())
+    assert "eval_niah_multiquery+fwe.json" in out.stdout and result["generator_version"] == {"ruler_tokens": 1}
+    assert result["tasks"]["fwe"]["chance"] == 1 / 8 and result["tasks"]["niah_multiquery"]["logprob"][0][0] < 0
+    one_line_error(lenx("eval", "../runs/s", "--task", "vt,qa1", "--lengths", "200", "--device", "cpu",
+                        cwd=tmp_path / "elsewhere"), "qa1 task is reasoning over sentences", "token-level")
+    assert not (tmp_path / "runs" / "s" / "eval_vt+qa1.json").exists()
+    one_line_error(lenx("suite-export", "../tasks", "--like", "../runs/s", "--task", "vt",
+                        cwd=tmp_path / "elsewhere"), "token-level")

@@ -6,7 +6,8 @@ last. Two scores per (length, depth) cell: "exact", the share of cases whose gre
 (KV-cache generation, lenx.model.generate) starts with the answer, and "logprob", the mean
 per-token log-probability of the answer's tokens given the input (teacher-forced). The cases depend
 only on the corpus, split, seed, task, length, depth and case index; their SHA-256 ("instances"),
-the generator versions and the corpus fingerprint go into the result.
+the generator versions and the corpus fingerprint go into the result. A token-level corpus (no
+tokenizer) gets the token-level variant of the RULER-style tasks (lenx.evaluation.ruler_tokens).
 """
 
 from contextlib import nullcontext
@@ -17,12 +18,13 @@ import torch
 from torch.nn import functional as F
 
 from ..config import ConfigError
-from . import babilong, ruler
+from . import babilong, ruler, ruler_tokens
 
 GENERATORS = ruler.GENERATORS | babilong.GENERATORS
-CHANCE = ruler.CHANCE | babilong.CHANCE
+CHANCE = ruler.CHANCE | babilong.CHANCE   # the token-level variant's too (ruler_tokens says why)
 GROUPS = {"ruler": ruler.TASKS, "babilong": babilong.TASKS}
 VERSION = {"ruler": ruler.GENERATOR_VERSION, "babilong": babilong.GENERATOR_VERSION}
+TOKEN_VERSION = {"ruler_tokens": ruler_tokens.GENERATOR_VERSION}
 
 
 def parse_tasks(text: str) -> list[str]:
@@ -47,12 +49,19 @@ def _rng(seed: int, task: str, L: int, depth: float, i: int) -> np.random.Genera
 
 
 def build_case(corpus, task: str, L: int, depth: float, i: int, seed: int, split: str = "test") -> dict:
-    """One input of exactly L tokens: {"input": ids, "answer": ids of the answer, "answer_text"}."""
-    if corpus.tokenizer() is None:
-        raise ConfigError(f"the {task} task needs text; corpus {corpus.name!r} is token-level")
+    """One input of exactly L tokens: {"input": ids, "answer": ids of the answer, "answer_text",
+    "once", "tokens": whether it is the token-level variant (lenx.evaluation.ruler_tokens)}."""
+    tokens = corpus.tokenizer() is None
+    if tokens and task not in ruler_tokens.GENERATORS:
+        raise ConfigError(f"the {task} task is reasoning over sentences; corpus {corpus.name!r} is token-level, "
+                          f"where only the RULER-style tasks run ({', '.join(ruler_tokens.GENERATORS)})")
     rng = _rng(seed, task, L, depth, i)
-    case = GENERATORS[task](rng, depth, i)
-    enc = lambda s: np.array(corpus.encode(s), dtype=np.int64)  # noqa: E731
+    if tokens:
+        case = ruler_tokens.GENERATORS[task](rng, depth, i, np.delete(np.arange(corpus.vocab_size), corpus.eos_id))
+        enc = lambda s: np.asarray(s, dtype=np.int64)  # noqa: E731
+    else:
+        case = GENERATORS[task](rng, depth, i)
+        enc = lambda s: np.array(corpus.encode(s), dtype=np.int64)  # noqa: E731
     needles = [(enc(text), d) for text, d in case.needles]
     question = enc(case.question)
     n_fill = L - sum(len(n) for n, _ in needles) - len(question)
@@ -71,7 +80,9 @@ def build_case(corpus, task: str, L: int, depth: float, i: int, seed: int, split
         parts += [fill[at:spot], needles[k][0]]
         at = spot
     ids = np.concatenate(parts + [fill[at:], question])
-    return {"input": ids, "answer": enc(case.answer), "answer_text": case.answer.strip(), "once": case.once}
+    answer = enc(case.answer)
+    return {"input": ids, "answer": answer, "answer_text": corpus.decode(answer) if tokens else case.answer.strip(),
+            "once": case.once, "tokens": tokens}
 
 
 def instances_hash(cases: list[dict]) -> str:
@@ -92,8 +103,10 @@ def score_case(model, case: dict, decode, device, autocast) -> tuple[float, floa
     with autocast():
         logits = model(torch.cat([ids, answer[:, :-1]], 1))[0][:, -answer.shape[1]:]
     logprob = -F.cross_entropy(logits.float()[0], answer[0]).item()
-    new = generate(model, ids, answer.shape[1] + 2, temperature=0, autocast=autocast)["tokens"][0]
-    return float(decode(new.tolist()).strip().startswith(case["answer_text"])), logprob
+    new = generate(model, ids, answer.shape[1] + 2, temperature=0, autocast=autocast)["tokens"][0].tolist()
+    if case.get("tokens"):   # token ids: a text comparison would take "12 34 5" for the start of "12 34 56"
+        return float(new[:len(case["answer"])] == case["answer"].tolist()), logprob
+    return float(decode(new).strip().startswith(case["answer_text"])), logprob
 
 
 def run_suite(model, corpus, tasks: list[str], lengths: list[int], depths, samples: int = 8, seed: int = 1234,
@@ -125,5 +138,6 @@ def run_suite(model, corpus, tasks: list[str], lengths: list[int], depths, sampl
         cases = [c for row in built[t] for cell in row for c in cell]
         out[t] = grids | {"chance": CHANCE[t], "instances": instances_hash(cases)}
     return {"task": "suite", "tasks": out, "lengths": list(lengths), "depths": list(depths), "samples": samples,
-            "seed": seed, "split": split, "generator_version": VERSION, "corpus_fingerprint": corpus.fingerprint()}
+            "seed": seed, "split": split, "generator_version": TOKEN_VERSION if corpus.tokenizer() is None else VERSION,
+            "corpus_fingerprint": corpus.fingerprint()}
 

@@ -18,6 +18,16 @@ def file_task(text: str) -> str:
     return "+".join(p.strip() for p in text.split(","))
 
 
+def check_grid(depths=None, samples=None) -> tuple[list[float], int]:
+    """The depths (default DEPTHS) and inputs per cell (default 8) of a suite grid, checked."""
+    if samples is not None and (isinstance(samples, bool) or samples < 1):
+        raise ConfigError(f"--samples must be a positive integer, got {samples!r}")
+    depths = list(DEPTHS if depths is None else depths)
+    if not depths or any(not 0 <= d <= 1 for d in depths):
+        raise ConfigError(f"depths must be numbers in [0, 1], got {depths!r}")
+    return depths, samples or 8
+
+
 def evaluate_suite(run_dir: Path, task: str, lengths=None, depths=None, samples=None, device="auto", backend=None,
                    step=None, rope_scaling=None, rope_scaling_factor=None, progress=True, write=True) -> dict:
     """Every suite task of `task` on lengths x depths (default: as for --task passkey); writes
@@ -26,18 +36,13 @@ def evaluate_suite(run_dir: Path, task: str, lengths=None, depths=None, samples=
     run_dir = Path(run_dir)
     tasks = suite.parse_tasks(task)
     check_options(lengths, None, None, None, step)
-    if samples is not None and (isinstance(samples, bool) or samples < 1):
-        raise ConfigError(f"--samples must be a positive integer, got {samples!r}")
-    depths = list(DEPTHS if depths is None else depths)
-    if not depths or any(not 0 <= d <= 1 for d in depths):
-        raise ConfigError(f"depths must be numbers in [0, 1], got {depths!r}")
+    depths, samples = check_grid(depths, samples)
     cfg = run_config(run_dir)
     scaling = apply_rope_scaling(cfg, rope_scaling, rope_scaling_factor)
     e = cfg.eval
     lengths = sorted(set(lengths or e.lengths or default_lengths(cfg.train.seq_len, e.max_length)))
     dev = resolve_device(device, "device")
     corpus = open_run_corpus(run_dir, cfg)
-    samples = samples or 8
     # a too-short length (needles vary by instance) or a too-small split fails here, before the model loads
     for t in tasks:
         for L in {lengths[0], lengths[-1]}:
