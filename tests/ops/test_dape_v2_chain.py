@@ -194,10 +194,11 @@ def test_gpu_chain_is_causal(t):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(_chain_ready() is not None, reason=str(_chain_ready()))
-@pytest.mark.parametrize("chain", [False, True])
-def test_gpu_module_eval_routes_to_the_chain_only_when_asked(chain, monkeypatch):
+@pytest.mark.parametrize("chain,autocast", [(False, True), (True, True), (True, False)])
+def test_gpu_module_eval_routes_to_the_chain_only_when_asked(chain, autocast, monkeypatch):
     """fp32 activations under bf16 autocast, no_grad (as `lenx eval`): LENX_DAPE_V2_GLUON=chain runs the
-    chain, the default gluon.py's kernel; both match the dense backend."""
+    chain, the default gluon.py's kernel; both match the dense backend. Without autocast (fp32 q, k, v)
+    neither Gluon kernel runs, also when the chain is asked for."""
     from lenx.attention import Attention, AttentionConfig
     if chain:
         monkeypatch.setenv("LENX_DAPE_V2_GLUON", "chain")
@@ -209,10 +210,14 @@ def test_gpu_module_eval_routes_to_the_chain_only_when_asked(chain, monkeypatch)
     fast = Attention(AttentionConfig(**{**cfg.__dict__, "backend": "triton"}), 12, 768).to("cuda")
     fast.load_state_dict(ref.state_dict())
     x = torch.randn(2, 300, 768, device="cuda")
-    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
         y, y_ref = fast(x), ref(x)
-    kernels = {m.kernel for m in fast.modules() if hasattr(m, "kernel") and isinstance(getattr(m, "kernel"), str)}
-    assert kernels == {"gluon (chain)" if chain else "gluon"}
+    kernels = {m.kernel for m in fast.modules() if isinstance(getattr(m, "kernel", None), str)}
+    assert len(kernels) == 1
+    if autocast:
+        assert kernels == {"gluon (chain)" if chain else "gluon"}
+    else:
+        assert not kernels.pop().startswith("gluon")
     assert rel_err(y.float(), y_ref.float()) < 2e-2
 
 
