@@ -93,6 +93,20 @@ def test_schedule_rounding(ks, kind):
     assert rel_err(lse32, ref_lse) < 1e-5 < rel_err(lse, ref_lse) < 2e-3
 
 
+@pytest.mark.parametrize("kind", ["kerple", "alibi", None])
+def test_emulated_tables_are_the_kernels(kind):
+    """The emulator builds its tables itself (float64 for the exact check); in fp32 they are the
+    operands the kernel reads (gluon.prepare, which tables.cached keeps), so both run one definition."""
+    from lenx.ops.dape_v2 import gluon as G
+    from lenx.ops.dape_v2.emulate_chain import chain_tables
+    T, H = 200, 12
+    _, _, _, w, tab = _case(T, H, 8, 32, 3, kind, dtype=torch.float32)
+    t1, k0, t2 = chain_tables(*w, tab, T, H)
+    _, _, pt1, pk0, pt2 = G.prepare(*w, tab, T, H, "cpu")
+    assert torch.allclose(t1, pt1, rtol=1e-5, atol=1e-5) and torch.allclose(t2, pt2, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(k0, pk0[:k0.shape[0]], rtol=1e-5, atol=1e-5)
+
+
 def test_schedule_is_causal():
     T, t = 130, 63
     q, k, v, w, tab = _case(T, 3, 8, 4, 3, "alibi")
