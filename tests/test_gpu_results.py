@@ -93,3 +93,24 @@ def test_kernel_hash_text_ignores_fields_newer_pythons_add():
     tree.body[0].type_params = []
     assert _tree_text(tree) == plain and "doc" not in plain
     assert _tree_text(ast.parse("def f(x):\n    return x + 2\n")) != plain
+
+
+def test_kernel_hash_leaves_out_every_emulation(tmp_path, monkeypatch):
+    """The CPU emulations (emulate*.py) decide nothing that runs on the GPU: changing one keeps the hash;
+    the forward chain's kernel file is covered."""
+    import shutil
+
+    import lenx.runinfo as runinfo
+
+    src = Path(runinfo.__file__).parent
+    shutil.copytree(src / "ops", tmp_path / "ops")
+    shutil.copytree(src / "attention", tmp_path / "attention")
+    shutil.copy(src / "runinfo.py", tmp_path / "runinfo.py")
+    monkeypatch.setattr(runinfo, "__file__", str(tmp_path / "runinfo.py"))
+    before = runinfo.kernel_sources_hash()
+    emul = tmp_path / "ops" / "dape_v2" / "emulate_chain.py"
+    emul.write_text(emul.read_text().replace("0.01)", "0.02)"))
+    assert runinfo.kernel_sources_hash() == before
+    chain = tmp_path / "ops" / "dape_v2" / "chain.py"
+    chain.write_text(chain.read_text().replace("MAX_HEADS = 12", "MAX_HEADS = 11"))
+    assert runinfo.kernel_sources_hash() != before

@@ -50,7 +50,7 @@ def kernel_sources_hash() -> str:
     """SHA-256 over lenx.ops's kernel files: which kernels a GPU test run or a benchmark measured
     (results/gpu-tests/summary.json records it for the last device run). Kernel files are every
     module of lenx.ops but the references, the CPU emulation and the package docstrings
-    (reference.py, emulate.py, __init__.py), plus the code named in HASHED_CODE (the host tables
+    (reference.py, emulate*.py, __init__.py), plus the code named in HASHED_CODE (the host tables
     and the kernel routing), each hashed as its syntax tree without docstrings, so
     that a comment, a docstring or the layout of a line does not ask for a new GPU run. The tree is
     written out by _tree_text, not ast.dump, whose text differs between Python versions."""
@@ -60,7 +60,7 @@ def kernel_sources_hash() -> str:
     ops = Path(__file__).parent / "ops"
     h = hashlib.sha256()
     for path in sorted(ops.rglob("*.py")):
-        if path.name in ("reference.py", "emulate.py", "__init__.py"):
+        if path.name in ("reference.py", "__init__.py") or path.name.startswith("emulate"):
             continue
         tree = _tree_text(ast.parse(path.read_text())).encode()
         h.update(path.relative_to(ops).as_posix().encode() + b"\0" + tree + b"\0")

@@ -113,7 +113,7 @@ def _dape_v2(q, k, v, parts, chunk_size):
         from ...ops.dape_v2 import gluon
 
         prepared = cached(sources, ("gluon",) + key, lambda: gluon.prepare(*weights, table(), T, H, q.device))
-        return gluon.dape_v2_gluon_forward(q, k, v, *weights, prepared=prepared)[0], None
+        return _gluon_forward(q, k, v, proc, weights, prepared), None
     if kernel.startswith("skewed"):
         from ...ops.dape_v2 import skewed
 
@@ -200,3 +200,16 @@ def _use_gluon(q, proc) -> bool:
     from ...ops.dape_v2 import gluon
 
     return gluon.unsupported_reason(q, proc.num_heads, proc.hidden, proc.kernel_size) is None
+
+
+def _gluon_forward(q, k, v, proc, weights, prepared):
+    """The Gluon forward's output: the forward chain (lenx.ops.dape_v2.chain: QK once per window) where
+    LENX_DAPE_V2_GLUON=chain and it takes the shape, else gluon.py's kernel. Opt-in until GPU runs
+    have measured it; both read the same host operands (gluon.prepare)."""
+    from ...ops.dape_v2 import chain, gluon
+
+    if os.environ.get("LENX_DAPE_V2_GLUON") == "chain" and \
+            chain.unsupported_reason(q, proc.num_heads, proc.hidden, proc.kernel_size) is None:
+        proc.kernel = "gluon (chain)"
+        return chain.dape_v2_chain_forward(q, k, v, *weights, prepared=prepared)[0]
+    return gluon.dape_v2_gluon_forward(q, k, v, *weights, prepared=prepared)[0]

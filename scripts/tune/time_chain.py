@@ -1,0 +1,64 @@
+"""The DAPE V2 forward chain (lenx.ops.dape_v2.chain) against gluon.py's forward and causal SDPA, as
+evaluation runs it: bf16, B 1, H 12, d 64, D 32, k 3, Kerple, no autograd graph, host tables built
+once outside the timing (tables.cached does that in the model). Back-to-back medians
+(lenx.bench.kernels.median_ms), the chain's output checked against gluon.py's on the same inputs,
+one JSON file out. About 30-60 s on an H200, most of it the two kernels' first compile.
+
+Usage (repository root, sm_90 GPU, triton 3.6):
+    PYTHONPATH=src python3 scripts/tune/time_chain.py chain_times.json [--lengths 8192,16384]
+"""
+
+import argparse
+import json
+import sys
+
+import torch
+from torch.nn import functional as F
+
+from lenx.attention import DapeV2, KerpleLog
+from lenx.bench.kernels import median_ms
+from lenx.ops.dape_v2 import chain as C
+from lenx.ops.dape_v2 import gluon as G
+from lenx.runinfo import environment, kernel_sources_hash
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", help="JSON file to write")
+    ap.add_argument("--lengths", default="8192,16384")
+    a = ap.parse_args()
+    lengths = [int(x) for x in a.lengths.split(",")]
+    dev = torch.device("cuda")
+    H, dh, D, ks = 12, 64, 32, 3
+    proc = DapeV2(H, D, ks, with_bias=True).to(dev)
+    w = [x.detach() for x in proc.conv_weights()]
+    kb = KerpleLog(H).to(dev)
+    rows = []
+    for T in lengths:
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(1, H, T, dh, device=dev, dtype=torch.bfloat16) for _ in range(3))
+        with torch.no_grad():
+            prepared = G.prepare(*w, kb.table(T, dev).detach(), T, H, dev)
+            cases = {
+                "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                "gluon": lambda: G.dape_v2_gluon_forward(q, k, v, *w, prepared=prepared),
+                "chain": lambda: C.dape_v2_chain_forward(q, k, v, *w, prepared=prepared),
+            }
+            og, lg = cases["gluon"]()
+            oc, lc = cases["chain"]()
+            err = ((oc.float() - og.float()).norm() / og.float().norm()).item()
+            row = {"T": T, "chain_vs_gluon_rel_err": err, "chain_vs_gluon_lse_max_abs": (lc - lg).abs().max().item()}
+            for name, fn in cases.items():
+                row[f"{name}_ms"] = median_ms(fn, 25, 200, 20)[0]
+        row["gluon_x_sdpa"] = row["gluon_ms"] / row["sdpa_ms"]
+        row["chain_x_sdpa"] = row["chain_ms"] / row["sdpa_ms"]
+        row["chain_speedup_vs_gluon"] = row["gluon_ms"] / row["chain_ms"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    with open(a.out, "w") as f:
+        json.dump({"environment": environment(), "kernel_sources_hash": kernel_sources_hash(),
+                   "command": "python3 scripts/tune/time_chain.py " + " ".join(sys.argv[1:]), "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

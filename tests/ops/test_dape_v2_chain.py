@@ -1,0 +1,262 @@
+"""lenx.ops.dape_v2.chain (the Gluon forward chain: QK once per window for every head, the conv chain,
+softmax and PV on chip; only O and LSE written). CPU: its schedule (emulate_chain.chain_schedule)
+against the float64 reference, its rounding against the fp32 reference, causality. GPU (sm_90,
+triton 3.6): the kernel against the reference in bf16, and its schedule's float path at fp32 inputs."""
+
+import math
+
+import pytest
+import torch
+
+from helpers import rel_err
+from kernel_cases import bias_table
+from lenx.ops.dape_v2 import chain as C
+from lenx.ops.dape_v2.emulate_chain import chain_schedule, windows
+from lenx.ops.dape_v2.reference import dape_v2_reference
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Hundreds of tiny ops per call: OpenMP's fork-join per op costs more than the op on 2 busy cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _case(T, H, d, D, ks, kind, dtype=torch.float64, device="cpu", seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, H, T, d, generator=g).to(device, dtype) for _ in range(3))
+    tab = bias_table(kind, H, T)
+    tab = None if tab is None else tab.detach().to(device, torch.float64 if dtype == torch.float64 else torch.float32)
+    Cin = 2 * H if tab is not None else H
+    w = [torch.randn(D, Cin, 1, ks, generator=g) * 0.3, torch.randn(D, generator=g) * 0.1,
+         torch.randn(H, D, 1, ks, generator=g) * 0.3, torch.randn(H, generator=g) * 0.1]
+    wt = torch.float64 if dtype == torch.float64 else torch.float32
+    return q, k, v, [x.to(device, wt) for x in w], tab
+
+
+def _lse_ref(q, k, v, w, tab):
+    """ln sum_j exp(logit_ij) from the dense reference: the output of v = one-hot rows is P itself, so
+    use the scores path instead: the reference's logits through dape_v2_scores."""
+    from lenx.ops.biased_softmax.reference import table_bias
+    from lenx.ops.dape_v2.reference import dape_v2_scores
+    T = q.shape[-2]
+    pos = torch.arange(T)
+    S = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    A = dape_v2_scores(S, None if tab is None else table_bias(tab, pos, pos), *w, pos, pos)
+    return A.masked_fill(pos[None, :] > pos[:, None], float("-inf")).logsumexp(-1)
+
+
+@pytest.mark.parametrize("kind", ["kerple", "alibi"])
+@pytest.mark.parametrize("ks", [3, 5])
+@pytest.mark.parametrize("T", [1, 63, 111, 300])
+def test_schedule_matches_reference_fp64(T, ks, kind):
+    """H 12, d 64, D 32: the schedule (16-row programs, 64-key windows with a 2h-key halo each side, the
+    first window's k0, the residual hidden map, online softmax over windows) is the reference to 1e-10:
+    T 1 is one window, T 300 nineteen programs of up to seven windows (k 5: a 56-key step)."""
+    q, k, v, w, tab = _case(T, 12, 64, 32, ks, kind)
+    o, lse = chain_schedule(q, k, v, *w, tab)
+    assert o.dtype == torch.float64 and lse.shape == (1, 12, T)
+    assert rel_err(o, dape_v2_reference(q, k, v, *w, tab)) < 1e-10
+    assert rel_err(lse, _lse_ref(q, k, v, w, tab)) < 1e-10
+
+
+def test_schedule_without_a_table():
+    q, k, v, w, tab = _case(111, 3, 16, 8, 3, None)
+    assert tab is None
+    assert rel_err(chain_schedule(q, k, v, *w, None)[0], dape_v2_reference(q, k, v, *w, None)) < 1e-10
+
+
+def test_windows_cover_every_key_once():
+    """Each key up to a program's last row is the output of exactly one window (k 1, 3, 5)."""
+    for ks in (1, 3, 5):
+        h = ks // 2
+        for q0, T in [(0, 1), (0, 300), (288, 300), (16, 40)]:
+            owned = [j for ws in windows(q0, T, ks) for j in range(ws + 2 * h, ws + 64 - 2 * h)]
+            last = min(q0 + 16, T) - 1
+            assert sorted(j for j in owned if j <= last) == list(range(last + 1))
+
+
+@pytest.mark.parametrize("ks,kind", [(3, "kerple"), (5, "alibi")])
+def test_schedule_rounding(ks, kind):
+    """The kernel's rounding points (fp16 S used for conv1 AND the logits, fp16 z and f, bf16 P) on
+    bf16 inputs: within 1e-2 of the fp32 reference on the same inputs (the GPU bar), and the fp16 S in
+    the logits is visible in the lse (its error is above the fp32 path's)."""
+    q, k, v, w, tab = _case(300, 12, 64, 32, ks, kind, dtype=torch.bfloat16)
+    q32, k32, v32 = (x.float() for x in (q, k, v))
+    ref = dape_v2_reference(q32, k32, v32, *w, tab)
+    o, lse = chain_schedule(q, k, v, *w, tab, half=torch.float16, p_dtype=torch.bfloat16)
+    o32, lse32 = chain_schedule(q32, k32, v32, *w, tab)
+    ref_lse = _lse_ref(q32.double(), k32.double(), v32.double(), [x.double() for x in w], tab.double())
+    assert rel_err(o.float(), ref) < 1e-2
+    assert rel_err(lse32, ref_lse) < 1e-5 < rel_err(lse, ref_lse) < 2e-3
+
+
+@pytest.mark.parametrize("kind", ["kerple", "alibi", None])
+def test_emulated_tables_are_the_kernels(kind):
+    """The emulator builds its tables itself (float64 for the exact check); in fp32 they are the
+    operands the kernel reads (gluon.prepare, which tables.cached keeps), so both run one definition."""
+    from lenx.ops.dape_v2 import gluon as G
+    from lenx.ops.dape_v2.emulate_chain import chain_tables
+    T, H = 200, 12
+    _, _, _, w, tab = _case(T, H, 8, 32, 3, kind, dtype=torch.float32)
+    t1, k0, t2 = chain_tables(*w, tab, T, H)
+    _, _, pt1, pk0, pt2 = G.prepare(*w, tab, T, H, "cpu")
+    assert torch.allclose(t1, pt1, rtol=1e-5, atol=1e-5) and torch.allclose(t2, pt2, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(k0, pk0[:k0.shape[0]], rtol=1e-5, atol=1e-5)
+
+
+def test_schedule_is_causal():
+    T, t = 130, 63
+    q, k, v, w, tab = _case(T, 3, 8, 4, 3, "alibi")
+    a, la = chain_schedule(q, k, v, *w, tab)
+    q2, k2, v2 = (x.clone() for x in (q, k, v))
+    for x in (q2, k2, v2):
+        x[:, :, t + 1:] = torch.randn_like(x[:, :, t + 1:])
+    b, lb = chain_schedule(q2, k2, v2, *w, tab)
+    assert torch.equal(a[:, :, :t + 1], b[:, :, :t + 1]) and torch.equal(la[..., :t + 1], lb[..., :t + 1])
+    assert not torch.equal(a[:, :, t + 1:], b[:, :, t + 1:])
+
+
+def test_refuses_what_it_does_not_take():
+    """The wrapper checks the shape before touching a device (fp32 q, k 5, 16 heads)."""
+    q = torch.zeros(1, 12, 8, 64)
+    w = [torch.zeros(32, 24, 1, 3), torch.zeros(32), torch.zeros(12, 32, 1, 3), torch.zeros(12)]
+    with pytest.raises(NotImplementedError, match="forward chain"):
+        C.dape_v2_chain_forward(q, q, q, *w)
+    q16 = torch.zeros(1, 16, 8, 64, dtype=torch.bfloat16)
+    w16 = [torch.zeros(32, 32, 1, 3), torch.zeros(32), torch.zeros(16, 32, 1, 3), torch.zeros(16)]
+    with pytest.raises(NotImplementedError, match="H <= 12"):
+        C.dape_v2_chain_forward(q16, q16, q16, *w16)
+
+
+# ---- GPU: the kernel (sm_90, triton 3.6) ----
+
+def _chain_ready():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        return "needs an sm_90 GPU"
+    why = C.unsupported_reason(torch.zeros(1, 12, 1, 64, device="cuda", dtype=torch.bfloat16), 12, 32, 3)
+    return why
+
+
+def _reference_rows(q, k, v, w, tab, rows):
+    """The dense reference's output at some query rows only (the convs run along keys, so rows are
+    independent): what 8192 allows without T x T x 32 maps."""
+    from lenx.ops.biased_softmax.reference import table_bias
+    from lenx.ops.dape_v2.reference import dape_v2_scores
+    T = q.shape[-2]
+    pos = torch.arange(T, device=q.device)
+    S = q[:, :, rows] @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    A = dape_v2_scores(S, None if tab is None else table_bias(tab, rows, pos), *w, rows, pos)
+    A = A.masked_fill(pos[None, :] > rows[:, None], float("-inf"))
+    return torch.softmax(A, -1) @ v
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_chain_ready() is not None, reason=str(_chain_ready()))
+@pytest.mark.parametrize("T", [1, 111, 1000, 8192])
+@pytest.mark.parametrize("ks,kind", [(3, "kerple"), (3, "alibi"), (1, "alibi"), (3, None)])
+def test_gpu_chain_forward(T, ks, kind):
+    """bf16 q, k, v against the fp32 reference on the same inputs (every row up to 1000; at 8192 the
+    first 64 and last 192 rows), and against gluon.py's kernel (the GPU oracle) on all rows."""
+    from lenx.ops.dape_v2 import gluon as G
+    q, k, v, w, tab = _case(T, 12, 64, 32, ks, kind, dtype=torch.bfloat16, device="cuda")
+    o, lse = C.dape_v2_chain_forward(q, k, v, *w, tab)
+    torch.cuda.synchronize()
+    assert torch.isfinite(o.float()).all() and torch.isfinite(lse).all()
+    q32, k32, v32 = (x.float() for x in (q, k, v))
+    rows = torch.arange(T, device="cuda") if T <= 1000 else torch.cat(
+        [torch.arange(64, device="cuda"), torch.arange(T - 192, T, device="cuda")])
+    err = rel_err(o.float()[:, :, rows], _reference_rows(q32, k32, v32, w, tab, rows))
+    assert err < 1e-2, f"T {T} k {ks} {kind}: rel err {err:.3g} against the reference"
+    og, lg = G.dape_v2_gluon_forward(q, k, v, *w, tab)
+    assert rel_err(o.float(), og.float()) < 1e-2 and (lse - lg).abs().max().item() < 0.05
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_chain_ready() is not None, reason=str(_chain_ready()))
+@pytest.mark.parametrize("H,D,ks", [(1, 8, 3), (5, 16, 1), (12, 10, 3), (7, 21, 1)])
+def test_gpu_chain_writes_every_output(H, D, ks, monkeypatch):
+    """Other head and channel counts at T 111, outputs NaN-poisoned before the launch."""
+    q, k, v, w, tab = _case(111, H, 64, D, ks, "kerple", dtype=torch.bfloat16, device="cuda", seed=1)
+    nan = float("nan")
+    monkeypatch.setattr(torch, "empty_like", lambda x, **kw: torch.full_like(x, nan, **kw))
+    monkeypatch.setattr(torch, "empty", lambda *shape, **kw: torch.full(shape, nan, **kw))
+    o, lse = C.dape_v2_chain_forward(q, k, v, *w, tab)
+    monkeypatch.undo()
+    torch.cuda.synchronize()
+    assert torch.isfinite(o.float()).all() and torch.isfinite(lse).all()
+    ref = dape_v2_reference(q.float(), k.float(), v.float(), *w, tab)
+    assert rel_err(o.float(), ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_chain_ready() is not None, reason=str(_chain_ready()))
+@pytest.mark.parametrize("t", [0, 63, 64, 150])
+def test_gpu_chain_is_causal(t):
+    T = 200
+    q, k, v, w, tab = _case(T, 12, 64, 32, 3, "kerple", dtype=torch.bfloat16, device="cuda", seed=2)
+    a, la = C.dape_v2_chain_forward(q, k, v, *w, tab)
+    q2, k2, v2 = (x.clone() for x in (q, k, v))
+    for x in (q2, k2, v2):
+        x[:, :, t + 1:] = torch.randn_like(x[:, :, t + 1:]) * 3
+    b, lb = C.dape_v2_chain_forward(q2, k2, v2, *w, tab)
+    assert torch.equal(a[:, :, :t + 1], b[:, :, :t + 1]) and torch.equal(la[..., :t + 1], lb[..., :t + 1])
+    assert not torch.equal(a[:, :, t + 1:], b[:, :, t + 1:])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_chain_ready() is not None, reason=str(_chain_ready()))
+@pytest.mark.parametrize("chain,autocast", [(False, True), (True, True), (True, False)])
+def test_gpu_module_eval_routes_to_the_chain_only_when_asked(chain, autocast, monkeypatch):
+    """fp32 activations under bf16 autocast, no_grad (as `lenx eval`): LENX_DAPE_V2_GLUON=chain runs the
+    chain, the default gluon.py's kernel; both match the dense backend. Without autocast (fp32 q, k, v)
+    neither Gluon kernel runs, also when the chain is asked for."""
+    from lenx.attention import Attention, AttentionConfig
+    if chain:
+        monkeypatch.setenv("LENX_DAPE_V2_GLUON", "chain")
+    else:
+        monkeypatch.delenv("LENX_DAPE_V2_GLUON", raising=False)
+    torch.manual_seed(0)
+    cfg = AttentionConfig(method="dapev2-kerple", backend="dense")
+    ref = Attention(cfg, 12, 768).to("cuda")
+    fast = Attention(AttentionConfig(**{**cfg.__dict__, "backend": "triton"}), 12, 768).to("cuda")
+    fast.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 300, 768, device="cuda")
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+        y, y_ref = fast(x), ref(x)
+    kernels = {m.kernel for m in fast.modules() if isinstance(getattr(m, "kernel", None), str)}
+    assert len(kernels) == 1
+    if autocast:
+        assert kernels == {"gluon (chain)" if chain else "gluon"}
+    else:
+        assert not kernels.pop().startswith("gluon")
+    assert rel_err(y.float(), y_ref.float()) < 2e-2
+
+
+def _triton36():
+    try:
+        import triton
+    except ImportError:
+        return "no triton"
+    return None if triton.__version__.startswith("3.6.") and C._GLUON_ERROR is None else f"triton {triton.__version__}, not 3.6"
+
+
+@pytest.mark.gpu  # no GPU needed: it runs where the device's triton (3.6) is, i.e. with the GPU suite
+@pytest.mark.skipif(_triton36() is not None, reason=str(_triton36()))
+@pytest.mark.parametrize("ks", [1, 3])
+def test_offline_compile_has_no_spill_in_the_window_loop(ks, tmp_path):
+    """sm_90a compile at H 12, D 32: no LDL / STL in the window loop (gluon.py's forward has 51 / 14
+    there), shared memory within the 227 KB a CTA may have, and the loop found is the kernel's body."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "tune" / "compile_chain.py"
+    spec = importlib.util.spec_from_file_location("compile_chain", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    res = mod.compile_chain(12, 32, ks, str(tmp_path / "chain.sass"))
+    assert res["window_loop"]["loop_instructions"] > 1000
+    assert res["window_loop"]["LDL"] == 0 and res["window_loop"]["STL"] == 0, res["window_loop"]
+    assert res["shared_bytes"] <= 227 * 1024 and res["ptx_target"] == "sm_90a"
