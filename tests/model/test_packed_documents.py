@@ -78,3 +78,47 @@ def test_default_backend_plans_with_the_documents():
         with torch.no_grad():
             together, alone = alone_and_packed(model, LENGTHS)
         assert torch.allclose(together, alone, rtol=0, atol=1e-10), method
+
+
+def test_a_masked_run_plans_and_records_the_backends_that_take_document_ids():
+    """The fused kernels take no mask: where they would run a layer, a masked run's meta.json
+    (backends, backend_notes) and its memory estimate name the backend that does."""
+    from dataclasses import replace
+
+    from lenx.model.memory import estimate_memory
+
+    cuda = torch.device("cuda")
+    model = model_for("kerple", d_model=32)
+    assert model.backend_notes(cuda) == []
+    note = "flex, not triton: the fused kernels take no mask yet (document segments)"
+    assert model.backend_notes(cuda, segments=True) == [note]
+    assert model.backends(cuda, segments=True) == ["flex", "flex"]
+    cfg = replace(model.cfg, backend="auto")
+    assert estimate_memory(cfg, 2, 64, cuda, segments=True).backend == "flex"
+    assert estimate_memory(cfg, 2, 64, cuda).backend != "flex"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["kerple", "rope", "dapev2-kerple", "stickbreaking"])
+def test_a_packed_window_is_its_documents_run_alone_on_cuda(method):
+    """On the device the planner's backends with document ids (flex, sdpa, chunked: the fused kernels
+    take no mask) against the documents run alone there (which the fused kernels may run), fp32."""
+    from lenx.config import LMConfig
+    from lenx.model import LM
+
+    torch.manual_seed(0)
+    model = LM(LMConfig(method=method, vocab_size=V, n_layer=2, n_head=2, d_model=64, dape_hidden=4)).cuda().eval()
+    idx, doc_ids = packed([1, 70, 1, 33, 150])
+    with torch.no_grad():
+        for p in model.parameters():  # away from the initial values, so that context changes the logits
+            p.add_(0.2 * torch.randn_like(p))
+        together = model(idx.cuda(), doc_ids=doc_ids.cuda())[0][0]
+        crossing = model(idx.cuda())[0][0]
+        alone, at = [], 0
+        for n in [1, 70, 1, 33, 150]:
+            alone.append(model(idx[:, at:at + n].cuda())[0][0])
+            at += n
+    alone = torch.cat(alone)
+    tol = 1e-3 * alone.abs().max().item()  # fp32, different kernels alone and packed
+    assert (together - alone).abs().max().item() < tol, method
+    assert (crossing - alone).abs().max().item() > 10 * tol, method  # without the mask it would fail

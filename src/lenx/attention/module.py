@@ -103,7 +103,8 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None, rows: list[int] | None = None,
-                at: int = 0, segments: torch.Tensor | None = None, positions: torch.Tensor | None = None) -> torch.Tensor:
+                at: int = 0, segments: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, T, C] at positions 0..T-1; segments [B, T] their document ids (None: one document;
         no row attends across a document boundary), each token then at its position in its
         document (`positions` [B, T], default masks.positions(segments); see masks.py). With a

@@ -164,7 +164,8 @@ def epochs(t: TrainConfig, train_tokens: int) -> float:
 
 
 def sampling_record(t: TrainConfig, corpus) -> dict:
-    """What meta.json records of the run's data: sampling, epochs and what they mean, the split's size."""
+    """What meta.json records of the run's data: sampling, epochs and what they mean, the split's size,
+    and train.documents."""
     n = corpus.manifest["splits"]["train"]["tokens"]
     kind = "exact: each window of one pass read once" if t.sampling == "pass" else \
         "expected: windows drawn at random with replacement"
