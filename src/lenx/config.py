@@ -132,6 +132,9 @@ class TrainConfig:
     # non-overlapping windows, each read once (lenx.training.batches)
     sampling: str = "random"
     pass_block: int = 64  # pass: windows are shuffled within blocks of this many steps' worth, in stream order
+    # stream: windows read as they are, attention across documents | masked: no token attends across a
+    # document boundary and positions restart at each document (lenx.training.batches)
+    documents: str = "stream"
     # Sequence-length warm-up (lenx.training.batches.seq_len_at): the first seq_len_warmup steps read
     # shorter windows, from seq_len_start doubling up to seq_len, with as many tokens a step; 0 = off
     seq_len_warmup: int = 0
@@ -313,6 +316,7 @@ def _validate_train(t: TrainConfig) -> None:
     one_of("train.precision", t.precision, ("auto", "bf16", "fp32"))
     one_of("train.parallel", t.parallel, ("ddp", "fsdp"))
     one_of("train.sampling", t.sampling, ("random", "pass"))
+    one_of("train.documents", t.documents, ("stream", "masked"))
     _validate_length_warmup(t)
 
 

@@ -41,14 +41,26 @@ def hand_seen(T, window, segments, B):
     return seen
 
 
-def hand_attention(q, k, v, parts, seen):
-    """The parts' formulas with the mask `seen` [B, T, T] (and the causal cut) applied by hand."""
+def hand_same(T, segments, B):
+    """[B, T, T]: row i and key j are of one document (all True without segments)."""
+    same = torch.ones(B, T, T, dtype=torch.bool)
+    for b in range(B):
+        for i in range(T):
+            for j in range(T):
+                if segments is not None and segments[b, i] != segments[b, j]:
+                    same[b, i, j] = False
+    return same
+
+
+def hand_attention(q, k, v, parts, seen, same=None):
+    """The parts' formulas with the mask `seen` [B, T, T] (and the causal cut) applied by hand; to a
+    processor another document's keys (not `same`) do not exist, a window's are hidden."""
     T = q.shape[-2]
     pos = torch.arange(T)
     raw = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     bias = parts.bias(pos, pos, q=q, k=k) if parts.bias is not None else None
     if parts.processor is not None:
-        scores = parts.processor(raw, bias, q, pos, pos, visible=seen)
+        scores = parts.processor(raw, bias, q, pos, pos, visible=seen, key_valid=same)
     else:
         scores = raw if bias is None else raw + bias
     if parts.normaliser.name == "stickbreaking":
@@ -71,7 +83,8 @@ def compare(backend, method, T, window, segments=None, chunk=16, B=2):
     if backend == "flex":  # no backward on the CPU
         q, k, v = (t.detach() for t in (q, k, v))
     out, rem = run_backend(backend, q, k, v, parts, chunk, segments)
-    ref, ref_rem = hand_attention(q, k, v, parts, hand_seen(T, window, segments, B))
+    same = None if segments is None else hand_same(T, segments, B)
+    ref, ref_rem = hand_attention(q, k, v, parts, hand_seen(T, window, segments, B), same)
     what = f"{backend} {method} T={T} W={window}"
     assert_close(out, ref, 1e-9, what)
     if ref_rem is not None:

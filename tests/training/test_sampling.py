@@ -162,7 +162,7 @@ def test_epochs_are_exact_for_a_pass_and_expected_for_random_draws(synthetic):
     n = corpus.manifest["splits"]["train"]["tokens"]
     one = sampling_record(cfg_for(synthetic, "train.steps=100").train, corpus)
     assert one == {"sampling": "pass", "epochs": round(100 * 32 * 64 / n, 6), "train_tokens": n,
-                   "epochs_are": "exact: each window of one pass read once"}
+                   "epochs_are": "exact: each window of one pass read once", "documents": "stream"}
     drawn = sampling_record(cfg_for(synthetic, "train.steps=2000", "train.sampling='random'").train, corpus)
     assert drawn["epochs"] == round(2000 * 32 * 64 / n, 6) > 2 and drawn["epochs_are"].startswith("expected")
 

@@ -25,7 +25,7 @@ class CoPE(ScoreProcessor):
             scores = scores + bias.to(scores.dtype)
         counted = (k_pos[..., None, :] <= q_pos[..., :, None]).unsqueeze(-3)  # [1 or B, 1, Tq, Tk]
         if key_valid is not None:  # a padded batch or a fixed-size cache: keys that do not exist count nothing
-            counted = counted & key_valid[:, None, None, :]
+            counted = counted & (key_valid[:, None] if key_valid.dim() == 3 else key_valid[:, None, None, :])
         if visible is not None:  # a window or another document: no gate counted, as past the causal edge
             counted = counted & visible.unsqueeze(-3)
         gates = torch.sigmoid(scores).masked_fill(~counted, 0.0)

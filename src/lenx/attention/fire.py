@@ -11,8 +11,11 @@ class FIRE(ScoreBias):
 
     c is learned (init 0.1); L = |L_mult * L_init| with L_mult learned (init 1) and L_init fixed.
     f = Linear(1, width) -> activation -> Linear(width, H). The normaliser uses the query position i;
-    in bidirectional use it uses max(i, j) so the ratio stays in [0, 1].
+    in bidirectional use it uses max(i, j) so the ratio stays in [0, 1]. Under document segments i
+    is the query's position in its document (ScoreBias.at).
     """
+
+    absolute = True
 
     def __init__(self, num_heads: int, causal: bool = True, width: int = 32, L_init: float = 512.0,
                  c_init: float = 0.1, activation: str = "relu", eps: float = 1e-6):

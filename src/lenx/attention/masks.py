@@ -5,8 +5,15 @@ keys counting itself (stick-breaking without attend_current never takes its own 
 W - 1). segments [B, T]: a document id per token; no row sees a key of another document. A masked
 key is to every part what a key beyond the causal edge is: the softmax and stick-breaking give it
 no weight and break no stick at it, CoPE counts no gate there, and the DAPE convolutions read
-zeros as its scores and bias (conv1's input there is zero, as tril makes it past the diagonal;
-conv1's output there is computed from its neighbours and read by conv2, as past the diagonal).
+zeros as its scores and bias (conv1's input there is zero, as tril makes it past the diagonal).
+At a window's edge conv1's output is computed from its neighbours and read by conv2, as past the
+diagonal; a key of another document is one that does not exist (conv1's output there is zero, as
+the zero padding past a sequence's ends), so each document's rows are those of it run alone.
+
+Positions under segments (document-masked packing, train.documents=masked): each token's position
+is its offset in its document (positions). A bias of i - j alone needs nothing more: every pair the
+mask leaves has i - j equal to the difference of the two tokens' document positions. What reads a
+position itself (RoPE, PoPE, a query temperature, FIRE's normaliser) takes the per-token positions.
 """
 
 import torch
@@ -20,7 +27,7 @@ def visible(q_pos, k_pos, window: int = 0, q_seg=None, k_seg=None):
     if window:
         seen = (q_pos[..., :, None] - k_pos[..., None, :]) < window
     if q_seg is not None:
-        same = q_seg[:, :, None] == k_seg[:, None, :]
+        same = same_document(q_seg, k_seg)
         seen = same if seen is None else seen & same
     return seen
 
@@ -40,6 +47,21 @@ def document_ids(tokens: torch.Tensor, eos: int) -> torch.Tensor:
     the number of eos tokens before each position (an eos belongs to the document it ends)."""
     ends = (tokens == eos).long()
     return ends.cumsum(-1) - ends
+
+
+def positions(segments: torch.Tensor) -> torch.Tensor:
+    """Each token's position in its document [B, T] from document ids [B, T]: 0 at the first token of
+    each run of equal ids (the first of a row, or one whose id differs from the token before)."""
+    T = segments.shape[-1]
+    index = torch.arange(T, device=segments.device).expand_as(segments)
+    starts = torch.ones_like(segments, dtype=torch.bool)
+    starts[..., 1:] = segments[..., 1:] != segments[..., :-1]
+    return index - torch.where(starts, index, 0).cummax(-1).values
+
+
+def same_document(q_seg, k_seg):
+    """[B, Tq, Tk]: row i and key j are of one document."""
+    return q_seg[:, :, None] == k_seg[:, None, :]
 
 
 def key_range(q0: int, q1: int, length: int, window: int, left: int = 0, right: int = 0) -> tuple[int, int]:

@@ -12,7 +12,7 @@ from . import profiling
 from .backends import plan_backend, run_backend
 from .cache import LayerCache, StepRows, cached_attention
 from .fox import FoxPro
-from .masks import check_segments
+from .masks import check_segments, positions as document_positions
 from .methods import BASES, NORMALISERS, PROCESSORS, TEMPERATURES, parse_method
 from .parts import PartContext, Parts
 
@@ -77,14 +77,21 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         return self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor | None = None, length=None):
+    def project(self, x: torch.Tensor, positions: torch.Tensor | None = None, length=None, segments=None):
         """x [B, T, C] -> q, k, v [B, H, T, d], q and k already rotated when the base is RoPE or PoPE
         (at `positions`, default 0..T-1, or per sequence [B, T]; `length`, default T, or per sequence
         a tensor [B], sets a scaled RoPE's auto or dynamic factor; PoPE's q and k are 2d wide), then
-        q scaled by the query temperature for the keys each row sees."""
+        q scaled by the query temperature for the keys each row sees (position + 1: a document's
+        own under segments, whose positions restart at each document). segments [B, T]: FoX's
+        key/value shift takes nothing from the token before a document's first."""
         q, k, v = self._qkv(x)
         if self.pro is not None:  # the key/value shift and the QK-norm
-            q, k, v = self.pro(x, q, k, v)
+            real = None
+            if segments is not None:  # a document's last token shifts nothing into the next document's first
+                real = torch.ones_like(segments, dtype=torch.bool)
+                real[:, :-1] = segments[:, 1:] == segments[:, :-1]
+                real = real[:, None, :, None]
+            q, k, v = self.pro(x, q, k, v, None, real)
         if self.rope is None and self.temperature is None:
             return q, k, v
         T = x.shape[1]
@@ -96,10 +103,13 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None, rows: list[int] | None = None,
-                at: int = 0, segments: torch.Tensor | None = None) -> torch.Tensor:
+                at: int = 0, segments: torch.Tensor | None = None,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
         """x [B, T, C] at positions 0..T-1; segments [B, T] their document ids (None: one document;
-        no row attends across a document boundary). With a cache (a prefill), their keys and
-        values go to its slots at..at+T-1 of the sequences `rows` (None: all)."""
+        no row attends across a document boundary), each token then at its position in its
+        document (`positions` [B, T], default masks.positions(segments); see masks.py). With a
+        cache (a prefill), their keys and values go to its slots at..at+T-1 of the sequences
+        `rows` (None: all)."""
         B, T, C = x.shape
         check_segments(segments, B, T)
         if cache is not None and segments is not None:
@@ -107,8 +117,12 @@ class Attention(nn.Module):
         if segments is not None and self.processor is not None and not self.processor.masks:
             raise ValueError(f"document segments on {self.spec.name} are not supported yet: MTA's query-key "
                              "convolution takes no mask")
-        q, k, v = self.project(x)
+        if segments is not None and positions is None:
+            positions = document_positions(segments)
+        q, k, v = self.project(x, positions, segments=segments)
         parts, kept = self.parts_for(x)
+        if positions is not None and parts.bias is not None:
+            parts = replace(parts, bias=parts.bias.at(positions))
         if cache is not None:
             cache.write(at, k, v, rows, q, **kept)
         attend = functools.partial(self.attend, parts=parts, segments=segments)

@@ -22,6 +22,12 @@ class ScoreBias(nn.Module):
 
     per_distance = False
     per_token = False
+    absolute = False  # reads a position itself, not only i - j: under document segments it takes each token's (at)
+
+    def at(self, positions) -> "ScoreBias":
+        """This bias read at per-token positions [B, T] of one forward (a document's offsets): a
+        backend's block positions index them. A bias of i - j alone is itself (masks.py)."""
+        return DocumentPositions(self, positions) if self.absolute else self
 
     def fused_grad_args(self) -> dict:
         """Keyword arguments of lenx.ops.biased_softmax.triton.biased_attention that let the fused
@@ -30,12 +36,24 @@ class ScoreBias(nn.Module):
         return {}
 
 
+class DocumentPositions(ScoreBias):
+    """An absolute bias bound to per-token positions [B, T]: [B, H, Tq, Tk] for block positions q_pos, k_pos."""
+
+    def __init__(self, bias: ScoreBias, positions):
+        super().__init__()
+        self.bias, self.positions = bias, positions
+
+    def forward(self, q_pos, k_pos, q=None, k=None):
+        return self.bias(self.positions[:, q_pos], self.positions[:, k_pos], q=q, k=k)
+
+
 class ScoreProcessor(nn.Module):
     """Maps the score block to processed scores: forward(raw, bias, q, q_pos, k_pos, key_valid=None,
     visible=None) -> A, where raw [B, H, Tq, Tk] are the scaled q.k scores, bias the bias part's block (or None),
     q [B, H, Tq, d] the rows' queries, q_pos [Tq] and k_pos [Tk] their positions (or per sequence
     [B, Tq], [B, Tk]), key_valid [B, Tk] the keys that exist (None: all; decoding passes it for a
-    padded batch or a fixed-size cache), visible [Tq, Tk] or [B, Tq, Tk] the keys a window or
+    padded batch or a fixed-size cache; per row [B, Tq, Tk] under document segments: another
+    document's keys do not exist for the row), visible [Tq, Tk] or [B, Tq, Tk] the keys a window or
     document mask leaves each row (None: all; a hidden key is read as one past the causal edge,
     see masks.py). A includes the bias.
 

@@ -31,6 +31,8 @@ def check_config(cfg: RunConfig) -> None:
         model = _build_meta(replace(cfg.model, backend="auto"))
     except (ValueError, AssertionError) as e:
         raise ConfigError(f"model: {cfg.model.label} cannot be built with these settings: {e}") from None
+    if cfg.train.documents == "masked":
+        _check_documents(model)
     if cfg.model.backend != "auto":
         # judged where the backend runs at all (triton: CUDA); check_device judges the device in use
         _check_backend(model, cfg.model.backend, torch.device("cuda" if cfg.model.backend == "triton" else "cpu"))
@@ -44,7 +46,9 @@ def check_device(cfg: RunConfig, device: str, key: str = "train.device", trainin
     dev = resolve_device(device, key)
     backend = cfg.model.backend
     if backend != "auto":
-        _check_backend(_build_meta(replace(cfg.model, backend="auto")), backend, dev)
+        # a masked run's every forward carries document ids, which the plan reads
+        _check_backend(_build_meta(replace(cfg.model, backend="auto")), backend, dev,
+                       training and cfg.train.documents == "masked")
         if training and not get_backend(backend).trains(dev):
             raise ConfigError(f"model.backend={backend} cannot train on {dev.type} (it has no backward there); "
                               "use model.backend=chunked or auto")
@@ -144,10 +148,19 @@ def _label(m: LMConfig) -> str:
     return f"model.layers={m.layers}" if m.layers.strip() else f"model.method={m.method}"
 
 
-def _check_backend(model: LM, backend: str, device: torch.device) -> None:
+def _check_documents(model: LM) -> None:
+    """train.documents=masked: every layer takes document masks."""
+    for i, block in enumerate(model.blocks):
+        if block.attn.processor is not None and not block.attn.processor.masks:
+            where = f"layer {i}: {block.attn.spec.name}" if model.cfg.layers.strip() else _label(model.cfg)
+            raise ConfigError(f"train.documents=masked: {where} takes no document mask yet (MTA's query-key "
+                              "convolution takes no mask); use train.documents=stream")
+
+
+def _check_backend(model: LM, backend: str, device: torch.device, segments: bool = False) -> None:
     for i, block in enumerate(model.blocks):
         try:
-            plan_backend(block.attn.parts, device, backend)
+            plan_backend(replace(block.attn.parts, segments=segments), device, backend)
         except ValueError as e:
             where = f"layer {i}: {block.attn.spec.name}" if model.cfg.layers.strip() else _label(model.cfg)
             raise ConfigError(f"model.backend={backend} ({where}) on {device.type}: {e}") from None

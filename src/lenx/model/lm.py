@@ -1,6 +1,7 @@
 """A small decoder LM that carries any lenx attention (it does not know which), with KV-cache
 decoding (prefill, decode)."""
 
+from dataclasses import replace
 import math
 
 import torch
@@ -11,7 +12,7 @@ from ..attention import Attention
 from ..attention.backends import plan_note
 from ..attention.cache import LayerCache, RingCache, StepRows
 from ..attention.layouts import layer_configs
-from ..attention.masks import check_segments
+from ..attention.masks import check_segments, positions
 from ..config import LMConfig
 
 
@@ -41,8 +42,8 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, cache: LayerCache | None = None, rows: list[int] | None = None, at: int = 0,
-                segments=None):
-        x = x + self.drop(self.attn(self.ln1(x), cache, rows, at, segments))
+                segments=None, positions=None):
+        x = x + self.drop(self.attn(self.ln1(x), cache, rows, at, segments, positions))
         return x + self.drop(self.mlp(self.ln2(x)))
 
     def extend(self, x, cache: LayerCache, step: StepRows):
@@ -98,14 +99,17 @@ class LM(nn.Module):
     def hidden(self, idx: torch.Tensor, doc_ids: torch.Tensor | None = None) -> torch.Tensor:
         check_segments(doc_ids, *idx.shape)
         x = self.wte(idx)
+        pos = None if doc_ids is None else positions(doc_ids)  # each token's position in its document
         for block in self.blocks:
-            x = block(x, segments=doc_ids)
+            x = block(x, segments=doc_ids, positions=pos)
         return self.ln_f(x)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, doc_ids: torch.Tensor | None = None):
         """idx [B, T] -> (logits [B, T, vocab], the next-token loss on targets or None). doc_ids [B, T]:
         a document id per token (attention.masks.document_ids makes them from a packed batch's EOS
-        tokens); no token attends across a document boundary."""
+        tokens); no token attends across a document boundary, and each token's position is its
+        offset in its document (attention.masks.positions): a packed window's logits are those of
+        its documents run one by one."""
         logits = self.lm_head(self.hidden(idx, doc_ids))
         loss = None
         if targets is not None:
@@ -253,12 +257,15 @@ class LM(nn.Module):
         """Each layer's method and window (0: global), as meta.json records them."""
         return [{"method": b.attn.spec.name, "window": b.attn.cfg.window} for b in self.blocks]
 
-    def backends(self, device: torch.device) -> list[str]:
-        return [block.attn.backend_for(device) for block in self.blocks]
+    def backends(self, device: torch.device, segments: bool = False) -> list[str]:
+        """Each layer's backend on `device`, for calls with document ids when `segments`."""
+        return [block.attn.backend_for(device, segments) for block in self.blocks]
 
-    def backend_notes(self, device: torch.device) -> list[str]:
-        """Why a layer's backend is not the fused kernels that would run it unmasked (a window), once each."""
-        notes = (plan_note(block.attn.parts, device, block.attn.cfg.backend) for block in self.blocks)
+    def backend_notes(self, device: torch.device, segments: bool = False) -> list[str]:
+        """Why a layer's backend is not the fused kernels that would run it unmasked (a window, or
+        document ids when `segments`), once each."""
+        notes = (plan_note(replace(block.attn.parts, segments=segments), device, block.attn.cfg.backend)
+                 for block in self.blocks)
         return list(dict.fromkeys(n for n in notes if n))
 
     def kernels(self) -> list[str | None]:

@@ -55,13 +55,14 @@ class MemoryEstimate:
 
 def estimate_memory(cfg: LMConfig, batch: int, seq_len: int, device: torch.device, precision: str = "auto",
                     training: bool = True, params: int | None = None, outputs: int | None = None,
-                    world: int = 1, parallel: str = "ddp") -> MemoryEstimate:
+                    world: int = 1, parallel: str = "ddp", segments: bool = False) -> MemoryEstimate:
     """The peak memory of one step of a decoder of `cfg` on `device`: a training step (forward,
     backward, AdamW update) when `training`, else one forward with no gradient. `batch` sequences
     of `seq_len` tokens go through at once (one micro-batch on one rank). `params`: the model's
     parameter count (default: lenx.model.LM's for cfg), `outputs`: the output layer's width
     (default: cfg.vocab_size). Under torchrun `world` ranks share the work: DDP keeps a second copy
-    of the gradients for its buckets, FSDP shards the weights, gradients and optimizer state."""
+    of the gradients for its buckets, FSDP shards the weights, gradients and optimizer state.
+    `segments`: every forward carries document ids (train.documents=masked), which the plan reads."""
     shared: dict = {}
     kinds: dict = {}  # one attention on the CPU per kind of layer (its parts probe the reference backends): [it, layers]
     with torch.random.fork_rng(devices=[]):
@@ -88,8 +89,9 @@ def estimate_memory(cfg: LMConfig, batch: int, seq_len: int, device: torch.devic
     act = batch * seq_len * cfg.d_model
     logits = batch * seq_len * outputs
     work = Work(batch, cfg.n_head, seq_len, cfg.d_model // cfg.n_head, item, cfg.chunk_size, training)
-    backends = [plan_backend(attn.parts, device, cfg.backend) for attn, _ in kinds.values()]
-    mems = [(get_backend(b).memory(attn.parts, work), n) for b, (attn, n) in zip(backends, kinds.values())]
+    plans = [(replace(attn.parts, segments=segments), n) for attn, n in kinds.values()]
+    backends = [plan_backend(parts, device, cfg.backend) for parts, _ in plans]
+    mems = [(get_backend(b).memory(parts, work), n) for b, (parts, n) in zip(backends, plans)]
     backend = ", ".join(dict.fromkeys(backends))
     peak, kept = max(m.peak for m, _ in mems), sum(n * m.kept for m, n in mems)
     # the loss: the logits (bf16 under autocast) and fp32 copies of them, the log-softmax and in the
@@ -188,7 +190,8 @@ def check_training_memory(cfg: RunConfig, device: torch.device, world: int = 1,
     rank's share) of train.seq_len tokens. Returns the estimate."""
     t = cfg.train
     rows = max(1, t.batch_size // t.grad_accum // world)
-    estimate = estimate_memory(cfg.model, rows, t.seq_len, device, t.precision, world=world, parallel=t.parallel)
+    estimate = estimate_memory(cfg.model, rows, t.seq_len, device, t.precision, world=world, parallel=t.parallel,
+                               segments=t.documents == "masked")
     what = f"training at train.seq_len={t.seq_len} with {rows} sequence{'s' if rows > 1 else ''} per micro-batch"
     if world > 1:
         what += f" on each of {world} ranks"

@@ -13,6 +13,12 @@ all of that: a step reads the same train.seq_len windows as without it, each cut
 step's length L (L + 1 tokens, the last of one the first of the next), train.batch_size x seq_len / L
 rows. So every step predicts the same tokens, each once, in the same order; only how much context
 each prediction has changes.
+
+train.documents: "stream" (the default) reads the windows as they are, attention running across
+the EOS between documents. "masked" reads the same windows (the stream holds whole documents, each
+followed by its EOS) with a document id per token (document_ids, from the split's document index):
+no token attends across a boundary, and positions restart at each document (a window's first
+token, maybe mid-document, at 0). An EOS belongs to the document it ends.
 """
 
 from __future__ import annotations
@@ -87,7 +93,7 @@ class Batches:
 
     def __init__(self, tokens, seq_len: int, batch_size: int, grad_accum: int, seed: int,
                  info: distributed.DistInfo, split: str = "train", sampling: str = "random", pass_block: int = 64,
-                 length: Callable[[int], int] | None = None):
+                 length: Callable[[int], int] | None = None, doc_starts: np.ndarray | None = None):
         if len(tokens) < seq_len + 2:
             raise ConfigError(f"the {split} split has {len(tokens)} tokens, fewer than train.seq_len + 2")
         micro = batch_size // grad_accum
@@ -97,6 +103,7 @@ class Batches:
         self.batch_size, self.grad_accum, self.micro = batch_size, grad_accum, micro
         self.order = PassOrder(len(tokens), seq_len, batch_size, pass_block, seed) if sampling == "pass" else None
         self.length = length or (lambda step: seq_len)
+        self.doc_starts = doc_starts  # train.documents=masked: each document's first token (else None)
 
     def starts(self, step: int) -> np.ndarray:
         """The token offsets of the global batch of step `step`."""
@@ -105,22 +112,48 @@ class Batches:
         rng = np.random.default_rng([self.seed, step])
         return rng.integers(0, len(self.tokens) - self.seq_len - 1, size=self.batch_size)
 
-    def window(self, step: int, micro_index: int) -> torch.Tensor:
-        """This rank's rows of one micro-batch: [rows, seq_len + 1] tokens, inputs plus targets; in
-        a length warm-up [rows x seq_len / L, L + 1], each window cut into its pieces in order."""
+    def _rows(self, step: int, micro_index: int) -> np.ndarray:
+        """The token offsets of this rank's windows of one micro-batch."""
         rows = self.starts(step)[micro_index * self.micro:(micro_index + 1) * self.micro]
         per_rank = self.micro // self.info.world
-        rows = rows[self.info.rank * per_rank:(self.info.rank + 1) * per_rank]
-        windows = np.stack([self.tokens[s:s + self.seq_len + 1] for s in rows])
+        return rows[self.info.rank * per_rank:(self.info.rank + 1) * per_rank]
+
+    def _cut(self, step: int, windows: np.ndarray) -> torch.Tensor:
+        """Windows [rows, seq_len + 1] -> the step's pieces (see window)."""
         L = self.length(step)
         if L != self.seq_len:
             pieces = np.lib.stride_tricks.sliding_window_view(windows, L + 1, axis=1)[:, ::L]
             windows = pieces.reshape(-1, L + 1)
         return torch.from_numpy(windows.astype(np.int64))
 
-    def get(self, step: int, micro_index: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    def window(self, step: int, micro_index: int) -> torch.Tensor:
+        """This rank's rows of one micro-batch: [rows, seq_len + 1] tokens, inputs plus targets; in
+        a length warm-up [rows x seq_len / L, L + 1], each window cut into its pieces in order."""
+        rows = self._rows(step, micro_index)
+        return self._cut(step, np.stack([self.tokens[s:s + self.seq_len + 1] for s in rows]))
+
+    def documents(self, step: int, micro_index: int) -> torch.Tensor | None:
+        """The document ids of window()'s input tokens [rows, L] (None for train.documents=stream)."""
+        if self.doc_starts is None:
+            return None
+        ids = document_ids(self.doc_starts, self._rows(step, micro_index), self.seq_len + 1)
+        return self._cut(step, ids)[:, :-1]
+
+    def get(self, step: int, micro_index: int, device) -> tuple[torch.Tensor, ...]:
+        """(inputs, targets) of one micro-batch, and their document ids for train.documents=masked."""
         window = self.window(step, micro_index).to(device, non_blocking=True)
-        return window[:, :-1], window[:, 1:]
+        ids = self.documents(step, micro_index)
+        if ids is None:
+            return window[:, :-1], window[:, 1:]
+        return window[:, :-1], window[:, 1:], ids.to(device, non_blocking=True)
+
+
+def document_ids(doc_starts: np.ndarray, starts: np.ndarray, length: int) -> np.ndarray:
+    """[rows, length]: the index of the document that holds each token of the windows of `length`
+    tokens at `starts`, documents starting at doc_starts (ascending; a document's EOS is its last
+    token). A token before the first document start (none in a prepared split) is document -1."""
+    tokens = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length)
+    return np.searchsorted(doc_starts, tokens, side="right") - 1
 
 
 def epochs(t: TrainConfig, train_tokens: int) -> float:
@@ -131,11 +164,13 @@ def epochs(t: TrainConfig, train_tokens: int) -> float:
 
 
 def sampling_record(t: TrainConfig, corpus) -> dict:
-    """What meta.json records of the run's data: sampling, epochs and what they mean, the split's size."""
+    """What meta.json records of the run's data: sampling, epochs and what they mean, the split's size,
+    and train.documents."""
     n = corpus.manifest["splits"]["train"]["tokens"]
     kind = "exact: each window of one pass read once" if t.sampling == "pass" else \
         "expected: windows drawn at random with replacement"
-    return {"sampling": t.sampling, "epochs": round(epochs(t, n), 6), "epochs_are": kind, "train_tokens": n}
+    return {"sampling": t.sampling, "epochs": round(epochs(t, n), 6), "epochs_are": kind, "train_tokens": n,
+            "documents": t.documents}
 
 
 def train_batches(t: TrainConfig, corpus, info: distributed.DistInfo, first_step: int, end_step: int) -> Batches:
@@ -143,11 +178,25 @@ def train_batches(t: TrainConfig, corpus, info: distributed.DistInfo, first_step
     and, for a sharded train split, every shard that steps [first_step, end_step) read."""
     tokens = corpus.tokens("train")
     batches = Batches(tokens, t.seq_len, t.batch_size, t.grad_accum, t.seed, info, sampling=t.sampling,
-                      pass_block=t.pass_block, length=lambda step: seq_len_at(t, step))
+                      pass_block=t.pass_block, length=lambda step: seq_len_at(t, step),
+                      doc_starts=document_starts(t, corpus, "train"))
     if batches.order is not None:
         check_pass_length(t, corpus, batches.order)
     check_shards_here(t, corpus, batches, first_step, end_step)
     return batches
+
+
+def document_starts(t: TrainConfig, corpus, split: str) -> np.ndarray | None:
+    """The first token of each document of the split for train.documents=masked (None for
+    "stream"); a one-line ConfigError when the split has no document boundaries to mask."""
+    if t.documents != "masked":
+        return None
+    docs = corpus.docs(split)
+    if len(docs) < 2:
+        raise ConfigError(f"train.documents=\"masked\" masks attention at document boundaries, and the {split} "
+                          f"split of corpus {corpus.name!r} is {len(docs)} document{'' if len(docs) == 1 else 's'}"
+                          f" (no boundaries); prepare it from several documents, or use train.documents=\"stream\"")
+    return np.ascontiguousarray(docs[:, 0])
 
 
 def check_pass_length(t: TrainConfig, corpus, order: PassOrder) -> None:

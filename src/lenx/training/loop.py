@@ -47,14 +47,17 @@ VALIDATION_DRAW = "eval.seed"
 
 
 def validation_batches(cfg: RunConfig, corpus, info: distributed.DistInfo = distributed.DistInfo(),
-                       seed: int | None = None) -> list[torch.Tensor]:
-    """The fixed validation windows ([rows, seq_len + 1], this rank's share): train.val_batches
-    global batches from the val split, drawn with eval.seed (default; `seed` overrides it), not the
+                       seed: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """The fixed validation windows ([rows, seq_len + 1], this rank's share) and, for
+    train.documents=masked, their inputs' document ids (else None): train.val_batches global
+    batches from the val split, drawn with eval.seed (default; `seed` overrides it), not the
     training seed: every method and every seed of a sweep is measured on the same tokens."""
     t = cfg.train
     seed = cfg.eval.seed if seed is None else seed
-    val = Batches(corpus.tokens("val"), t.seq_len, t.batch_size, t.grad_accum, seed, info, split="val")
-    return [val.window(i, m) for i in range(cfg.train.val_batches) for m in range(t.grad_accum)]
+    starts = corpus.docs("val")[:, 0] if t.documents == "masked" else None
+    val = Batches(corpus.tokens("val"), t.seq_len, t.batch_size, t.grad_accum, seed, info, split="val",
+                  doc_starts=starts)
+    return [(val.window(i, m), val.documents(i, m)) for i in range(cfg.train.val_batches) for m in range(t.grad_accum)]
 
 
 def prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
@@ -201,7 +204,7 @@ class TrainingRun:
     start_step: int
     corpus: object  # lenx.data.Corpus
     metrics: list[dict] = field(default_factory=list)  # the records metrics.jsonl held on resume
-    val_windows: list[torch.Tensor] = field(default_factory=list)  # empty: no validation
+    val_windows: list[tuple] = field(default_factory=list)  # (window, document ids or None); empty: no validation
 
 
 def setup_run(cfg: RunConfig | None, run_dir: Path, resume: bool, memory_check: bool = True,
@@ -299,14 +302,15 @@ def _write_run_files(run_dir: Path, cfg: RunConfig, device, info, raw_model: LM,
     write_text(run_dir / "config.toml", to_toml(cfg))
     meta = run_meta(run_dir) if resumed_at is not None else {}
     if not meta:  # a new run, or meta.json missing or torn: this resume writes it anew
+        masked = cfg.train.documents == "masked"  # every call carries document ids: the plan knows
         meta = {"environment": environment(device), "world_size": info.world, "parallel": cfg.train.parallel,
-                "backends": raw_model.backends(device), "params": raw_model.num_params(),
+                "backends": raw_model.backends(device, masked), "params": raw_model.num_params(),
                 "layers": raw_model.layout(),  # each layer's method and window (model.layers)
                 "corpus": corpus.name, "vocab_size": corpus.vocab_size,
                 "corpus_fingerprint": corpus.fingerprint(), "corpus_prepared": corpus.manifest.get("created"),
                 "validation_windows": VALIDATION_DRAW}
-        if raw_model.backend_notes(device):  # a window keeps a layer off the fused kernels: say so
-            meta["backend_notes"] = raw_model.backend_notes(device)
+        if raw_model.backend_notes(device, masked):  # a mask keeps a layer off the fused kernels: say so
+            meta["backend_notes"] = raw_model.backend_notes(device, masked)
     meta.update(sampling_record(cfg.train, corpus))  # again on resume: config.toml's train.steps may have changed
     if resumed_at is not None:
         meta.setdefault("resumes", []).append({
@@ -347,7 +351,7 @@ def run_step(run: TrainingRun, step: int, stop: StopSignals | None = None) -> tu
 
     try:
         loss, grad_norm = train_step(
-            run.model, run.optimizer, batches, lambda x, y: run.step_fn(x, y)[1], clip=cfg.train.grad_clip,
+            run.model, run.optimizer, batches, lambda x, y, *ids: run.step_fn(x, y, *ids)[1], clip=cfg.train.grad_clip,
             autocast=lambda: autocast_for(device, cfg.train.precision),
             grad_sync=lambda last: distributed.grad_sync(run.model, cfg.train.parallel, run.info, last),
             reduce=lambda loss: distributed.mean_across_ranks(loss, run.info), check_finite=True,
@@ -377,10 +381,11 @@ def validation_loss(run: TrainingRun) -> float:
     run.model.eval()
     try:
         with torch.random.fork_rng(devices=devices), torch.no_grad():
-            for window in run.val_windows:
+            for window, ids in run.val_windows:
                 window = window.to(run.device)
+                ids = None if ids is None else ids.to(run.device)
                 with autocast_for(run.device, run.cfg.train.precision):
-                    _, loss = run.model(window[:, :-1], window[:, 1:])
+                    _, loss = run.model(window[:, :-1], window[:, 1:], ids)
                 total += loss.float()
     finally:
         run.model.train()

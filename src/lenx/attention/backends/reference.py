@@ -19,7 +19,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..._memory import pin_mmap_threshold
-from ..masks import key_range, visible
+from ..masks import key_range, same_document, visible
 from ..parts import Parts, normalise
 from .base import Backend, LayerMemory, Work
 
@@ -47,6 +47,8 @@ def score_block(q, k, parts: Parts, q_start: int = 0, k_start: int = 0, segments
         seen = _visible(parts, q_pos, k_pos, segments)
         # passed only when set, so a processor that predates masks still runs unmasked configs
         extra = {} if seen is None else {"visible": seen}
+        if segments is not None:  # another document's keys do not exist for the row (masks.py)
+            extra["key_valid"] = same_document(segments[:, q_pos], segments[:, k_pos])
         return raw, bias, parts.processor(raw, bias, q, q_pos, k_pos, **extra)
     return raw, bias, raw if bias is None else raw + bias.to(raw.dtype)
 

@@ -28,9 +28,10 @@ def dape_v2_scores(scores, bias, w1, b1, w2, b2, q_pos=None, k_pos=None, leak: b
     them (or None: then conv1 takes H channels). q_pos, k_pos: the rows' and keys' positions, [Tq]
     and [Tk] or per sequence [B, Tq] and [B, Tk] (default: the rows are the last Tq of Tk
     positions). leak=True drops the tril (the paper's information-leakage experiment only).
-    key_valid [B, Tk] (default: all): the keys that exist; the others (a left-padded batch's
-    padding, a fixed-size cache's empty slots) read as the zero padding past the sequence's ends,
-    both as conv1's input and as conv2's, so a row's scores are those of its sequence alone.
+    key_valid [B, Tk] or per row [B, Tq, Tk] (default: all): the keys that exist; the others (a
+    left-padded batch's padding, a fixed-size cache's empty slots, another document's keys) read as
+    the zero padding past the sequence's ends, both as conv1's input and as conv2's, so a row's
+    scores are those of its sequence (its document) alone.
     visible [Tq, Tk] or [B, Tq, Tk] (default: all): keys a mask hides from the row (a window, another
     document) read as keys past the diagonal do, zeros as conv1's input. No -inf masking."""
     if bias is not None:
@@ -47,7 +48,7 @@ def dape_v2_scores(scores, bias, w1, b1, w2, b2, q_pos=None, k_pos=None, leak: b
         x = x.masked_fill((k_pos[..., None, :] > q_pos[..., :, None]).unsqueeze(-3), 0.0)
     if visible is not None:
         x = x.masked_fill(~visible.unsqueeze(-3), 0.0)
-    absent = None if key_valid is None else ~key_valid[:, None, None, :]
+    absent = None if key_valid is None else ~(key_valid[:, None] if key_valid.dim() == 3 else key_valid[:, None, None])
     if absent is not None:
         x = x.masked_fill(absent, 0.0)
     pad = (0, w1.shape[-1] // 2)
