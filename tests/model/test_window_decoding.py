@@ -89,3 +89,26 @@ def test_the_memory_check_counts_the_rings(monkeypatch):
     check_generate_memory(load_config("tiny", ["model.layers=rope:w16"]), 1, 10, 100_000, cpu)  # a layout's windows
     with pytest.raises(ConfigError, match="KV cache"):
         check_generate_memory(load_config("tiny"), 1, 10, 100_000, cpu)
+
+
+@pytest.mark.parametrize("method", ["ssmax-rope", "logn-kerple", "l4temp-rope"])
+def test_a_windowed_query_temperature_counts_the_window_s_keys(method):
+    """Under a window a row sees min(position + 1, W) keys: its temperature counts those, in the
+    full forward and in decoding alike."""
+    short = dict(temp_train_len=2, temp_floor_scale=2.0, temp_attn_scale=0.3)
+    model = model_for(method, window=W, **short)
+    attn = model.blocks[0].attn
+    x = torch.randn(1, T, attn.qkv.in_features, dtype=torch.float64)
+    q, _, _ = attn.project(x)
+    with torch.no_grad():
+        bare, _, _ = attn._qkv(x)
+        if attn.rope is not None:
+            bare, _ = attn.rope(bare, bare, torch.arange(T))
+    seen = torch.arange(1, T + 1).clamp(max=W)
+    assert_close(q, attn.temperature(bare, seen), 1e-12, "the window's key counts")
+    idx = torch.randint(0, V, (2, T))
+    with torch.no_grad():
+        cache = model.new_cache(2, T)
+        steps = [model.prefill(idx[:, :1], cache)] + [model.decode(idx[:, i:i + 1], cache)[:, 0] for i in range(1, T)]
+    for i, logits in enumerate(steps):
+        assert_close(logits, last_row(model, idx[:, :i + 1]), 1e-9, f"{method} step {i}")

@@ -98,9 +98,13 @@ class Attention(nn.Module):
         pos = torch.arange(T, device=x.device) if positions is None else positions
         if self.rope is not None:
             q, k = self.rope(q, k, pos, length)
-        if self.temperature is not None:  # a causal row sees position + 1 keys, a bidirectional one all T
-            q = self.temperature(q, pos + 1 if self.cfg.causal else torch.full_like(pos, T))
+        if self.temperature is not None:  # a causal row sees position + 1 keys (at most its window), a bidirectional one all T
+            q = self.temperature(q, self._keys_seen(pos + 1) if self.cfg.causal else torch.full_like(pos, T))
         return q, k, v
+
+    def _keys_seen(self, counts: torch.Tensor) -> torch.Tensor:
+        """The keys a causal row sees from its position + 1: at most its window's."""
+        return counts.clamp(max=self.cfg.window) if self.cfg.window else counts
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None, rows: list[int] | None = None,
                 at: int = 0, segments: torch.Tensor | None = None,
@@ -201,10 +205,10 @@ class Attention(nn.Module):
             kept["c"] = c.transpose(1, 2)
         if self.rope is not None:
             q, k = self.rope.step(qkv[:2] if self.pro is None else torch.stack((q, k)), step)
-        if self.temperature is not None:  # the rows' key counts: their positions + 1 (one term for the step's layers)
+        if self.temperature is not None:  # the rows' key counts (one term for the step's layers of one window)
             dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-            term = step.shared(("temperature", self.temperature.settings, dtype),
-                               lambda: self.temperature.position_term(step.q_pos + 1, dtype))
+            term = step.shared(("temperature", self.temperature.settings, self.cfg.window, dtype),
+                               lambda: self.temperature.position_term(self._keys_seen(step.q_pos + 1), dtype))
             q = self.temperature(q, term=term)
         cache.write_at(step.rows, k, v, q, **kept)
         keys, values = cache.read_step(step)
