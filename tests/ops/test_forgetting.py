@@ -32,21 +32,22 @@ pytest.importorskip("triton")
 from lenx.ops.forgetting import triton as kernel  # noqa: E402
 
 
-def fox_c(B, H, T, spread=1.0, offset=0.0):
-    """A leaf c [B, H, T] in fp32: prefix sums of log f with f = sigmoid(spread N(0, 1)) (spread 0:
-    f = 0.5 everywhere, FoX at its initialisation: c_t = -0.69 (t + 1)), plus offset (the bias
-    c_i - c_j ignores it: it stands for the prefix before a long sequence's last positions)."""
-    log_f = F.logsigmoid(spread * torch.randn(B, H, T, device=DEVICE, dtype=torch.float64))
+def fox_c(B, H, T, spread=1.0, offset=0.0, gate=0.0):
+    """A leaf c [B, H, T] in fp32: prefix sums of log f with f = sigmoid(spread N(0, 1) + gate) (spread
+    0, gate 0: f = 0.5 everywhere, FoX at its initialisation: c_t = -0.69 (t + 1); gate 5: f ~ 0.993,
+    slow forgetting, far keys keep their weight), plus offset (the bias c_i - c_j ignores it: it
+    stands for the prefix before a long sequence's last positions)."""
+    log_f = F.logsigmoid(spread * torch.randn(B, H, T, device=DEVICE, dtype=torch.float64) + gate)
     return (log_f.cumsum(-1) + offset).float().requires_grad_()
 
 
-def run_fox(B, H, T, d, dtype, spread=1.0, offset=0.0, tol=None, config=None):
+def run_fox(B, H, T, d, dtype, spread=1.0, offset=0.0, gate=0.0, tol=None, config=None):
     """The kernel in `dtype` against the float64 reference on the same (rounded) inputs: out, dq,
     dk, dv and dc. The reference's dc has the row sums of dS too (zero up to rounding), the kernel's
     only the column sums: the comparison checks that leaving them out is exact."""
     torch.manual_seed(0)
     q, k, v = (leaf(B, H, T, d, dtype=dtype) for _ in range(3))
-    c = fox_c(B, H, T, spread, offset)
+    c = fox_c(B, H, T, spread, offset, gate)
     do = torch.randn(B, H, T, d, device=DEVICE)
     out = kernel.forgetting_attention(q, k, v, c, config=config)
     assert out.dtype == dtype
@@ -56,7 +57,7 @@ def run_fox(B, H, T, d, dtype, spread=1.0, offset=0.0, tol=None, config=None):
     ref_grads = torch.autograd.grad(ref, refs, do.double())
     names = ["out", "dq", "dk", "dv", "dc"]
     floors = one_key_floors(names, ref_grads[2]) if T == 1 else {}
-    compare(f"fox B{B} H{H} T{T} d{d} {dtype} spread {spread} offset {offset}", [out, *grads], [ref, *ref_grads], names,
+    compare(f"fox B{B} H{H} T{T} d{d} {dtype} spread {spread} offset {offset} gate {gate}", [out, *grads], [ref, *ref_grads], names,
             tol or tolerance(dtype), floors)
 
 
@@ -131,3 +132,24 @@ def test_causal():
         a, b = (kernel.forgetting_attention(q, k, v, x) for x in (c, c2))
     assert float((a[:, :, : t + 1] - b[:, :, : t + 1]).abs().max()) < 1e-6
     assert float((a[:, :, t + 1:] - b[:, :, t + 1:]).abs().max()) > 1e-3  # the change did reach the later rows
+
+
+# --- long sequences in bf16 and fp32: the compiled kernels on a GPU ---------------------------
+# Against the float64 reference on the same rounded inputs, to the bounds the biased-softmax kernels
+# meet (1e-2 bf16, 1e-4 fp32). T 8192 with 2 heads: the reference's float64 score maps are 1 GB each.
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 111, 1000, 8192])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_fox(T, dtype):
+    """Random gates at T <= 1000 (12 heads); FoX's initial gates (f = 0.5, c down to -5.7k) at 8192."""
+    long = T >= 4096
+    run_fox(1 if long else 2, 2 if long else 12, T, 64, dtype, spread=0.0 if long else 1.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,d,gate", [(8192, 64, 5.0), (1000, 128, 0.0), (1000, 32, 3.0)])
+def test_gpu_fox_slow_gates_and_widths(T, d, gate):
+    """Slow forgetting (gate 5: every key of 8192 keeps some weight), head dims 128 (the wide tiles)
+    and 32, in bf16."""
+    run_fox(1, 2, T, d, torch.bfloat16, gate=gate)

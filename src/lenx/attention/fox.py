@@ -76,6 +76,9 @@ class ForgetBias(ScoreBias):
         super().__init__()
         self.c_q, self.c_k = c_q, c_k
 
+    def token_values(self):
+        return self.c_q if self.c_k is None else None
+
     def forward(self, q_pos, k_pos, q=None, k=None):
         if self.c_k is None:
             c_q, c_k = self.c_q[..., q_pos], self.c_q[..., k_pos]

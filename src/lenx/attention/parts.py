@@ -29,6 +29,11 @@ class ScoreBias(nn.Module):
         table gradient (`kerple`, `tail`); none by default."""
         return {}
 
+    def token_values(self):
+        """c [B, H, T] when this bias is c_i - c_j of per-token values of one forward at positions
+        0..T-1 (FoX's, bound to its input), which the fused FoX kernel reads; None otherwise."""
+        return None
+
 
 class ScoreProcessor(nn.Module):
     """Maps the score block to processed scores: forward(raw, bias, q, q_pos, k_pos, key_valid=None,
