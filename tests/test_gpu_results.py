@@ -93,3 +93,25 @@ def test_kernel_hash_text_ignores_fields_newer_pythons_add():
     tree.body[0].type_params = []
     assert _tree_text(tree) == plain and "doc" not in plain
     assert _tree_text(ast.parse("def f(x):\n    return x + 2\n")) != plain
+
+
+def test_kernel_hash_covers_the_fox_kernel_and_the_band(tmp_path, monkeypatch):
+    """The FoX kernel's entry (ops/forgetting/triton.py) and the biased-softmax band and tiles
+    (ops/biased_softmax/band.py) are kernel files; FoX's reference is not."""
+    import shutil
+
+    import lenx.runinfo as runinfo
+
+    src = Path(runinfo.__file__).parent
+    shutil.copytree(src / "ops", tmp_path / "ops")
+    shutil.copytree(src / "attention", tmp_path / "attention")
+    shutil.copy(src / "runinfo.py", tmp_path / "runinfo.py")
+    monkeypatch.setattr(runinfo, "__file__", str(tmp_path / "runinfo.py"))
+    before = runinfo.kernel_sources_hash()
+    for rel, changes in (("forgetting/triton.py", True), ("biased_softmax/band.py", True),
+                         ("forgetting/reference.py", False)):
+        path = tmp_path / "ops" / rel
+        text = path.read_text()
+        path.write_text(text + "\nCHANGED = 1\n")
+        assert (runinfo.kernel_sources_hash() != before) == changes, rel
+        path.write_text(text)
