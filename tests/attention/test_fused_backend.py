@@ -37,7 +37,7 @@ def test_routes_and_trains_part_params(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["kerple", "alibi", "t5", "dapev2-kerple", "dapev2-rope", "dapev2-alibi",
-                                    "stickbreaking"])
+                                    "stickbreaking", "fox"])
 @pytest.mark.parametrize("remainder", ["value", "head"])
 def test_gpu_attention_module(method, remainder):
     """The whole attention module with backend='triton' against backend='dense' (fp32 weights and

@@ -57,8 +57,8 @@ def run_fox(B, H, T, d, dtype, spread=1.0, offset=0.0, gate=0.0, tol=None, confi
     ref_grads = torch.autograd.grad(ref, refs, do.double())
     names = ["out", "dq", "dk", "dv", "dc"]
     floors = one_key_floors(names, ref_grads[2]) if T == 1 else {}
-    compare(f"fox B{B} H{H} T{T} d{d} {dtype} spread {spread} offset {offset} gate {gate}", [out, *grads], [ref, *ref_grads], names,
-            tol or tolerance(dtype), floors)
+    compare(f"fox B{B} H{H} T{T} d{d} {dtype} spread {spread} offset {offset} gate {gate}", [out, *grads],
+            [ref, *ref_grads], names, tol or tolerance(dtype), floors)
 
 
 # --- small sizes: the interpreter on CPU (and the compiled kernels on a GPU) ------------------

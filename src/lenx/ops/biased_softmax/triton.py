@@ -12,6 +12,9 @@ table gradient is summed per diagonal inside a tile first, by rotating each row 
 issues ~BM + BN atomic adds instead of BM * BN). For the Kerple log bias the dq kernel can give
 its two per-head parameters their gradients directly instead (biased_attention's `kerple`),
 which is cheaper than the per-diagonal sums; so for Kerple power. notes/kernels.md has the measurements.
+
+ROWS (FoX, lenx.ops.forgetting): the bias is c_i - c_j of per-token values c [B, H, T] instead, each
+tile's from two vector loads (_rows_ref, _bias_tile); the key-owner kernel also gives c its gradient.
 """
 
 import math
@@ -214,10 +217,9 @@ def _bias_bwd_dkdv(Q, K, V, BAND, OFF, C, DO, LSE, DELTA, DK, DV, DC,
 
 @triton.jit
 def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, cq, c_h, ref, DTAB_H, dq, g1, g2, r2, rows_c, cols, m0, n0,
-             T, qk_scale, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, NEED_DTAB: tl.constexpr, KERPLE: tl.constexpr, TAIL_SUM: tl.constexpr,
-             MASK: tl.constexpr,
-             BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, RES16: tl.constexpr,
-             PREC: tl.constexpr, HW: tl.constexpr):
+             T, qk_scale, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, NEED_DTAB: tl.constexpr, KERPLE: tl.constexpr,
+             TAIL_SUM: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr,
+             RES16: tl.constexpr, PREC: tl.constexpr, HW: tl.constexpr):
     k = key_tile(kp, cols, T, MASK)
     v = key_tile(vp, cols, T, MASK)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
