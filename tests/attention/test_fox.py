@@ -216,6 +216,8 @@ def test_what_is_refused():
     pos = torch.arange(4)
     with pytest.raises(RuntimeError, match="bind it"):
         gate(pos, pos)
+    with pytest.raises(RuntimeError, match="bind it"):  # what the fused backend reads
+        gate.token_values()
 
 
 def test_the_profiler_ranges_change_nothing():

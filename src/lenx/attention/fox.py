@@ -31,6 +31,8 @@ from .parts import ScoreBias
 
 SWITCHES = ("fox_output_gate", "fox_qk_norm", "fox_kv_shift", "fox_output_norm")
 QK_NORM_EPS, OUTPUT_NORM_EPS = 1e-5, 1e-6  # the authors' GroupNorm default and their config's norm_eps
+UNBOUND = ("FoX's bias reads the layer's input: bind it to the prefix sums of its forget gates "
+           "(ForgetGate.bind, as the Attention module does) before a backend runs it")
 
 
 class ForgetGate(ScoreBias):
@@ -62,8 +64,10 @@ class ForgetGate(ScoreBias):
         return ForgetBias(c_q, c_k)
 
     def forward(self, q_pos, k_pos, q=None, k=None):
-        raise RuntimeError("FoX's bias reads the layer's input: bind it to the prefix sums of its forget gates "
-                           "(ForgetGate.bind, as the Attention module does) before a backend runs it")
+        raise RuntimeError(UNBOUND)
+
+    def token_values(self):
+        raise RuntimeError(UNBOUND)
 
 
 class ForgetBias(ScoreBias):
