@@ -124,11 +124,12 @@ def _bias_fwd(Q, K, V, BAND, OFF, C, O, LSE,
 
 
 @triton.jit
-def _dkdv_tile(k, v, qp, dop, band_t, off_t, c_h, ck, lse_h, delta_h, dk, dv, dc, m0, cols, T, qk_scale,
+def _dkdv_tile(k, v, qp, dop, band_t, off_t, c_h, ck, cref, lse_h, delta_h, dk, dv, dc, m0, cols, T, qk_scale,
                HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                W: tl.constexpr, RES16: tl.constexpr, BAND_T: tl.constexpr, PAD: tl.constexpr, PREC: tl.constexpr):
     """Transposed tile [keys, queries] of the key-owner backward: query rows m0 .. m0 + BM. ROWS
-    (FoX): ck the keys' c, and dc gathers the c gradient of the keys, minus the column sums of dS."""
+    (FoX): ck = (the keys' c - cref) log2(e), cref their block's first c, and dc gathers the keys'
+    c gradient, minus the column sums of dS."""
     rows = m0 + tl.arange(0, BM)
     rmask = rows < T
     q = tl.load(qp, mask=rmask[:, None], other=0.0)
@@ -137,9 +138,9 @@ def _dkdv_tile(k, v, qp, dop, band_t, off_t, c_h, ck, lse_h, delta_h, dk, dv, dc
     delta = tl.load(delta_h + rows, mask=rmask, other=0.0)
     st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale  # [BN, BM]
     if HAS_BIAS:
-        if ROWS:
-            ref, cq = _rows_ref(c_h, m0, rows, T, True)
-            st += cq[None, :] - ((ck - ref) * 1.4426950408889634)[:, None]
+        if ROWS:  # less the key block's first c (cref), as precise as the rows' (c - cref is small for the keys)
+            cq = (tl.load(c_h + rows, mask=rmask, other=cref) - cref) * 1.4426950408889634
+            st += cq[None, :] - ck[:, None]
         elif BAND_T:  # the transposed band: the [keys, queries] tile is a plain block of it
             x = tl.load(band_t + tl.arange(0, BN)[:, None] * (T + 2 * PAD) + tl.arange(0, BM)[None, :])
             if RES16:
@@ -196,17 +197,19 @@ def _bias_bwd_dkdv(Q, K, V, BAND, OFF, C, DO, LSE, DELTA, DK, DV, DC,
         band_step = W
     off_h = OFF + h * (T + 2 * PAD) + PAD - n0
     c_h = C + bh * T
+    cref = 0.0
     ck = tl.zeros([BN], tl.float32)
     if ROWS:
-        ck = tl.load(c_h + cols, mask=cmask, other=0.0)
+        cref = tl.load(c_h + n0)
+        ck = (tl.load(c_h + cols, mask=cmask, other=cref) - cref) * 1.4426950408889634
     dc = tl.zeros([BN], tl.float32)
     hi = tl.minimum(n0 + BN, T)
     for m0 in range(n0, hi, BM):
-        dk, dv, dc = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0, c_h, ck,
+        dk, dv, dc = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0, c_h, ck, cref,
                                 LSE + bh * T, DELTA + bh * T, dk, dv, dc, m0, cols, T, qk_scale, HAS_BIAS, ROWS, True,
                                 BM, BN, W, RES16, BAND_T, PAD, PREC)
     for m0 in range(hi, T, BM):
-        dk, dv, dc = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0, c_h, ck,
+        dk, dv, dc = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0, c_h, ck, cref,
                                 LSE + bh * T, DELTA + bh * T, dk, dv, dc, m0, cols, T, qk_scale, HAS_BIAS, ROWS, False,
                                 BM, BN, W, RES16, BAND_T, PAD, PREC)
     if ROWS:

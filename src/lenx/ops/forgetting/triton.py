@@ -1,8 +1,8 @@
 """Fused forgetting attention (FoX): the biased-softmax kernels (lenx.ops.biased_softmax.triton) with
 their bias read from c instead of a per-distance band. Each [BM, BN] bias tile is c_i - c_j from two
 vector loads (the rows' c and the keys' c, pre-scaled by log2(e), both less c at the query block's
-first row so that the near-diagonal entries keep fp32's precision where c is in the thousands); no
-[H, 2T - 1] table and no band.
+first row, or the key block's in the key-owner kernel, so that the entries that weigh keep fp32's
+precision where c is in the thousands); no [H, 2T - 1] table and no band.
 
 Backward: dS = P (dP - Delta) as for any bias. The gradient of c_j is -sum_i dS_ij, summed by the
 key-owner kernel over its query tiles (one owner per key block: no atomics). That of c_i, the row
