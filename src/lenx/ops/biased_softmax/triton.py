@@ -65,11 +65,14 @@ def _fwd_tile(q, kp, vp, band_t, off_t, cq, c_h, ref, m_i, l_i, acc, rows_c, col
     """One key tile of the online softmax, base 2 (qk_scale and the bias carry log2(e))."""
     k = key_tile(kp, cols, T, MASK)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    if HAS_BIAS:
-        s += _bias_tile(band_t, off_t, cq, c_h, ref, cols, T, MASK, BM, BN, W, RES16, ROWS)
     if MASK:
         # rows_c = min(row, T - 1): padding rows see every real key; keys past T are masked
-        s = tl.where(cols[None, :] <= rows_c[:, None], s, float("-inf"))
+        allowed = cols[None, :] <= rows_c[:, None]
+        if HAS_BIAS:
+            s += _bias_tile(band_t, off_t, cq, c_h, ref, cols, T, MASK, BM, BN, W, RES16, ROWS)
+        s = tl.where(allowed, s, float("-inf"))
+    elif HAS_BIAS:
+        s += _bias_tile(band_t, off_t, cq, c_h, ref, cols, T, MASK, BM, BN, W, RES16, ROWS)
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
