@@ -27,8 +27,8 @@ def test_summary_agrees_with_the_junit_xml():
     assert sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites) == 0
 
 
-def test_kernel_hash_covers_kernel_code_only(tmp_path, monkeypatch):
-    """Comments, docstrings and the references do not change the hash; a kernel's code does."""
+def hashed_copy(tmp_path, monkeypatch):
+    """lenx.runinfo hashing a copy of the sources under tmp_path (to be changed by the test)."""
     import shutil
 
     import lenx.runinfo as runinfo
@@ -38,6 +38,12 @@ def test_kernel_hash_covers_kernel_code_only(tmp_path, monkeypatch):
     shutil.copytree(src / "attention", tmp_path / "attention")
     shutil.copy(src / "runinfo.py", tmp_path / "runinfo.py")
     monkeypatch.setattr(runinfo, "__file__", str(tmp_path / "runinfo.py"))
+    return runinfo
+
+
+def test_kernel_hash_covers_kernel_code_only(tmp_path, monkeypatch):
+    """Comments, docstrings and the references do not change the hash; a kernel's code does."""
+    runinfo = hashed_copy(tmp_path, monkeypatch)
     before = runinfo.kernel_sources_hash()
     kernel = tmp_path / "ops" / "dape_v2" / "skewed.py"
     text = kernel.read_text()
@@ -55,15 +61,7 @@ def test_kernel_hash_covers_kernel_code_only(tmp_path, monkeypatch):
 def test_kernel_hash_covers_host_tables_and_routing(tmp_path, monkeypatch):
     """dape_v2_tables and residual_table (what the fused kernels read) and the routing in fused.py decide what runs
     on the GPU: changing either's code changes the hash; other reference code does not."""
-    import shutil
-
-    import lenx.runinfo as runinfo
-
-    src = Path(runinfo.__file__).parent
-    shutil.copytree(src / "ops", tmp_path / "ops")
-    shutil.copytree(src / "attention", tmp_path / "attention")
-    shutil.copy(src / "runinfo.py", tmp_path / "runinfo.py")
-    monkeypatch.setattr(runinfo, "__file__", str(tmp_path / "runinfo.py"))
+    runinfo = hashed_copy(tmp_path, monkeypatch)
     before = runinfo.kernel_sources_hash()
     reference = tmp_path / "ops" / "dape_v2" / "reference.py"
     text = reference.read_text()
@@ -114,3 +112,17 @@ def test_kernel_hash_leaves_out_every_emulation(tmp_path, monkeypatch):
     chain = tmp_path / "ops" / "dape_v2" / "chain.py"
     chain.write_text(chain.read_text().replace("MAX_HEADS = 12", "MAX_HEADS = 11"))
     assert runinfo.kernel_sources_hash() != before
+
+
+def test_kernel_hash_covers_the_fox_kernel_and_the_band(tmp_path, monkeypatch):
+    """The FoX kernel's entry (ops/forgetting/triton.py) and the biased-softmax band and tiles
+    (ops/biased_softmax/band.py) are kernel files; FoX's reference is not."""
+    runinfo = hashed_copy(tmp_path, monkeypatch)
+    before = runinfo.kernel_sources_hash()
+    for rel, changes in (("forgetting/triton.py", True), ("biased_softmax/band.py", True),
+                         ("forgetting/reference.py", False)):
+        path = tmp_path / "ops" / rel
+        text = path.read_text()
+        path.write_text(text + "\nCHANGED = 1\n")
+        assert (runinfo.kernel_sources_hash() != before) == changes, rel
+        path.write_text(text)

@@ -4,6 +4,7 @@ forward and backward, on the dense and chunked paths at odd sizes; the gradient 
 gradcheck; the Pro block's options, each against its own formula; causality; the planner's route;
 what is refused."""
 
+import importlib.util
 import math
 
 import pytest
@@ -167,12 +168,37 @@ def test_initialisation_follows_the_authors_code():
 def test_the_names_and_what_runs_them():
     assert {"fox", "dape-fox", "dapev2-fox", "stickbreaking-fox"} <= set(all_methods())
     assert parse_method("fox").causal_only and runs_causally("dapev2-fox")  # CHE runs FoX causally
-    attn = Attention(AttentionConfig(method="fox"), 2, 16)
+    attn = Attention(AttentionConfig(method="fox"), 2, 32)  # head dim 16: one the fused kernels take
     assert plan_backend(attn.parts, torch.device("cpu")) == "chunked"
-    assert plan_backend(attn.parts, torch.device("cuda")) == "chunked"  # until its fused kernel: notes/next.md
+    fused = "triton" if importlib.util.find_spec("triton") else "chunked"
+    assert plan_backend(attn.parts, torch.device("cuda")) == fused  # lenx.ops.forgetting
     for backend in ("sdpa", "flex"):
         with pytest.raises(ValueError, match="cannot run this attention"):
             plan_backend(attn.parts, torch.device("cuda"), backend)
+
+
+@pytest.mark.parametrize("method,reason", [("dapev2-fox", "takes no score processor"),
+                                           ("dape-fox", "takes no score processor"),
+                                           ("stickbreaking-fox", "takes no position bias")])
+def test_compositions_stay_on_chunked(method, reason):
+    """The fused FoX kernel is plain causal softmax plus c_i - c_j: a processor or stick-breaking
+    over FoX runs on the chunked reference, and asking for triton says why."""
+    pytest.importorskip("triton")
+    attn = Attention(AttentionConfig(method=method, dape_hidden=4), 2, 32)
+    assert plan_backend(attn.parts, torch.device("cuda")) == "chunked"
+    with pytest.raises(ValueError, match=reason):
+        plan_backend(attn.parts, torch.device("cuda"), "triton")
+
+
+def test_document_segments_keep_fox_off_the_fused_kernel():
+    """Masks stay refused on the fused kernels, FoX's too (backends.NO_MASKS)."""
+    pytest.importorskip("triton")
+    from dataclasses import replace
+
+    parts = replace(Attention(AttentionConfig(method="fox"), 2, 32).parts, segments=True)
+    assert plan_backend(parts, torch.device("cuda")) == "chunked"
+    with pytest.raises(ValueError, match="take no mask yet"):
+        plan_backend(parts, torch.device("cuda"), "triton")
 
 
 def test_the_memory_estimate_binds_the_gate():
@@ -190,6 +216,8 @@ def test_what_is_refused():
     pos = torch.arange(4)
     with pytest.raises(RuntimeError, match="bind it"):
         gate(pos, pos)
+    with pytest.raises(RuntimeError, match="bind it"):  # what the fused backend reads
+        gate.token_values()
 
 
 def test_the_profiler_ranges_change_nothing():

@@ -37,7 +37,7 @@ def test_routes_and_trains_part_params(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["kerple", "alibi", "t5", "dapev2-kerple", "dapev2-rope", "dapev2-alibi",
-                                    "stickbreaking"])
+                                    "stickbreaking", "fox"])
 @pytest.mark.parametrize("remainder", ["value", "head"])
 def test_gpu_attention_module(method, remainder):
     """The whole attention module with backend='triton' against backend='dense' (fp32 weights and
@@ -242,3 +242,57 @@ def test_gpu_attention_module_eval_uses_gluon(method, monkeypatch):
         y, y_ref = fast(x), ref(x)
     err = ((y.float() - y_ref.float()).norm() / y_ref.float().norm()).item()
     assert err < 2e-2, f"{method}: rel err {err:.3g}"
+
+
+def fox_models(device, move=True, **shape):
+    """Two fp32 `fox` LMs with the same weights (moved off their initial values unless not `move`),
+    on the chunked reference and on the fused kernel."""
+    from lenx.config import LMConfig
+    from lenx.model import LM
+
+    torch.manual_seed(0)
+    models = [LM(LMConfig(method="fox", backend=b, **shape)).to(device) for b in ("chunked", "triton")]
+    with torch.no_grad():
+        for p in models[0].parameters() if move else []:
+            p.add_(0.1 * torch.randn_like(p))
+    models[1].load_state_dict(models[0].state_dict())
+    return models
+
+
+def fox_loss_and_grads(models, idx):
+    out = []
+    for model in models:
+        _, loss = model(idx[:, :-1], idx[:, 1:])
+        out.append([loss, *torch.autograd.grad(loss, list(model.parameters()))])
+    return out
+
+
+def test_fox_model_on_the_fused_kernel_equals_chunked(monkeypatch):
+    """A `fox` model's loss and every gradient (the forget gates' through the kernel's dc) on backend
+    triton equal those on chunked; under the interpreter the planner is told the device is CUDA."""
+    from lenx.attention.backends.fused import Fused
+    from lenx.ops.forgetting import triton as fox_kernel
+
+    judge = Fused.unsupported
+    monkeypatch.setattr(Fused, "unsupported", lambda self, parts, device: judge(self, parts, torch.device("cuda")))
+    calls = []
+    kernel = fox_kernel.forgetting_attention
+    monkeypatch.setattr(fox_kernel, "forgetting_attention", lambda *a, **kw: calls.append(1) or kernel(*a, **kw))
+    models = fox_models(DEVICE, vocab_size=64, n_layer=2, n_head=2, d_model=32, chunk_size=16)
+    idx = torch.randint(0, 64, (2, 42), device=DEVICE)
+    (ref, *ref_grads), (got, *grads) = fox_loss_and_grads(models, idx)
+    assert len(calls) == 2  # both layers ran the kernel
+    names = ["loss"] + [n for n, _ in models[0].named_parameters()]
+    compare("fox model triton vs chunked", [got, *grads], [ref, *ref_grads], names, 1e-4)
+    gate = names.index("blocks.0.attn.bias.proj.weight") - 1
+    assert ref_grads[gate].norm() > 0  # the gates do get a gradient (through the kernel's dc)
+
+
+@pytest.mark.gpu
+def test_gpu_fox_model_on_the_fused_kernel_equals_chunked():
+    """The same at T 1000 with the model's own initialisation (f near 0.5: c near -0.7 t), fp32."""
+    models = fox_models(DEVICE, move=False, vocab_size=256, n_layer=2, n_head=4, d_model=256)
+    idx = torch.randint(0, 256, (2, 1001), device=DEVICE)
+    (ref, *ref_grads), (got, *grads) = fox_loss_and_grads(models, idx)
+    names = ["loss"] + [n for n, _ in models[0].named_parameters()]
+    compare("gpu fox model triton vs chunked", [got, *grads], [ref, *ref_grads], names, 1e-4)

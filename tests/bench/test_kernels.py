@@ -7,7 +7,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from lenx.bench.kernels import _add_ratios, run_bench
+from lenx.bench.kernels import _add_ratios, _bound, _gate_logits, _parts, run_bench
 from lenx.report.bench_tables import bench_table
 from lenx.report.tables import show, to_markdown
 
@@ -59,3 +59,33 @@ def test_run_bench_tiny(tmp_path):
     ok = {(r["method"], r["backend"]) for r in saved["rows"] if r["status"] == "ok"}
     assert {("sdpa", "sdpa"), ("kerple", "triton"), ("stickbreaking", "triton"), ("kerple", "chunked")} <= ok
     assert all("fwdbwd_x_sdpa" in r for r in saved["rows"] if r["status"] == "ok")
+
+
+def test_fox_rows_bind_the_gates_in_every_call():
+    """FoX's bias reads the layer's input, which the kernel benchmark has not: its rows bind the bias
+    to the prefix sums of a leaf of gate logits in each call, so the gates get their gradient (the
+    cumsum backward is FoX's work too); other methods take no gates."""
+    from torch.nn import functional as F
+
+    from lenx.attention.backends import run_backend
+    from lenx.ops.forgetting.reference import forgetting_reference
+
+    assert _gate_logits(_parts("kerple", 2, 16, torch.device("cpu"), 4, 3)[0], 1, 2, 8, "cpu") is None
+    parts, _ = _parts("fox", 2, 16, torch.device("cpu"), 4, 3)
+    gate = _gate_logits(parts, 1, 2, 9, torch.device("cpu"))
+    q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
+    out = run_backend("chunked", q, k, v, _bound(parts, gate))[0]
+    c = F.logsigmoid(gate).cumsum(-1)
+    torch.testing.assert_close(out, forgetting_reference(q, k, v, c))
+    assert torch.autograd.grad(out.sum(), gate)[0].abs().sum() > 0
+
+
+@pytest.mark.gpu
+def test_run_bench_fox_beside_kerple():
+    """The rows the issue's bar reads: fox and kerple on the fused kernels beside SDPA in one run."""
+    res = run_bench(methods=("sdpa", "kerple", "fox"), lengths=(300,), heads=2, head_dim=64,
+                    backends=("sdpa", "triton"), rep_ms=5, max_reps=3, commit="test", log=None)
+    ok = {(r["method"], r["backend"]) for r in res["rows"] if r["status"] == "ok"}
+    assert {("sdpa", "sdpa"), ("kerple", "triton"), ("fox", "triton")} <= ok
+    fox = next(r for r in res["rows"] if r["method"] == "fox" and r["backend"] == "triton")
+    assert fox["fwd_ms"] > 0 and fox["fwdbwd_ms"] > 0 and fox["fwd_kernel"] == "triton"

@@ -31,6 +31,8 @@ from .parts import ScoreBias
 
 SWITCHES = ("fox_output_gate", "fox_qk_norm", "fox_kv_shift", "fox_output_norm")
 QK_NORM_EPS, OUTPUT_NORM_EPS = 1e-5, 1e-6  # the authors' GroupNorm default and their config's norm_eps
+UNBOUND = ("FoX's bias reads the layer's input: bind it to the prefix sums of its forget gates "
+           "(ForgetGate.bind, as the Attention module does) before a backend runs it")
 
 
 class ForgetGate(ScoreBias):
@@ -62,8 +64,10 @@ class ForgetGate(ScoreBias):
         return ForgetBias(c_q, c_k)
 
     def forward(self, q_pos, k_pos, q=None, k=None):
-        raise RuntimeError("FoX's bias reads the layer's input: bind it to the prefix sums of its forget gates "
-                           "(ForgetGate.bind, as the Attention module does) before a backend runs it")
+        raise RuntimeError(UNBOUND)
+
+    def token_values(self):
+        raise RuntimeError(UNBOUND)
 
 
 class ForgetBias(ScoreBias):
@@ -75,6 +79,9 @@ class ForgetBias(ScoreBias):
     def __init__(self, c_q: torch.Tensor, c_k: torch.Tensor | None = None):
         super().__init__()
         self.c_q, self.c_k = c_q, c_k
+
+    def token_values(self):
+        return self.c_q if self.c_k is None else None
 
     def forward(self, q_pos, k_pos, q=None, k=None):
         if self.c_k is None:

@@ -35,6 +35,11 @@ class ScoreBias(nn.Module):
         table gradient (`kerple`, `tail`); none by default."""
         return {}
 
+    def token_values(self):
+        """c [B, H, T] when this bias is c_i - c_j of per-token values of one forward at positions
+        0..T-1 (FoX's, bound to its input), which the fused FoX kernel reads; None otherwise."""
+        return None
+
 
 class DocumentPositions(ScoreBias):
     """An absolute bias bound to per-token positions [B, T]: [B, H, Tq, Tk] for block positions q_pos, k_pos."""

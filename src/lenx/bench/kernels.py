@@ -7,6 +7,9 @@ batches); each row also records the median of calls timed one at a time (`*_sync
 are taken against fused causal SDPA measured in the same run. Out-of-memory is caught and recorded as such; a call slower
 than `max_call_s` (median) skips the longer lengths of that (method, backend).
 
+FoX (a per-token bias: forget gates of the layer's input) is timed from a leaf of gate logits
+[B, H, T]: each call takes their log-sigmoid prefix sums and binds the bias to them (_bound).
+
 The triton backend's rows record `fwd_kernel`: its forward-only calls of DAPE V2 run the Gluon kernel
 on sm_90 (attention/backends/fused.py), and the table then names it ("triton (gluon fwd)").
 
@@ -15,12 +18,14 @@ Whole training steps: lenx.bench.train_step. Tile sweeps and kernel probes are l
 (scripts/tune/), which time with median_ms.
 """
 
+from dataclasses import replace
 import platform
 import statistics
 import sys
 import time
 
 import torch
+from torch.nn import functional as F
 
 from ..attention import Attention, AttentionConfig
 from ..attention.backends import run_backend, unsupported_reason
@@ -39,6 +44,20 @@ def _parts(method: str, heads: int, head_dim: int, device, dape_hidden: int, dap
                           sb_remainder="drop", window=window)
     module = Attention(cfg, heads, heads * head_dim).to(device)
     return module.parts, [p for n, p in module.named_parameters() if not n.startswith(("qkv", "proj"))]
+
+
+def _gate_logits(parts, batch: int, heads: int, T: int, device):
+    """A leaf of forget-gate logits [B, H, T] for a per-token bias (FoX's, which reads the layer's
+    input: the kernels time it from logits instead), else None."""
+    if parts.bias is None or not parts.bias.per_token:
+        return None
+    return torch.randn(batch, heads, T, device=device, requires_grad=True)
+
+
+def _bound(parts, gate):
+    """The parts a call runs: FoX's bias bound to the prefix sums of log sigmoid(gate), taken in every
+    call as the attention module does (their cumsum and its backward are FoX's work too)."""
+    return parts if gate is None else replace(parts, bias=parts.bias.bind(F.logsigmoid(gate).cumsum(-1)))
 
 
 def median_ms(fn, warmup_ms: float, rep_ms: float, max_reps: int, grads_to_none=()):
@@ -92,18 +111,19 @@ def _measure(method, backend, T, *, batch, heads, head_dim, dtype, device, chunk
     shape = (batch, heads, T, head_dim)
     q, k, v = (torch.randn(shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
     g = torch.randn(shape, device=device, dtype=dtype)
-    leaves = [q, k, v] + params
+    gate = _gate_logits(parts, batch, heads, T, device)
+    leaves = [q, k, v] + params + ([gate] if gate is not None else [])
     if backend == "triton":  # forward-only DAPE V2 work may run the Gluon kernel (fused._use_gluon)
         from ..attention.backends.fused import forward_kernel
 
         with torch.no_grad(), torch.autocast(device.type, dtype=dtype):
-            row["fwd_kernel"] = forward_kernel(q, k, v, parts)
+            row["fwd_kernel"] = forward_kernel(q, k, v, _bound(parts, gate))
 
     def fwd():
         # autocast as in mixed-precision training: the dense/chunked paths' convs and matmuls run
         # in bf16 with fp32 parameters (the fused paths take the bf16 inputs as they are)
         with torch.autocast(device.type, dtype=dtype):
-            return run_backend(backend, q, k, v, parts, chunk_size)[0]
+            return run_backend(backend, q, k, v, _bound(parts, gate), chunk_size)[0]
 
     def fwd_nograd():
         with torch.no_grad():

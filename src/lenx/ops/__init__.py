@@ -2,6 +2,7 @@
 the formula: the definition the kernels are tested against) beside its fused kernels:
 
     biased_softmax/  causal softmax with a per-distance bias table (ALiBi, Kerple, T5, or none)
+    forgetting/      forgetting attention (FoX): causal softmax plus c_i - c_j, c per token
     dape_v2/         DAPE V2: softmax over S + Bias + f(tril([S; Bias])), f a 1 x k conv pair
     mta/             Multi-Token Attention: a c_q x c_k conv over (query, key) of the logits, head mixing
     stickbreaking/   stick-breaking attention

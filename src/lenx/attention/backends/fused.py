@@ -1,8 +1,8 @@
 """lenx's fused Triton kernels (lenx.ops), CUDA only, where a kernel covers the composition.
 
 Covered (causal only): softmax + the DAPE V2 processor with or without a per-distance bias; softmax
-+ a per-distance bias (alibi, kerple, kerple-power, t5) with no processor; stick-breaking with no
-bias or processor (any remainder mode: the module applies it). Shapes the planner cannot see
++ a per-distance bias (alibi, kerple, kerple-power, t5) or FoX's bias with no processor; stick-breaking
+with no bias or processor (any remainder mode: the module applies it). Shapes the planner cannot see
 (head dim when unknown, T) are checked again when the kernel is called. DAPE V2's forward-only work
 goes to the Gluon forward on sm_90 where it covers the shape (`_use_gluon`), work that needs its
 gradient to the skewed training kernels where their buffers fit (`_skewed_plan`), the rest to the
@@ -47,8 +47,10 @@ class Fused(Backend):
         if name != "softmax":
             return f"no fused Triton kernel for the {name} normaliser"
         bias, proc = parts.bias, parts.processor
+        if bias is not None and bias.per_token:  # FoX's gates (the planner judges the unbound part)
+            return "the fused FoX kernel takes no score processor" if proc is not None else None
         if bias is not None and not bias.per_distance:
-            return "the fused kernels take only a per-distance bias table (alibi, kerple, kerple-power, t5)"
+            return "the fused kernels take only a per-distance bias table (alibi, kerple, kerple-power, t5) or FoX's"
         if proc is None:
             return "plain causal softmax: fused SDPA covers it" if bias is None else None
         if proc.op != "dape_v2":
@@ -82,6 +84,11 @@ class Fused(Backend):
                                         segments=segments)
         if parts.processor is not None:
             return _dape_v2(q, k, v, parts, chunk_size)
+        c = parts.bias.token_values() if parts.bias is not None else None
+        if c is not None:  # FoX, bound to one forward's prefix sums
+            from ...ops.forgetting.triton import forgetting_attention
+
+            return forgetting_attention(q, k, v, c.float()), None
         from ...ops.biased_softmax.triton import biased_attention
 
         table = parts.bias.table(q.shape[-2], q.device) if parts.bias is not None else None

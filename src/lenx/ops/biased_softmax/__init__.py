@@ -1,7 +1,9 @@
 """Causal softmax attention with a per-distance bias table (ALiBi, Kerple, T5, or none):
 reference.py (dense, the definition) and triton.py (fused kernels, imported lazily so this
-package imports without triton):
+package imports without triton; band.py holds their bias band and tile shapes):
 
     lenx.ops.biased_softmax.reference.biased_softmax_reference(q, k, v, table)
     lenx.ops.biased_softmax.triton.biased_attention(q, k, v, table, kerple=, tail=)
+
+The same kernels run FoX's bias c_i - c_j (lenx.ops.forgetting).
 """

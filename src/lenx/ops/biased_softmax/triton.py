@@ -6,12 +6,15 @@ processor switched off (Kerple, ALiBi, T5, or no bias at all).
 Flash-attention layout: one program per (batch x head, query block), heavy blocks first; online
 softmax in base 2 (log2(e) folded into the scale and the bias); key tiles below the diagonal block
 unmasked, the diagonal block's masked; never a T x T tensor. The bias reaches the kernels as a band
-(see _band): each tile's bias is one contiguous block load, not a per-element gather. Backward: a
+(band.py): each tile's bias is one contiguous block load, not a per-element gather. Backward: a
 key-owner kernel for dK/dV and a query-owner kernel for dQ and the table gradient (no locks; the
 table gradient is summed per diagonal inside a tile first, by rotating each row of dS, so a tile
 issues ~BM + BN atomic adds instead of BM * BN). For the Kerple log bias the dq kernel can give
 its two per-head parameters their gradients directly instead (biased_attention's `kerple`),
 which is cheaper than the per-diagonal sums; so for Kerple power. notes/kernels.md has the measurements.
+
+ROWS (FoX, lenx.ops.forgetting): the bias is c_i - c_j of per-token values c [B, H, T] instead, each
+tile's from two vector loads (_rows_ref, _bias_tile); the key-owner kernel also gives c its gradient.
 """
 
 import math
@@ -23,63 +26,53 @@ import triton.language as tl
 from .. import fastmath
 from .._launch import LOG2E, check_qkv, check_table, dot_precision, new, new_like, strides
 from ..tiles import key_tile
+from .band import BAND_PAD, BAND_W, band_tile, build_band, tile_config
 
 
 @triton.jit
-def _band_build(TAB, BAND, OFF, T, RES16: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr, RB: tl.constexpr,
-                TRANS: tl.constexpr):
-    """Fills RB rows of one head's band from the [H, 2T - 1] table (see _band). TRANS: the band
-    transposed instead, [H, W, T + 2 PAD] (the offsets are not written again)."""
-    h = tl.program_id(0)
-    rr = tl.program_id(1) * RB + tl.arange(0, RB)  # band rows; distance of (row, c) = rr - PAD - c
-    cc = tl.arange(0, W)
-    rok = rr < T + 2 * PAD
-    tab_h = TAB + h * (2 * T - 1)
-    idx = tl.minimum(tl.maximum(rr[:, None] - PAD - cc[None, :] + T - 1, 0), 2 * T - 2)
-    x = tl.load(tab_h + idx, mask=rok[:, None], other=0.0) * 1.4426950408889634  # log2(e)
-    if TRANS:
-        ptr = BAND + h * (T + 2 * PAD) * W + cc[None, :] * (T + 2 * PAD) + rr[:, None]
-    else:
-        ptr = BAND + h * (T + 2 * PAD) * W + rr[:, None] * W + cc[None, :]
-    if RES16:
-        # residuals against the row's largest bias: the entries that matter (large logits) get small
-        # residuals, and a residual's fp16 error (2^-11 of it) only grows where the weight 2^residual
-        # falls away (a steep bias, Kerple power say, would lose the near keys' precision otherwise)
-        off = tl.max(x, 1)
-        if not TRANS:
-            tl.store(OFF + h * (T + 2 * PAD) + rr, off, mask=rok)
-        res = tl.minimum(tl.maximum(x - off[:, None], -60000.0), 60000.0)
-        tl.store(ptr, res.to(tl.float16), mask=rok[:, None])
-    else:
-        tl.store(ptr, x, mask=rok[:, None])
+def _rows_ref(c_h, m0, rows, T, ROWS: tl.constexpr):
+    """FoX (ROWS): (ref, cq), ref = c at the query block's first row m0 and cq = (c[rows] - ref)
+    log2(e). Taking ref from both c's before they are scaled keeps fp32's precision near the
+    diagonal, the entries that weigh, where c itself is large (about -0.7 t at position t)."""
+    ref = 0.0
+    cq = tl.zeros(rows.shape, tl.float32)
+    if ROWS:
+        ref = tl.load(c_h + m0)
+        cq = (tl.load(c_h + rows, mask=rows < T, other=ref) - ref) * 1.4426950408889634
+    return ref, cq
 
 
 @triton.jit
-def _band_tile(band_t, off_t, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, RES16: tl.constexpr):
-    """The [BM, BN] bias tile of a (query block, key block) pair: rows of the band (see _band)
-    starting at the pair's offset m0 - n0; a plain 2D block load (no gather). RES16: the band
-    holds fp16 residuals against a per-row fp32 offset."""
-    x = tl.load(band_t + tl.arange(0, BM)[:, None] * W + tl.arange(0, BN)[None, :])
-    if RES16:
-        x = x.to(tl.float32) + tl.load(off_t + tl.arange(0, BM))[:, None]
+def _bias_tile(band_t, off_t, cq, c_h, ref, cols, T, MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               W: tl.constexpr, RES16: tl.constexpr, ROWS: tl.constexpr):
+    """The [BM, BN] bias tile, base 2: the band's (band.py), or with ROWS FoX's c_i - c_j from the
+    rows' cq (_rows_ref) and the keys' c at c_h + cols, two vector loads."""
+    if ROWS:
+        if MASK:
+            ck = tl.load(c_h + cols, mask=cols < T, other=ref)
+        else:
+            ck = tl.load(c_h + cols)
+        x = cq[:, None] - ((ck - ref) * 1.4426950408889634)[None, :]
+    else:
+        x = band_tile(band_t, off_t, BM, BN, W, RES16)
     return x
 
 
 @triton.jit
-def _fwd_tile(q, kp, vp, band_t, off_t, m_i, l_i, acc, rows_c, cols, T, qk_scale,
-              HAS_BIAS: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr,
-              RES16: tl.constexpr, PREC: tl.constexpr):
-    """One key tile of the online softmax, base 2 (qk_scale and the table carry log2(e))."""
+def _fwd_tile(q, kp, vp, band_t, off_t, cq, c_h, ref, m_i, l_i, acc, rows_c, cols, T, qk_scale,
+              HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+              W: tl.constexpr, RES16: tl.constexpr, PREC: tl.constexpr):
+    """One key tile of the online softmax, base 2 (qk_scale and the bias carry log2(e))."""
     k = key_tile(kp, cols, T, MASK)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     if MASK:
         # rows_c = min(row, T - 1): padding rows see every real key; keys past T are masked
         allowed = cols[None, :] <= rows_c[:, None]
         if HAS_BIAS:
-            s += _band_tile(band_t, off_t, BM, BN, W, RES16)
+            s += _bias_tile(band_t, off_t, cq, c_h, ref, cols, T, MASK, BM, BN, W, RES16, ROWS)
         s = tl.where(allowed, s, float("-inf"))
     elif HAS_BIAS:
-        s += _band_tile(band_t, off_t, BM, BN, W, RES16)
+        s += _bias_tile(band_t, off_t, cq, c_h, ref, cols, T, MASK, BM, BN, W, RES16, ROWS)
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
@@ -90,10 +83,10 @@ def _fwd_tile(q, kp, vp, band_t, off_t, m_i, l_i, acc, rows_c, cols, T, qk_scale
 
 
 @triton.jit
-def _bias_fwd(Q, K, V, BAND, OFF, O, LSE,
+def _bias_fwd(Q, K, V, BAND, OFF, C, O, LSE,
               sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
               T, qk_scale,
-              H: tl.constexpr, HAS_BIAS: tl.constexpr, DH: tl.constexpr,
+              H: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, DH: tl.constexpr,
               BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr, RES16: tl.constexpr,
               PREC: tl.constexpr):
     """One program: BM query rows of one (batch, head). Key tiles strictly below the diagonal
@@ -113,41 +106,51 @@ def _bias_fwd(Q, K, V, BAND, OFF, O, LSE,
     vp = V + b * svb + h * svh + nn[:, None] * svt + dd[None, :]
     band_h = BAND + h * (T + 2 * PAD) * W + (m0 + PAD) * W  # band row of (m0, key block 0)
     off_h = OFF + h * (T + 2 * PAD) + m0 + PAD
+    c_h = C + bh * T
+    ref, cq = _rows_ref(c_h, m0, rows, T, ROWS)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DH], tl.float32)
     for n0 in range(0, m0, BN):
-        m_i, l_i, acc = _fwd_tile(q, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, m_i, l_i, acc,
-                                  rows_c, n0 + nn, T, qk_scale, HAS_BIAS, False, BM, BN, W, RES16, PREC)
+        m_i, l_i, acc = _fwd_tile(q, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, cq, c_h, ref,
+                                  m_i, l_i, acc, rows_c, n0 + nn, T, qk_scale, HAS_BIAS, ROWS, False, BM, BN, W,
+                                  RES16, PREC)
     # Key m0 (the diagonal block's first) is allowed for every row, padding rows too, so m_i is
     # finite after the first diagonal tile and exp2(m_i - m_new) never sees inf - inf.
     for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
-        m_i, l_i, acc = _fwd_tile(q, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, m_i, l_i, acc,
-                                  rows_c, n0 + nn, T, qk_scale, HAS_BIAS, True, BM, BN, W, RES16, PREC)
+        m_i, l_i, acc = _fwd_tile(q, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, cq, c_h, ref,
+                                  m_i, l_i, acc, rows_c, n0 + nn, T, qk_scale, HAS_BIAS, ROWS, True, BM, BN, W,
+                                  RES16, PREC)
     out = acc / l_i[:, None]
     tl.store(O + b * sob + h * soh + rows[:, None] * sot + dd[None, :], out.to(O.dtype.element_ty), mask=rmask[:, None])
     tl.store(LSE + bh * T + rows, m_i + tl.log2(l_i), mask=rmask)  # base 2
 
 
 @triton.jit
-def _dkdv_tile(k, v, qp, dop, band_t, off_t, lse_p, delta_p, dk, dv, rows, cols, T, qk_scale,
-               HAS_BIAS: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr,
-               RES16: tl.constexpr, BAND_T: tl.constexpr, PAD: tl.constexpr, PREC: tl.constexpr):
-    """Transposed tile [keys, queries] of the key-owner backward."""
+def _dkdv_tile(k, v, qp, dop, band_t, off_t, c_h, ck, cref, lse_h, delta_h, dk, dv, dc, m0, cols, T, qk_scale,
+               HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               W: tl.constexpr, RES16: tl.constexpr, BAND_T: tl.constexpr, PAD: tl.constexpr, PREC: tl.constexpr):
+    """Transposed tile [keys, queries] of the key-owner backward: query rows m0 .. m0 + BM. ROWS
+    (FoX): ck = (the keys' c - cref) log2(e), cref their block's first c, and dc gathers the keys'
+    c gradient, minus the column sums of dS."""
+    rows = m0 + tl.arange(0, BM)
     rmask = rows < T
     q = tl.load(qp, mask=rmask[:, None], other=0.0)
     do = tl.load(dop, mask=rmask[:, None], other=0.0)
-    lse = tl.load(lse_p, mask=rmask, other=float("inf"))  # padding rows: p = 0
-    delta = tl.load(delta_p, mask=rmask, other=0.0)
+    lse = tl.load(lse_h + rows, mask=rmask, other=float("inf"))  # padding rows: p = 0
+    delta = tl.load(delta_h + rows, mask=rmask, other=0.0)
     st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale  # [BN, BM]
     if HAS_BIAS:
-        if BAND_T:  # the transposed band: the [keys, queries] tile is a plain block of it
+        if ROWS:  # less the key block's first c (cref), as precise as the rows' (c - cref is small for the keys)
+            cq = (tl.load(c_h + rows, mask=rmask, other=cref) - cref) * 1.4426950408889634
+            st += cq[None, :] - ck[:, None]
+        elif BAND_T:  # the transposed band: the [keys, queries] tile is a plain block of it
             x = tl.load(band_t + tl.arange(0, BN)[:, None] * (T + 2 * PAD) + tl.arange(0, BM)[None, :])
             if RES16:
                 x = x.to(tl.float32) + tl.load(off_t + tl.arange(0, BM))[None, :]
             st += x
         else:
-            st += tl.trans(_band_tile(band_t, off_t, BM, BN, W, RES16))
+            st += tl.trans(band_tile(band_t, off_t, BM, BN, W, RES16))
     if MASK:
         allowed = cols[:, None] <= tl.minimum(rows, T - 1)[None, :]  # padding rows have p = 0 anyway
         pt = tl.where(allowed, tl.exp2(st - lse[None, :]), 0.0)
@@ -157,19 +160,23 @@ def _dkdv_tile(k, v, qp, dop, band_t, off_t, lse_p, delta_p, dk, dv, rows, cols,
     dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
     dst = pt * (dpt - delta[None, :])
     dk += tl.dot(dst.to(q.dtype), q, input_precision=PREC)
-    return dk, dv
+    if ROWS:
+        dc -= tl.sum(dst, 1)
+    return dk, dv, dc
 
 
 @triton.jit
-def _bias_bwd_dkdv(Q, K, V, BAND, OFF, DO, LSE, DELTA, DK, DV,
+def _bias_bwd_dkdv(Q, K, V, BAND, OFF, C, DO, LSE, DELTA, DK, DV, DC,
                    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
                    T, qk_scale, sm_scale,
-                   H: tl.constexpr, HAS_BIAS: tl.constexpr, DH: tl.constexpr,
+                   H: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, DH: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr, RES16: tl.constexpr,
                    BAND_T: tl.constexpr, PREC: tl.constexpr):
     """One program owns BN keys and walks the query blocks from its diagonal down: the BN // BM
     blocks that cross the diagonal with the causal mask, the rest without. Transposed tiles
-    [keys, queries], so no register transposes."""
+    [keys, queries], so no register transposes. ROWS (FoX): also the keys' c gradient DC, whole
+    here (one owner per key block, no atomics); the rows' part, the row sums of dS, is zero
+    (sum_j P_ij (dP_ij - Delta_i) = Delta_i - Delta_i) and is left out."""
     bh = tl.program_id(0)
     pid_n = tl.program_id(1)
     b = bh // H
@@ -192,34 +199,38 @@ def _bias_bwd_dkdv(Q, K, V, BAND, OFF, DO, LSE, DELTA, DK, DV,
         band_h = BAND + h * (T + 2 * PAD) * W + (PAD - n0) * W
         band_step = W
     off_h = OFF + h * (T + 2 * PAD) + PAD - n0
+    c_h = C + bh * T
+    cref = 0.0
+    ck = tl.zeros([BN], tl.float32)
+    if ROWS:
+        cref = tl.load(c_h + n0)
+        ck = (tl.load(c_h + cols, mask=cmask, other=cref) - cref) * 1.4426950408889634
+    dc = tl.zeros([BN], tl.float32)
     hi = tl.minimum(n0 + BN, T)
     for m0 in range(n0, hi, BM):
-        rows = m0 + mm
-        dk, dv = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0,
-                            LSE + bh * T + rows,
-                            DELTA + bh * T + rows, dk, dv, rows, cols, T, qk_scale, HAS_BIAS, True, BM, BN, W, RES16,
-                            BAND_T, PAD, PREC)
+        dk, dv, dc = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0, c_h, ck, cref,
+                                LSE + bh * T, DELTA + bh * T, dk, dv, dc, m0, cols, T, qk_scale, HAS_BIAS, ROWS, True,
+                                BM, BN, W, RES16, BAND_T, PAD, PREC)
     for m0 in range(hi, T, BM):
-        rows = m0 + mm
-        dk, dv = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0,
-                            LSE + bh * T + rows,
-                            DELTA + bh * T + rows, dk, dv, rows, cols, T, qk_scale, HAS_BIAS, False, BM, BN, W, RES16,
-                            BAND_T, PAD, PREC)
+        dk, dv, dc = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0, c_h, ck, cref,
+                                LSE + bh * T, DELTA + bh * T, dk, dv, dc, m0, cols, T, qk_scale, HAS_BIAS, ROWS, False,
+                                BM, BN, W, RES16, BAND_T, PAD, PREC)
+    if ROWS:
+        tl.store(DC + bh * T + cols, dc, mask=cmask)
     tl.store(DK + b * skb + h * skh + cols[:, None] * skt + dd[None, :], (dk * sm_scale).to(DK.dtype.element_ty), mask=cmask[:, None])
     tl.store(DV + b * svb + h * svh + cols[:, None] * svt + dd[None, :], dv.to(DV.dtype.element_ty), mask=cmask[:, None])
 
 
 @triton.jit
-def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, g1, g2, r2, rows_c, cols, m0, n0, T, qk_scale,
-             HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, KERPLE: tl.constexpr, TAIL_SUM: tl.constexpr,
-             MASK: tl.constexpr,
-             BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, RES16: tl.constexpr,
-             PREC: tl.constexpr, HW: tl.constexpr):
+def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, cq, c_h, ref, DTAB_H, dq, g1, g2, r2, rows_c, cols, m0, n0,
+             T, qk_scale, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, NEED_DTAB: tl.constexpr, KERPLE: tl.constexpr,
+             TAIL_SUM: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr,
+             RES16: tl.constexpr, PREC: tl.constexpr, HW: tl.constexpr):
     k = key_tile(kp, cols, T, MASK)
     v = key_tile(vp, cols, T, MASK)
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     if HAS_BIAS:
-        bias = _band_tile(band_t, off_t, BM, BN, W, RES16)
+        bias = _bias_tile(band_t, off_t, cq, c_h, ref, cols, T, MASK, BM, BN, W, RES16, ROWS)
         s += bias
     if MASK:
         allowed = cols[None, :] <= rows_c[:, None]
@@ -258,11 +269,11 @@ def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, DTAB_H, dq, g1, g2, r2, r
 
 
 @triton.jit
-def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
+def _bias_bwd_dq(Q, K, V, BAND, OFF, C, DO, LSE, DELTA, DQ, DTAB, R2, KG,
                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
                  T, qk_scale, sm_scale, n_tail,
-                 H: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr, KERPLE: tl.constexpr,
-                 TAIL: tl.constexpr,
+                 H: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, NEED_DTAB: tl.constexpr,
+                 KERPLE: tl.constexpr, TAIL: tl.constexpr,
                  DH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr,
                  RES16: tl.constexpr, PREC: tl.constexpr, HW: tl.constexpr):
     """One program owns a block of queries: dQ, and either the bias-table gradient (the table
@@ -291,6 +302,8 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
     band_h = BAND + h * (T + 2 * PAD) * W + (m0 + PAD) * W
     off_h = OFF + h * (T + 2 * PAD) + m0 + PAD
     dtab_h = DTAB + h * (2 * T - 1) + T - 1
+    c_h = C + bh * T
+    ref, cq = _rows_ref(c_h, m0, rows, T, ROWS)
     g1 = tl.zeros([BM, BN], tl.float32)
     g2 = tl.zeros([BM, BN], tl.float32)
     r2 = tl.load(R2 + h) if KERPLE == 1 else 0.0
@@ -301,16 +314,16 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
         near0 = tl.where(x >= 0, tl.minimum((x // BN + 1) * BN, m0), 0)
         for n0 in range(0, near0, BN):
             dq, g1, g2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0,
-                                  dtab_h, dq, g1, g2, r2, rows_c, n0 + nn, m0, n0, T, qk_scale,
-                                  HAS_BIAS, False, 0, True, False, BM, BN, W, RES16, PREC, HW)
+                                  cq, c_h, ref, dtab_h, dq, g1, g2, r2, rows_c, n0 + nn, m0, n0, T, qk_scale,
+                                  HAS_BIAS, ROWS, False, 0, True, False, BM, BN, W, RES16, PREC, HW)
     for n0 in range(near0, m0, BN):
-        dq, g1, g2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h,
-                              dq, g1, g2, r2, rows_c, n0 + nn, m0, n0, T, qk_scale,
-                              HAS_BIAS, NEED_DTAB, KERPLE, False, False, BM, BN, W, RES16, PREC, HW)
+        dq, g1, g2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, cq,
+                              c_h, ref, dtab_h, dq, g1, g2, r2, rows_c, n0 + nn, m0, n0, T, qk_scale,
+                              HAS_BIAS, ROWS, NEED_DTAB, KERPLE, False, False, BM, BN, W, RES16, PREC, HW)
     for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
-        dq, g1, g2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, dtab_h,
-                              dq, g1, g2, r2, rows_c, n0 + nn, m0, n0, T, qk_scale,
-                              HAS_BIAS, NEED_DTAB, KERPLE, False, True, BM, BN, W, RES16, PREC, HW)
+        dq, g1, g2 = _dq_tile(q, do, lse, delta, kp + n0 * skt, vp + n0 * svt, band_h - n0 * W, off_h - n0, cq,
+                              c_h, ref, dtab_h, dq, g1, g2, r2, rows_c, n0 + nn, m0, n0, T, qk_scale,
+                              HAS_BIAS, ROWS, NEED_DTAB, KERPLE, False, True, BM, BN, W, RES16, PREC, HW)
     if TAIL:
         tl.atomic_add(dtab_h + n_tail, tl.sum(tl.sum(g1, 1), 0), sem="relaxed")
     if KERPLE > 0:
@@ -319,98 +332,39 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
     tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
 
 
-# Tile shapes: (BM, BN, num_warps, num_stages). fwd/dq: BM query rows, BN keys per tile (BM a
-# multiple of BN); dkdv: BM query rows per tile, BN keys owned (BN a multiple of BM). Every key
-# tile is at most BAND_W wide and every query tile at most BAND_PAD tall (the band, see _band).
-# "band": "fp16" residuals or "fp32" values (see _band); "dkdv_band": "T" the key-owner kernel reads
-# a transposed copy of the band (built in the backward), "trans" it transposes the band tile in
-# registers. The fastest candidates of scripts/tune/tile_sweep.py on an H200 at T = 8192 (results/bench/).
-CONFIG = {"fwd": (64, 64, 4, 3), "dkdv": (64, 64, 4, 3), "dq": (64, 32, 4, 3), "band": ("fp16",),
-          "dkdv_band": ("T",)}
-# fp32 inputs (exact fp32 products, a testing path): small tiles, no pipelining
-CONFIG_FP32 = {"fwd": (64, 32, 4, 1), "dkdv": (32, 64, 4, 1), "dq": (32, 32, 4, 1), "band": ("fp32",),
-               "dkdv_band": ("T",)}
-# Head dims above 64 (bf16/fp16): tiles that replace CONFIG's (d = 128 doubles every [*, d] tile).
-# H200, d 128, T 8192 (results/bench/README.md): forward 0.547 vs 0.698 ms with CONFIG's
-# 64 x 64 x 4; key-owner 32 x 64 x 4: fwd+bwd 2.97 vs 3.60 ms (64 x 64 x 4 spills there)
-CONFIG_WIDE = {"fwd": (128, 64, 8, 3), "dkdv": (32, 64, 4, 3)}
-BAND_W = 64
-BAND_PAD = 128
-
-
-def tile_config(dtype, head_dim: int = 64, overrides: dict | None = None) -> dict:
-    """The tiles one call uses: the defaults for its dtype and head dim, with `overrides` (any of
-    CONFIG's keys) on top. Checked against the band's limits."""
-    if dtype == torch.float32:
-        cfg = dict(CONFIG_FP32)
-    else:
-        cfg = {**CONFIG, **CONFIG_WIDE} if head_dim > 64 else dict(CONFIG)
-    cfg.update({k: tuple(v) for k, v in (overrides or {}).items()})
-    unknown = set(cfg) - set(CONFIG)
-    if unknown:
-        raise ValueError(f"unknown tile settings {sorted(unknown)}; known: {sorted(CONFIG)}")
-    for name in ("fwd", "dkdv", "dq"):
-        BM, BN = cfg[name][:2]
-        keys, rows = (BM, BN) if name == "dkdv" else (BN, BM)
-        if keys > BAND_W or rows > BAND_PAD:
-            raise ValueError(f"{name} tiles {BM} x {BN}: key tiles must be <= {BAND_W}, query tiles <= {BAND_PAD}")
-    return cfg
-
-
-def _band(table, T, res16, trans=False):
-    """The bias as a band [H, T + 2 PAD, W] (times log2(e)): band[h, PAD + R, c] is the bias at
-    distance R - c. The [BM, BN] bias tile of query block m0 and key block n0 is then the plain
-    2D block of rows PAD + m0 - n0 .. + BM and columns 0 .. BN: one contiguous load per tile
-    instead of a per-element gather from the [H, 2T - 1] table. Distances outside [0, T) (masked
-    entries, padding rows) read the nearest table entry: finite values that are never used.
-    res16: fp16 residuals against the largest bias of each row (an fp32 offset per row). A
-    residual r <= 0 (base 2) is kept to 2^-11 |r|, and its entry weighs at most 2^r of the row's
-    largest, so the error in P stays below ~2e-4 (the order of rounding P to bf16 for the PV
-    product) whatever the table's steepness, with half the bytes: the kernels are bound by the
-    band's traffic. Otherwise (always for fp32 inputs) the bias itself in fp32. Returns (band,
-    offsets); size H (T + 256) 64 x 2 bytes: 13 MB at H 12, T 8192.
-    trans: the band transposed, [H, W, T + 2 PAD] (and no offsets)."""
-    H = table.shape[0]
-    tab = table.detach().float().contiguous()
-    rows = T + 2 * BAND_PAD
-    shape = (H, BAND_W, rows) if trans else (H, rows, BAND_W)
-    band = torch.empty(shape, device=tab.device, dtype=torch.float16 if res16 else torch.float32)
-    off = torch.empty(H, rows, device=tab.device, dtype=torch.float32) if res16 and not trans else band
-    RB = 64
-    _band_build[(H, triton.cdiv(rows, RB))](tab, band, off, T, RES16=res16, W=BAND_W, PAD=BAND_PAD, RB=RB,
-                                            TRANS=trans, num_warps=4)
-    return band, off
-
-
 class BiasedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, table, kerple_kind, kerple_x, kerple_y, tail, cfg):
+    def forward(ctx, q, k, v, table, c, kerple_kind, kerple_x, kerple_y, tail, cfg):
+        """table: a per-distance bias table, or c: FoX's prefix sums [B, H, T] (the bias c_i - c_j),
+        or neither."""
         # Inputs and their gradients share one contiguous layout (a strided view, e.g. q sliced out
         # of a fused qkv projection, is copied once: O(T) and cheap next to the attention itself).
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         B, H, T, DH = q.shape
-        has_bias = table is not None
-        res16 = has_bias and cfg["band"][0] == "fp16"
+        rows = c is not None
+        c = c.detach().float().contiguous() if rows else q  # a dummy pointer when unused
+        has_band = table is not None
+        res16 = has_band and cfg["band"][0] == "fp16"
         # the kernels work in base 2: exp2(s * log2(e)) = exp(s), so the bias is scaled once here
-        band, off = _band(table, T, res16) if has_bias else (q, q)  # dummy pointers when unused
+        band, off = build_band(table, T, res16) if has_band else (q, q)  # dummy pointers when unused
         out = new((B, H, T, DH), q)
         lse = new((B, H, T), q, torch.float32)  # base 2
         BM, BN, nw, ns = cfg["fwd"]
         grid = (B * H, triton.cdiv(T, BM))
-        _bias_fwd[grid](q, k, v, band, off, out, lse, *strides(q), *strides(k), *strides(v), *strides(out),
-                        T, DH ** -0.5 * LOG2E, H=H, HAS_BIAS=has_bias, DH=DH, BM=BM, BN=BN, W=BAND_W,
-                        PAD=BAND_PAD, RES16=res16, PREC=dot_precision(q.dtype), num_warps=nw, num_stages=ns)
-        ctx.save_for_backward(q, k, v, band, off, out, lse, table if has_bias else None, kerple_x, kerple_y)
+        _bias_fwd[grid](q, k, v, band, off, c, out, lse, *strides(q), *strides(k), *strides(v), *strides(out),
+                        T, DH ** -0.5 * LOG2E, H=H, HAS_BIAS=has_band or rows, ROWS=rows, DH=DH, BM=BM, BN=BN,
+                        W=BAND_W, PAD=BAND_PAD, RES16=res16, PREC=dot_precision(q.dtype), num_warps=nw, num_stages=ns)
+        ctx.save_for_backward(q, k, v, band, off, c, out, lse, table if has_band else None, kerple_x, kerple_y)
         ctx.kerple_kind = kerple_kind
         ctx.tail = tail
-        ctx.has_bias = has_bias
+        ctx.has_band, ctx.rows = has_band, rows
         ctx.res16 = res16
         ctx.cfg = cfg
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, band, off, out, lse, table, px, py = ctx.saved_tensors
+        q, k, v, band, off, c, out, lse, table, px, py = ctx.saved_tensors
         B, H, T, DH = q.shape
         cfg = ctx.cfg
         dout = dout.contiguous()
@@ -422,23 +376,25 @@ class BiasedAttention(torch.autograd.Function):
         # Kerple: the kernel sums the two parameters' gradients itself (two sums per program instead of
         # per-diagonal sums of the table gradient, which the table then would carry to them)
         kind = {"log": 1, "power": 2}[ctx.kerple_kind] if px is not None else 0
-        kerple = kind if kind and (ctx.needs_input_grad[5] or ctx.needs_input_grad[6]) else 0
-        need_dtab = ctx.has_bias and ctx.needs_input_grad[3] and px is None
+        kerple = kind if kind and (ctx.needs_input_grad[6] or ctx.needs_input_grad[7]) else 0
+        need_dtab = ctx.has_band and ctx.needs_input_grad[3] and px is None
         dtab = torch.zeros(H, 2 * T - 1, dtype=torch.float32, device=q.device) if need_dtab else q
         kg = torch.zeros(B * H, 2, dtype=torch.float32, device=q.device) if kerple else q
         r2_f = py.detach().float().contiguous() if kerple == 1 else q
         BM, BN, nw, ns = cfg["dkdv"]
-        band_t = cfg["dkdv_band"][0] == "T" and ctx.has_bias
-        kband = _band(table, T, ctx.res16, trans=True)[0] if band_t else band  # the key-owner kernel's band
+        band_t = cfg["dkdv_band"][0] == "T" and ctx.has_band
+        kband = build_band(table, T, ctx.res16, trans=True)[0] if band_t else band  # the key-owner kernel's band
+        dc = new((B, H, T), q, torch.float32) if ctx.rows else q
+        has_bias = ctx.has_band or ctx.rows
         _bias_bwd_dkdv[(B * H, triton.cdiv(T, BN))](
-            q, k, v, kband, off, dout, lse, delta, dk, dv, *strides(q), *strides(k), *strides(v), *strides(dout),
-            T, scale * LOG2E, scale, H=H, HAS_BIAS=ctx.has_bias, DH=DH, BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD,
-            RES16=ctx.res16, BAND_T=band_t, PREC=prec, num_warps=nw, num_stages=ns)
+            q, k, v, kband, off, c, dout, lse, delta, dk, dv, dc, *strides(q), *strides(k), *strides(v),
+            *strides(dout), T, scale * LOG2E, scale, H=H, HAS_BIAS=has_bias, ROWS=ctx.rows, DH=DH, BM=BM, BN=BN,
+            W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, BAND_T=band_t, PREC=prec, num_warps=nw, num_stages=ns)
         BM, BN, nw, ns = cfg["dq"]
         _bias_bwd_dq[(B * H, triton.cdiv(T, BM))](
-            q, k, v, band, off, dout, lse, delta, dq, dtab, r2_f, kg, *strides(q), *strides(k), *strides(v),
-            *strides(dout),
-            T, scale * LOG2E, scale, ctx.tail or 0, H=H, HAS_BIAS=ctx.has_bias, NEED_DTAB=need_dtab, KERPLE=kerple,
+            q, k, v, band, off, c, dout, lse, delta, dq, dtab, r2_f, kg, *strides(q), *strides(k), *strides(v),
+            *strides(dout), T, scale * LOG2E, scale, ctx.tail or 0, H=H, HAS_BIAS=has_bias, ROWS=ctx.rows,
+            NEED_DTAB=need_dtab, KERPLE=kerple,
             TAIL=need_dtab and ctx.tail is not None and ctx.tail < T, DH=DH,
             BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, PREC=prec, HW=q.is_cuda,
             num_warps=nw, num_stages=ns)
@@ -448,7 +404,7 @@ class BiasedAttention(torch.autograd.Function):
             xf = px.detach().float()
             dx = (math.log(2.0) / xf * sums[:, 0]).to(px.dtype)
             dy = (-xf * sums[:, 1] if kerple == 1 else math.log(2.0) ** 2 * sums[:, 1]).to(py.dtype)
-        return dq, dk, dv, (dtab if need_dtab else None), None, dx, dy, None, None
+        return dq, dk, dv, (dtab if need_dtab else None), (dc if ctx.rows else None), None, dx, dy, None, None
 
 
 def biased_attention(q, k, v, table=None, kerple=None, tail=None, config: dict | None = None):
@@ -466,7 +422,7 @@ def biased_attention(q, k, v, table=None, kerple=None, tail=None, config: dict |
     The table gradient then carries that sum at entry `tail` and zero beyond it: cheaper, and
     exact for whatever sums the table's entries from `tail` on, not entry by entry.
 
-    config: tile settings over the defaults (see CONFIG and tile_config), for tuning and tests."""
+    config: tile settings over the defaults (band.py: CONFIG and tile_config), for tuning and tests."""
     check_qkv(q, k, v)
     H = q.shape[1]
     if table is not None:
@@ -480,4 +436,4 @@ def biased_attention(q, k, v, table=None, kerple=None, tail=None, config: dict |
     if tail is not None and (table is None or kerple is not None or int(tail) < 1):
         raise ValueError(f"tail must be a distance >= 1 with a table and without kerple, got {tail!r}")
     cfg = tile_config(q.dtype, q.shape[-1], config)
-    return BiasedAttention.apply(q, k, v, table, kind, x, y, None if tail is None else int(tail), cfg)
+    return BiasedAttention.apply(q, k, v, table, None, kind, x, y, None if tail is None else int(tail), cfg)
