@@ -35,9 +35,10 @@ def reference_logits(q, k, w, table):
     return dape_v2_scores(S, table_bias(table.double(), pos, pos), *w, pos, pos)
 
 
-def fused_logits(q, k, w, table):
+def fused_logits(q, k, w, table, residual=True):
     """The logits the skewed flash kernels form from the S and F buffers: S (fp32 in the kernels, exact
-    here) + F buffer + skewed.flash_tables (t2 + g by distance, e0 at keys < 2h), in float64."""
+    here) + F buffer + skewed.flash_tables (t2 + g by distance, e0 at keys < 2h; residual=False: the
+    step-1 form, F itself in the buffer and t2), in float64."""
     from lenx.ops.dape_v2 import skewed
 
     B, H, T, d = q.shape
@@ -45,10 +46,10 @@ def fused_logits(q, k, w, table):
     t1, k0, t2 = skewed.host_tables(w1, b1, w2, b2, table.float(), T)
     cfg = dict(skewed.CONFIG)
     sb = skewed._scores_buffer(q, k, cfg)
-    fb = skewed._conv_buffer(sb, skewed._Weights(w1[:, :H], t1, k0, w2, q.dtype), cfg)
+    fb = skewed._conv_buffer(sb, skewed._Weights(w1[:, :H], t1, k0, w2, q.dtype), cfg, residual)
     pos = torch.arange(T, device=q.device)
     S = q.double() @ k.double().transpose(-1, -2) / math.sqrt(d)
-    return S + fb.double() + flash_bias(*skewed.flash_tables(t1, k0, w2, t2), T)
+    return S + fb.double() + flash_bias(*skewed.flash_tables(t1, k0, w2, t2, residual), T)
 
 
 def flash_bias(t2f, e0, T):
@@ -61,10 +62,10 @@ def flash_bias(t2f, e0, T):
     return bias
 
 
-def logit_error(q, k, w, table):
+def logit_error(q, k, w, table, residual=True):
     T = q.shape[-2]
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    err = (fused_logits(q, k, w, table) - reference_logits(q, k, w, table))[..., causal]
+    err = (fused_logits(q, k, w, table, residual) - reference_logits(q, k, w, table))[..., causal]
     return err.abs().max().item()
 
 
@@ -76,14 +77,21 @@ def steep_table(H, T, slopes):
 
 @pytest.mark.skipif(CUDA, reason="the interpreter's fp16 path; the GPU test below runs bf16")
 def test_fp16_logits_with_a_steep_table():
-    """Under the interpreter in fp16 (2^-11: F at 500 would still be off by ~0.25)."""
+    """Under the interpreter in fp16 (2^-11): F at 500 is off by ~0.25 without the residual (the
+    step-1 kernels, RES off), within LOGIT_TOL / 4 with it; residual_error's estimate asks for it."""
     pytest.importorskip("triton")
+    from lenx.ops.dape_v2 import skewed
+
     H, T = 2, 64
     torch.manual_seed(0)
     q, k = (torch.randn(1, H, T, 16).half() for _ in range(2))
     table = steep_table(H, T, [8.0, 3.0])
     assert reference_logits(q, k, weights(H, 8), table).abs().max() > 300
     assert logit_error(q, k, weights(H, 8), table) < LOGIT_TOL / 4
+    assert logit_error(q, k, weights(H, 8), table, residual=False) > LOGIT_TOL
+    w1, b1, w2, b2 = (x.float() for x in weights(H, 8))
+    t1 = skewed.host_tables(w1, b1, w2, b2, table, T)[0]
+    assert skewed.residual_error(t1, w2, torch.float16) > skewed.RESIDUAL_TOL
 
 
 def bf16(x):
