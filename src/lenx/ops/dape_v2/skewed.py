@@ -658,13 +658,13 @@ def _t2_tiles(t2f, T: int, BM: int, BN: int):
 # in the input's 2-byte type would cost more than RESIDUAL_TOL logit (the logits tests' bar).
 # A 2-byte buffer rounds x to within u |x| (UNIT_ROUNDOFF). The table's share of the rounding: F's
 # own, at most u max|g| (g: F's table part), plus Z's through conv2, a sum of k D independent
-# roundings of at most u |z| each (|z| <= max|t1| beyond conv1 of the scores, which both forms
-# round alike): standard deviation <= u |w2_h|_2 max|t1| / sqrt(3), and the largest over the
-# H T^2 entries about 6 of them, so SPREAD = 6 / sqrt(3) ~ 3.5. A float64 model of the rounding
-# points (tests/ops/test_dape_v2_large_bias.py) finds errors 4-6x below this estimate. Examples
-# (bf16, the model's DapeV2 and bias initialisations, H 12): Kerple-log 0.05-0.09 at T 512-16384
-# (no residual: the step-1 kernels), ALiBi 0.14 at T 64 and 3.5 at 1536, Kerple-power 20 at 128
-# and 5200 at 2048 (residual). fp32 buffers never need it.
+# roundings of at most u |z_c| each (channel c: |z_c| <= m_c = max_n |t1[c, n]| beyond conv1 of the
+# scores, which both forms round alike): standard deviation <= u sqrt(sum_{c,t} w2[h,c,t]^2 m_c^2)
+# / sqrt(3), the largest over the H T^2 entries about 6 of them, so SPREAD = 6 / sqrt(3) ~ 3.5.
+# Examples (bf16, the model's DapeV2 and bias initialisations, H 12): Kerple-log 0.03-0.06 at T
+# 512-16384 (no residual: the step-1 kernels), ALiBi 0.09 at T 64 and 2.3 at 1536, Kerple-power 10
+# at 128 and 730 at 2048 (residual); a float64 model of the rounding points without the residual
+# finds 0.013 at Kerple-log 512 and 0.6 at ALiBi 1536 (notes/kernels.md). fp32 never needs it.
 RESIDUAL_TOL = 0.1
 UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
 SPREAD = 3.5
@@ -679,8 +679,9 @@ def residual_error(t1, w2, dtype) -> float:
     with torch.autocast(t1.device.type, enabled=False):
         t1f, w2f = t1.detach().float(), w2.detach().float()
         g = residual_table(t1f, w2f)
-        w = w2f.pow(2).sum((1, 2, 3)).sqrt().max()
-        return (u * (g.abs().max() + SPREAD * w * t1f.abs().max())).item()
+        m = t1f.abs().amax(1)  # [D]
+        sd = (w2f[:, :, 0, :].pow(2).sum(-1) * m.pow(2)).sum(1).sqrt().max()
+        return (u * (g.abs().max() + SPREAD * sd)).item()
 
 
 def flash_tables(t1, k0, w2, t2, residual: bool = True):
