@@ -161,9 +161,10 @@ def test_gpu_module_bf16_autocast_with_a_large_bias(method, T):
     """The whole module, backend 'triton' under bf16 autocast (training: the skewed kernels; its host
     tables are built outside autocast) against 'dense' in float64: outputs within 2e-2 relative
     (bf16 attention is ~3e-3), or no further than the dense path under the same autocast where that
-    one is further (on an H200 Kerple-power at 2048 with the model's initialisation is ill-conditioned:
-    dense is 0.17 off in fp32 and 0.39 under bf16, the skewed kernels 0.12). A guard for the whole
-    path; the logits test above is the sharp one."""
+    one is further (on an H200, Kerple-power at 2048 with the model's initialisation: dense under bf16
+    0.39, its convs in bf16 on bias values ~1e6; the skewed kernels 0.12; dense's 0.17 in fp32 was
+    TF32, test_dense_fp32_with_a_huge_bias_is_not_tf32). A guard for the whole path; the logits test
+    above is the sharp one."""
     from lenx.attention import Attention, AttentionConfig
 
     torch.manual_seed(0)

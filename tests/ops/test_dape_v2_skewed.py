@@ -132,6 +132,24 @@ def test_the_switch_keeps_the_residual_only_for_a_large_bias():
     assert error(KerplePower, 2048, torch.float32) == 0.0
 
 
+def test_the_forward_decides_from_its_tables(monkeypatch):
+    """residual=None (what the backend passes): the residual where a steep table would cost fp16 Z
+    and F more than RESIDUAL_TOL, not for a Kerple-log table, never in fp32."""
+    from test_dape_v2_large_bias import steep_table
+
+    seen = []
+    real = skewed._conv_buffer
+    monkeypatch.setattr(skewed, "_conv_buffer", lambda sb, wts, cfg, res: seen.append(res) or real(sb, wts, cfg, res))
+    H, T = 2, 16
+    w = [x.to(DEVICE).float() for x in conv_weights(H, 8, 3, True)]
+    for table, dtype in [(steep_table(H, T, [8.0, 3.0]), torch.float16), (bias_table("kerple", H, T), torch.float16),
+                         (steep_table(H, T, [8.0, 3.0]), torch.float32)]:
+        q = torch.randn(1, H, T, 16, device=DEVICE, dtype=dtype)
+        with torch.no_grad():
+            skewed.dape_v2_skewed(q, q, q, *w, table.to(DEVICE).detach())
+    assert seen == [True, False, False]
+
+
 @pytest.mark.skipif(CUDA, reason="checks the interpreter's memory accesses")
 @pytest.mark.parametrize("T,ks,kind", [(1, 3, "kerple"), (2, 5, "alibi"), (45, 7, None), (70, 3, "kerple")])
 def test_every_access_stays_inside_its_tensors(T, ks, kind):
