@@ -180,3 +180,17 @@ def test_tables_out_of_the_gluon_range_run_on_the_skewed_forward(monkeypatch):
         ref, _ = dense_attention(q, k, v, parts)
     assert parts.processor.kernel == "skewed (forward)" and parts.processor.kernel_note
     compare("off gluon", [out], [ref], ["out"], 1e-4)
+
+
+def test_the_skewed_path_decides_the_residual_without_a_sync_after_the_first_call(monkeypatch):
+    """Training: the backend keeps a ResidualSwitch per processor: the first call leaves the decision
+    to the op (residual None: with a sync), the next ones pass the previous call's answer (Kerple-log:
+    off)."""
+    seen = []
+    real = skewed.dape_v2_skewed
+    monkeypatch.setattr(skewed, "dape_v2_skewed", lambda *a, **kw: seen.append(kw["residual"]) or real(*a, **kw))
+    parts = wide_parts()
+    for _ in range(2):
+        q, k, v = (x.half().requires_grad_() for x in qkv(9))  # fp32 never needs the residual
+        run_backend("triton", q, k, v, parts)
+    assert seen == [None, False]

@@ -132,6 +132,30 @@ def test_the_switch_keeps_the_residual_only_for_a_large_bias():
     assert error(KerplePower, 2048, torch.float32) == 0.0
 
 
+def test_the_residual_switch_decides_from_the_previous_call():
+    """ResidualSwitch (the backend's, one per layer): None on the first call at a length and dtype (the
+    op then decides with a sync), after that the previous call's estimate against RESIDUAL_TOL /
+    MARGIN; False in fp32; a copy starts afresh."""
+    import copy
+
+    from test_dape_v2_large_bias import steep_table
+
+    H = 2
+    w1, b1, w2, b2 = (x.to(DEVICE).float() for x in conv_weights(H, 8, 3, True))
+
+    def t1(table, T):
+        return skewed.host_tables(w1, b1, w2, b2, table.to(DEVICE).detach(), T)[0]
+
+    steep, mild = t1(steep_table(H, 16, [8.0, 3.0]), 16), t1(bias_table("kerple", H, 16), 16)
+    switch = skewed.ResidualSwitch()
+    assert switch.decide(steep, w2, torch.float16) is None
+    assert switch.decide(mild, w2, torch.float16) is True  # the previous call's (steep) estimate
+    assert switch.decide(mild, w2, torch.float16) is False
+    assert switch.decide(t1(bias_table("kerple", H, 20), 20), w2, torch.float16) is None  # another length
+    assert switch.decide(steep, w2, torch.float32) is False
+    assert copy.deepcopy(switch).decide(mild, w2, torch.float16) is None
+
+
 def test_the_forward_decides_from_its_tables(monkeypatch):
     """residual=None (what the backend passes): the residual where a steep table would cost fp16 Z
     and F more than RESIDUAL_TOL, not for a Kerple-log table, never in fp32."""

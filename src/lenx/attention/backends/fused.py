@@ -157,7 +157,14 @@ def _dape_v2(q, k, v, parts, chunk_size):
 
         tab = table()
         tables = cached(sources, ("skewed",) + key, lambda: skewed.host_tables(*weights, tab, T))
-        return skewed.dape_v2_skewed(q, k, v, *weights, tab, keep=kernel == "skewed (keep)", tables=tables), None
+        # F's residual from the tables (a large bias). Training: without a host sync after the first
+        # call (its weights move by optimizer steps only); forward only: decided afresh each call
+        residual = None
+        if kernel != "skewed (forward)":
+            switch = proc.__dict__.setdefault("residual_switch", skewed.ResidualSwitch())
+            residual = switch.decide(tables[0], weights[2], q.dtype)
+        return skewed.dape_v2_skewed(q, k, v, *weights, tab, keep=kernel == "skewed (keep)", tables=tables,
+                                     residual=residual), None
     if kernel == "chunked":
         return chunked_attention(q, k, v, parts, chunk_size)
     from ...ops.dape_v2.triton import dape_v2_triton
