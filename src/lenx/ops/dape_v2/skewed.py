@@ -714,7 +714,7 @@ class ResidualSwitch:
             host = torch.empty((), pin_memory=True)
             host.copy_(est, non_blocking=True)
             done = torch.cuda.Event()
-            done.record()
+            done.record(torch.cuda.current_stream(t1.device))
             self._last[key] = (host, done)
         else:
             self._last[key] = (est, None)
