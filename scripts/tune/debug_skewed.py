@@ -30,7 +30,7 @@ def run(B, H, T, D, ks, dtype, tiles):
     cfg = dict(skewed.CONFIG if dtype != torch.float32 else skewed.CONFIG_FP32, conv_fwd=tiles, conv_bwd=tiles)
     wts = skewed._Weights(w1[:, :H], t1, k0, w2, dtype)
     sb = skewed._scores_buffer(q, k, cfg)
-    fb = skewed._conv_buffer(sb, wts, cfg)
+    fb = skewed._conv_buffer(sb, wts, cfg, False)  # F itself (no residual form)
     pos = torch.arange(T, device=dev)
     causal = pos[None, :] <= pos[:, None]
     gb = (torch.randn(B, H, T, T, device=dev) * causal).to(dtype)

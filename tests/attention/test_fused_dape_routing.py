@@ -143,3 +143,54 @@ def test_gpu_module_head_dim_128(grad):
     refs = [y_ref, x.grad] + [p.grad for _, p in ref.named_parameters()]
     floors = {n: 1.0 for n in names if n.endswith("conv2.bias")}
     compare("module d128 training", outs, refs, names, 1e-4, floors)
+
+
+def test_tables_out_of_the_gluon_range_route_forward_only_work_to_the_skewed_forward(monkeypatch):
+    """The Gluon forward faked (it needs an sm_90 GPU): Kerple-power's tables at T 2048 (|t1| in the
+    hundred thousands: fp16 overflows, the kernel returned NaN) send forward-only work to the skewed
+    forward, with the reason in the processor's kernel_note; Kerple-log's at the same T stay on the
+    Gluon forward. The routing needs only the shapes and the host tables (q is never read)."""
+    from lenx.attention import KerplePower
+
+    tables.clear()
+    monkeypatch.setattr(fused, "_use_gluon", lambda q, proc: True)
+    q = torch.zeros(1, H, 2048, 64, device=DEVICE)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        steep = KerplePower(H).to(DEVICE)
+        steep.a.fill_(0.5), steep.p.fill_(1.9)  # -0.5 n^1.9: -1e6 at n 2047 (the initialisation draws p up to 2)
+        power = Parts(steep, DapeV2(H, D, 3).to(DEVICE), Softmax(), head_dim=64)
+        assert fused.forward_kernel(q, q, q, power) == "skewed"
+        assert "fp16" in power.processor.kernel_note
+        log = wide_parts(64)
+        assert fused.forward_kernel(q, q, q, log) == "gluon" and log.processor.kernel_note is None
+
+
+def test_tables_out_of_the_gluon_range_run_on_the_skewed_forward(monkeypatch):
+    """run(): with the range bound at 0 every table is out of it; the work then runs the skewed
+    forward (not the faked Gluon one) and matches the dense path."""
+    tables.clear()
+    monkeypatch.setattr(fused, "_use_gluon", lambda q, proc: True)
+    monkeypatch.setattr(gluon, "FP16_SAFE", 0.0)
+    monkeypatch.setattr(gluon, "dape_v2_gluon_forward", lambda *a, **kw: pytest.fail("ran the Gluon forward"))
+    parts = wide_parts(64)
+    q, k, v = qkv(13, d=64)
+    with torch.no_grad():
+        out, _ = run_backend("triton", q, k, v, parts)
+        ref, _ = dense_attention(q, k, v, parts)
+    assert parts.processor.kernel == "skewed (forward)" and parts.processor.kernel_note
+    compare("off gluon", [out], [ref], ["out"], 1e-4)
+
+
+def test_the_skewed_path_decides_the_residual_without_a_sync_after_the_first_call(monkeypatch):
+    """Training: the backend keeps a ResidualSwitch per processor: the first call leaves the decision
+    to the op (residual None: with a sync), the next ones pass the previous call's answer (Kerple-log:
+    off)."""
+    seen = []
+    real = skewed.dape_v2_skewed
+    monkeypatch.setattr(skewed, "dape_v2_skewed", lambda *a, **kw: seen.append(kw["residual"]) or real(*a, **kw))
+    parts = wide_parts()
+    for _ in range(2):
+        q, k, v = (x.half().requires_grad_() for x in qkv(9))  # fp32 never needs the residual
+        run_backend("triton", q, k, v, parts)
+    assert seen == [None, False]

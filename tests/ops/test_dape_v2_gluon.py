@@ -24,6 +24,25 @@ def test_key_permutation_gives_runs_of_16():
         assert sorted(G.key_of_column(n) for n in range(64) if (n >> 1) & 3 == q) == list(range(16 * q, 16 * q + 16))
 
 
+def test_range_reason_keeps_the_gluon_forward_off_tables_fp16_cannot_hold():
+    """The model's initialisation (DapeV2 and the bias module, H 12, D 32, k 3): Kerple-power at T 2048
+    (|t1| ~ 4e5: the fp16 hidden map overflowed, the forward returned NaN) is out of range; ALiBi at
+    1536 (|t1| ~ 360, where the GPU forward is 0.004 relative off float64) and Kerple-log at 16384
+    are in it."""
+    from lenx.attention import ALiBi, DapeV2, KerpleLog, KerplePower
+
+    torch.manual_seed(0)
+    w1, b1, w2, b2 = (p.detach() for p in DapeV2(12, 32, 3).parameters())
+
+    def reason(bias, T):
+        prepared = G.prepare(w1, b1, w2, b2, bias(12).table(T).detach(), T, 12, "cpu")
+        return G.range_reason(prepared[2], prepared[3], w2)
+
+    assert "fp16" in reason(KerplePower, 2048)
+    assert reason(ALiBi, 1536) is None
+    assert reason(KerpleLog, 16384) is None
+
+
 def test_tap_rows_put_a_channels_taps_in_one_thread():
     """tap_row is a bijection of (tap < 4, slot < 32) onto the 128 rows, and a channel's taps differ only
     in the row bits 3 and 6 (the accumulator's in-thread row bits)."""

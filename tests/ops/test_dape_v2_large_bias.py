@@ -35,9 +35,10 @@ def reference_logits(q, k, w, table):
     return dape_v2_scores(S, table_bias(table.double(), pos, pos), *w, pos, pos)
 
 
-def fused_logits(q, k, w, table):
+def fused_logits(q, k, w, table, residual=True):
     """The logits the skewed flash kernels form from the S and F buffers: S (fp32 in the kernels, exact
-    here) + F buffer + skewed.flash_tables (t2 + g by distance, e0 at keys < 2h), in float64."""
+    here) + F buffer + skewed.flash_tables (t2 + g by distance, e0 at keys < 2h; residual=False: the
+    step-1 form, F itself in the buffer and t2), in float64."""
     from lenx.ops.dape_v2 import skewed
 
     B, H, T, d = q.shape
@@ -45,10 +46,10 @@ def fused_logits(q, k, w, table):
     t1, k0, t2 = skewed.host_tables(w1, b1, w2, b2, table.float(), T)
     cfg = dict(skewed.CONFIG)
     sb = skewed._scores_buffer(q, k, cfg)
-    fb = skewed._conv_buffer(sb, skewed._Weights(w1[:, :H], t1, k0, w2, q.dtype), cfg)
+    fb = skewed._conv_buffer(sb, skewed._Weights(w1[:, :H], t1, k0, w2, q.dtype), cfg, residual)
     pos = torch.arange(T, device=q.device)
     S = q.double() @ k.double().transpose(-1, -2) / math.sqrt(d)
-    return S + fb.double() + flash_bias(*skewed.flash_tables(t1, k0, w2, t2), T)
+    return S + fb.double() + flash_bias(*skewed.flash_tables(t1, k0, w2, t2, residual), T)
 
 
 def flash_bias(t2f, e0, T):
@@ -61,10 +62,10 @@ def flash_bias(t2f, e0, T):
     return bias
 
 
-def logit_error(q, k, w, table):
+def logit_error(q, k, w, table, residual=True):
     T = q.shape[-2]
     causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    err = (fused_logits(q, k, w, table) - reference_logits(q, k, w, table))[..., causal]
+    err = (fused_logits(q, k, w, table, residual) - reference_logits(q, k, w, table))[..., causal]
     return err.abs().max().item()
 
 
@@ -76,14 +77,21 @@ def steep_table(H, T, slopes):
 
 @pytest.mark.skipif(CUDA, reason="the interpreter's fp16 path; the GPU test below runs bf16")
 def test_fp16_logits_with_a_steep_table():
-    """Under the interpreter in fp16 (2^-11: F at 500 would still be off by ~0.25)."""
+    """Under the interpreter in fp16 (2^-11): F at 500 is off by ~0.25 without the residual (the
+    step-1 kernels, RES off), within LOGIT_TOL / 4 with it; residual_error's estimate asks for it."""
     pytest.importorskip("triton")
+    from lenx.ops.dape_v2 import skewed
+
     H, T = 2, 64
     torch.manual_seed(0)
     q, k = (torch.randn(1, H, T, 16).half() for _ in range(2))
     table = steep_table(H, T, [8.0, 3.0])
     assert reference_logits(q, k, weights(H, 8), table).abs().max() > 300
     assert logit_error(q, k, weights(H, 8), table) < LOGIT_TOL / 4
+    assert logit_error(q, k, weights(H, 8), table, residual=False) > LOGIT_TOL
+    w1, b1, w2, b2 = (x.float() for x in weights(H, 8))
+    t1 = skewed.host_tables(w1, b1, w2, b2, table, T)[0]
+    assert skewed.residual_error(t1, w2, torch.float16) > skewed.RESIDUAL_TOL
 
 
 def bf16(x):
@@ -153,9 +161,10 @@ def test_gpu_module_bf16_autocast_with_a_large_bias(method, T):
     """The whole module, backend 'triton' under bf16 autocast (training: the skewed kernels; its host
     tables are built outside autocast) against 'dense' in float64: outputs within 2e-2 relative
     (bf16 attention is ~3e-3), or no further than the dense path under the same autocast where that
-    one is further (on an H200 Kerple-power at 2048 with the model's initialisation is ill-conditioned:
-    dense is 0.17 off in fp32 and 0.39 under bf16, the skewed kernels 0.12). A guard for the whole
-    path; the logits test above is the sharp one."""
+    one is further (on an H200, Kerple-power at 2048 with the model's initialisation: dense under bf16
+    0.39, its convs in bf16 on bias values ~1e6; the skewed kernels 0.12; dense's 0.17 in fp32 was
+    TF32, test_dense_fp32_with_a_huge_bias_is_not_tf32). A guard for the whole path; the logits test
+    above is the sharp one."""
     from lenx.attention import Attention, AttentionConfig
 
     torch.manual_seed(0)
@@ -175,3 +184,101 @@ def test_gpu_module_bf16_autocast_with_a_large_bias(method, T):
         y_dense = dense(x.detach())
     bar = max(2e-2, ((y_dense.double() - y_ref).norm() / y_ref.norm()).item())
     assert err < bar, f"{method} T {T}: rel err {err:.3g}, the dense path's {bar:.3g}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [512, 2048])
+def test_gpu_bf16_logits_without_the_residual_where_the_switch_drops_it(T):
+    """Kerple-log with the model's initialisation (the default DAPE V2 model): residual_error is
+    below RESIDUAL_TOL, so the step-1 kernels run (no residual); their bf16 logits are within
+    LOGIT_TOL of float64 there."""
+    from kernel_cases import bias_table
+
+    from lenx.attention import DapeV2
+    from lenx.ops.dape_v2 import skewed
+
+    H, D, d = 12, 32, 64
+    torch.manual_seed(0)
+    q, k = (torch.randn(1, H, T, d, device=DEVICE).bfloat16() for _ in range(2))
+    table = bias_table("kerple", H, T).detach()
+    w = [p.detach().double() for p in DapeV2(H, D, 3).parameters()]
+    t1 = skewed.host_tables(*(x.to(DEVICE).float() for x in w), table, T)[0]
+    assert skewed.residual_error(t1, w[2].to(DEVICE), torch.bfloat16) < skewed.RESIDUAL_TOL
+    assert logit_error(q, k, w, table, residual=False) < LOGIT_TOL
+
+
+def module_error(method, T, fast, x, y):
+    """y's relative error against 'dense' in float64, and the bar: 2e-2 or the dense path's own error
+    under bf16 autocast, where that is larger (Kerple-power at 2048: its bf16 convs, ~0.4)."""
+    from lenx.attention import Attention, AttentionConfig
+
+    ref = Attention(AttentionConfig(method=method, backend="dense"), 12, 768).to(DEVICE)
+    ref.load_state_dict(fast.state_dict())
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        y_dense = ref(x)
+    ref = ref.double()
+    with torch.no_grad():
+        y_ref = ref(x.double())
+    rel = lambda a: ((a.double() - y_ref).norm() / y_ref.norm()).item()  # noqa: E731
+    return rel(y), max(2e-2, rel(y_dense))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method,T,gluon_ok", [("dapev2-kerple-power", 2048, False), ("dapev2-alibi", 1536, True)])
+def test_gpu_eval_forward_with_a_large_bias(method, T, gluon_ok):
+    """Forward only under bf16 autocast (evaluation): Kerple-power at 2048 went to the Gluon forward,
+    whose fp16 hidden map overflowed (NaN); its tables now send it to the skewed forward
+    (kernel_note says why). ALiBi at 1536 stays on the Gluon forward where that runs. Finite and
+    within module_error's bar."""
+    from lenx.attention import Attention, AttentionConfig
+    from lenx.ops.dape_v2 import gluon
+
+    torch.manual_seed(0)
+    fast = Attention(AttentionConfig(method=method, backend="triton"), 12, 768).to(DEVICE)
+    x = torch.randn(1, T, 768, device=DEVICE)
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        y = fast(x)
+    assert torch.isfinite(y).all()
+    on_gluon = gluon.unsupported_reason(x.new_zeros(1, 12, 1, 64).bfloat16(), 12, 32, 3) is None
+    if on_gluon:
+        assert (fast.processor.kernel == "gluon") == gluon_ok, (fast.processor.kernel, fast.processor.kernel_note)
+    if not gluon_ok:
+        assert fast.processor.kernel != "gluon"
+    err, bar = module_error(method, T, fast, x, y)
+    assert err < bar, f"{method} T {T} ({fast.processor.kernel}): rel err {err:.3g}, bar {bar:.3g}"
+
+
+def tf32_conv2d(real):
+    """F.conv2d as cuDNN runs fp32 convolutions where torch.backends.cudnn.allow_tf32 is set (its
+    default, on Ampere and later GPUs): the inputs and weights rounded to TF32's 10 mantissa bits."""
+    def tf32(t):
+        return ((t.contiguous().view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+
+    def conv(x, w, b=None, *args, **kwargs):
+        if x.dtype == torch.float32 and torch.backends.cudnn.allow_tf32:
+            x, w = tf32(x), tf32(w)
+        return real(x, w, b, *args, **kwargs)
+    return conv
+
+
+def test_dense_fp32_with_a_huge_bias_is_not_tf32(monkeypatch):
+    """Why dense fp32 was 0.17 relative off float64 with Kerple-power at T 2048 on an H200 (1.7e-4
+    on the CPU): cuDNN's TF32 convolutions, where conv1 reads bias channels of ~1e6. The formula's
+    convolutions now turn TF32 off (reference.full_fp32_convs); here cuDNN's TF32 is emulated on the
+    CPU with the flag on, as by default. The module (B 1, H 2, D 8) in fp32 against float64: within
+    1e-5 (5.8e-7 measured; 1.2e-3 with the TF32 convolutions)."""
+    from lenx.attention import Attention, AttentionConfig
+
+    monkeypatch.setattr(torch.nn.functional, "conv2d", tf32_conv2d(torch.nn.functional.conv2d))
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", True)
+    cfg = AttentionConfig(method="dapev2-kerple-power", backend="dense", dape_hidden=8)
+    torch.manual_seed(0)
+    ref = Attention(cfg, 2, 32).double()
+    fast = Attention(cfg, 2, 32)
+    fast.load_state_dict({n: p.float() for n, p in ref.state_dict().items()})
+    x = torch.randn(1, 2048, 32)
+    with torch.no_grad():
+        assert ref.bias.table(2048).abs().max() > 4e4  # 4.9e4 here; 1.6e6 at H 12
+        y_ref, y = ref(x.double()), fast(x)
+    assert torch.backends.cudnn.allow_tf32  # restored after the convolutions
+    assert ((y.double() - y_ref).norm() / y_ref.norm()).item() < 1e-5

@@ -4,6 +4,7 @@ buffers themselves (the index maps), causality, bitwise repeatability and the bu
 Without CUDA the kernels run under Triton's interpreter (fp32 and fp16); the gpu tests add bf16
 up to T = 4096 and a 125m training run against the chunked reference path."""
 
+import functools
 import math
 
 import pytest
@@ -72,12 +73,12 @@ def test_skewed_recompute_and_small_tiles():
     run_dape(1, 3, 45, 16, 5, 8, "alibi", torch.float32, op=small)
 
 
-@pytest.mark.parametrize("ks", [1, 3, 5])
-def test_buffers_hold_scores_and_residual_logits(ks):
+@pytest.mark.parametrize("ks,residual", [(1, True), (3, True), (5, True), (3, False), (5, False)])
+def test_buffers_hold_scores_and_residual_logits(ks, residual):
     """The index maps: the S buffer is Q K^T / sqrt(d) at (b, i, j, slot h), its padded slots zero,
-    and the F buffer conv2(...) without its bias, less the residual table g[h, i - j] and the edge
-    term e0 (keys < 2h), at (b, h, i, j), on and below the diagonal, for a sequence that spans
-    several bands."""
+    and the F buffer conv2(...) without its bias (with the residual: less the residual table g[h, i
+    - j] and the edge term e0 at keys < 2h), at (b, h, i, j), on and below the diagonal, for a
+    sequence that spans several bands."""
     B, H, T, d, D = 2, 3, 41, 16, 8
     q, k = (torch.randn(B, H, T, d, device=DEVICE) for _ in range(2))
     w1, b1, w2, b2 = (x.to(DEVICE).float() for x in conv_weights(H, D, ks, True))
@@ -85,18 +86,92 @@ def test_buffers_hold_scores_and_residual_logits(ks):
     t1, k0, t2 = dape_v2_tables(w1, b1, b2, table, T)
     cfg = dict(skewed.CONFIG_FP32, conv_z=(2, 16, 4, 1), conv_f=(2, 16, 4, 1))
     sb = skewed._scores_buffer(q, k, cfg)
-    fb = skewed._conv_buffer(sb, skewed._Weights(w1[:, :H], t1, k0, w2, q.dtype), cfg)
+    fb = skewed._conv_buffer(sb, skewed._Weights(w1[:, :H], t1, k0, w2, q.dtype), cfg, residual)
     pos = torch.arange(T, device=DEVICE)
     causal = pos[None, :] <= pos[:, None]
     S = q @ k.transpose(-1, -2) / math.sqrt(d)
     bias = table_bias(table, pos, pos)
     f = dape_v2_scores(S, bias, w1, b1, w2, b2, pos, pos) - S - bias - b2[:, None, None]
-    t2f, e0 = skewed.flash_tables(t1, k0, w2, t2)  # F - g - e0: their sum is what the flash kernels add
+    t2f, e0 = skewed.flash_tables(t1, k0, w2, t2, residual)  # F - g - e0: the sum is what the flash kernels add
     f = f - (flash_bias(t2f, e0, T) - table_bias(t2, pos, pos))
     assert sb.shape == (B, T, T, 16)
     assert_close(sb[..., :H].permute(0, 3, 1, 2)[..., causal], S[..., causal], 1e-6, "S buffer")
     assert torch.equal(sb[:, causal][..., H:], torch.zeros_like(sb[:, causal][..., H:]))
     assert_close(fb[..., causal], f[..., causal], 1e-5, "F buffer")
+
+
+def forced(residual):
+    """dape_v2_skewed with F's residual forced on or off (the switch otherwise decides from the tables)."""
+    return functools.partial(skewed.dape_v2_skewed, residual=residual)
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("T,ks,kind,dtype", [(37, 3, "alibi", torch.float16), (45, 5, "kerple", torch.float32)])
+def test_skewed_with_and_without_the_residual(T, ks, kind, dtype, residual):
+    """Both compiled variants (RES on: the residual forms; off: F itself, the step-1 kernels), the
+    output and every gradient against the reference."""
+    run_dape(1, 3, T, 16, ks, 8, kind, dtype, op=forced(residual))
+
+
+def test_the_switch_keeps_the_residual_only_for_a_large_bias():
+    """residual_error against RESIDUAL_TOL with the model's own initialisation (DapeV2 and the bias
+    module, H 12, D 32, k 3) in bf16: the residual for ALiBi at T 1536 and Kerple-power at 2048,
+    not for dapev2-kerple (the default DAPE V2 model) at T 512; never in fp32."""
+    from lenx.attention import ALiBi, DapeV2, KerpleLog, KerplePower
+
+    torch.manual_seed(0)
+    w1, b1, w2, b2 = (p.detach() for p in DapeV2(12, 32, 3).parameters())
+
+    def error(bias, T, dtype=torch.bfloat16):
+        t1 = skewed.host_tables(w1, b1, w2, b2, bias(12).table(T).detach(), T)[0]
+        return skewed.residual_error(t1, w2, dtype)
+
+    assert error(ALiBi, 1536) > skewed.RESIDUAL_TOL
+    assert error(KerplePower, 2048) > skewed.RESIDUAL_TOL
+    assert error(KerpleLog, 512) < skewed.RESIDUAL_TOL
+    assert error(KerplePower, 2048, torch.float32) == 0.0
+
+
+def test_the_residual_switch_decides_from_the_previous_call():
+    """ResidualSwitch (the backend's, one per layer): None on the first call at a length and dtype (the
+    op then decides with a sync), after that the previous call's estimate against RESIDUAL_TOL /
+    MARGIN; False in fp32; a copy starts afresh."""
+    import copy
+
+    from test_dape_v2_large_bias import steep_table
+
+    H = 2
+    w1, b1, w2, b2 = (x.to(DEVICE).float() for x in conv_weights(H, 8, 3, True))
+
+    def t1(table, T):
+        return skewed.host_tables(w1, b1, w2, b2, table.to(DEVICE).detach(), T)[0]
+
+    steep, mild = t1(steep_table(H, 16, [8.0, 3.0]), 16), t1(bias_table("kerple", H, 16), 16)
+    switch = skewed.ResidualSwitch()
+    assert switch.decide(steep, w2, torch.float16) is None
+    assert switch.decide(mild, w2, torch.float16) is True  # the previous call's (steep) estimate
+    assert switch.decide(mild, w2, torch.float16) is False
+    assert switch.decide(t1(bias_table("kerple", H, 20), 20), w2, torch.float16) is None  # another length
+    assert switch.decide(steep, w2, torch.float32) is False
+    assert copy.deepcopy(switch).decide(mild, w2, torch.float16) is None
+
+
+def test_the_forward_decides_from_its_tables(monkeypatch):
+    """residual=None (what the backend passes): the residual where a steep table would cost fp16 Z
+    and F more than RESIDUAL_TOL, not for a Kerple-log table, never in fp32."""
+    from test_dape_v2_large_bias import steep_table
+
+    seen = []
+    real = skewed._conv_buffer
+    monkeypatch.setattr(skewed, "_conv_buffer", lambda sb, wts, cfg, res: seen.append(res) or real(sb, wts, cfg, res))
+    H, T = 2, 16
+    w = [x.to(DEVICE).float() for x in conv_weights(H, 8, 3, True)]
+    for table, dtype in [(steep_table(H, T, [8.0, 3.0]), torch.float16), (bias_table("kerple", H, T), torch.float16),
+                         (steep_table(H, T, [8.0, 3.0]), torch.float32)]:
+        q = torch.randn(1, H, T, 16, device=DEVICE, dtype=dtype)
+        with torch.no_grad():
+            skewed.dape_v2_skewed(q, q, q, *w, table.to(DEVICE).detach())
+    assert seen == [True, False, False]
 
 
 @pytest.mark.skipif(CUDA, reason="checks the interpreter's memory accesses")
@@ -221,6 +296,15 @@ def test_gpu_skewed_shapes(T, H, d, ks, D, kind):
 @pytest.mark.parametrize("d", [64, 128])
 def test_gpu_skewed_recompute(d):
     run_dape(2, 12, 1000, d, 3, 32, "kerple", torch.bfloat16, op=recompute)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("residual", [False, True])
+def test_gpu_skewed_both_variants(residual):
+    """The compiled variants with and without F's residual, forced: the headline shape, and k 7 with
+    ALiBi (shapes the GPU suite passed with either variant before the switch)."""
+    run_dape(2, 12, 1000, 64, 3, 32, "kerple", torch.bfloat16, op=forced(residual))
+    run_dape(2, 2, 128, 64, 7, 8, "alibi", torch.bfloat16, op=forced(residual))
 
 
 @pytest.mark.gpu

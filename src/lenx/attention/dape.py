@@ -16,6 +16,7 @@ from .parts import ScoreProcessor
 class DapeV2(ScoreProcessor):
     op = "dape_v2"
     kernel: str | None = None  # the fused kernel that last ran it ("gluon", "skewed (keep)", ...): for run records
+    kernel_note: str | None = None  # why that kernel is not the one the shape alone would pick (fused._route)
 
     def __init__(self, num_heads: int, hidden: int = 32, kernel_size: int = 3, with_bias: bool = True,
                  leak: bool = False):

@@ -118,6 +118,8 @@ def _measure(method, backend, T, *, batch, heads, head_dim, dtype, device, chunk
 
         with torch.no_grad(), torch.autocast(device.type, dtype=dtype):
             row["fwd_kernel"] = forward_kernel(q, k, v, _bound(parts, gate))
+        if getattr(parts.processor, "kernel_note", None):  # e.g. tables out of the Gluon forward's range
+            row["fwd_kernel_note"] = parts.processor.kernel_note
 
     def fwd():
         # autocast as in mixed-precision training: the dense/chunked paths' convs and matmuls run

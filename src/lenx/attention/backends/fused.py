@@ -8,7 +8,10 @@ goes to the Gluon forward on sm_90 where it covers the shape (`_use_gluon`), wor
 gradient to the skewed training kernels where their buffers fit (`_skewed_plan`), the rest to the
 O(T)-memory Triton kernel. A head dim that kernel cannot take (128) goes to the
 skewed kernels, forward only included, where their buffers fit, else to the chunked reference.
-Forward-only work reuses its host tables between calls with the same weights (ops.dape_v2.tables).
+Forward-only work reuses its host tables between calls with the same weights (ops.dape_v2.tables);
+where those tables exceed the Gluon forward's fp16 range (gluon.range_reason: Kerple-power at T
+2048) it goes to the skewed forward instead (the Triton kernel where its buffers do not fit), and
+the processor's `kernel_note` says why.
 
 Its memory is the default O(T) (Backend.memory): the skewed kernels take their T x T buffers only
 where the device has them free when the step runs (`_skewed_plan`), so no step needs them; the
@@ -65,7 +68,8 @@ class Fused(Backend):
 
     def describe(self, parts):
         if parts.processor is not None and parts.normaliser.name == "softmax":
-            return ("training: skewed where its buffers fit, else triton; forward only: gluon on sm_90, else triton; "
+            return ("training: skewed where its buffers fit, else triton; forward only: gluon on sm_90 (skewed where "
+                    "the bias tables exceed its fp16 range), else triton; "
                     "head dim 128 (the triton kernel cannot take it): skewed where its buffers fit, else chunked")
         return None
 
@@ -103,6 +107,41 @@ def _sources(parts):
     return [*parts.processor.conv_weights(), *bias]
 
 
+def _table(parts, T, device):
+    return parts.bias.table(T, device) if parts.bias is not None else None
+
+
+def _gluon_operands(q, parts):
+    """The Gluon forward's host operands (gluon.prepare) and gluon.range_reason for them, cached
+    (tables.cached) between calls with the same weights."""
+    from ...ops.dape_v2 import gluon
+    from ...ops.dape_v2.tables import cached
+
+    w1, b1, w2, b2 = parts.processor.conv_weights()
+    B, H, T, _ = q.shape
+
+    def build():
+        prepared = gluon.prepare(w1, b1, w2, b2, _table(parts, T, q.device), T, H, q.device)
+        return prepared, gluon.range_reason(prepared[2], prepared[3], w2)
+
+    return cached(_sources(parts), ("gluon", id(parts.bias), T, q.device), build)
+
+
+def _route(q, k, v, parts):
+    """(the kernel for this DAPE V2 work, the Gluon operands where it is "gluon"); sets the
+    processor's kernel_note where the tables keep forward-only work off the Gluon forward."""
+    proc = parts.processor
+    grad = _needs_grad((q, k, v, *_sources(parts)))
+    proc.kernel_note = None
+    if not grad and _use_gluon(q, proc):
+        prepared, reason = _gluon_operands(q, parts)
+        if reason is None:
+            return "gluon", prepared
+        proc.kernel_note = f"not the Gluon forward: {reason}"
+        return _dape_v2_kernel(q, proc, grad, gluon=False), None
+    return _dape_v2_kernel(q, proc, grad), None
+
+
 def _dape_v2(q, k, v, parts, chunk_size):
     from ...ops.dape_v2.tables import cached
 
@@ -113,20 +152,27 @@ def _dape_v2(q, k, v, parts, chunk_size):
     key = (id(parts.bias), T, q.device)
 
     def table():
-        return parts.bias.table(T, q.device) if parts.bias is not None else None
+        return _table(parts, T, q.device)
 
-    kernel = proc.kernel = _dape_v2_kernel(q, proc, _needs_grad((q, k, v, *sources)))
+    kernel, prepared = _route(q, k, v, parts)
+    proc.kernel = kernel
     if kernel == "gluon":  # forward only: its host operands cached (tables.cached) between calls
         from ...ops.dape_v2 import gluon
 
-        prepared = cached(sources, ("gluon",) + key, lambda: gluon.prepare(*weights, table(), T, H, q.device))
         return _gluon_forward(q, k, v, proc, weights, prepared), None
     if kernel.startswith("skewed"):
         from ...ops.dape_v2 import skewed
 
         tab = table()
         tables = cached(sources, ("skewed",) + key, lambda: skewed.host_tables(*weights, tab, T))
-        return skewed.dape_v2_skewed(q, k, v, *weights, tab, keep=kernel == "skewed (keep)", tables=tables), None
+        # F's residual from the tables (a large bias). Training: without a host sync after the first
+        # call (its weights move by optimizer steps only); forward only: decided afresh each call
+        residual = None
+        if kernel != "skewed (forward)":
+            switch = proc.__dict__.setdefault("residual_switch", skewed.ResidualSwitch())
+            residual = switch.decide(tables[0], weights[2], q.dtype)
+        return skewed.dape_v2_skewed(q, k, v, *weights, tab, keep=kernel == "skewed (keep)", tables=tables,
+                                     residual=residual), None
     if kernel == "chunked":
         return chunked_attention(q, k, v, parts, chunk_size)
     from ...ops.dape_v2.triton import dape_v2_triton
@@ -136,21 +182,22 @@ def _dape_v2(q, k, v, parts, chunk_size):
 
 def forward_kernel(q, k, v, parts) -> str:
     """Which kernel this backend's run() would use for these operands ("gluon", "skewed", "triton" or
-    "chunked"), so that a benchmark can say what it timed (call it under the same grad mode as run())."""
+    "chunked"), so that a benchmark can say what it timed (call it under the same grad mode as run();
+    the processor's kernel_note then says why forward-only work is not on the Gluon forward)."""
     if parts.processor is None or parts.normaliser.name == "stickbreaking":
         return "triton"
-    return _dape_v2_kernel(q, parts.processor, _needs_grad((q, k, v, *_sources(parts)))).split(" ")[0]
+    return _route(q, k, v, parts)[0].split(" ")[0]
 
 
-def _dape_v2_kernel(q, proc, grad: bool) -> str:
-    """The kernel for DAPE V2 work: "gluon" (forward only, _use_gluon), "skewed (keep)",
-    "skewed (recompute)" or "skewed (forward)" (where the buffers fit: _skewed_plan), else "triton"
-    (the O(T)-memory kernel), or "chunked" (the reference in blocks of rows) where that kernel cannot
-    take the head dim (_wide)."""
-    if not grad and _use_gluon(q, proc):
+def _dape_v2_kernel(q, proc, grad: bool, gluon: bool = True) -> str:
+    """The kernel for DAPE V2 work: "gluon" (forward only, _use_gluon; gluon=False: its tables are out
+    of its range, _route), "skewed (keep)", "skewed (recompute)" or "skewed (forward)" (where the
+    buffers fit: _skewed_plan), else "triton" (the O(T)-memory kernel), or "chunked" (the reference
+    in blocks of rows) where that kernel cannot take the head dim (_wide)."""
+    if gluon and not grad and _use_gluon(q, proc):
         return "gluon"
     wide = _wide(proc, q.shape[-1])
-    plan = _skewed_plan(q, proc.hidden, grad, wide)
+    plan = _skewed_plan(q, proc.hidden, grad, wide or not gluon)
     if plan is not None:
         return f"skewed ({plan})"
     return "chunked" if wide else "triton"
@@ -169,16 +216,17 @@ def _needs_grad(operands) -> bool:
     return torch.is_grad_enabled() and any(x.requires_grad for x in operands)
 
 
-def _skewed_plan(q, hidden: int, grad: bool, wide: bool) -> str | None:
+def _skewed_plan(q, hidden: int, grad: bool, forward: bool) -> str | None:
     """Work that needs DAPE V2's gradient goes to the skewed kernels (lenx.ops.dape_v2.skewed) where
     their T x T buffers fit in the device's free memory: "keep" (the forward keeps its two buffers
     for the backward) when six buffers fit, "recompute" when four do (the backward's peak), else
     None (the O(T)-memory Triton kernel, 10-11x slower at the 125m training shapes: notes/kernels.md).
-    Forward-only work takes them ("forward", three buffers) only at a head dim the Triton kernel
-    cannot take (wide; else it is the Gluon or Triton forward's). LENX_DAPE_V2_SKEWED=0 keeps the
+    Forward-only work takes them ("forward", three buffers) only where `forward` says so: a head dim
+    the Triton kernel cannot take, or tables out of the Gluon forward's range (else it is the Gluon
+    or Triton forward's). LENX_DAPE_V2_SKEWED=0 keeps the
     Triton kernel (or the chunked reference where it cannot run), =keep or =recompute forces that mode."""
     mode = os.environ.get("LENX_DAPE_V2_SKEWED", "auto")
-    if mode == "0" or not (grad or wide):
+    if mode == "0" or not (grad or forward):
         return None
     if grad and mode in ("keep", "recompute"):
         return mode

@@ -563,6 +563,30 @@ def _prepare(w1, b1, w2, b2, table, T: int, H: int, device):
     return W1A, W2A, t1.contiguous(), k0.contiguous(), t2.contiguous()
 
 
+# The hidden map z - leaky(t1) and f - g are fp16 in shared memory. In the window's padding keys and at
+# keys < k // 2 they are table values themselves (-leaky(t1); about -k0), and f is conv2 of them: with
+# m_c = max(|t1[c]|, |k0[c]|), |z_c| <= m_c and |f_h| <= sum_{c,t} |w2[h,c,t]| m_c. Past fp16's largest
+# value (65504) they turn to inf and the output to NaN (Kerple-power at T 2048: |t1| ~ 4e5). FP16_SAFE
+# leaves a factor 4 for conv1 of the scores, which the host cannot see, on top of the tables. With the
+# model's initialisation: ALiBi 1e3 at T 1536, 1e4 at 16384, 2e4 at 32768; Kerple-log 20 at 16384.
+FP16_SAFE = 2.0 ** 14
+
+
+def range_reason(t1, k0, w2):
+    """Why this forward's fp16 conv path cannot hold DAPE V2 with these host tables (prepare's t1,
+    k0; conv2's weight w2), or None: the bound above against FP16_SAFE. One host sync; the caller
+    keeps the answer with the cached tables."""
+    import torch
+
+    with torch.autocast(t1.device.type, enabled=False):
+        m = torch.maximum(t1.detach().float().abs().amax(1), k0.detach().float().abs().amax((0, 2)))  # [D]
+        f = (w2.detach().float()[:, :, 0, :].abs().sum(-1) * m).sum(1).max()
+        bound = torch.maximum(f, m.max()).item()
+    if bound > FP16_SAFE:
+        return f"its fp16 hidden map would overflow (tables bound {bound:.3g} > {FP16_SAFE:g})"
+    return None
+
+
 def unsupported_reason(q, H: int, D: int, ks: int):
     """Why this forward cannot run for q [B, H, T, d] with D hidden channels and kernel size ks, or None:
     an sm_90 GPU, triton 3.6 (the Gluon API it is written and GPU-tested against), d 64, H <= 16,

@@ -15,6 +15,7 @@ H score channels as input.
 """
 
 import math
+from contextlib import contextmanager
 
 import torch
 from torch.nn import functional as F
@@ -52,12 +53,28 @@ def dape_v2_scores(scores, bias, w1, b1, w2, b2, q_pos=None, k_pos=None, leak: b
     if absent is not None:
         x = x.masked_fill(absent, 0.0)
     pad = (0, w1.shape[-1] // 2)
-    hidden = F.leaky_relu(F.conv2d(x, w1, b1, padding=pad), 0.01)
-    if absent is not None:
-        hidden = hidden.masked_fill(absent, 0.0)
-    f = F.conv2d(hidden, w2, b2, padding=pad)
+    with full_fp32_convs():
+        hidden = F.leaky_relu(F.conv2d(x, w1, b1, padding=pad), 0.01)
+        if absent is not None:
+            hidden = hidden.masked_fill(absent, 0.0)
+        f = F.conv2d(hidden, w2, b2, padding=pad)
     out = scores + f.to(scores.dtype)
     return out if bias is None else out + bias
+
+
+@contextmanager
+def full_fp32_convs():
+    """cuDNN runs fp32 convolutions in TF32 by default (torch.backends.cudnn.allow_tf32, Ampere and
+    later): 10 mantissa bits. conv1 reads the bias channels, ~1e6 with Kerple-power at T 2048, so
+    TF32 costs it errors of hundreds, and the dense path's output was 0.17 relative off float64 on an
+    H200; 1.7e-4 in full fp32: notes/kernels.md). The formula's convolutions run in
+    full fp32; the flag is restored after."""
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
 
 
 def dape_v2_reference(q, k, v, w1, b1, w2, b2, table=None):

@@ -140,10 +140,11 @@ def _edge_taps(T1, i, j, T, KS: tl.constexpr, DP: tl.constexpr, KZ: tl.constexpr
 
 @triton.jit
 def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr,
-            DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
-    """Z = LeakyReLU(conv1(X)) into the hidden buffer, for one band of BN distances walking its rows.
-    Bands start at distance -h, so the first one also covers the keys right of the diagonal that
-    conv2 reads (distances -h .. -1)."""
+            DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr,
+            RES: tl.constexpr):
+    """Z = LeakyReLU(conv1(X)) into the hidden buffer (RES: the residual Z - P), for one band of BN
+    distances walking its rows. Bands start at distance -h, so the first one also covers the keys
+    right of the diagonal that conv2 reads (distances -h .. -1)."""
     HALF: tl.constexpr = KS // 2
     band = tl.num_programs(0) - 1 - tl.program_id(0)  # low distances (long walks) first
     b = tl.program_id(1)
@@ -153,14 +154,16 @@ def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.co
     for i0 in range((tl.maximum(n0, 0) // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
         y, keyok = _hidden(SB, b, t1b, K0, W1C, i0, n0, i, j, T, HP, KS, DP, BM, BN, CDT, PREC)
-        # the residual Z - P, P = leaky(the table part of Y: t1, less k0 at keys j < h): bounded by
-        # conv1 of the scores, where Z itself is in the hundreds with a large bias (ALiBi at long T);
-        # the flash kernels add conv2(P) back (flash_tables)
-        part = tl.reshape(tl.broadcast_to(t1b[None, :, :], (BM, BN, DP)), (BM * BN, DP))
-        if HALF > 0:
-            if i0 < n0 + BN - 1 + HALF:
-                part -= _near_k0(K0, i, j, T, DP, HALF)
-        z = tl.where(y > 0, y, 0.01 * y) - tl.where(part > 0, part, 0.01 * part)
+        z = tl.where(y > 0, y, 0.01 * y)
+        if RES:
+            # the residual Z - P, P = leaky(the table part of Y: t1, less k0 at keys j < h): bounded
+            # by conv1 of the scores, where Z itself is in the hundreds with a large bias (ALiBi at
+            # long T); the flash kernels add conv2(P) back (flash_tables)
+            part = tl.reshape(tl.broadcast_to(t1b[None, :, :], (BM, BN, DP)), (BM * BN, DP))
+            if HALF > 0:
+                if i0 < n0 + BN - 1 + HALF:
+                    part -= _near_k0(K0, i, j, T, DP, HALF)
+            z -= tl.where(part > 0, part, 0.01 * part)
         ok = keyok & (n >= -HALF)
         ptr = ZB + (b * T + i).to(tl.int64)[:, None] * T * DP + (j * DP)[:, None] + cc[None, :]
         tl.store(ptr, z.to(ZB.dtype.element_ty), mask=ok[:, None])
@@ -168,10 +171,11 @@ def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.co
 
 @triton.jit
 def _conv_f(ZB, FB, W2Z, T1, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.constexpr, DP: tl.constexpr,
-            KZ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr):
-    """F - g - e0 = conv2 of the residual hidden buffer (one dot over conv2's concatenated taps per
-    tile; in tiles whose taps reach keys >= T, less _edge_taps), into the F buffer; g[i - j] and e0
-    (keys < 2h) are the flash kernels' (flash_tables)."""
+            KZ: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, CDT: tl.constexpr, PREC: tl.constexpr,
+            RES: tl.constexpr):
+    """F = conv2 of the hidden buffer (one dot over conv2's concatenated taps per tile) into the F
+    buffer. RES: F - g - e0 from the residual hidden buffer (in tiles whose taps reach keys >= T,
+    less _edge_taps); g[i - j] and e0 (keys < 2h) are the flash kernels' (flash_tables)."""
     HALF: tl.constexpr = KS // 2
     band = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
@@ -182,8 +186,9 @@ def _conv_f(ZB, FB, W2Z, T1, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.conste
     for i0 in range((n0 // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
         z = _hidden_taps(ZB, b, i, j, T, KS, DP, KZ)
-        if i0 + BM - 1 - n0 + HALF >= T:  # some tap reads a key >= T
-            z -= _edge_taps(T1, i, j, T, KS, DP, KZ).to(z.dtype)
+        if RES:
+            if i0 + BM - 1 - n0 + HALF >= T:  # some tap reads a key >= T
+                z -= _edge_taps(T1, i, j, T, KS, DP, KZ).to(z.dtype)
         f = tl.dot(z.to(CDT), w2, input_precision=PREC)
         ok = (ss < H)[None, :] & ((n >= 0) & (n <= i) & (i < T))[:, None]
         tl.store(FB + (plane0 + ss.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None],
@@ -649,13 +654,85 @@ def _t2_tiles(t2f, T: int, BM: int, BN: int):
     return row[:, idx], nq
 
 
-def flash_tables(t1, k0, w2, t2):
+# F's residual (RES in _conv_z, _conv_f; flash_tables) is kept only where storing Z and F themselves
+# in the input's 2-byte type would cost more than RESIDUAL_TOL logit (the logits tests' bar).
+# A 2-byte buffer rounds x to within u |x| (UNIT_ROUNDOFF). The table's share of the rounding: F's
+# own, at most u max|g| (g: F's table part), plus Z's through conv2, a sum of k D independent
+# roundings of at most u |z_c| each (channel c: |z_c| <= m_c = max_n |t1[c, n]| beyond conv1 of the
+# scores, which both forms round alike): standard deviation <= u sqrt(sum_{c,t} w2[h,c,t]^2 m_c^2)
+# / sqrt(3), the largest over the H T^2 entries about 6 of them, so SPREAD = 6 / sqrt(3) ~ 3.5.
+# Examples (bf16, the model's DapeV2 and bias initialisations, H 12): Kerple-log 0.03-0.06 at T
+# 512-16384 (no residual: the step-1 kernels), ALiBi 0.09 at T 64 and 2.3 at 1536, Kerple-power 10
+# at 128 and 730 at 2048 (residual); a float64 model of the rounding points without the residual
+# finds 0.013 at Kerple-log 512 and 0.6 at ALiBi 1536 (notes/kernels.md). fp32 never needs it.
+RESIDUAL_TOL = 0.1
+UNIT_ROUNDOFF = {torch.float16: 2.0 ** -11, torch.bfloat16: 2.0 ** -8}
+SPREAD = 3.5
+
+
+def _error_estimate(t1, w2, u: float):
+    """residual_error as a 0-dim fp32 tensor on t1's device (no sync)."""
+    with torch.autocast(t1.device.type, enabled=False):
+        t1f, w2f = t1.detach().float(), w2.detach().float()
+        g = residual_table(t1f, w2f)
+        m = t1f.abs().amax(1)  # [D]
+        sd = (w2f[:, :, 0, :].pow(2).sum(-1) * m.pow(2)).sum(1).sqrt().max()
+        return u * (g.abs().max() + SPREAD * sd)
+
+
+def residual_error(t1, w2, dtype) -> float:
+    """The estimate above of the logit error that 2-byte Z and F buffers of this dtype would add with
+    these tables (0 for fp32). One host sync."""
+    u = UNIT_ROUNDOFF.get(dtype)
+    return 0.0 if u is None else _error_estimate(t1, w2, u).item()
+
+
+class ResidualSwitch:
+    """F's residual decided without a host sync after the first call, for a caller that runs the same
+    weights again and again (a layer in training): each call starts residual_error's estimate on the
+    device and copies it to pinned host memory; the next call at the same length and dtype reads it
+    once that copy is done (an optimizer step later, the tables have barely moved) against
+    RESIDUAL_TOL / MARGIN. decide() returns None (dape_v2_skewed then decides with a sync) on the
+    first call, or while the copy is in flight."""
+
+    MARGIN = 1.25
+
+    def __init__(self):
+        self._last = {}  # (length, dtype, device) -> (the estimate on the host, its copy's event or None)
+
+    def __reduce__(self):  # a copy or pickle of the module that holds it starts afresh (events do not copy)
+        return (ResidualSwitch, ())
+
+    def decide(self, t1, w2, dtype) -> bool | None:
+        u = UNIT_ROUNDOFF.get(dtype)
+        if u is None:
+            return False
+        key = (t1.shape[1], dtype, t1.device)
+        prev = self._last.get(key)
+        est = _error_estimate(t1, w2, u)
+        if t1.device.type == "cuda":
+            host = torch.empty((), pin_memory=True)
+            host.copy_(est, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(torch.cuda.current_stream(t1.device))
+            self._last[key] = (host, done)
+        else:
+            self._last[key] = (est, None)
+        if prev is None or (prev[1] is not None and not prev[1].query()):
+            return None
+        return prev[0].item() > RESIDUAL_TOL / self.MARGIN
+
+
+def flash_tables(t1, k0, w2, t2, residual: bool = True):
     """What the flash kernels add to S + F buffer (fp32): t2 + g [H, 2T - 1] (g = residual_table) and
     the edge term e0 [H, T, 2h] of keys j < 2h (an empty tensor for k = 1). The F buffer holds F - g
     - e0 (_conv_z, _conv_f), bounded by conv of the scores; F itself is in the hundreds with a large
     bias. e0[h, i, j] = sum_u W2_u (P - L)(i, j + u - h) over the keys < h that conv2 reads: L =
     leaky(t1[i - key]) is what g assumes at every key, P the table part of the hidden map (0 left of
-    key 0, where conv2 reads zero padding; leaky(t1 - k0) at keys < h)."""
+    key 0, where conv2 reads zero padding; leaky(t1 - k0) at keys < h). residual=False: t2 and an
+    empty e0 (the F buffer then holds F)."""
+    if not residual:
+        return t2.detach().float().contiguous(), t2.new_zeros(1, dtype=torch.float32)
     t1, k0, w2 = (x.detach().float() for x in (t1, k0, w2))
     t2f = (t2.detach().float() + residual_table(t1, w2)).contiguous()
     H, _, _, KS = w2.shape
@@ -700,31 +777,35 @@ def _slots_buffer(planar, cfg):
     return out
 
 
-def _conv_buffer(sb, wts, cfg):
-    """The F buffer: conv1 and the activation into a hidden buffer Z (freed here), then conv2."""
+def _conv_buffer(sb, wts, cfg, residual: bool):
+    """The F buffer: conv1 and the activation into a hidden buffer Z (freed here), then conv2; with
+    the residual, their residual forms (flash_tables)."""
     B, T = sb.shape[:2]
     cdt, prec = _tl_dtype(wts.w1c.dtype), dot_precision(sb.dtype)
     zb = new((B, T, T, wts.DP), sb)
     BM, BN, nw, ns = cfg["conv_z"]
     _staged(_conv_z, (triton.cdiv(T + wts.KS // 2, BN), B), sb, zb, wts.t1, wts.k0, wts.w1c, T, BM=BM, BN=BN,
-            CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
+            CDT=cdt, PREC=prec, RES=residual, num_warps=nw, num_stages=ns, **wts.meta())
     fb = new((B, wts.H, T, T), sb)
     BM, BN, nw, ns = cfg["conv_f"]
     _staged(_conv_f, (triton.cdiv(T, BN), B), zb, fb, wts.w2z, wts.t1, T, KZ=wts.KZ, BM=BM, BN=BN,
-            CDT=cdt, PREC=prec,
-            num_warps=nw, num_stages=ns, **wts.meta())
+            CDT=cdt, PREC=prec, RES=residual, num_warps=nw, num_stages=ns, **wts.meta())
     return fb
 
 
 class DapeV2Skewed(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, w1s, t1, k0, w2, t2, keep, cfg):
+    def forward(ctx, q, k, v, w1s, t1, k0, w2, t2, keep, cfg, residual):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         B, H, T, DH = q.shape
         wts = _Weights(w1s, t1, k0, w2, q.dtype)
-        t2f, e0 = flash_tables(t1, k0, w2, t2)
         sb = _scores_buffer(q, k, cfg)
-        fb = _conv_buffer(sb, wts, cfg)
+        if residual is None:
+            # decided once the scores kernel is queued: the host sync then idles the GPU only between
+            # that kernel and _conv_z's launch, not through the small host ops before it
+            residual = residual_error(t1, w2, q.dtype) > RESIDUAL_TOL
+        fb = _conv_buffer(sb, wts, cfg, residual)
+        t2f, e0 = flash_tables(t1, k0, w2, t2, residual)
         out = new_like(q)
         lse = new((B, H, T), q, torch.float32)
         BM, BN, nw, ns = cfg["attn_fwd"]
@@ -736,7 +817,7 @@ class DapeV2Skewed(torch.autograd.Function):
         del t2w
         kept = (sb, fb) if keep else (None, None)
         ctx.save_for_backward(q, k, v, out, lse, t2f, e0, *kept)
-        ctx.wts, ctx.cfg, ctx.keep = wts, cfg, keep
+        ctx.wts, ctx.cfg, ctx.keep, ctx.residual = wts, cfg, keep, residual
         ctx.dtypes = (w1s.dtype, t1.dtype, k0.dtype, w2.dtype, t2.dtype)
         return out
 
@@ -747,7 +828,7 @@ class DapeV2Skewed(torch.autograd.Function):
         B, H, T, DH = q.shape
         if not ctx.keep:
             sb = _scores_buffer(q, k, cfg)
-            fb = _conv_buffer(sb, wts, cfg)
+            fb = _conv_buffer(sb, wts, cfg, ctx.residual)
         if dout.stride(-1) != 1:  # the kernels take dO's other strides as they come
             dout = dout.contiguous()
         delta = new((B, H, T), q, torch.float32)
@@ -800,7 +881,7 @@ class DapeV2Skewed(torch.autograd.Function):
         g_t2[:, T - 1:] = dt2.sum(0)[:, :H].T
         dtypes = ctx.dtypes
         return (dq, dk, dv, g_w1s.to(dtypes[0]), g_t1.to(dtypes[1]), g_k0.to(dtypes[2]), g_w2.to(dtypes[3]),
-                g_t2.to(dtypes[4]), None, None)
+                g_t2.to(dtypes[4]), None, None, None)
 
 
 def host_tables(w1, b1, w2, b2, table, T: int):
@@ -816,13 +897,15 @@ def host_tables(w1, b1, w2, b2, table, T: int):
     return b1[:, None].expand(D, 2 * T - 1), w1.new_zeros(ks // 2, D, T), b2[:, None].expand(H, 2 * T - 1)
 
 
-def dape_v2_skewed(q, k, v, w1, b1, w2, b2, table=None, keep: bool = True, config: dict | None = None, tables=None):
+def dape_v2_skewed(q, k, v, w1, b1, w2, b2, table=None, keep: bool = True, config: dict | None = None, tables=None,
+                   residual: bool | None = None):
     """softmax_causal(S + Bias + f(tril([S; Bias]))) V for q, k, v [B, H, T, d], as
     reference.dape_v2_reference (same arguments), through the T x T buffers of this module:
     differentiable in q, k, v, the conv weights and the table. keep: the forward keeps its S and
     F buffers for the backward (2 buffer_bytes) instead of recomputing them there. config: tile
     settings over CONFIG (tuning, tests). tables: host_tables(w1, b1, w2, b2, table, T) if the caller
-    has them (built here otherwise)."""
+    has them (built here otherwise). residual: keep F's residual in the buffers (flash_tables); None
+    decides from the tables (residual_error above RESIDUAL_TOL: a large bias in a 2-byte dtype)."""
     check_qkv(q, k, v)
     B, H, T, d = q.shape
     check_dape_v2_weights(w1, w2, H, T, table)
@@ -837,4 +920,4 @@ def dape_v2_skewed(q, k, v, w1, b1, w2, b2, table=None, keep: bool = True, confi
         if (rows % keys if name != "attn_bwd" else keys % rows) != 0:
             raise ValueError(f"{name} tiles {rows} x {keys}: the {'rows' if name != 'attn_bwd' else 'keys'} must be a "
                              f"multiple of the {'keys' if name != 'attn_bwd' else 'rows'} (unmasked off-diagonal tiles)")
-    return DapeV2Skewed.apply(q, k, v, w1[:, :H], t1, k0, w2, t2, keep, cfg)
+    return DapeV2Skewed.apply(q, k, v, w1[:, :H], t1, k0, w2, t2, keep, cfg, residual)
