@@ -1,5 +1,11 @@
 """FlexAttention: softmax with a per-distance bias table and/or a window or document mask (its
-block mask skips the blocks a window leaves out), no processor."""
+block mask skips the blocks a window leaves out), no processor.
+
+The block mask is built from the mask rules and the document ids (a tensor its mask_mod reads,
+not a value baked into the kernel), and kept while the next call brings the same ids tensor: the
+layers of one step share their ids, so one build serves them all; new ids (every training step)
+build a new mask but compile nothing new, the compiled kernel taking the mask as an argument
+(tests/attention/test_flex_documents.py counts both)."""
 
 import torch
 
@@ -21,8 +27,11 @@ def _has_flex() -> bool:
 class Flex(Backend):
     name = "flex"
 
-    def __init__(self):
+    def __init__(self, compiler="inductor", compiled_on=("cuda",)):
         self._compiled = None
+        self._compiler = compiler  # torch.compile's backend (a test counts compilations with its own)
+        self._compiled_on = compiled_on  # device types that run the compiled kernel (elsewhere: flex unfused)
+        self._last_mask = None  # (key, ids tensor, its version, block mask) of the last call
 
     def unsupported(self, parts, device):
         biased = parts.bias is not None and parts.bias.per_distance
@@ -57,16 +66,29 @@ class Flex(Backend):
             def score_mod(score, b, h, q_idx, kv_idx):
                 return score + table[h, q_idx - kv_idx + T - 1]
 
-        block_mask = _block_mask(parts, T, q.device, segments)
-        if not q.is_cuda:
+        block_mask = self._mask(parts, T, q.device, segments)
+        if q.device.type not in self._compiled_on:
             return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask), None
         if self._compiled is None:
             # One compiled kernel per sequence length: an evaluation sweeps ~8 lengths, more than
             # dynamo's default recompile limit, past which it would silently run flex unfused.
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-            self._compiled = torch.compile(flex_attention, dynamic=False)
+            self._compiled = torch.compile(flex_attention, dynamic=False, backend=self._compiler)
         return self._compiled(q, k, v, score_mod=score_mod, block_mask=block_mask,
-                              kernel_options=KERNEL_OPTIONS), None
+                              kernel_options=KERNEL_OPTIONS if q.is_cuda else None), None
+
+    def _mask(self, parts, T: int, device, segments):
+        """_block_mask, or the last call's when its rules and ids tensor (unchanged since) are the same."""
+        if torch.compiler.is_compiling():  # inside a compiled model (train.compile): dynamo traces the build
+            return _block_mask(parts, T, device, segments)
+        key = (T, parts.causal, parts.window, str(device))
+        version = None if segments is None else segments._version
+        last = self._last_mask
+        if last is not None and last[0] == key and last[1] is segments and last[2] == version:
+            return last[3]
+        block_mask = _block_mask(parts, T, device, segments)
+        self._last_mask = (key, segments, version, block_mask)
+        return block_mask
 
 
 def _block_mask(parts, T: int, device, segments):
