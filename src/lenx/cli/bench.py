@@ -128,6 +128,9 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
             raise ConfigError("--documents applies to the kernel rows and --train-step (a decoded prompt is one document)")
         if train_step and decode:
             raise ConfigError("--train-step and --decode are two benchmarks: give one of them")
+        length_list = _parse_ints(lengths, "--lengths")
+        if documents is not None:
+            check_documents(documents, seq_len if train_step else min(length_list))
         if methods and not (train_step or decode) and any(
                 m.strip() != "sdpa" and parse_method(m).temperature for m in methods.split(",") if m.strip()):
             raise ConfigError("a query temperature scales q before the attention kernels, which it leaves as they "
@@ -144,9 +147,6 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
                               "run with --device cpu)")
         if decode and batch is not None:
             raise ConfigError("--decode takes its batch sizes as --batches (comma-separated), not --batch")
-        length_list = _parse_ints(lengths, "--lengths")
-        if documents is not None:
-            check_documents(documents, seq_len if train_step else min(length_list))
         forced = _parse_backend_for(backend_for) if backend_for else {}
         if forced and not train_step:
             raise ConfigError("--backend-for applies to --train-step (the kernel benchmark takes --backends)")
