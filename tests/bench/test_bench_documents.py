@@ -76,3 +76,14 @@ def test_kernel_rows_with_documents(tmp_path):
     assert res["args"]["documents"] == 8 and res["args"]["window"] == 64
     ok = {(r["method"], r["backend"]) for r in res["rows"] if r["status"] == "ok" and "fwdbwd_ms" in r}
     assert {("sdpa", "sdpa"), ("sdpa", "flex"), ("sdpa", "chunked"), ("kerple", "flex")} <= ok
+
+
+def test_each_row_is_written_as_it_finishes(tmp_path):
+    """A run cut short (a device call's time limit) keeps the rows it measured."""
+    from lenx.bench.train_step import train_step_bench
+
+    out, seen = tmp_path / "step.json", []
+    train_step_bench(["rope", "kerple"], preset="tiny", seq_len=8, batch_size=1, steps=1, warmup=0, device="cpu",
+                     profile_steps=0, documents=2, out_path=out,
+                     log=lambda line: seen.append(len(json.loads(out.read_text())["rows"])))
+    assert seen == [1, 2, 3, 4]

@@ -235,6 +235,9 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
         if dev.type == "cuda":
             torch.cuda.empty_cache()
         result["rows"].append(row)
+        if out_path:  # after every row: a run cut short (a device call's time limit) keeps what it measured
+            _add_train_step_ratios(result, reference)
+            write_result(out_path, result)
         if log:
             log(_train_step_line(row))
     _add_train_step_ratios(result, reference)
