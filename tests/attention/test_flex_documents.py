@@ -76,6 +76,8 @@ def test_the_block_mask_is_built_once_per_ids_tensor(monkeypatch):
     ids[:, T // 2:] += 1  # changed in place: the kept mask would be wrong, so it is built again
     check("changed in place")
     assert len(builds) == 3
-    parts = parts_of("nope", window=5)  # other rules, same ids: built again
-    check("a window")
+    windowed, plain = parts_of("nope", window=5), parts
+    for layer in range(3):  # a layout's layers alternating two windows keep a mask each
+        parts = windowed if layer % 2 else plain
+        check(f"layout layer {layer}")
     assert len(builds) == 4

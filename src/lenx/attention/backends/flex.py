@@ -2,10 +2,11 @@
 block mask skips the blocks a window leaves out), no processor.
 
 The block mask is built from the mask rules and the document ids (a tensor its mask_mod reads,
-not a value baked into the kernel), and kept while the next call brings the same ids tensor: the
-layers of one step share their ids, so one build serves them all; new ids (every training step)
-build a new mask but compile nothing new, the compiled kernel taking the mask as an argument
-(tests/attention/test_flex_documents.py counts both)."""
+not a value baked into the kernel), and kept, per rules (length, window), while the calls bring
+the same ids tensor: the layers of one step share their ids, so one build serves them all; new
+ids (every training step) build a new mask but compile nothing new, the compiled kernel taking
+the mask as an argument (tests/attention/test_flex_documents.py counts both). A build evaluates
+the rules at every (row, key) pair (create_block_mask): O(B T^2) work and memory, once a step."""
 
 import torch
 
@@ -14,6 +15,7 @@ from .base import Backend
 # Inductor's default tiles ask for more shared memory than an H200 has once the bias table needs a
 # gradient (245760 > 232448 bytes, measured); these smaller ones fit.
 KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32}
+KEPT_MASKS = 16  # block masks kept (one per length and window seen last)
 
 
 def _has_flex() -> bool:
@@ -31,7 +33,7 @@ class Flex(Backend):
         self._compiled = None
         self._compiler = compiler  # torch.compile's backend (a test counts compilations with its own)
         self._compiled_on = compiled_on  # device types that run the compiled kernel (elsewhere: flex unfused)
-        self._last_mask = None  # (key, ids tensor, its version, block mask) of the last call
+        self._masks = {}  # (length, causal, window, device) -> (ids tensor, its version, block mask)
 
     def unsupported(self, parts, device):
         biased = parts.bias is not None and parts.bias.per_distance
@@ -78,16 +80,20 @@ class Flex(Backend):
                               kernel_options=KERNEL_OPTIONS if q.is_cuda else None), None
 
     def _mask(self, parts, T: int, device, segments):
-        """_block_mask, or the last call's when its rules and ids tensor (unchanged since) are the same."""
+        """_block_mask, or the one kept for these rules when the ids tensor is the one it was built
+        from, unchanged since (a layout's layers of several windows keep one each)."""
         if torch.compiler.is_compiling():  # inside a compiled model (train.compile): dynamo traces the build
             return _block_mask(parts, T, device, segments)
         key = (T, parts.causal, parts.window, str(device))
         version = None if segments is None else segments._version
-        last = self._last_mask
-        if last is not None and last[0] == key and last[1] is segments and last[2] == version:
-            return last[3]
+        kept = self._masks.get(key)
+        if kept is not None and kept[0] is segments and kept[1] == version:
+            return kept[2]
         block_mask = _block_mask(parts, T, device, segments)
-        self._last_mask = (key, segments, version, block_mask)
+        self._masks.pop(key, None)
+        self._masks[key] = (segments, version, block_mask)
+        if len(self._masks) > KEPT_MASKS:  # an evaluation's sweep of lengths: drop the oldest
+            del self._masks[next(iter(self._masks))]
         return block_mask
 
 
