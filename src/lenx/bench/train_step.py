@@ -7,8 +7,8 @@ Wall times also count the host launching the kernels (host-bound where kernels a
 attention's are at training shapes), so the kernel times are the figures that compare the attention
 methods' GPU cost. With documents = N each method also runs packed: every window cut into N
 documents (document ids, positions restarting per document, as train.documents=masked), its row
-beside the unmasked one with the ratios over it (*_x_unmasked). Library use: train_step_bench(...) -> dict (also written as JSON); its table:
-lenx.report.bench_tables.
+beside the unmasked one with the ratios over it (*_x_unmasked). Library use:
+train_step_bench(...) -> dict (also written as JSON); its table: lenx.report.bench_tables.
 """
 
 from dataclasses import replace
