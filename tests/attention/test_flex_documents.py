@@ -81,3 +81,43 @@ def test_the_block_mask_is_built_once_per_ids_tensor(monkeypatch):
         parts = windowed if layer % 2 else plain
         check(f"layout layer {layer}")
     assert len(builds) == 4
+
+
+def tiles(num, indices):
+    """A BlockMask's (count, indices) pair -> its tiles [B, n, n] as booleans."""
+    n = indices.shape[-1]
+    dense = torch.zeros(*indices.shape[:-1], n + 1, dtype=torch.bool)
+    cols = torch.where(torch.arange(n) < num[..., None].long(), indices.long(), n)  # unused slots to a spare column
+    dense.scatter_(-1, cols, True)
+    return dense[..., :n][:, 0]
+
+
+@pytest.mark.parametrize("T,window,docs,block", [
+    (1, 0, 1, 16), (37, 0, 0, 16), (37, 1, 0, 16), (100, 17, 0, 16), (100, 16, 0, 16), (100, 200, 0, 16),
+    (100, 60, 0, 16), (37, 0, 37, 16), (100, 0, 6, 16), (100, 23, 6, 16), (96, 8, 30, 16), (100, 0, 2, 16),
+    (100, 40, 2, 16), (300, 0, 5, 128), (300, 130, 0, 128)])
+def test_tiles_from_bounds_match_create_block_mask(T, window, docs, block):
+    """The block mask built from the tiles' bounds and ids equals create_block_mask's (which evaluates
+    every pair) wherever that one says full or (without documents) partial; with documents a tile
+    can only be partial here where it is skipped there (masked inside: still exact)."""
+    from torch.nn.attention.flex_attention import and_masks, create_block_mask
+
+    ids = packed_document_ids(2, T, docs, draw=T) if docs else None
+    parts = parts_of("nope", window)
+    ours = flex_module._block_mask(parts, T, torch.device("cpu"), ids, block)
+    rules = [lambda b, h, qi, ki: ki <= qi]
+    if window:
+        rules.append(lambda b, h, qi, ki: qi - ki < window)
+    if ids is not None:
+        rules.append(lambda b, h, qi, ki: ids[b, qi] == ids[b, ki])
+    theirs = create_block_mask(and_masks(*rules), 2 if docs else None, None, T, T, device="cpu", BLOCK_SIZE=block)
+    full, partial = tiles(ours.full_kv_num_blocks, ours.full_kv_indices), tiles(ours.kv_num_blocks, ours.kv_indices)
+    their_full = tiles(theirs.full_kv_num_blocks, theirs.full_kv_indices)
+    their_partial = tiles(theirs.kv_num_blocks, theirs.kv_indices)
+    assert torch.equal(full, their_full)
+    if ids is None:
+        assert torch.equal(partial, their_partial)
+    else:
+        assert not (their_partial & ~partial).any()
+        assert not (partial & ~their_partial & their_full).any()
+    assert ours.seq_lengths == (T, T)

@@ -5,8 +5,8 @@ The block mask is built from the mask rules and the document ids (a tensor its m
 not a value baked into the kernel), and kept, per rules (length, window), while the calls bring
 the same ids tensor: the layers of one step share their ids, so one build serves them all; new
 ids (every training step) build a new mask but compile nothing new, the compiled kernel taking
-the mask as an argument (tests/attention/test_flex_documents.py counts both). A build evaluates
-the rules at every (row, key) pair (create_block_mask): O(B T^2) work and memory, once a step."""
+the mask as an argument (tests/attention/test_flex_documents.py counts both). A build reads the
+tiles' bounds and ids (_block_mask): O(B (T / 128)^2), not create_block_mask's O(B T^2)."""
 
 import torch
 
@@ -16,6 +16,7 @@ from .base import Backend
 # gradient (245760 > 232448 bytes, measured); these smaller ones fit.
 KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32}
 KEPT_MASKS = 16  # block masks kept (one per length and window seen last)
+BLOCK = 128  # the block mask's tile (FlexAttention's default sparse block size)
 
 
 def _has_flex() -> bool:
@@ -97,9 +98,14 @@ class Flex(Backend):
         return block_mask
 
 
-def _block_mask(parts, T: int, device, segments):
-    """The causal cut, the window and the documents as one block mask (None: nothing masked)."""
-    from torch.nn.attention.flex_attention import and_masks, create_block_mask
+def _block_mask(parts, T: int, device, segments, block: int = BLOCK):
+    """The causal cut, the window and the documents as one block mask (None: nothing masked),
+    classified per tile of block x block from the tiles' bounds and their ids' least and greatest,
+    never from the T x T mask itself (what create_block_mask evaluates: O(T^2) memory): a tile is
+    skipped when no rule can hold in it, full (no mask_mod) when every rule holds in all of it,
+    else partial. Exact for the causal cut and the window; with documents a tile whose id ranges
+    meet but whose common documents no row of it may see stays partial (masked inside, correct)."""
+    from torch.nn.attention.flex_attention import BlockMask, and_masks
 
     rules = []
     if parts.causal:
@@ -111,5 +117,31 @@ def _block_mask(parts, T: int, device, segments):
         rules.append(lambda b, h, qi, ki: segments[b, qi] == segments[b, ki])
     if not rules:
         return None
-    batch = None if segments is None else segments.shape[0]
-    return create_block_mask(and_masks(*rules), batch, None, T, T, device=device)
+    n = -(-T // block)
+    first = torch.arange(n, device=device) * block
+    last = (first + block).clamp(max=T) - 1
+    q0, q1, k0, k1 = first[:, None], last[:, None], first[None, :], last[None, :]
+    some = torch.ones(1, n, n, dtype=torch.bool, device=device)  # some (row, key) of the tile may be seen
+    every = some.clone()  # all of them may
+    if parts.causal:
+        some, every = some & (k0 <= q1), every & (k1 <= q0)
+    if parts.window:
+        some, every = some & (k1 > q0 - window), every & (k0 > q1 - window)
+    if segments is not None:
+        # each tile's least and greatest id (the last tile padded with its last id)
+        padded = torch.cat([segments, segments[:, -1:].expand(-1, n * block - T)], 1).view(-1, n, block)
+        lo, hi = padded.amin(-1), padded.amax(-1)
+        some = some & (lo[:, None, :] <= hi[:, :, None]) & (lo[:, :, None] <= hi[:, None, :])
+        every = every & (lo == hi)[:, :, None] & (lo == hi)[:, None, :] & (lo[:, :, None] == lo[:, None, :])
+    if T % block:  # a tile past the end is never full (its padding is masked), as create_block_mask has it
+        every[:, -1, :] = False
+        every[:, :, -1] = False
+    full, partial = some & every, some & ~every
+    return BlockMask.from_kv_blocks(*_ordered(partial), *_ordered(full), BLOCK_SIZE=block,
+                                    mask_mod=and_masks(*rules), seq_lengths=(T, T))
+
+
+def _ordered(tiles):
+    """[B, n, n] booleans -> (their count per row [B, 1, n], their column indices first [B, 1, n, n]), int32."""
+    tiles = tiles[:, None].to(torch.int32)
+    return tiles.sum(-1, dtype=torch.int32), torch.argsort(tiles, dim=-1, descending=True, stable=True).to(torch.int32)
