@@ -1,5 +1,6 @@
-"""What the kernel, training-step and decode benchmarks share: out-of-memory as a result, and their
-JSON output (marked as bench's, written whole, never over a file bench did not write)."""
+"""What the kernel, training-step and decode benchmarks share: out-of-memory as a result, their
+JSON output (marked as bench's, written whole, never over a file bench did not write), and the
+document ids of a packed window (--documents)."""
 
 import json
 from pathlib import Path
@@ -44,3 +45,24 @@ def check_out(out: Path, named: bool, force: bool) -> None:
 def write_result(path, result: dict) -> None:
     """The result as JSON at `path`, whole or not at all (it is rewritten after every row)."""
     write_text(Path(path), json.dumps({"written_by": WRITTEN_BY, **result}, indent=1))
+
+
+def check_documents(documents: int, seq_len: int, option: str = "--documents") -> None:
+    """A one-line ConfigError unless 1 <= documents <= seq_len (one token a document at most)."""
+    if not 1 <= documents <= seq_len:
+        raise ConfigError(f"{option} packs each window of {seq_len} tokens from 1 to {seq_len} documents, "
+                          f"not {documents}")
+
+
+def packed_document_ids(batch: int, seq_len: int, documents: int, draw: int = 0) -> torch.Tensor:
+    """Document ids [batch, seq_len] (int64, on the CPU) of windows each packed from `documents`
+    documents: every row cut at documents - 1 distinct places drawn from a generator seeded with
+    `draw` (the same draw gives the same ids), ids 0, 1, ... in order. Their positions restart per
+    document as lenx.attention.masks.positions makes them, as train.documents=masked does."""
+    check_documents(documents, seq_len, "documents")
+    gen = torch.Generator().manual_seed(draw)
+    ids = torch.zeros(batch, seq_len, dtype=torch.long)
+    for row in ids:
+        cuts = torch.randperm(seq_len - 1, generator=gen)[:documents - 1] + 1  # a document starts at each cut
+        row[cuts] = 1
+    return ids.cumsum(-1)

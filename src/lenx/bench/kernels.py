@@ -13,6 +13,11 @@ FoX (a per-token bias: forget gates of the layer's input) is timed from a leaf o
 The triton backend's rows record `fwd_kernel`: its forward-only calls of DAPE V2 run the Gluon kernel
 on sm_90 (attention/backends/fused.py), and the table then names it ("triton (gluon fwd)").
 
+With documents = N every row runs with document ids: each row of the batch packed from N documents
+(common.packed_document_ids). One ids tensor serves all of a row's calls, as the layers of one step
+share theirs: a backend that builds its mask from the ids (FlexAttention's block mask, cached while
+the ids stay the same) pays that once here; SDPA builds its boolean [B, T, T] mask in every call.
+
 Library use: run_bench(...) -> dict (also written as JSON); its table: lenx.report.bench_tables.
 Whole training steps: lenx.bench.train_step. Tile sweeps and kernel probes are lab-bench scripts
 (scripts/tune/), which time with median_ms.
@@ -29,7 +34,7 @@ from torch.nn import functional as F
 
 from ..attention import Attention, AttentionConfig
 from ..attention.backends import run_backend, unsupported_reason
-from .common import is_oom, write_result
+from .common import check_documents, is_oom, packed_document_ids, write_result
 
 METHODS = ("sdpa", "kerple", "dapev2-kerple", "stickbreaking")
 BACKENDS = ("sdpa", "flex", "triton", "chunked", "dense")
@@ -99,10 +104,13 @@ def median_ms(fn, warmup_ms: float, rep_ms: float, max_reps: int, grads_to_none=
 
 
 def _measure(method, backend, T, *, batch, heads, head_dim, dtype, device, chunk_size, dape_hidden, dape_kernel,
-             warmup_ms, rep_ms, max_reps, window=0):
+             warmup_ms, rep_ms, max_reps, window=0, documents=0):
     """One row: fwd / fwd+bwd time and peak memory. Raises on anything but OOM."""
     torch.manual_seed(0)
     parts, params = _parts(method, heads, head_dim, device, dape_hidden, dape_kernel, window)
+    segments = packed_document_ids(batch, T, documents).to(device) if documents else None
+    if documents:
+        parts = replace(parts, segments=True)
     row = {"method": method, "backend": backend, "T": T}
     reason = unsupported_reason(backend, parts, device)
     if reason:
@@ -125,7 +133,7 @@ def _measure(method, backend, T, *, batch, heads, head_dim, dtype, device, chunk
         # autocast as in mixed-precision training: the dense/chunked paths' convs and matmuls run
         # in bf16 with fp32 parameters (the fused paths take the bf16 inputs as they are)
         with torch.autocast(device.type, dtype=dtype):
-            return run_backend(backend, q, k, v, _bound(parts, gate), chunk_size)[0]
+            return run_backend(backend, q, k, v, _bound(parts, gate), chunk_size, segments)[0]
 
     def fwd_nograd():
         with torch.no_grad():
@@ -161,13 +169,16 @@ def run_bench(methods=METHODS, lengths=LENGTHS, batch: int = 1, heads: int = 12,
               dtype=torch.bfloat16, backends=BACKENDS, out_path=None, *, chunk_size: int = 256,
               dape_hidden: int = 32, dape_kernel: int = 3, max_call_s: float = 3.0, warmup_ms: float = 25,
               rep_ms: float = 200, max_reps: int = 50, only_at: dict | None = None, commit: str | None = None,
-              command: str | None = None, window: int = 0, log=print) -> dict:
+              command: str | None = None, window: int = 0, documents: int = 0, log=print) -> dict:
     """Benchmark every (method, backend, length) on the current CUDA device -> result dict (see
     module docstring); written as JSON to out_path when given (after every length, so a run cut
     short keeps what it measured). only_at: {backend: lengths} runs that backend at those lengths
     only (e.g. FlexAttention recompiles for every length). window: every row with a sliding window
-    of that many keys (the fused kernels' rows then say they take no mask yet)."""
+    of that many keys (the fused kernels' rows then say they take no mask yet). documents: every row
+    with each sequence packed from that many documents (0: one; see the module docstring)."""
     only_at = only_at or {}
+    for T in lengths if documents else ():
+        check_documents(documents, T, "documents")
     if not torch.cuda.is_available():
         raise RuntimeError("lenx bench needs a CUDA device")
     device = torch.device("cuda")
@@ -189,7 +200,7 @@ def run_bench(methods=METHODS, lengths=LENGTHS, batch: int = 1, heads: int = 12,
                      dtype=str(dtype).replace("torch.", ""), backends=list(backends), chunk_size=chunk_size,
                      dape_hidden=dape_hidden, dape_kernel=dape_kernel, max_call_s=max_call_s,
                      warmup_ms=warmup_ms, rep_ms=rep_ms, max_reps=max_reps,
-                     only_at={b: list(v) for b, v in only_at.items()}, window=window),
+                     only_at={b: list(v) for b, v in only_at.items()}, window=window, documents=documents),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "rows": [],
     }
@@ -208,7 +219,7 @@ def run_bench(methods=METHODS, lengths=LENGTHS, batch: int = 1, heads: int = 12,
                     row = _measure(method, backend, T, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype,
                                    device=device, chunk_size=chunk_size, dape_hidden=dape_hidden,
                                    dape_kernel=dape_kernel, warmup_ms=warmup_ms, rep_ms=rep_ms, max_reps=max_reps,
-                                   window=window)
+                                   window=window, documents=documents)
                     row["wall_s"] = round(time.time() - t0, 2)
                     # the median, not the first call: that one carries one-time costs (CUDA and
                     # cuBLAS start-up, compilation) and once skipped SDPA's chunked rows too early

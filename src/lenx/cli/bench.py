@@ -47,6 +47,10 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
               heads: int = typer.Option(12), head_dim: int = typer.Option(64),
               window: int = typer.Option(0, help="kernel rows with a sliding window of this many keys "
                                                  "(model.window; 0: none)"),
+              documents: int = typer.Option(None, help="pack each sequence from this many documents (document ids, "
+                                                       "positions restarting per document): the kernel rows with "
+                                                       "them; with --train-step each method's packed step beside "
+                                                       "its unmasked one"),
               commit: str = typer.Option(None, help="git commit to record (default: this checkout's)"),
               out: Path = typer.Option(None, "--out", "-o",
                                        help="JSON output (default bench.json; with --train-step bench_train_step.json, "
@@ -94,6 +98,7 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     With --train-step: time per training step and peak memory of the --preset model per method, and
     from torch.profiler the GPU kernel time of a step (x Kerple's) and of its attention, forward +
     backward (X vs SDPA's): the figures that count, as wall times also count the host launching kernels.
+    With --documents N each method's step also runs with every window packed from N documents.
 
     With --decode: ms per token and tokens/s of one decode step of the --preset model per method,
     context and batch size (the cache already full), eager and as one CUDA graph, with transformers'
@@ -106,7 +111,7 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     import torch
 
     from ..attention import parse_method
-    from ..bench.common import check_out
+    from ..bench.common import check_documents, check_out
     from ..bench.kernels import run_bench
     from ..bench.train_step import TRAIN_STEP_METHODS, train_step_bench
     from ..config import ConfigError
@@ -119,8 +124,13 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
         if window < 0 or (window and (train_step or decode)):
             raise ConfigError(f"--window takes a number of keys >= 0 (got {window}) and applies to the kernel rows "
                               "only (not to --train-step or --decode)")
+        if documents is not None and decode:
+            raise ConfigError("--documents applies to the kernel rows and --train-step (a decoded prompt is one document)")
         if train_step and decode:
             raise ConfigError("--train-step and --decode are two benchmarks: give one of them")
+        length_list = _parse_ints(lengths, "--lengths")
+        if documents is not None:
+            check_documents(documents, seq_len if train_step else min(length_list))
         if methods and not (train_step or decode) and any(
                 m.strip() != "sdpa" and parse_method(m).temperature for m in methods.split(",") if m.strip()):
             raise ConfigError("a query temperature scales q before the attention kernels, which it leaves as they "
@@ -137,7 +147,6 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
                               "run with --device cpu)")
         if decode and batch is not None:
             raise ConfigError("--decode takes its batch sizes as --batches (comma-separated), not --batch")
-        length_list = _parse_ints(lengths, "--lengths")
         forced = _parse_backend_for(backend_for) if backend_for else {}
         if forced and not train_step:
             raise ConfigError("--backend-for applies to --train-step (the kernel benchmark takes --backends)")
@@ -173,7 +182,7 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
                                       warmup=5 if warmup is None else warmup, device=device,
                                       backend_overrides=forced, profile_steps=profile_steps, commit=commit,
                                       command=" ".join(sys.argv), out_path=str(out),
-                                      memory_check=not no_memory_check)
+                                      memory_check=not no_memory_check, documents=documents or 0)
         except _user_errors() as e:
             _fail(e)
         show([train_step_table(result)])
@@ -182,6 +191,7 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     result = run_bench(methods=(methods or "sdpa,kerple,dapev2-kerple,stickbreaking").split(","),
                        lengths=length_list, batch=batch or 1,
                        heads=heads, head_dim=head_dim, backends=backends.split(","), out_path=str(out),
-                       commit=commit or git_commit(), command=" ".join(sys.argv), window=window)
+                       commit=commit or git_commit(), command=" ".join(sys.argv), window=window,
+                       documents=documents or 0)
     show([bench_table(result)])
     print(f"wrote {out}")

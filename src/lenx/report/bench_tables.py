@@ -20,7 +20,8 @@ def bench_table(result: dict) -> Table:
     """A run_bench result: time and peak memory, and their ratios to SDPA, per method, backend and
     length (unsupported combinations left out)."""
     a = result["args"]
-    table = Table(f"{_versions(result)} | B={a['batch']} H={a['heads']} d={a['head_dim']} {a['dtype']} | "
+    masks = "".join(f" {name}={a[key]}" for key, name in (("window", "W"), ("documents", "documents")) if a.get(key))
+    table = Table(f"{_versions(result)} | B={a['batch']} H={a['heads']} d={a['head_dim']} {a['dtype']}{masks} | "
                   f"commit {result.get('git_commit')}", columns(*BENCH_COLUMNS, right_from=2))
     for r in result["rows"]:
         if r["status"].startswith("unsupported"):
@@ -38,21 +39,26 @@ def bench_table(result: dict) -> Table:
 
 
 def train_step_table(result: dict) -> Table:
-    """A train_step_bench result, one row per method; its caption says which times are kernel times."""
+    """A train_step_bench result, one row per method (and per packing: a packed row's step GPU time
+    over its unmasked row's in the last column); its caption says which times are kernel times."""
     s = result["settings"]
+    packed = bool(s.get("documents"))
     table = Table(f"{_versions(result)} | preset {s['preset']} B={s['batch_size']} T={s['seq_len']} "
                   f"V={s['vocab_size']} {s['steps']} steps | ref {s['reference']} | commit {result.get('git_commit')}",
-                  columns(*TRAIN_STEP_COLUMNS, right_from=2), caption=_train_step_caption(result))
+                  columns(*TRAIN_STEP_COLUMNS, *(["x unmasked (GPU)"] if packed else []), right_from=2),
+                  caption=_train_step_caption(result))
     for r in result["rows"]:
+        label = f"{r['method']} ({r['documents']} docs)" if r.get("documents") else r["method"]
         if "error" in r:
-            table.add_row(r["method"], "", r.get("status", "error"), *[""] * 6)
+            table.add_row(label, "", r.get("status", "error"), *[""] * (7 if packed else 6))
             continue
         backends = ",".join(dict.fromkeys(r["backends"]))  # one name when every layer uses the same backend
         attn = "" if r.get("attn_gpu_ms") is None else (
             f"{r['attn_gpu_ms']:.3f} ({r['attn_fwd_gpu_ms']:.3f}+{r['attn_bwd_gpu_ms']:.3f})")
-        table.add_row(r["method"], backends, f"{r['median_ms']:.2f}", _num(r.get("step_gpu_ms"), ".3f"),
+        table.add_row(label, backends, f"{r['median_ms']:.2f}", _num(r.get("step_gpu_ms"), ".3f"),
                       _num(r.get("step_gpu_x_kerple"), ".2f"), attn, _num(r.get("attn_x_sdpa"), ".2f"),
-                      f"{r['tokens_per_s']:.0f}", _num(r["peak_gib"], ".2f"))
+                      f"{r['tokens_per_s']:.0f}", _num(r["peak_gib"], ".2f"),
+                      *([_num(r.get("step_gpu_x_unmasked"), ".2f")] if packed else []))
     return table
 
 
@@ -65,6 +71,10 @@ def _train_step_caption(result: dict) -> str:
             f"launching the kernels: host-bound wherever kernels are short, as the attention's are at training "
             f"shapes. attn = the kernels of the attention's forward and backward ranges, every layer; X vs SDPA = "
             f"attn over {result.get('sdpa_reference')}'s.")
+    if s.get("documents"):
+        text += (f" A row of N docs packs each window from N documents (document ids, positions restarting per "
+                 f"document; the ratios among rows of one packing); x unmasked = its step GPU ms over the "
+                 f"method's unmasked row's.")
     if s["device"] != "cuda":
         text += " No GPU here: the GPU columns hold torch.profiler's CPU op self time."
     return text
