@@ -4,7 +4,7 @@
 #     kernel-source hash, for results/gpu-tests/);
 #  2. the 125m training step (profiler GPU time, peak memory) at 512 x 32 (kerple, rope, dapev2-kerple,
 #     fox), 2048 x 8, 4096 x 4 and 8192 x 1 (kerple, dapev2-kerple: issue 45's memory bars);
-#  3. one layer at 8192 and 16384 (B 1, H 12, d 64): sdpa, kerple, dapev2-kerple, fox, fused and not;
+#  3. one layer at 8192 and 16384 (B 1, H 12, d 64): sdpa, kerple, dapev2-kerple, fox on the fused kernels;
 #  4. sliding windows (W 512) at 8192 and 32768: sdpa, flex and chunked backends;
 #  5. one suite cell at 16384 (8 inputs) of a 125m model per method, where data/code is unpacked;
 #  6. EXTRA: more commands (one string, run by bash) with their own timeouts.
@@ -34,7 +34,7 @@ step 8 2048 kerple,dapev2-kerple
 step 4 4096 kerple,dapev2-kerple
 step 1 8192 kerple,dapev2-kerple
 
-timeout "${LAYER_S:-90}" python3 -m lenx bench --methods sdpa,kerple,dapev2-kerple,fox --backends sdpa,triton,chunked \
+timeout "${LAYER_S:-90}" python3 -m lenx bench --methods sdpa,kerple,dapev2-kerple,fox --backends sdpa,triton \
     --lengths 8192,16384 --batch 1 --heads 12 --head-dim 64 --commit "$COMMIT" -o "$W/bench/layer.json" 2>&1 \
     | quiet 24 | tee "$W/bench/layer.log"
 
