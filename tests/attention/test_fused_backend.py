@@ -66,7 +66,14 @@ def test_gpu_attention_module(method, remainder):
     floors = {n: 1.0 for n in names if n.endswith("conv2.bias")}
     keep = [i for i, r in enumerate(refs) if r is not None]
     compare(f"module {method} {remainder}", [outs[i] for i in keep], [refs[i] for i in keep],
-            [names[i] for i in keep], 1e-4, floors)
+            [names[i] for i in keep], fox_tolerances([names[i] for i in keep]), floors)
+
+
+def fox_tolerances(names):
+    """1e-4 for every output and gradient but the forget gate's bias: its gradient sums the tokens'
+    d log f, terms of both signs (a reverse cumulative sum of dc) that cancel to about 1e-2 of their
+    size, so the kernel's fp32 accumulation shows there at 1e-4-4e-4 relative (an H200, triton 3.6)."""
+    return {n: 1e-3 if n.endswith("bias.proj.bias") else 1e-4 for n in names}
 
 
 def test_dape_v2_forward_only_work_picks_gluon_only_where_it_can(monkeypatch):
@@ -295,4 +302,4 @@ def test_gpu_fox_model_on_the_fused_kernel_equals_chunked():
     idx = torch.randint(0, 256, (2, 1001), device=DEVICE)
     (ref, *ref_grads), (got, *grads) = fox_loss_and_grads(models, idx)
     names = ["loss"] + [n for n, _ in models[0].named_parameters()]
-    compare("gpu fox model triton vs chunked", [got, *grads], [ref, *ref_grads], names, 1e-4)
+    compare("gpu fox model triton vs chunked", [got, *grads], [ref, *ref_grads], names, fox_tolerances(names))
