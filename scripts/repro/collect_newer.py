@@ -22,6 +22,7 @@ import sys
 from collect import KEEP
 
 SUITE = ("eval_ruler.json", "eval_babilong.json")
+LOGS = ("suite.log",)  # the suite commands when they ran apart from the plan's job
 DEVICE_FILES = ("plan.json", "status.json", "scheduler.log", "machine.txt")
 
 
@@ -42,7 +43,7 @@ def collect(source: Path, out: Path, session: str) -> list[Path]:
         dest = out / "runs" / "T128" / run.name
         shutil.rmtree(dest, ignore_errors=True)
         dest.mkdir(parents=True)
-        for name in (*KEEP, *SUITE):
+        for name in (*KEEP, *SUITE, *LOGS):
             if (run / name).exists():
                 shutil.copy(run / name, dest / name)
         runs.append(dest)
