@@ -105,8 +105,14 @@ def test_suite_effective_lengths(tmp_path):
     (run / "eval_vt.json").write_text(json.dumps(_suite(exact, logprob, cases=False)))
     e = suite_effective({"m": [{"run": str(run), "train_len": 128}]})["eval_vt.json"]["methods"]["m"]["vt"]
     assert e["units"].startswith("depth cells") and e["exact"]["length"] == 256
-    e = suite_effective({"m": [{"run": str(run), "train_len": 64}]})["eval_vt.json"]["methods"]["m"]["vt"]
-    assert "not evaluated" in e["note"]
+    e = suite_effective({"m": [{"run": str(run), "train_len": 128}]})["eval_vt.json"]["methods"]["m"]["vt"]
+    assert e["from"] == 128
+    # a grid that starts above the training length (a task longer than it) is measured from its
+    # shortest length; one that ends below it has none
+    e = suite_effective({"m": [{"run": str(run), "train_len": 100}]})["eval_vt.json"]["methods"]["m"]["vt"]
+    assert e["from"] == 128 and e["exact"]["length"] == 256 and e["exact"]["from"] == 128
+    e = suite_effective({"m": [{"run": str(run), "train_len": 2048}]})["eval_vt.json"]["methods"]["m"]["vt"]
+    assert "no length from the training length 2048 up" in e["note"]
 
 
 def test_compare_prints_and_writes_effective_lengths(tmp_path):

@@ -6,7 +6,8 @@ The rule (RULE, also written into compare.json), for every evaluated length L fr
   -ln 0.85 = 0.163 nats above its value at T_train (in bits per byte, when compare.json's unit is
   bpb: at most -log2 0.85 bits above, the per-byte perplexity's ratio);
 - suite exact match (lenx eval --task): acc(L) >= 0.85 x acc(T_train), averaged over depths and
-  instances; undefined when acc(T_train) is at or below the task's chance level;
+  instances; undefined when acc(T_train) is at or below the task's chance level; a suite grid that
+  starts above T_train (a task longer than the training length) is measured from its shortest length;
 - suite answer log-probability: mean log p(L) >= mean log p(T_train) + ln 0.85 (the geometric-mean
   probability of the answer's tokens at least 0.85 of its value at T_train).
 The effective length is the last L before the first length that breaks the rule (T_train itself
@@ -141,23 +142,27 @@ def _units(result: dict, task: str, key: str, i: int, cases: bool) -> np.ndarray
 
 
 def _task_effective(results: list[dict], task: str, T: int, level: float) -> dict:
-    """One task's effective lengths by exact match and by log-probability, over a method's seeds."""
+    """One task's effective lengths by exact match and by log-probability, over a method's seeds.
+    Measured from the training length T, or, when the grid starts above it (a task's minimum can be
+    longer than T), from the shortest length evaluated: "from" says which."""
     lengths = results[0]["lengths"]
-    if T not in lengths:
-        return {"note": f"the training length {T} was not evaluated (lengths {lengths})"}
+    above = [L for L in lengths if L >= T]
+    if not above:
+        return {"note": f"no length from the training length {T} up was evaluated (lengths {lengths})"}
+    T = above[0]
     cases = all(isinstance(r["tasks"][task].get("exact_cases"), list) for r in results)
     at = {L: {key: np.stack([_units(r, task, key, i, cases) for r in results]) for key in ("exact", "logprob")}
           for i, L in enumerate(lengths)}
-    out = {"units": "instances" if cases else "depth cells (an older file without each instance's score)"}
+    out = {"units": "instances" if cases else "depth cells (an older file without each instance's score)", "from": T}
     chance = results[0]["tasks"][task].get("chance", 0.0)
     for key, scale, offset in (("exact", FRACTION, 0.0), ("logprob", 1.0, -math.log(FRACTION))):
         ref = at[T][key]
         if key == "exact" and ref.mean() <= chance:
-            out[key] = {"note": f"exact match {ref.mean():.2f} at the training length is at or below chance "
-                                f"({chance:.2g}): nothing to fall from", "at_train_len": float(ref.mean())}
+            out[key] = {"note": f"exact match {ref.mean():.2f} at {T} is at or below chance "
+                                f"({chance:.2g}): nothing to fall from", "at_train_len": float(ref.mean()), "from": T}
             continue
         margins = {L: _margin(at[L][key], ref, scale, offset, level) for L in lengths if L > T}
-        out[key] = longest_within(T, margins) | {"at_train_len": float(ref.mean()),
+        out[key] = longest_within(T, margins) | {"at_train_len": float(ref.mean()), "from": T,
                                                  "margins": {str(L): m for L, m in margins.items()}}
     return out
 

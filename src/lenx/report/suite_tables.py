@@ -44,8 +44,14 @@ def suite_effective_tables(result: dict) -> list[Table | str]:
                        Column("log-probability", "right")],
                       caption=f"lengths {', '.join(map(str, f['lengths']))}; {f['samples']} instances per length and "
                               "depth; -: none (at chance at the training length, or not evaluated there: the JSON says)")
+        starts = set()
         for method, tasks in f["methods"].items():
             for task, e in tasks.items():
                 table.add_row(method, task, effective_cell(e.get("exact")), effective_cell(e.get("logprob")))
+                if "from" in e:
+                    starts.add(e["from"])
         tables.append(table)
+        if starts:
+            tables.append(f"{name}: measured from length {', '.join(map(str, sorted(starts)))} (the training length, "
+                          "or the shortest evaluated above it)")
     return tables
