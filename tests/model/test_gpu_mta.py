@@ -15,9 +15,9 @@ def prompts(lengths=(7, 30, 2)):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["mta", "mta-kerple"])
-def test_the_cuda_graph_gives_the_eager_tokens(method):
-    model = model_for(method, mta_head_mix="both").float().cuda()
+@pytest.mark.parametrize("method,post", [("mta", False), ("mta-kerple", False), ("mta-kerple", True)])
+def test_the_cuda_graph_gives_the_eager_tokens(method, post):
+    model = model_for(method, mta_head_mix="both", mta_post_conv=post).float().cuda()
     eager = generate(model, prompts(), 24, temperature=0, decoding="eager")["tokens"]
     graph = generate(model, prompts(), 24, temperature=0, decoding="graph")["tokens"]
     assert torch.equal(graph, eager)
