@@ -56,6 +56,9 @@ class AttentionConfig:
     mta_head_mix: str = "post"  # none | pre | post | both: head mixing before and/or after the softmax
     mta_every: int = 4  # the query-key convolution on layers l % mta_every == mta_every // 2 (at least the last)
     mta_group_norm: bool = True  # per-head RMS norm with a scalar sigmoid gate on each head's output
+    mta_post_conv: bool = False  # a second query-key convolution, of the probabilities after the softmax (released configs)
+    mta_post_query_kernel: int = 6  # its c_q' (the released configs' 6)
+    mta_post_key_kernel: int = 11  # its c_k' (odd; the released configs' 11)
     fire_width: int = 32
     fire_L_init: float = 512.0
     fire_activation: str = "auto"  # auto: relu alone, leaky_relu under a DAPE processor

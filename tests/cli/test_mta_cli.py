@@ -36,10 +36,20 @@ def test_train_runs_mta(tmp_path):
     ("model.mta_key_kernel=10", "model.mta_key_kernel must be an odd integer"),
     ("model.mta_head_group=3", "model.mta_head_group must be 0 (all heads) or a divisor of model.n_head (4)"),
     ("model.method=mta-stickbreaking", "mixes the heads' softmax probabilities"),
+    ("model.mta_post_key_kernel=4", "model.mta_post_key_kernel must be an odd integer"),
+    ("model.mta_post_query_kernel=0", "model.mta_post_query_kernel must be >= 1"),
 ])
 def test_bad_mta_settings_are_one_line(tmp_path, setting, words):
     out = lenx("train", "-c", "tiny", "--set", "model.method=mta", "--set", setting, "-o", "run", "--no-progress",
                cwd=tmp_path)
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_post_conv_on_a_method_without_mta_is_one_line(tmp_path):
+    out = lenx("train", "-c", "tiny", "--set", "model.method=kerple", "--set", "model.mta_post_conv=true", "-o", "run",
+               "--no-progress", cwd=tmp_path)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "model.mta_post_conv is an option of MTA" in lines[0], out.stderr
     assert not (tmp_path / "run").exists()

@@ -1,6 +1,6 @@
 """MTA exported to transformers: the folder's model (lenx's own modelling code, processor included)
 gives lenx's logits, and greedy and beam generation with its cache (which keeps MTA's queries) give
-lenx's tokens, alone and in a left-padded batch."""
+lenx's tokens, alone and in a left-padded batch; with the post-softmax convolution too."""
 
 import pytest
 import torch
@@ -12,9 +12,9 @@ from lenx.model.generate import generate
 pytest.importorskip("transformers")
 
 
-@pytest.mark.parametrize("method", ["mta", "mta-kerple"])
-def test_logits_and_generation_are_lenx_s(method, tmp_path):
-    lm = model_for(method, mta_head_mix="both").float()
+@pytest.mark.parametrize("method,post", [("mta", False), ("mta-kerple", False), ("mta-kerple", True)])
+def test_logits_and_generation_are_lenx_s(method, post, tmp_path):
+    lm = model_for(method, mta_head_mix="both", mta_post_conv=post).float()
     hf = load(write_model(lm, tmp_path / method))
     idx = torch.randint(0, V, (2, 19))
     with torch.no_grad():

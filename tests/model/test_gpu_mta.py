@@ -1,6 +1,7 @@
 """MTA on a GPU: the decode step captured in a CUDA graph (which reads the cached queries of the rows
 before the new one without a host sync) gives the eager step's tokens for a padded batch, and the
-chunked path under bf16 autocast stays near its fp32 run, forward and backward."""
+chunked path under bf16 autocast stays near its fp32 run, forward and backward; each with and
+without the post-softmax convolution."""
 
 import pytest
 import torch
@@ -15,17 +16,18 @@ def prompts(lengths=(7, 30, 2)):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["mta", "mta-kerple"])
-def test_the_cuda_graph_gives_the_eager_tokens(method):
-    model = model_for(method, mta_head_mix="both").float().cuda()
+@pytest.mark.parametrize("method,post", [("mta", False), ("mta-kerple", False), ("mta-kerple", True)])
+def test_the_cuda_graph_gives_the_eager_tokens(method, post):
+    model = model_for(method, mta_head_mix="both", mta_post_conv=post).float().cuda()
     eager = generate(model, prompts(), 24, temperature=0, decoding="eager")["tokens"]
     graph = generate(model, prompts(), 24, temperature=0, decoding="graph")["tokens"]
     assert torch.equal(graph, eager)
 
 
 @pytest.mark.gpu
-def test_chunked_bf16_is_near_fp32():
-    model = model_for("mta-kerple", mta_head_mix="both", chunk_size=16).float().cuda()
+@pytest.mark.parametrize("post", [False, True])
+def test_chunked_bf16_is_near_fp32(post):
+    model = model_for("mta-kerple", mta_head_mix="both", mta_post_conv=post, chunk_size=16).float().cuda()
     idx = torch.randint(0, V, (2, 111), device="cuda")
     ref_logits, _ = model(idx)
     ref_logits.float().square().mean().backward()

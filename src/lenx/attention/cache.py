@@ -190,7 +190,8 @@ def cached_attention(q, keys, values, parts, step: StepRows, ring: int = 0, quer
     is the row of its sequence's forward alone. -> (out [B, H, R, d], the normaliser's rem [B, H, R]
     or None), as the reference backends' block_attention. A processor with a query halo h (MTA)
     reads the h rows before the step's first too (the rows are consecutive slots): their queries
-    come from `queries` [B, H, capacity, d], the cache's (LayerCache.q); it takes no window (no ring)."""
+    come from `queries` [B, H, capacity, d], the cache's (LayerCache.q), and the last post_halo of
+    them go through the softmax for its post-softmax step; it takes no window (no ring)."""
     q_pos = step.q_pos
     _, k_pos, key_valid = step.key_slots(ring)
     norm, bias_part = parts.normaliser, parts.bias
@@ -226,12 +227,15 @@ def cached_attention(q, keys, values, parts, step: StepRows, ring: int = 0, quer
             out, rem = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask), None
     else:
         raw = torch.matmul(q, keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        post = parts.processor.post_halo if parts.processor is not None else 0
         if parts.processor is not None:
             extra = {} if seen is None else {"visible": seen}
-            scores = parts.processor(raw, bias, q, q_pos, k_pos, key_valid, **extra)[..., h:, :]
+            scores = parts.processor(raw, bias, q, q_pos, k_pos, key_valid, **extra)[..., h - post:, :]
         else:
             scores = raw if bias is None else raw + bias.to(raw.dtype)
-        out, rem = normalise(parts, scores, values, allowed)
+        if post:  # the rows whose probabilities the post-softmax convolution reads go through the softmax too
+            allowed = (norm.allowed(q_pos[:, h - post:], k_pos, parts.causal) & key_valid[:, None, :]).unsqueeze(1)
+        out, rem = normalise(parts, scores, values, allowed, post)
     if step.rows_real:
         return out, rem
     # a row of padding attends no key (softmax gives NaN there): zeros, so its keys stay finite

@@ -9,13 +9,16 @@ projects/mta): c_q = 6, c_k = 11, the key-query convolution on every 4th layer (
 counted from 0; a model with fewer than 3 layers convolves on its last), head mixing after the
 softmax in every layer over groups of 16 heads (model.mta_head_group = 0 takes all heads, the paper's
 16 of 16), group norm with scalar gating in every layer (no depth scaling: the paper's ablation finds
-it worse). Not here: the released config's second (post-softmax) key-query convolution.
+it worse). The released configs (300M to 1B) also convolve the probabilities after the softmax, with a
+second 6 x 11 kernel on the same layers, before the head mixing: model.mta_post_conv (off by default,
+so models saved without it load), its c_q' and c_k' model.mta_post_query_kernel and _key_kernel. Its
+rows read the c_q' - 1 probability rows above them, so the query halo grows by as much.
 """
 
 import torch
 from torch import nn
 
-from ..ops.mta.reference import group_norm, mix_heads, mta_scores
+from ..ops.mta.reference import group_norm, mta_probs, mta_scores
 from .parts import ScoreProcessor
 
 HEAD_MIXES = ("none", "pre", "post", "both")
@@ -26,12 +29,14 @@ class MTA(ScoreProcessor):
 
     def __init__(self, num_heads: int, head_dim: int, query_kernel: int = 6, key_kernel: int = 11,
                  head_group: int = 0, head_mix: str = "post", conv: bool = True, norm: bool = True,
-                 d_model: int | None = None):
+                 d_model: int | None = None, post_kernel: tuple[int, int] | None = None):
+        """post_kernel: (c_q', c_k') of the post-softmax convolution, on this layer if `conv`; None: none."""
         super().__init__()
-        if query_kernel < 1:
-            raise ValueError(f"MTA query kernel must be >= 1, got {query_kernel}")
-        if key_kernel < 1 or key_kernel % 2 == 0:
-            raise ValueError(f"MTA key kernel must be an odd integer >= 1 (centred on each key), got {key_kernel}")
+        for what, (c_q, c_k) in (("", (query_kernel, key_kernel)), ("post-softmax ", post_kernel or (1, 1))):
+            if c_q < 1:
+                raise ValueError(f"MTA {what}query kernel must be >= 1, got {c_q}")
+            if c_k < 1 or c_k % 2 == 0:
+                raise ValueError(f"MTA {what}key kernel must be an odd integer >= 1 (centred on each key), got {c_k}")
         group = head_group or num_heads
         if group < 1 or num_heads % group:
             raise ValueError(f"MTA head group {head_group} does not divide the {num_heads} heads")
@@ -39,11 +44,11 @@ class MTA(ScoreProcessor):
             raise ValueError(f"MTA head mixing must be one of {', '.join(HEAD_MIXES)}, got {head_mix!r}")
         self.num_heads, self.query_kernel, self.key_kernel, self.head_group = num_heads, query_kernel, key_kernel, group
         self.head_mix = head_mix
-        self.conv_kernel = None
-        if conv:  # identity: a 1 at the row's own query and the key's own column
-            kernel = torch.zeros(num_heads, 1, query_kernel, key_kernel)
-            kernel[:, 0, -1, key_kernel // 2] = 1.0
-            self.conv_kernel = nn.Parameter(kernel)
+        self.conv_kernel = self.post_conv_kernel = None
+        if conv:
+            self.conv_kernel = _identity(num_heads, query_kernel, key_kernel)
+            if post_kernel is not None:
+                self.post_conv_kernel = _identity(num_heads, *post_kernel)
         eye = torch.eye(group).repeat(num_heads // group, 1, 1)
         self.pre_mix = nn.Parameter(eye.clone()) if head_mix in ("pre", "both") else None
         self.post_mix = nn.Parameter(eye.clone()) if head_mix in ("post", "both") else None
@@ -62,17 +67,24 @@ class MTA(ScoreProcessor):
         every layer."""
         cfg, first = ctx.cfg, min(ctx.cfg.mta_every // 2, ctx.n_layer - 1)
         conv = ctx.layer >= first and (ctx.layer - first) % cfg.mta_every == 0
+        post = (cfg.mta_post_query_kernel, cfg.mta_post_key_kernel) if cfg.mta_post_conv else None
         return cls(ctx.n_head, ctx.head_dim, cfg.mta_query_kernel, cfg.mta_key_kernel, cfg.mta_head_group,
-                   cfg.mta_head_mix, conv, cfg.mta_group_norm, ctx.d_model)
+                   cfg.mta_head_mix, conv, cfg.mta_group_norm, ctx.d_model, post)
+
+    @property
+    def post_halo(self) -> int:
+        """Query rows before a block's first whose probabilities its output reads: c_q' - 1."""
+        return self.post_conv_kernel.shape[-2] - 1 if self.post_conv_kernel is not None else 0
 
     @property
     def q_halo(self) -> int:
-        """Query rows before a block's first that its scores read: the query convolution's c_q - 1."""
-        return self.query_kernel - 1 if self.conv_kernel is not None else 0
+        """Query rows before a block's first that its output reads: the query convolution's c_q - 1,
+        plus the post-softmax one's c_q' - 1 (whose first rows read c_q - 1 rows above them)."""
+        return (self.query_kernel - 1 if self.conv_kernel is not None else 0) + self.post_halo
 
     @property
     def post_softmax(self) -> bool:
-        return self.post_mix is not None
+        return self.post_mix is not None or self.post_conv_kernel is not None
 
     def forward(self, scores: torch.Tensor, bias: torch.Tensor | None = None, q: torch.Tensor | None = None,
                 q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
@@ -82,8 +94,10 @@ class MTA(ScoreProcessor):
         logits = scores if bias is None else scores + bias.to(scores.dtype)
         return mta_scores(logits, self.conv_kernel, self.pre_mix, q_pos, k_pos, key_valid)
 
-    def after_softmax(self, probs: torch.Tensor) -> torch.Tensor:
-        return mix_heads(probs, self.post_mix)
+    def after_softmax(self, probs: torch.Tensor, allowed: torch.Tensor | None = None, context: int = 0) -> torch.Tensor:
+        """MixPost(Mask_0(Conv2d_θ'(P))) of the probabilities P [B, H, Tq, Tk] (see mta_probs); the
+        first `context` rows are the post-softmax convolution's halo and are dropped."""
+        return mta_probs(probs, allowed, self.post_conv_kernel, self.post_mix, context)
 
     def finish(self, out: torch.Tensor) -> torch.Tensor:
         """The group norm and gate of each head's output [B, H, T, d]."""
@@ -93,5 +107,15 @@ class MTA(ScoreProcessor):
 
     def extra_repr(self) -> str:
         conv = f"{self.query_kernel}x{self.key_kernel}" if self.conv_kernel is not None else "none"
-        return (f"heads={self.num_heads}, conv={conv}, head_group={self.head_group}, head_mix={self.head_mix}, "
-                f"group_norm={self.norm_weight is not None}")
+        post = self.post_conv_kernel
+        post = "none" if post is None else f"{post.shape[-2]}x{post.shape[-1]}"
+        return (f"heads={self.num_heads}, conv={conv}, post_conv={post}, head_group={self.head_group}, "
+                f"head_mix={self.head_mix}, group_norm={self.norm_weight is not None}")
+
+
+def _identity(num_heads: int, c_q: int, c_k: int) -> nn.Parameter:
+    """A [H, 1, c_q, c_k] kernel that is the identity (the paper's initialisation): a 1 at the row's own
+    query and the key's own column."""
+    kernel = torch.zeros(num_heads, 1, c_q, c_k)
+    kernel[:, 0, -1, c_k // 2] = 1.0
+    return nn.Parameter(kernel)

@@ -7,6 +7,7 @@ never by probing for attributes or types.
 """
 
 from dataclasses import dataclass
+import functools
 
 from torch import nn
 
@@ -63,32 +64,38 @@ class ScoreProcessor(nn.Module):
     see masks.py). A includes the bias.
 
     halo: keys past a row block's last query that its processed scores read (the chunked path
-    takes that many more). q_halo: query rows before a block's first that its processed scores
-    read (MTA's query convolution): callers give those rows' scores too and drop their outputs.
+    takes that many more). q_halo: query rows before a block's first that its output reads (MTA's
+    query convolutions): callers give those rows' q too and drop their outputs; post_halo of them
+    (the last ones) go through the softmax too, their probabilities read by after_softmax.
     leak: processed scores see future keys (the causal cut is off). op: the fused op (a folder of
-    lenx.ops) that can run this processor, if any. post_softmax: after_softmax(probs) changes the
-    softmax probabilities before they weight the values (normalise applies it). finish(out) maps
+    lenx.ops) that can run this processor, if any. post_softmax: after_softmax(probs, allowed,
+    context) changes the softmax probabilities before they weight the values and drops the first
+    `context` rows (normalise applies it). finish(out) maps
     each head's output [B, H, T, d] after the normaliser's own finish. masks: forward takes
     `visible` (a window, document segments); False: the attention refuses both."""
 
     halo = 0
     q_halo = 0
+    post_halo = 0
     masks = True
     leak = False
     op: str | None = None
     post_softmax = False
 
-    def after_softmax(self, probs):
-        return probs
+    def after_softmax(self, probs, allowed=None, context: int = 0):
+        return probs[..., context:, :]
 
     def finish(self, out):
         return out
 
 
-def normalise(parts: "Parts", scores, v, allowed):
-    """The normaliser's (out, rem) of processed scores, with the processor's post-softmax step."""
+def normalise(parts: "Parts", scores, v, allowed, context: int = 0):
+    """The normaliser's (out, rem) of processed scores, with the processor's post-softmax step; the
+    first `context` rows (at most the processor's post_halo) are read by that step only and give no
+    output."""
     if parts.processor is not None and parts.processor.post_softmax:
-        return parts.normaliser(scores, v, allowed, post=parts.processor.after_softmax)
+        post = functools.partial(parts.processor.after_softmax, allowed=allowed, context=context)
+        return parts.normaliser(scores, v, allowed, post=post)
     return parts.normaliser(scores, v, allowed)
 
 

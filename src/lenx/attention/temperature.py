@@ -2,7 +2,8 @@
 at position i when causal; the sequence length when not), after RoPE/PoPE, before any backend.
 
   ssmax   Scalable-Softmax (Nakanishi 2025, arXiv 2501.19399): q_i <- s_h log(n_i) q_i, s_h learned per
-          head (model.temp_ssmax_init, 1 by default)
+          head (model.temp_ssmax_init, 1 by default: no initialisation was found in the paper, whose
+          Fig. 1 illustrates s = 0.43; reimplementations use 1, 0.5 or 0.43)
   logn    Qwen's log-n attention: q_i <- max(1, log(n_i) / log(L)) q_i, L the training length
           (model.temp_train_len)
   l4temp  Llama 4's attention temperature tuning: q_i <- (1 + a log(floor(n_i / f) + 1)) q_i with

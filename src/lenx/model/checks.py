@@ -116,6 +116,14 @@ def _check_mta(m: LMConfig) -> None:
           "model.mta_head_group", f"0 (all heads) or a divisor of model.n_head ({m.n_head})", m.mta_head_group)
     one_of("model.mta_head_mix", m.mta_head_mix, HEAD_MIXES)
     check(m.mta_every >= 1, "model.mta_every", ">= 1", m.mta_every)
+    check(m.mta_post_key_kernel % 2 == 1 and m.mta_post_key_kernel >= 1, "model.mta_post_key_kernel",
+          "an odd integer >= 1 (the kernel is centred on each key)", m.mta_post_key_kernel)
+    check(m.mta_post_query_kernel >= 1, "model.mta_post_query_kernel",
+          ">= 1 (the row's own probabilities and earlier rows')", m.mta_post_query_kernel)
+    if m.mta_post_conv and not any(parse_method(name).processor == "mta"
+                                   for name in layer_methods(m.method, m.layers, m.n_layer)):
+        raise ConfigError(f"model.mta_post_conv is an option of MTA: it needs an mta method (mta, mta-kerple, ...), "
+                          f"not model.method={m.method}")
 
 
 def _check_layout(m: LMConfig) -> None:

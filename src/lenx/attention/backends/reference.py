@@ -56,16 +56,19 @@ def score_block(q, k, parts: Parts, q_start: int = 0, k_start: int = 0, segments
 def block_attention(q, k, v, parts: Parts, q_start: int = 0, k_start: int = 0, segments=None, context: int = 0):
     """Rows q [B, H, c, d] at positions q_start.., keys/values [B, H, Tk, d] at k_start..,
     segments [B, T] (or None). Returns (out [B, H, c - context, d], rem [B, H, c - context] or None):
-    the first `context` rows are only read by the processor's query convolution (its q_halo) and
+    the first `context` rows are only read by the processor's query convolutions (its q_halo) and
     give no output."""
     _, _, scores = score_block(q, k, parts, q_start, k_start, segments)
-    scores = scores[..., context:, :]
-    q_pos, k_pos = _positions(q[..., context:, :], k, q_start + context, k_start)
+    # the last rows of the halo whose probabilities the post-softmax step reads (MTA's second convolution)
+    post = min(context, parts.processor.post_halo) if parts.processor is not None else 0
+    first = context - post
+    scores = scores[..., first:, :]
+    q_pos, k_pos = _positions(q[..., first:, :], k, q_start + first, k_start)
     allowed = parts.normaliser.allowed(q_pos, k_pos, parts.causal)
     seen = _visible(parts, q_pos, k_pos, segments)
     if seen is not None:
         allowed = allowed & seen if seen.dim() == 2 else (allowed & seen)[:, None]  # [B, 1, Tq, Tk]
-    return normalise(parts, scores, v, allowed)
+    return normalise(parts, scores, v, allowed, post)
 
 
 def dense_attention(q, k, v, parts: Parts, segments=None):

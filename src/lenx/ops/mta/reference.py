@@ -5,12 +5,18 @@
                                           queries i - c_q + 1 .. i (past queries only) and the keys
                                           j - c_k // 2 .. j + c_k // 2; zero padding, no conv bias
     L = MixPre(C)                         head mixing within groups of c_h heads (or none)
-    P = MixPost(Softmax(Mask_-inf(L)))    the same mixing on the probabilities (or none)
-    out_h = P_h V_h,   then per head  o = RMSNorm(out_h) * w,  o * sigmoid(g . o + b)   (group norm + scalar gate)
+    P = Softmax(Mask_-inf(L))
+    P' = Mask_0(Conv2d_θ'(P))             the optional post-softmax key-query convolution (the released
+                                          configs': c_q' x c_k' = 6 x 11), the same form on the probabilities
+    A = MixPost(P')                       the same mixing on the probabilities (or none)
+    out_h = A_h V_h,   then per head  o = RMSNorm(out_h) * w,  o * sigmoid(g . o + b)   (group norm + scalar gate)
 
 Mask_0 zeroes every entry whose key is after its own row's query (and keys that do not exist), so no
-output reads a future key: the paper's "mask with 0 before the convolution and -inf after". MixPost
-is not renormalised (the paper mixes the probabilities as they are). Kernel layout (F.conv2d's):
+output reads a future key: the paper's "mask with 0 before the convolution and -inf after". After the
+softmax the convolution spreads weight onto future keys, so Mask_0 follows it (and precedes it too, for
+rows that attend no key). Neither Conv2d_θ' nor MixPost is renormalised (the paper and its code use
+the weights as they are). The order is the released code's: convolution, mixing, softmax,
+convolution, mixing. Kernel layout (F.conv2d's):
 kernel [H, 1, c_q, c_k], row a reads query i - (c_q - 1) + a, column b reads key j - c_k // 2 + b;
 the identity kernel has a single 1 at [c_q - 1, c_k // 2]. Mixing weights [G, c_h, c_h]: head a of
 group g becomes sum_b w[g, a, b] x[g c_h + b].
@@ -51,9 +57,25 @@ def mta_scores(logits, kernel=None, pre_mix=None, q_pos=None, k_pos=None, key_va
     if key_valid is not None:
         x = x.masked_fill(~key_valid[:, None, None, :], 0.0)
     if kernel is not None:
-        c_q, c_k = kernel.shape[-2:]
-        x = F.conv2d(F.pad(x, (c_k // 2, c_k // 2, c_q - 1, 0)), kernel.to(x.dtype), groups=kernel.shape[0])
+        x = _conv(x, kernel)
     return x if pre_mix is None else mix_heads(x, pre_mix)
+
+
+def _conv(x, kernel):
+    """Conv2d_θ per head, zero padding: c_q - 1 rows above, c_k // 2 keys on either side."""
+    c_q, c_k = kernel.shape[-2:]
+    return F.conv2d(F.pad(x, (c_k // 2, c_k // 2, c_q - 1, 0)), kernel.to(x.dtype), groups=kernel.shape[0])
+
+
+def mta_probs(probs, allowed=None, kernel=None, post_mix=None, context: int = 0):
+    """A = MixPost(Mask_0(Conv2d_θ'(Mask_0(P)))) for the softmax's probabilities P [B, H, Tq, Tk], allowed
+    (broadcastable to P) the keys each row attends; kernel [H, 1, c_q', c_k'] or None, post_mix
+    [G, c_h, c_h] or None. The first `context` rows are only read by the convolution (a block's query
+    halo): they are dropped."""
+    if kernel is not None:
+        probs = _conv(probs.masked_fill(~allowed, 0.0), kernel).masked_fill(~allowed, 0.0)
+    probs = probs[..., context:, :]
+    return probs if post_mix is None else mix_heads(probs, post_mix)
 
 
 def group_norm(out, weight, gate_w=None, gate_b=None, eps: float = 1e-5):
@@ -69,10 +91,11 @@ def group_norm(out, weight, gate_w=None, gate_b=None, eps: float = 1e-5):
 
 
 @torch.no_grad()
-def mta_loops(q, k, v, kernel=None, pre_mix=None, post_mix=None, bias=None, norm=None):
+def mta_loops(q, k, v, kernel=None, pre_mix=None, post_mix=None, bias=None, norm=None, post_kernel=None):
     """Causal MTA attention of q, k, v [B, H, T, d] by explicit loops over every term of the formula
     (float64, small T only): the definition the tensor form is tested against. bias [H, T, T] or
-    None; norm (weight, gate_w, gate_b) or None (no group norm)."""
+    None; norm (weight, gate_w, gate_b) or None (no group norm); post_kernel the post-softmax
+    convolution's [H, 1, c_q', c_k'] or None."""
     B, H, T, d = q.shape
     q, k, v = q.double(), k.double(), v.double()
     logits = torch.zeros(B, H, T, T, dtype=torch.float64)
@@ -84,18 +107,21 @@ def mta_loops(q, k, v, kernel=None, pre_mix=None, post_mix=None, bias=None, norm
                     if bias is not None:
                         logits[b, h, i, j] += float(bias[h, i, j])
 
-    def masked(b, h, r, s):  # Mask_0(Â) with the zero padding around it
-        return float(logits[b, h, r, s]) if 0 <= r < T and 0 <= s <= r else 0.0
+    def convolved(x, kernel):  # Conv2d_θ(Mask_0(x)), the zero padding around x read as Mask_0 does
+        def masked(b, h, r, s):
+            return float(x[b, h, r, s]) if 0 <= r < T and 0 <= s <= r else 0.0
 
-    conv = logits.clone()
-    if kernel is not None:
         c_q, c_k = kernel.shape[-2:]
+        y = torch.zeros_like(x)
         for b in range(B):
             for h in range(H):
                 for i in range(T):
                     for j in range(T):
-                        conv[b, h, i, j] = sum(float(kernel[h, 0, a, t]) * masked(b, h, i - (c_q - 1) + a, j - c_k // 2 + t)
-                                               for a in range(c_q) for t in range(c_k))
+                        y[b, h, i, j] = sum(float(kernel[h, 0, a, t]) * masked(b, h, i - (c_q - 1) + a, j - c_k // 2 + t)
+                                            for a in range(c_q) for t in range(c_k))
+        return y
+
+    conv = logits.clone() if kernel is None else convolved(logits, kernel)
 
     def mixed(x, w):
         if w is None:
@@ -116,6 +142,10 @@ def mta_loops(q, k, v, kernel=None, pre_mix=None, post_mix=None, bias=None, norm
                 row = [math.exp(float(scores[b, h, i, j])) for j in range(i + 1)]
                 for j in range(i + 1):
                     probs[b, h, i, j] = row[j] / sum(row)
+    if post_kernel is not None:  # then Mask_0 again: only the entries (i, j <= i) are kept
+        probs = convolved(probs, post_kernel)
+        for i in range(T):
+            probs[:, :, i, i + 1:] = 0.0
     probs = mixed(probs, post_mix)
     out = torch.zeros(B, H, T, d, dtype=torch.float64)
     for b in range(B):
