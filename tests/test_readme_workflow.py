@@ -61,6 +61,9 @@ SKIPPED = {
     "lenx bench -o bench.json": "times the fused GPU kernels against SDPA: needs CUDA (tests/test_bench.py runs "
                                 "lenx bench --device cpu)",
     "lenx bench --train-step --preset 125m --seq-len 512": "a 125m training step per method: a GPU measurement",
+    "lenx bench --train-step --seq-len 2048 --batch 8 --documents 8": "a 125m training step per method, packed and "
+                                                                     "not: a GPU measurement (tests/bench/"
+                                                                     "test_bench_documents.py runs it on the CPU)",
     "lenx bench --train-step --backend-for dapev2-kerple=chunked": "a 125m training step with a forced backend: "
                                                                    "a GPU measurement",
     "lenx bench --decode -o bench_decode.json": "decode steps of a 125m model per method and context, against "

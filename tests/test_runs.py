@@ -407,12 +407,13 @@ def test_validation_loss_is_logged_and_leaves_training_untouched(data_root, tmp_
     corpus = train_module.open_training_corpus(tiny(data_root))
     a = validation_batches(tiny(data_root, *o, **keys), corpus)
     b = validation_batches(tiny(data_root, *o, "model.method=kerple", **keys), corpus)
-    assert all(torch.equal(x, y) for x, y in zip(a, b)) and len(a) == 2
+    assert len(a) == len(b) == 2 and all(ids is None for _, ids in a + b)  # stream windows: no document ids
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a, b))
     # ... and for every training seed: the corpus (eval.seed) draws them, not train.seed
     c = validation_batches(tiny(data_root, *o, "train.seed=7", **keys), corpus)
-    assert all(torch.equal(x, y) for x, y in zip(a, c))
+    assert all(torch.equal(x, y) for (x, _), (y, _) in zip(a, c))
     d = validation_batches(tiny(data_root, *o, "eval.seed=99", **keys), corpus)
-    assert not all(torch.equal(x, y) for x, y in zip(a, d))
+    assert not all(torch.equal(x, y) for (x, _), (y, _) in zip(a, d))
     assert json.loads((tmp_path / "full" / "meta.json").read_text())["validation_windows"] == "eval.seed"
 
 
