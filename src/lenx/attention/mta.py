@@ -4,14 +4,15 @@ after the softmax, and a group norm with a scalar gate on each head's output. Th
 lenx.ops.mta.reference; this module owns the weights, all initialised as the paper's identity (the
 model starts as its base method, up to the group norm).
 
-The paper's configuration (its section 4.2 and the released 880M config of facebookresearch/RAM
-projects/mta): c_q = 6, c_k = 11, the key-query convolution on every 4th layer (layers 2, 6, 10, ...
-counted from 0; a model with fewer than 3 layers convolves on its last), head mixing after the
-softmax in every layer over groups of 16 heads (model.mta_head_group = 0 takes all heads, the paper's
-16 of 16), group norm with scalar gating in every layer (no depth scaling: the paper's ablation finds
-it worse). The released configs (300M to 1B) also convolve the probabilities after the softmax, with a
-second 6 x 11 kernel on the same layers, before the head mixing: model.mta_post_conv (off by default,
-so models saved without it load), its c_q' and c_k' model.mta_post_query_kernel and _key_kernel. Its
+The defaults: c_q = 6, c_k = 11, the key-query convolution on every 4th layer (layers 2, 6, 10, ...
+counted from 0, as the released configs' mta_layers; a model with fewer than 3 layers convolves on
+its last), head mixing after the softmax over groups of 16 heads (model.mta_head_group = 0 takes all
+heads, 16 of 16), group norm with scalar gating in every layer (no depth scaling: the paper's ablation
+finds it worse). The released configs of facebookresearch/RAM projects/mta (300M to 1B,
+configs/*_mta.yaml) also mix heads before the softmax (pre_sm_linear_head; model.mta_head_mix = "both")
+and convolve the probabilities after it with a second 6 x 11 kernel on the same layers, before the
+head mixing: model.mta_post_conv (off by default, so models saved without it load), its c_q' and c_k'
+model.mta_post_query_kernel and _key_kernel. Its
 rows read the c_q' - 1 probability rows above them, so the query halo grows by as much.
 """
 
