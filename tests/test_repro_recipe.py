@@ -23,6 +23,9 @@ def test_the_plan_runs_seed_0_of_every_recipe_first():
         cmd = j["cmd"]
         assert "train.seq_len=2048" in cmd and "train.batch_size=16" in cmd and "eval.per_position=true" in cmd
         assert j["run"] == "runs/recipe/T2048/" + j["id"].split("/")[-1] and j["kind"] == "solo"
+        # every run scores the suite before its checkpoint goes (issue 44 part 3)
+        suite = f"lenx eval {j['run']} --task ruler --lengths 2048,8192,16384 --samples 4"
+        assert suite in cmd and "--task babilong" in cmd and cmd.index(suite) < cmd.index("rm -rf")
     assert "train.warmup_frac=0.1" in jobs[0]["cmd"] and "train.lr=3e-4" not in jobs[0]["cmd"]
     assert "train.lr=3e-4" in jobs[1]["cmd"] and "warmup_frac" not in jobs[1]["cmd"]
     assert "train.seq_len_start=512" in jobs[2]["cmd"] and "train.seq_len_warmup=305" in jobs[2]["cmd"]

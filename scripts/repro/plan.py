@@ -118,8 +118,18 @@ EPOCH_STEPS = 4 if SMOKE else 3052
 EPOCH_TOKENS_PER_STEP = 256 * 128  # the 125m preset's batch at T 128
 
 
+def suite_commands(run: str, seq_len: int, samples: int = 4) -> str:
+    """Issue 44 part 3: the synthetic suite (RULER- and BABILong-style) at the training length, 4x it and
+    16384, 4 inputs a cell, scored before the checkpoint is deleted (results stay, weights cannot)."""
+    lengths = sorted({max(seq_len, 256), 4 * seq_len, 16384})  # cwe needs 129 tokens or more
+    if SMOKE:
+        lengths, samples = [256, 512], 1
+    return "".join(f" && python3 -m lenx eval {run} --task {task} --lengths {','.join(map(str, lengths))} "
+                   f"--samples {samples} --no-progress" for task in ("ruler", "babilong"))
+
+
 def epoch_job(method: str, seed: int, extra: tuple = (), name: str | None = None, seq_len: int = 128,
-              root: str = EPOCH, experiment: str = "epoch") -> dict:
+              root: str = EPOCH, experiment: str = "epoch", suite: bool = False) -> dict:
     """One 125M run of issue 29 step 4: one pass over fresh `code` tokens at training length seq_len
     (32768 tokens a step, no gradient accumulation: 64 x 512 fits an 80 GB GPU), evaluated to 16384 on
     code's long test split; the checkpoint is deleted once the evaluation has run. A job takes one whole
@@ -134,7 +144,7 @@ def epoch_job(method: str, seed: int, extra: tuple = (), name: str | None = None
     if SMOKE:
         sets += ["model.n_layer=2", "model.d_model=96", "train.batch_size=2", "eval.windows=2",
                  f"eval.max_length={max(512, 2 * seq_len)}", "train.device=cpu"]
-    cmd = train_and_eval("125m", sets, run) + f" && rm -rf {run}/ckpt"
+    cmd = train_and_eval("125m", sets, run) + (suite_commands(run, seq_len) if suite else "") + f" && rm -rf {run}/ckpt"
     # T 128's ids are those of the runs already made (results/epoch/done.txt)
     job_id = f"{experiment}/{name}" if seq_len == 128 else f"{experiment}/T{seq_len}/{name}"
     return {"id": job_id, "kind": "solo", "run": run, "cmd": cmd}
@@ -168,10 +178,11 @@ def recipe() -> list[dict]:
     """Issue 44 part 2: Kerple at T 2048 (16 x 2048, the epoch runs' data and steps) with each recipe,
     seed 0 of every recipe first (a cut-off session still compares them all), then seed 1, then seed 1
     of the epoch recipe itself (its seed 0 is results/epoch's T2048/kerple-s0); evaluated as the epoch
-    runs, with the per-position loss."""
+    runs, with the per-position loss and the synthetic suite (suite_commands)."""
     jobs = [epoch_job("kerple", s, (*sets, "eval.per_position=true"), f"kerple-{r}-s{s}", 2048, "runs/recipe",
-                      "recipe") for s in (0, 1) for r, sets in RECIPES.items()]
-    return jobs + [epoch_job("kerple", 1, ("eval.per_position=true",), "kerple-s1", 2048, "runs/recipe", "recipe")]
+                      "recipe", suite=True) for s in (0, 1) for r, sets in RECIPES.items()]
+    return jobs + [epoch_job("kerple", 1, ("eval.per_position=true",), "kerple-s1", 2048, "runs/recipe", "recipe",
+                             suite=True)]
 
 
 # Issues 42 and 43: a first look at the newer methods (a smoke result, not the verdict) and the
