@@ -48,7 +48,7 @@ def collect(source: Path, out: Path, session: str) -> list[str]:
             dest = out / "runs" / "T2048" / run.name
             shutil.rmtree(dest, ignore_errors=True)
             dest.mkdir(parents=True)
-            for name in KEEP:
+            for name in (*KEEP, "eval_ruler.json", "eval_babilong.json"):  # the suite, where the run scored it
                 if (run / name).exists():
                     shutil.copy(run / name, dest / name)
     dev = out / "device" / session
