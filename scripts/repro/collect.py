@@ -21,6 +21,16 @@ import tomllib
 from lenx.report.tables import Table, columns, to_markdown
 
 KEEP = ("config.toml", "meta.json", "metrics.jsonl", "eval.json", "command.txt", "job.log")
+DEVICE_FILES = ("plan.json", "status.json", "scheduler.log", "machine.txt")  # a device tree's scheduler files
+
+
+def finished(run: Path) -> bool:
+    """Trained every step and evaluated (its eval.json says so)."""
+    try:
+        e = json.loads((run / "eval.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(e.get("finished")) and e.get("step") == e.get("steps")
 LM_EXPERIMENTS = ("tech-T128", "tech-T512", "books-T128", "kernel-size", "leak",
                   "capacity", "sb-remainder", "T2048", "tech-T512-b64")  # the last four: plan.py controls
 # The paper's figures as subsets of the tech-T128 runs (figure 2 is the whole experiment).

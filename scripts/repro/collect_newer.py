@@ -12,26 +12,17 @@ each suite file (one lengths x depths heatmap per task, beside it).
 """
 
 import argparse
-import json
 import os
 from pathlib import Path
 import shutil
 import subprocess
 import sys
 
-from collect import KEEP
+from collect import DEVICE_FILES, KEEP, finished
 
 SUITE = ("eval_ruler.json", "eval_babilong.json")
 LOGS = ("suite.log",)  # the suite commands when they ran apart from the plan's job
-DEVICE_FILES = ("plan.json", "status.json", "scheduler.log", "machine.txt")
 
-
-def finished(run: Path) -> bool:
-    try:
-        e = json.loads((run / "eval.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return bool(e.get("finished")) and e.get("step") == e.get("steps")
 
 
 def collect(source: Path, out: Path, session: str) -> list[Path]:

@@ -22,23 +22,14 @@ import sys
 
 import numpy as np
 
-from collect import KEEP
+from collect import DEVICE_FILES, KEEP, finished
 
 from lenx.report.stats import method_difference, method_interval
 
 EPOCH = Path(__file__).resolve().parents[2] / "results" / "epoch" / "runs"
 BASELINE = ("epoch recipe", [EPOCH / "T2048" / "kerple-s0"])
 T512 = ("Kerple trained at 512", [EPOCH / "T512" / "kerple-s0", EPOCH / "T512" / "kerple-s1"])
-DEVICE_FILES = ("plan.json", "status.json", "scheduler.log", "machine.txt")
 
-
-def finished(run: Path) -> bool:
-    """Trained every step and evaluated."""
-    try:
-        e = json.loads((run / "eval.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return bool(e.get("finished")) and e.get("step") == e.get("steps")
 
 
 def collect(source: Path, out: Path, session: str) -> list[str]:
