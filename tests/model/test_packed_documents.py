@@ -103,7 +103,7 @@ def test_a_masked_run_plans_and_records_the_backends_that_take_document_ids():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["kerple", "rope", "dapev2-kerple", "stickbreaking"])
+@pytest.mark.parametrize("method", ["kerple", "rope", "dapev2-kerple", "stickbreaking", "fox"])
 def test_a_packed_window_is_its_documents_run_alone_on_cuda(method):
     """On the device the planner's backends with document ids (the fused kernels for kerple and
     stick-breaking, sdpa, chunked) against the documents run alone there, fp32."""
