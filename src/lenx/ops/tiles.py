@@ -32,8 +32,8 @@ def key_start(m0, rows, T, WIN, DOC, BN: tl.constexpr, HAS_W: tl.constexpr, HAS_
 @triton.jit
 def query_end(n0, cols, T, WIN, LAST, BN: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
     """For a key-owner kernel: one past the last row that may see a key of the block `cols` (n0 its
-    first): T; with a window the row n0 + BN - 2 + WIN (row i sees keys j > i - WIN); with documents
-    (LAST: each token's document's last position) not after the latest document of the keys."""
+    first): T; with a window at most n0 + BN - 1 + WIN (row i sees keys j > i - WIN); with documents
+    (LAST: each token's document's last position) one past the keys' latest document's last row."""
     hi = T
     if HAS_W:
         hi = tl.minimum(hi, n0 + BN - 1 + WIN)
