@@ -378,13 +378,15 @@ def test_a_wrong_edge_fails(monkeypatch, piece, window, docs):
         run_biased_masked(1, 2, 111, 16, window, docs, "kerple")
 
 
-def test_earlier_documents_are_skipped():
-    """Documents on tile boundaries (32 rows, 16 keys): the kernels never read a tile wholly in an
-    earlier document (cost O(the documents), not O(T)): NaNs in the first document's q, k, v reach
-    none of the later documents' outputs and gradients, which match the reference's."""
+@pytest.mark.parametrize("window,docs,later", [(0, True, 32), (20, False, 64)])
+def test_tiles_out_of_reach_are_skipped(window, docs, later):
+    """Documents on tile boundaries (32 rows, 16 keys), or a window of 20: the kernels never read a
+    tile wholly in an earlier document or before a block's window (cost O(the documents) or O(W),
+    not O(T)): NaNs in q, k, v at positions 0..31 reach none of the outputs and gradients from
+    `later` on (rows 64.. see keys 45.. through the window), which match the reference's."""
     torch.manual_seed(0)
     T = 96
-    segments = (torch.arange(T, device=DEVICE) // 32)[None].expand(2, T)
+    segments = (torch.arange(T, device=DEVICE) // 32)[None].expand(2, T) if docs else None
     q, k, v = (torch.randn(2, 2, T, 16, device=DEVICE) for _ in range(3))
     tab = bias_table("kerple", 2, T)
     ref = [x.clone().requires_grad_() for x in (q, k, v)]
@@ -392,12 +394,12 @@ def test_earlier_documents_are_skipped():
         x[..., :32, :] = float("nan")
         x.requires_grad_()
     do = torch.randn(2, 2, T, 16, device=DEVICE)
-    out = kernel.biased_attention(q, k, v, tab, segments=segments, config=SMALL_TILES)
+    out = kernel.biased_attention(q, k, v, tab, segments=segments, window=window, config=SMALL_TILES)
     grads = torch.autograd.grad(out, (q, k, v), do)
-    ref_out = biased_softmax_reference(*ref, tab.detach(), segments=segments)
+    ref_out = biased_softmax_reference(*ref, tab.detach(), segments=segments, window=window)
     ref_grads = torch.autograd.grad(ref_out, ref, do)
-    later = slice(32, None)
-    compare("biased later documents", [out[..., later, :], *(g[..., later, :] for g in grads)],
+    later = slice(later, None)
+    compare(f"biased out of reach W{window} docs{docs}", [out[..., later, :], *(g[..., later, :] for g in grads)],
             [ref_out[..., later, :], *(g[..., later, :] for g in ref_grads)], ["out", "dq", "dk", "dv"], 1e-4)
 
 
