@@ -190,15 +190,16 @@ def test_compositions_stay_on_chunked(method, reason):
         plan_backend(attn.parts, torch.device("cuda"), "triton")
 
 
-def test_document_segments_keep_fox_off_the_fused_kernel():
-    """Masks stay refused on the fused kernels, FoX's too (backends.NO_MASKS)."""
+def test_document_segments_on_the_fused_fox_kernel():
+    """FoX's fused kernel takes document ids (the biased-softmax kernels' masks); with DAPE V2 over it
+    they stay refused (backends.NO_MASKS)."""
     pytest.importorskip("triton")
     from dataclasses import replace
 
     parts = replace(Attention(AttentionConfig(method="fox"), 2, 32).parts, segments=True)
-    assert plan_backend(parts, torch.device("cuda")) == "chunked"
-    with pytest.raises(ValueError, match="take no mask yet"):
-        plan_backend(parts, torch.device("cuda"), "triton")
+    assert plan_backend(parts, torch.device("cuda")) == "triton"
+    dape = replace(Attention(AttentionConfig(method="dapev2-fox", dape_hidden=4), 2, 32).parts, segments=True)
+    assert plan_backend(dape, torch.device("cuda")) == "chunked"
 
 
 def test_the_memory_estimate_binds_the_gate():

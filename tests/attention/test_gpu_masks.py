@@ -1,6 +1,6 @@
 """CUDA checks of the window and document masks on the PyTorch backends (compiled FlexAttention's
-block mask, SDPA's boolean mask, what auto picks) against dense, forward and backward (run on the
-device; skipped without CUDA)."""
+block mask, SDPA's boolean mask) and what auto picks (the fused kernels for kerple, t5 and
+stick-breaking) against dense, forward and backward (run on the device; skipped without CUDA)."""
 
 import copy
 
@@ -28,7 +28,8 @@ def segments(B, T):
 
 
 @pytest.mark.parametrize("method,backend", [("kerple", "flex"), ("alibi", "flex"), ("nope", "flex"), ("rope", "sdpa"),
-                                            ("kerple", "auto"), ("dapev2-kerple", "auto"), ("stickbreaking", "auto")])
+                                            ("kerple", "auto"), ("t5", "auto"), ("dapev2-kerple", "auto"),
+                                            ("stickbreaking", "auto")])
 @pytest.mark.parametrize("T,window", [(1, 1), (63, 62), (111, 17), (256, 1), (256, 300)])
 @pytest.mark.parametrize("docs", [False, True])
 def test_masked_backends_match_dense(method, backend, T, window, docs):

@@ -167,32 +167,35 @@ def test_the_dape_conv_reads_zeros_at_a_window_edge():
 
 
 def test_the_planner_routes_masked_work_off_the_fused_kernels(monkeypatch):
+    """The fused kernels take masks but with a score processor (DAPE V2's): that masked work goes
+    elsewhere, and the rest of the masked compositions the kernels cover runs on them."""
     from lenx.attention.backends import fused
 
     # judged as on a CUDA machine with triton, whatever this one has
     monkeypatch.setattr(fused.importlib.util, "find_spec", lambda name: object())
     cuda = torch.device("cuda")
-    kerple = layer("kerple", 64).parts
+    dape = layer("dapev2-kerple", 64).parts
     # where triton would be judged (a CUDA device) it says why it cannot take the window
-    with pytest.raises(ValueError, match="no mask yet"):
-        plan_backend(kerple, cuda, "triton")
-    with pytest.raises(ValueError, match="no mask yet"):
-        Attention(AttentionConfig(method="kerple", window=8, backend="triton"), H, H * D)
-    with pytest.raises(ValueError, match="fused Triton kernels"):  # never run with the mask ignored
-        run_backend("triton", *(t.detach() for t in operands(1, 8)), kerple)
-    assert plan_backend(kerple, torch.device("cpu")) == "chunked"
+    with pytest.raises(ValueError, match="DAPE V2 kernels take no mask yet"):
+        plan_backend(dape, cuda, "triton")
+    with pytest.raises(ValueError, match="DAPE V2 kernels take no mask yet"):
+        Attention(AttentionConfig(method="dapev2-kerple", window=8, backend="triton", dape_hidden=4), H, H * D)
+    with pytest.raises(ValueError, match="fused"):  # never run with the mask ignored (here: no CUDA either)
+        run_backend("triton", *(t.detach() for t in operands(1, 8)), dape)
+    assert plan_backend(dape, torch.device("cpu")) == "chunked"
     assert plan_backend(layer("rope", 8).parts, torch.device("cpu")) == "sdpa"
-    assert plan_backend(layer("dapev2-kerple", 8).parts, torch.device("cpu")) == "chunked"
-    assert plan_note(layer("kerple", 0).parts, cuda) is None
-    assert plan_note(kerple, cuda) == "flex, not triton: the fused kernels take no mask yet (a window)"
-    assert plan_backend(replace(layer("dapev2-kerple", 8).parts, segments=True), cuda) == "chunked"
-    # stick-breaking's fused kernels take both masks
-    masked_sb = replace(layer("stickbreaking", 8).parts, segments=True)
-    assert plan_note(masked_sb, cuda) is None and plan_backend(masked_sb, cuda) == "triton"
+    assert plan_note(layer("dapev2-kerple", 0).parts, cuda) is None
+    assert plan_note(dape, cuda) == "chunked, not triton: the fused DAPE V2 kernels take no mask yet (a window)"
+    assert plan_backend(replace(dape, segments=True), cuda) == "chunked"
+    # the biased-softmax and stick-breaking kernels take both masks
+    for method in ("kerple", "kerple-power", "alibi", "t5", "stickbreaking"):
+        masked = replace(layer(method, 8).parts, segments=True)
+        assert plan_note(masked, cuda) is None and plan_backend(masked, cuda) == "triton", method
+    assert plan_backend(layer("kerple", 8).parts, torch.device("cpu")) == "chunked"
     # what a run's meta.json and `lenx bench --train-step` record
     from helpers import model_for
-    assert model_for("kerple", window=8, d_model=32).backend_notes(cuda) == [plan_note(kerple, cuda)]
-    assert model_for("kerple", d_model=32).backend_notes(cuda) == []
+    assert model_for("dapev2-kerple", window=8, d_model=32).backend_notes(cuda) == [plan_note(dape, cuda)]
+    assert model_for("kerple", window=8, d_model=32).backend_notes(cuda) == []
 
 
 @pytest.mark.parametrize("window,causal", [(-1, True), (4, False)])
@@ -229,3 +232,31 @@ def test_stickbreaking_masks_on_the_fused_kernels(T, window, docs):
     ref_grads = torch.autograd.grad((ref * weights).sum(), (q64, k64, v64))
     for g, r, name in zip(grads, ref_grads, "qkv"):
         assert_close(g, r, 1e-4, f"d{name}", floor=1e-3)
+
+
+@pytest.mark.parametrize("method,T,window,docs", [("kerple", 1, 1, False), ("alibi", 63, 62, True),
+                                                  ("t5", 111, 23, False), ("kerple-power", 111, 0, True),
+                                                  ("kerple", 111, 40, True)])
+def test_biased_masks_on_the_fused_kernels(method, T, window, docs):
+    """The planner's triton backend for a per-distance bias with a window and/or documents (Triton's
+    interpreter on the CPU, fp32; Fused.run passes both) against the hand-built float64 reference,
+    the bias parameters' gradients included."""
+    pytest.importorskip("triton")
+    B = 2
+    segments = torch.tensor([[0] * (T // 3) + [1] * (T - T // 3), [4] * T]) if docs else None
+    attn = layer(method, window).float()
+    parts = replace(attn.parts, segments=docs)
+    params = list(parts.bias.parameters())
+    q, k, v = (t.detach().float().requires_grad_() for t in operands(B, T))
+    out, rem = run_backend("triton", q, k, v, parts, 16, segments)
+    assert rem is None
+    grads = torch.autograd.grad((out * 1.0).sum() + (out ** 2).sum(), [q, k, v] + params)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    parts64 = replace(layer(method, window).parts, segments=docs)
+    ref, _ = hand_attention(q64, k64, v64, parts64, hand_seen(T, window, segments, B))
+    ref_grads = torch.autograd.grad(ref.sum() + (ref ** 2).sum(), [q64, k64, v64] + list(parts64.bias.parameters()))
+    assert_close(out, ref, 1e-4, "out")
+    # T = 1: the output is v whatever the scores, every other gradient exactly 0 (rounding noise: floor)
+    floor = ref_grads[2].norm().item() if T == 1 else 1e-3
+    for g, r, name in zip(grads, ref_grads, ["q", "k", "v"] + [f"bias{i}" for i in range(len(params))]):
+        assert_close(g, r, 1e-4, f"{method} d{name}", floor=floor)

@@ -11,7 +11,8 @@ from test_cli_errors import lenx, snapshot
 
 @pytest.mark.parametrize("overrides,says", [
     (["model.window=-1"], "model.window must be >= 0"),
-    (["model.window=8", "model.method=kerple", "model.backend=triton"], "take no mask yet but stick-breaking's (a window)"),
+    (["model.window=8", "model.method=dapev2-kerple", "model.backend=triton"],
+     "the fused DAPE V2 kernels take no mask yet (a window)"),
     (["model.layers=fox:w8,rope"], "a window on fox is not supported yet"),
 ])
 def test_a_bad_window_is_one_error_line(tmp_path, overrides, says):

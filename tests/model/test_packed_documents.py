@@ -81,28 +81,32 @@ def test_default_backend_plans_with_the_documents():
 
 
 def test_a_masked_run_plans_and_records_the_backends_that_take_document_ids():
-    """The fused kernels take no mask: where they would run a layer, a masked run's meta.json
-    (backends, backend_notes) and its memory estimate name the backend that does."""
+    """The fused DAPE V2 kernels take no mask: where they would run a layer, a masked run's meta.json
+    (backends, backend_notes) and its memory estimate name the backend that does; Kerple's fused
+    kernels take the document ids (no note)."""
     from dataclasses import replace
 
     from lenx.model.memory import estimate_memory
 
     cuda = torch.device("cuda")
-    model = model_for("kerple", d_model=32)
+    model = model_for("dapev2-kerple", d_model=32, dape_hidden=4)
     assert model.backend_notes(cuda) == []
-    note = "flex, not triton: the fused kernels take no mask yet (document segments)"
+    note = "chunked, not triton: the fused DAPE V2 kernels take no mask yet (document segments)"
     assert model.backend_notes(cuda, segments=True) == [note]
-    assert model.backends(cuda, segments=True) == ["flex", "flex"]
+    assert model.backends(cuda, segments=True) == ["chunked", "chunked"]
     cfg = replace(model.cfg, backend="auto")
-    assert estimate_memory(cfg, 2, 64, cuda, segments=True).backend == "flex"
-    assert estimate_memory(cfg, 2, 64, cuda).backend != "flex"
+    assert estimate_memory(cfg, 2, 64, cuda, segments=True).backend == "chunked"
+    assert estimate_memory(cfg, 2, 64, cuda).backend != "chunked"
+    kerple = model_for("kerple", d_model=32)
+    assert kerple.backend_notes(cuda, segments=True) == []
+    assert kerple.backends(cuda, segments=True) == ["triton", "triton"]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("method", ["kerple", "rope", "dapev2-kerple", "stickbreaking"])
+@pytest.mark.parametrize("method", ["kerple", "rope", "dapev2-kerple", "stickbreaking", "fox"])
 def test_a_packed_window_is_its_documents_run_alone_on_cuda(method):
-    """On the device the planner's backends with document ids (flex, sdpa, chunked: the fused kernels
-    take no mask) against the documents run alone there (which the fused kernels may run), fp32."""
+    """On the device the planner's backends with document ids (the fused kernels for kerple and
+    stick-breaking, sdpa, chunked) against the documents run alone there, fp32."""
     from lenx.config import LMConfig
     from lenx.model import LM
 

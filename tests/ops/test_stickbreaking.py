@@ -160,6 +160,33 @@ def test_stickbreaking_window_causal_gap():
     assert not torch.equal(out[:, :, 11:30], out2[:, :, 11:30])
 
 
+@pytest.mark.parametrize("attend_current", [False, True])
+@pytest.mark.parametrize("window,docs,later", [(0, True, 32), (20, False, 64)])
+def test_stickbreaking_skips_tiles_out_of_reach(attend_current, window, docs, later):
+    """Documents on tile boundaries (32 x 32 tiles), or a window of 20: the kernels never read a tile
+    wholly in an earlier document (a stick-breaking row sees none of its keys) or before a block's
+    window: cost O(the documents) or O(W), not O(T). NaNs in q, k, v at positions 0..31 reach none
+    of the outputs, remainders and gradients from `later` on, which match the reference's."""
+    torch.manual_seed(0)
+    T = 96
+    segments = (torch.arange(T, device=DEVICE) // 32)[None].expand(2, T) if docs else None
+    q, k, v = (torch.randn(2, 2, T, 16, device=DEVICE) for _ in range(3))
+    ref = [x.clone().requires_grad_() for x in (q, k, v)]
+    for x in (q, k, v):
+        x[..., :32, :] = float("nan")
+        x.requires_grad_()
+    do, drem = torch.randn(2, 2, T, 16, device=DEVICE), torch.randn(2, 2, T, device=DEVICE)
+    config = {"fwd": (32, 32, 4, 1), "bwd": (32, 32, 4, 1)}
+    out, rem = kernel.stickbreaking_triton(q, k, v, attend_current, config=config, window=window, segments=segments)
+    grads = torch.autograd.grad((out, rem), (q, k, v), (do, drem))
+    ref_out, ref_rem = stickbreaking_reference(*ref, attend_current, window=window, segments=segments)
+    ref_grads = torch.autograd.grad((ref_out, ref_rem), ref, (do, drem))
+    later = slice(later, None)
+    compare(f"stickbreaking out of reach W{window} docs{docs}", [out[..., later, :], rem[..., later], *(g[..., later, :] for g in grads)],
+            [ref_out[..., later, :], ref_rem[..., later], *(g[..., later, :] for g in ref_grads)],
+            ["out", "rem", "dq", "dk", "dv"], 1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("T,window,docs", [(1000, 1, 0), (1000, 129, 0), (4096, 512, 0), (4096, 0, 8), (4096, 700, 8)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

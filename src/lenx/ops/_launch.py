@@ -65,3 +65,29 @@ def check_dape_v2_weights(w1, w2, H: int, T: int, table):
                          f"{'with' if table is not None else 'without'} a bias table")
     if table is not None:
         check_table(table, H, T)
+
+
+def check_masks(window, segments, B: int, T: int, device):
+    """A window and document ids checked for the masked kernels -> (window, spans). window: an int >= 0
+    (0: none; one of T or more masks nothing and becomes 0). spans: None, or int32 [2, B, T], the
+    first and the last position of each token's document (two tokens share a document iff their
+    first positions agree, so the kernels compare those; the ids themselves may be any integers in
+    any order). The kernels skip the key tiles before the earliest first position of a row block,
+    and the key-owner kernel the query tiles after the latest last position of its keys. Built with
+    a stable sort, no host sync: ids need not be non-decreasing (they are in a packed window, whose
+    documents are contiguous runs; elsewhere a document's runs all count as its span)."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"window must be an int >= 0 (0: none), got {window!r}")
+    if segments is None:
+        return (0 if window >= T else window), None
+    if tuple(segments.shape) != (B, T) or segments.dtype.is_floating_point or segments.dtype == torch.bool:
+        raise ValueError(f"segments must be integer document ids [B, T] = [{B}, {T}], got {segments.dtype} "
+                         f"{tuple(segments.shape)}")
+    ids, order = segments.to(device=device, dtype=torch.int64).sort(dim=-1, stable=True)
+    # equal ids are one run of the sorted row, their positions increasing (a stable sort)
+    lo = torch.searchsorted(ids, ids, side="left")
+    hi = torch.searchsorted(ids, ids, side="right") - 1
+    spans = torch.empty(2, B, T, dtype=torch.int64, device=device)
+    spans[0].scatter_(1, order, order.gather(1, lo))
+    spans[1].scatter_(1, order, order.gather(1, hi))
+    return (0 if window >= T else window), spans.to(torch.int32)

@@ -4,7 +4,8 @@ Each backend is one object (base.Backend) that says why it cannot run a composit
 it. REGISTRY is the planner's order of preference: the first backend that can run a composition
 and may be picked automatically on the device wins. Adding a backend: one file and one entry here.
 
-triton   lenx's fused kernels (lenx.ops), CUDA only, where a kernel covers the composition (no masks yet)
+triton   lenx's fused kernels (lenx.ops), CUDA only, where a kernel covers the composition (masks: all
+         but DAPE V2's)
 sdpa     fused torch scaled_dot_product_attention: softmax with no bias and no processor (a window or
          document mask as a boolean mask)
 flex     FlexAttention with a per-distance bias table and/or a window or document block mask
@@ -37,12 +38,13 @@ def get_backend(name: str) -> Backend:
 
 
 # Backends whose kernels take no window or document mask yet, judged here and not in their files,
-# but for the compositions whose kernels do (stick-breaking's fused kernels take both).
-NO_MASKS = {"triton": "the fused Triton kernels take no mask yet but stick-breaking's"}
+# but for the compositions whose kernels do: the fused kernels take both but with a score processor
+# (DAPE V2's kernels, to be rebuilt with masks).
+NO_MASKS = {"triton": "the fused DAPE V2 kernels take no mask yet"}
 
 
 def _takes_masks(backend: str, parts: Parts) -> bool:
-    return backend not in NO_MASKS or (parts.normaliser.name == "stickbreaking" and parts.processor is None)
+    return backend not in NO_MASKS or parts.processor is None
 
 
 def _unsupported(backend: Backend, parts: Parts, device: torch.device) -> str | None:
@@ -92,7 +94,7 @@ def plan_note(parts: Parts, device: torch.device, requested: str = "auto") -> st
     if _takes_masks("triton", parts):
         return None
     chosen = plan_backend(parts, device, "auto")
-    return f"{chosen}, not triton: the fused kernels take no mask yet ({parts.masked})"
+    return f"{chosen}, not triton: the fused DAPE V2 kernels take no mask yet ({parts.masked})"
 
 
 __all__ = ["BACKENDS", "REGISTRY", "Backend", "LayerMemory", "Parts", "Work", "get_backend", "unsupported_reason",

@@ -2,7 +2,8 @@
 
 Covered (causal only): softmax + the DAPE V2 processor with or without a per-distance bias; softmax
 + a per-distance bias (alibi, kerple, kerple-power, t5) or FoX's bias with no processor; stick-breaking
-with no bias or processor (any remainder mode: the module applies it). Shapes the planner cannot see
+with no bias or processor (any remainder mode: the module applies it). All but DAPE V2 with a window
+and document segments (backends.NO_MASKS). Shapes the planner cannot see
 (head dim when unknown, T) are checked again when the kernel is called. DAPE V2's forward-only work
 goes to the Gluon forward on sm_90 where it covers the shape (`_use_gluon`), work that needs its
 gradient to the skewed training kernels where their buffers fit (`_skewed_plan`), the rest to the
@@ -89,15 +90,17 @@ class Fused(Backend):
         if parts.processor is not None:
             return _dape_v2(q, k, v, parts, chunk_size)
         c = parts.bias.token_values() if parts.bias is not None else None
+        masks = dict(window=parts.window, segments=segments)
         if c is not None:  # FoX, bound to one forward's prefix sums
             from ...ops.forgetting.triton import forgetting_attention
 
-            return forgetting_attention(q, k, v, c.float()), None
+            return forgetting_attention(q, k, v, c.float(), **masks), None
         from ...ops.biased_softmax.triton import biased_attention
 
         table = parts.bias.table(q.shape[-2], q.device) if parts.bias is not None else None
         # a bias may let the kernel give its parameters their gradients more cheaply (Kerple, T5)
-        return biased_attention(q, k, v, table, **parts.bias.fused_grad_args() if parts.bias is not None else {}), None
+        grad_args = parts.bias.fused_grad_args() if parts.bias is not None else {}
+        return biased_attention(q, k, v, table, **grad_args, **masks), None
 
 
 def _sources(parts):

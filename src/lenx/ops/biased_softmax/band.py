@@ -51,6 +51,35 @@ def band_tile(band_t, off_t, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr
     return x
 
 
+@triton.jit
+def rows_ref(c_h, m0, rows, T, ROWS: tl.constexpr):
+    """FoX (ROWS): (ref, cq), ref = c at the query block's first row m0 and cq = (c[rows] - ref)
+    log2(e). Taking ref from both c's before they are scaled keeps fp32's precision near the
+    diagonal, the entries that weigh, where c itself is large (about -0.7 t at position t)."""
+    ref = 0.0
+    cq = tl.zeros(rows.shape, tl.float32)
+    if ROWS:
+        ref = tl.load(c_h + m0)
+        cq = (tl.load(c_h + rows, mask=rows < T, other=ref) - ref) * 1.4426950408889634
+    return ref, cq
+
+
+@triton.jit
+def bias_tile(band_t, off_t, cq, c_h, ref, cols, T, MASK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               W: tl.constexpr, RES16: tl.constexpr, ROWS: tl.constexpr):
+    """The [BM, BN] bias tile, base 2: the band's (band.py), or with ROWS FoX's c_i - c_j from the
+    rows' cq (rows_ref) and the keys' c at c_h + cols, two vector loads."""
+    if ROWS:
+        if MASK:
+            ck = tl.load(c_h + cols, mask=cols < T, other=ref)
+        else:
+            ck = tl.load(c_h + cols)
+        x = cq[:, None] - ((ck - ref) * 1.4426950408889634)[None, :]
+    else:
+        x = band_tile(band_t, off_t, BM, BN, W, RES16)
+    return x
+
+
 def build_band(table, T, res16, trans=False):
     """The bias as a band [H, T + 2 PAD, W] (times log2(e)): band[h, PAD + R, c] is the bias at
     distance R - c. The [BM, BN] bias tile of query block m0 and key block n0 is then the plain

@@ -11,15 +11,16 @@ import math
 
 import torch
 
-from ..biased_softmax.reference import masked_softmax
+from ..biased_softmax.reference import masked_softmax, visible
 
 
-def forgetting_reference(q, k, v, c):
-    """Causal softmax attention of q, k, v [B, H, T, d] (scale 1/sqrt(d)) plus the bias c_i - c_j."""
+def forgetting_reference(q, k, v, c, window: int = 0, segments=None):
+    """Causal softmax attention of q, k, v [B, H, T, d] (scale 1/sqrt(d)) plus the bias c_i - c_j; window
+    and segments [B, T] mask keys as in biased_softmax_reference."""
     T = q.shape[-2]
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     pos = torch.arange(T, device=q.device)
     c = c.to(acc)
     scores = torch.matmul(q.to(acc), k.to(acc).transpose(-1, -2)) / math.sqrt(q.shape[-1])
     scores = scores + c[..., :, None] - c[..., None, :]
-    return masked_softmax(scores, v.to(acc), pos[None, :] <= pos[:, None]).to(v.dtype)
+    return masked_softmax(scores, v.to(acc), visible(pos, window, segments)).to(v.dtype)

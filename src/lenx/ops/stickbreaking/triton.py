@@ -30,8 +30,8 @@ import triton
 import triton.language as tl
 
 from .. import fastmath
-from .._launch import LOG2E, check_qkv, dot_precision, new, strides
-from ..tiles import key_tile
+from .._launch import LOG2E, check_masks, check_qkv, dot_precision, new, strides
+from ..tiles import key_tile, key_tiles, window_document
 
 
 @triton.jit
@@ -47,36 +47,26 @@ def _softplus_parts(qk, scale, HW: tl.constexpr):
 def _allowed(rows, cols, T, CURRENT: tl.constexpr, W, seg_r, SEG, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
     """[rows, keys] entries of a masked tile that take part: keys before the row (or at it, CURRENT),
     inside [0, T), in rows inside [0, T); with HAS_W, inside the row's window of W keys; with
-    HAS_SEG, of the row's document (seg_r the rows' ids, SEG the ids of this sequence)."""
+    HAS_SEG, of the row's document (seg_r the rows' documents, SEG this sequence's: each token's
+    document's first position, _launch.check_masks)."""
     if CURRENT:
         allowed = cols[None, :] <= rows[:, None]
     else:
         allowed = cols[None, :] < rows[:, None]
     allowed = allowed & (cols < T)[None, :] & (rows < T)[:, None]
-    if HAS_W:
-        allowed = allowed & (cols[None, :] > rows[:, None] - W)
-    if HAS_SEG:
-        seg_c = tl.load(SEG + cols, mask=cols < T, other=-2)
-        allowed = allowed & (seg_r[:, None] == seg_c[None, :])
-    return allowed
+    return window_document(allowed, rows[:, None], cols[None, :], seg_r[:, None], SEG, T, W, HAS_W, HAS_SEG)
 
 
 @triton.jit
-def _window_tiles(m0, W, BM: tl.constexpr, BN: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
+def _window_tiles(m0, rows, T, W, SEG, BM: tl.constexpr, BN: tl.constexpr, HAS_W: tl.constexpr,
+                  HAS_SEG: tl.constexpr):
     """The key tiles below the diagonal block [m0, m0 + BM) that a row of it sees: (first key, tiles,
-    of which the `clear` nearest the diagonal need no mask). Without a window: all from key 0, all
-    clear; a window skips the tiles wholly before its edge (cost O(W), not O(T)) and masks the tiles
-    that a row's edge crosses; documents mask every tile."""
-    first = 0
-    if HAS_W:
-        first = tl.maximum(m0 - W + 1, 0) // BN * BN
-    tiles = (m0 - first) // BN
-    clear = tiles
-    if HAS_W:
-        clear = tl.minimum(tiles, tl.maximum(W - BM, 0) // BN)  # tiles at keys >= m0 + BM - W
-    if HAS_SEG:
-        clear = 0
-    return first, tiles, clear
+    of which the `clear` nearest the diagonal need no mask). Without masks: all from key 0, all
+    clear; a window, or documents, skip the tiles wholly before the earliest key a row sees (a
+    row sees no key of an earlier document: cost O(W) or O(the documents), not O(T)) and mask
+    the tiles that a row's edge crosses (with documents, all: tiles.key_tiles)."""
+    first, edge = key_tiles(m0, rows, T, W, SEG, BM, BN, HAS_W, HAS_SEG)
+    return first, (m0 - first) // BN, (m0 - edge) // BN
 
 
 @triton.jit
@@ -179,7 +169,7 @@ def _sb_fwd(Q, K, V, O, REM, LTOT, SEGS,
         n0 = m0 + (n_diag - 1 - it) * BN
         acc, carry = _sb_fwd_tile(q, kp + n0 * skt, vp + n0 * svt, acc, carry, U, rows, n0 + nn, T, qk_scale,
                                   W, seg_r, SEG, CURRENT, True, SCAN_MM, PREC, HW, HAS_W, HAS_SEG)
-    first, tiles, clear = _window_tiles(m0, W, BM, BN, HAS_W, HAS_SEG)
+    first, tiles, clear = _window_tiles(m0, rows, T, W, SEG, BM, BN, HAS_W, HAS_SEG)
     for it in range(0, clear):
         n0 = m0 - (it + 1) * BN
         acc, carry = _sb_fwd_tile(q, kp + n0 * skt, vp + n0 * svt, acc, carry, U, rows, n0 + nn, T, qk_scale,
@@ -265,7 +255,7 @@ def _sb_bwd(Q, K, V, DO, DREM, REM, LTOT, DQ, DK, DV, SEGS,
     seg_r = rows
     if HAS_SEG:
         seg_r = tl.load(SEG + rows, mask=rmask, other=-1)
-    first, tiles, clear = _window_tiles(m0, W, BM, BN, HAS_W, HAS_SEG)
+    first, tiles, clear = _window_tiles(m0, rows, T, W, SEG, BM, BN, HAS_W, HAS_SEG)
     edge = first + (tiles - clear) * BN  # the masked tiles are the farthest from the diagonal
     for n0 in range(first, edge, BN):
         dq, pre_sp, pre_g = _sb_bwd_tile(q, do, kp + n0 * skt, vp + n0 * svt, DK + kv + n0 * DH, DV + kv + n0 * DH,
@@ -303,9 +293,9 @@ def tile_config(dtype, overrides: dict | None = None) -> dict:
 
 class StickBreakingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, attend_current, cfg, window, segments):
+    def forward(ctx, q, k, v, attend_current, cfg, window, spans):
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        segs = segments if segments is not None else q  # a pointer the kernel never reads
+        segs = spans[0] if spans is not None else q  # a pointer the kernel never reads
         B, H, T, DH = q.shape
         out = new(q.shape, q)
         rem = new((B, H, T), q, torch.float32)
@@ -315,9 +305,9 @@ class StickBreakingAttention(torch.autograd.Function):
             q, k, v, out, rem, total, segs, *strides(q), *strides(k), *strides(v), *strides(out),
             T, DH ** -0.5 * LOG2E, window, H=H, DH=DH, CURRENT=bool(attend_current), BM=BM, BN=BN,
             SCAN_MM=_SCANS[cfg["scan"][0]], PREC=dot_precision(q.dtype), HW=q.is_cuda, HAS_W=window > 0,
-            HAS_SEG=segments is not None, num_warps=nw, num_stages=ns)
+            HAS_SEG=spans is not None, num_warps=nw, num_stages=ns)
         ctx.save_for_backward(q, k, v, rem, total, segs)
-        ctx.window, ctx.has_seg = window, segments is not None
+        ctx.window, ctx.has_seg = window, spans is not None
         ctx.attend_current = bool(attend_current)
         ctx.cfg = cfg
         ctx.mark_non_differentiable(total)
@@ -350,11 +340,5 @@ def stickbreaking_triton(q, k, v, attend_current: bool = False, config: dict | N
     document ids segments [B, T]. config: tile settings over the defaults (see CONFIG), for tuning
     and tests."""
     check_qkv(q, k, v)
-    B, _, T, _ = q.shape
-    if not (isinstance(window, int) and window >= 0):
-        raise ValueError(f"window must be an int >= 0 (0: none), got {window!r}")
-    if segments is not None:
-        if tuple(segments.shape) != (B, T):
-            raise ValueError(f"segments must be [B, T] = [{B}, {T}], got {tuple(segments.shape)}")
-        segments = segments.to(device=q.device, dtype=torch.int32).contiguous()
-    return StickBreakingAttention.apply(q, k, v, attend_current, tile_config(q.dtype, config), int(window), segments)
+    window, spans = check_masks(window, segments, q.shape[0], q.shape[2], q.device)
+    return StickBreakingAttention.apply(q, k, v, attend_current, tile_config(q.dtype, config), window, spans)
