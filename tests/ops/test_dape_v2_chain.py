@@ -260,3 +260,76 @@ def test_offline_compile_has_no_spill_in_the_window_loop(ks, tmp_path):
     assert res["window_loop"]["loop_instructions"] > 1000
     assert res["window_loop"]["LDL"] == 0 and res["window_loop"]["STL"] == 0, res["window_loop"]
     assert res["shared_bytes"] <= 227 * 1024 and res["ptx_target"] == "sm_90a"
+
+
+# ---- the per-stage ablation of the chain (scripts/tune/ablate_chain.py) ----
+
+def _ablate_chain():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "tune" / "ablate_chain.py"
+    spec = importlib.util.spec_from_file_location("ablate_chain", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _kernel_text(src: str) -> str:
+    """The text of the chain kernel `_dape_v2_chain` (from its def to the next top-level def)."""
+    start = src.index("    def _dape_v2_chain(")
+    return src[start: src.index("\ndef kernel():", start)]
+
+
+def test_ablation_variants_edit_the_chain_once_each():
+    """Every variant's edits find their anchors in today's chain.py / gluon.py (each exactly once) and
+    give valid Python; base keeps the kernel's text unchanged, every other variant changes it or the
+    conv row loop it runs."""
+    import ast
+
+    A = _ablate_chain()
+    chain_src = A.CHAIN.read_text()
+    base = A.variant_source("base")
+    assert _kernel_text(base) == _kernel_text(chain_src)
+    assert A.conv_rows_source() in base and "def _conv_rows(" in A.conv_rows_source()
+    for name in A.VARIANTS:
+        text = A.variant_source(name)
+        ast.parse(text)
+        assert "from .gluon" not in text
+        if name != "base":
+            assert text != base, name
+
+
+def test_ablation_anchor_drift_is_a_clear_error(monkeypatch):
+    A = _ablate_chain()
+    monkeypatch.setitem(A.VARIANTS, "drifted", [("no such line in chain.py", "")])
+    with pytest.raises(SystemExit, match="error: variant 'drifted': its edit anchor is found 0 times"):
+        A.variant_source("drifted")
+
+
+def test_ablation_cli_refuses_an_unknown_variant(tmp_path):
+    """As a user runs it, from another directory: one line, rc 2, no JSON written."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "tune" / "ablate_chain.py"
+    r = subprocess.run([sys.executable, str(script), "-o", "out.json", "--only", "base;no such stage"],
+                       cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: unknown variant 'no such stage'")
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "out.json").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_chain_ready() is not None, reason=str(_chain_ready()))
+def test_gpu_ablation_base_is_the_chain(tmp_path):
+    """The ablation's base (chain.py with its own copy of the conv row loop) computes exactly what
+    chain.py's kernel does, and a variant without the convs runs and differs: its times measure the kernel."""
+    A = _ablate_chain()
+    q, k, v, w, tab = _case(300, 12, 64, 32, 3, "kerple", dtype=torch.bfloat16, device="cuda", seed=3)
+    o, lse = C.dape_v2_chain_forward(q, k, v, *w, tab)
+    ob, lb = A.load_variant("base", tmp_path).dape_v2_chain_forward(q, k, v, *w, tab)
+    on, _ = A.load_variant("no step 2 (conv rows)", tmp_path).dape_v2_chain_forward(q, k, v, *w, tab)
+    torch.cuda.synchronize()
+    assert torch.equal(o, ob) and torch.equal(lse, lb)
+    assert not torch.equal(o, on)
