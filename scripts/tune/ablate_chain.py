@@ -13,7 +13,7 @@ Two modes:
               bf16, host tables prepared once) as back-to-back medians, and its time saved against base.
 
 Usage (repository root):
-    PYTHONPATH=src python3 scripts/tune/ablate_chain.py -o ablate_chain.json [--T 8192] [--only "a;b"]
+    PYTHONPATH=src python3 scripts/tune/ablate_chain.py -o ablate_chain.json [--T 8192] [--ring 2] [--only "a;b"]
     PYTHONPATH=src /path/to/triton-3.6/python scripts/tune/ablate_chain.py --compile -o compile.json
 """
 
@@ -30,15 +30,10 @@ CHAIN = ROOT / "src" / "lenx" / "ops" / "dape_v2" / "chain.py"
 GLUON = ROOT / "src" / "lenx" / "ops" / "dape_v2" / "gluon.py"
 
 # anchors in chain.py (the step comments keep step 1's and step 3's head loops apart)
-STEP1 = "            for h in gl.static_range(H):\n                _thread_barrier()   # slot (h + 1) % 2 is free"
+STEP1 = "            for h in gl.static_range(H):\n                _thread_barrier()   # the slot of item h + RING - 1 is free"
 STEP3 = "            for h in gl.static_range(H):\n                t2 = t2n"
-K_LOADS = """                if h + 1 < H:
-                    _load1(ring, (h + 1) % 2, k_ptr + (h + 1) * skh, k_ok)
-                else:
-                    _load1(ring, (h + 1) % 2, v_ptr, k_ok)"""
-V_LOADS = """                if h + 1 < H:
-                    _load1(ring, (H + h + 1) % 2, v_ptr + (h + 1) * svh, k_ok)
-                else:  # the next window's first item"""
+K_LOADS = """                _issue(ring, h + RING - 1, H, RING, K + b * skb, V + b * svb, k_off, v_off, k_keys, skh, svh, skt, T, STEP)"""
+V_LOADS = """                _issue(ring, H + h + RING - 1, H, RING, K + b * skb, V + b * svb, k_off, v_off, k_keys, skh, svh, skt, T, STEP)"""
 QK = "                sT = warpgroup_mma(kb, Qs.index(h).permute((1, 0)), gl.zeros([64, BM], gl.float32, ACC_S), use_acc=False)"
 PV = "                o = warpgroup_mma(vb.permute((1, 0)), Pb, o)"
 SF = "                sT = _load_T(Ss.index(h), like)\n                fT = _load_T(XF.slice(h, 1, dim=1), like)"
@@ -71,9 +66,9 @@ VARIANTS = {
     "step 1 only": [NO_STEP2, NO_STEP3],
     "step 2 only": [NO_STEP1, NO_STEP3],
     "step 3 only": [NO_STEP1, NO_STEP2],
-    "no K loads (step 1 reads a stale tile)": [(K_LOADS, "                if h + 1 == H:\n"
-                                                "                    _load1(ring, (h + 1) % 2, v_ptr, k_ok)")],
-    "no V loads (step 3 reads a stale tile)": [(V_LOADS, "                if h + 1 == H:  # the next window's first item")],
+    # only the items of the other step are issued: the tiles of this one are stale
+    "no K loads (step 1 reads stale tiles)": [(K_LOADS, "                if h + RING - 1 >= H:\n    " + K_LOADS)],
+    "no V loads (step 3 reads stale tiles)": [(V_LOADS, "                if h + RING - 1 >= H:\n    " + V_LOADS)],
     "no QK wgmma": [(QK, "                sT = like + q0")],
     "no PV wgmma": [(PV, "                o = o + 1.0")],
     "no conv1 wgmma (tap sum kept)": [(CONV1, "            y = " + FAKE_Y)],
@@ -149,7 +144,7 @@ def window_census(sass: str, pairs: int) -> dict:
     return out
 
 
-def compile_variants(names, heads: int = 12, hidden: int = 32, k: int = 3) -> list:
+def compile_variants(names, ring: int = 2, heads: int = 12, hidden: int = 32, k: int = 3) -> list:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import gluon_compile as gc
 
@@ -160,7 +155,7 @@ def compile_variants(names, heads: int = 12, hidden: int = 32, k: int = 3) -> li
             fn = mod.kernel()
             sig = gc.fwd_signature(fn)
             div = [n for n, t in sig.items() if t.startswith("*") or n.startswith(("sq", "sk", "sv", "so"))]
-            consts = {"H": heads, "D": hidden, "KS": k, "BM": mod.BM, "num_warps": mod.NUM_WARPS}
+            consts = {"H": heads, "D": hidden, "KS": k, "BM": mod.BM, "RING": ring, "num_warps": mod.NUM_WARPS}
             sass = Path(tmp) / "k.sass"
             res = gc.compile_gluon(fn, sig, consts, mod.NUM_WARPS, sass_path=str(sass), divisible=div)
             row = {"variant": name, "registers": res["registers"], "stack_bytes": res["stack_bytes"],
@@ -171,7 +166,7 @@ def compile_variants(names, heads: int = 12, hidden: int = 32, k: int = 3) -> li
     return rows
 
 
-def time_variants(names, T: int) -> list:
+def time_variants(names, T: int, ring: int = 2) -> list:
     import torch
 
     from lenx.attention import DapeV2, KerpleLog
@@ -189,8 +184,8 @@ def time_variants(names, T: int) -> list:
         prepared = G.prepare(*w, KerpleLog(H).to(dev).table(T, dev).detach(), T, H, dev)
         for name in names:
             mod = load_variant(name, Path(tmp))
-            ms = median_ms(lambda: mod.dape_v2_chain_forward(q, k, v, *w, prepared=prepared), 25, 200, 30)[0]
-            rows.append({"variant": name, "T": T, "fwd_ms": ms})
+            ms = median_ms(lambda: mod.dape_v2_chain_forward(q, k, v, *w, prepared=prepared, ring=ring), 25, 200, 30)[0]
+            rows.append({"variant": name, "T": T, "ring": ring, "fwd_ms": ms})
             print(json.dumps(rows[-1]), flush=True)
     base = next((r["fwd_ms"] for r in rows if r["variant"] == "base"), None)
     for r in rows:
@@ -204,6 +199,7 @@ def main():
     ap.add_argument("-o", "--out", required=True, help="JSON file to write")
     ap.add_argument("--T", type=int, default=8192, help="sequence length of the timing (default 8192)")
     ap.add_argument("--only", default="", help="variant names separated by ';' (default: all)")
+    ap.add_argument("--ring", type=int, default=2, choices=(2, 3, 4), help="K/V ring slots of every variant (default 2)")
     ap.add_argument("--compile", action="store_true", help="compile offline for sm_90a instead of timing")
     a = ap.parse_args()
     names = [x for x in a.only.split(";") if x] or list(VARIANTS)
@@ -216,11 +212,11 @@ def main():
     if a.compile:  # the offline venv has triton 3.6 but no torch
         import triton
 
-        rows, env = compile_variants(names), {"triton": triton.__version__, "target": "sm_90a (offline)"}
+        rows, env = compile_variants(names, a.ring), {"triton": triton.__version__, "target": "sm_90a (offline)"}
     else:
         from lenx.runinfo import environment
 
-        rows, env = time_variants(names, a.T), environment()
+        rows, env = time_variants(names, a.T, a.ring), environment()
     with open(a.out, "w") as f:
         json.dump({"environment": env, "command": " ".join(sys.argv), "rows": rows}, f, indent=1)
 

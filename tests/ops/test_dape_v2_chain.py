@@ -333,3 +333,52 @@ def test_gpu_ablation_base_is_the_chain(tmp_path):
     torch.cuda.synchronize()
     assert torch.equal(o, ob) and torch.equal(lse, lb)
     assert not torch.equal(o, on)
+
+
+# ---- the K/V ring (chain.ring_sizes; emulate_chain.ring_reads replays its protocol) ----
+
+@pytest.mark.parametrize("H", range(1, 13))
+def test_ring_protocol_delivers_every_tile(H):
+    """Every ring size the kernel takes gives each read the tile it expects, over windows (the items
+    ahead cross into the next window), never overwrites an unread tile, never reads one in flight."""
+    from lenx.ops.dape_v2.emulate_chain import ring_reads
+    assert 2 in C.ring_sizes(H)
+    for ring in C.ring_sizes(H):
+        reads = ring_reads(H, ring, 3)
+        assert len(reads) == 3 * 2 * H and all(e == f for e, f in reads), (H, ring)
+
+
+@pytest.mark.parametrize("H", range(1, 13))
+def test_ring_sizes_refused_are_the_unsafe_ones(H):
+    """A size ring_sizes leaves out would deliver a wrong tile (or overwrite one unread): the rule
+    is exactly the protocol's condition."""
+    from lenx.ops.dape_v2.emulate_chain import ring_reads
+    for ring in set((2, 3, 4)) - set(C.ring_sizes(H)):
+        try:
+            bad = any(e != f for e, f in ring_reads(H, ring, 3))
+        except AssertionError:
+            bad = True
+        assert bad, (H, ring)
+
+
+def test_chain_refuses_a_ring_it_cannot_run():
+    """Before any device work (CPU tensors): a 4-slot ring at H 9 (2 H = 18 is not a multiple of 4)."""
+    q = torch.zeros(1, 9, 8, 64, dtype=torch.bfloat16)
+    w = [torch.zeros(32, 18, 1, 3), torch.zeros(32), torch.zeros(9, 32, 1, 3), torch.zeros(9)]
+    with pytest.raises(ValueError, match=r"ring of 4 slots at H 9 \(takes \(2, 3\)\)"):
+        C.dape_v2_chain_forward(q, q, q, *w, ring=4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_chain_ready() is not None, reason=str(_chain_ready()))
+@pytest.mark.parametrize("H,T", [(12, 1000), (12, 8192), (9, 300), (6, 300), (4, 111)])
+@pytest.mark.parametrize("ks,kind", [(3, "kerple"), (1, "alibi")])
+def test_gpu_chain_rings_give_the_same_bits(H, T, ks, kind):
+    """The ring only changes when K and V tiles arrive: every size the kernel takes at H gives the
+    default's output and LSE bit for bit; the default is checked against the reference elsewhere."""
+    q, k, v, w, tab = _case(T, H, 64, 32, ks, kind, dtype=torch.bfloat16, device="cuda", seed=4)
+    o2, l2 = C.dape_v2_chain_forward(q, k, v, *w, tab, ring=2)
+    for ring in C.ring_sizes(H)[1:]:
+        o, lse = C.dape_v2_chain_forward(q, k, v, *w, tab, ring=ring)
+        torch.cuda.synchronize()
+        assert torch.equal(o, o2) and torch.equal(lse, l2), f"ring {ring} at H {H}, T {T}"

@@ -122,3 +122,40 @@ def chain_schedule(q, k, v, w1, b1, w2, b2, table=None, *, half=None, p_dtype=No
             out[b][:, rows[r_ok]] = (O / l[..., None])[:, r_ok].to(q.dtype)
             lse[b][:, rows[r_ok]] = (m + l.log())[:, r_ok]
     return out, lse
+
+
+def ring_reads(H: int, ring: int, n_windows: int) -> list:
+    """chain.py's K/V ring replayed on tile names for n_windows windows: the prologue's ring - 1 items,
+    then per window item h + ring - 1 issued before step 1 reads K_h and item H + h + ring - 1 before
+    step 3 reads V_h; item i of window w goes to slot i % ring and is K_i (i < H), V_(i - H) (i < 2 H) or
+    the next window's K_(i - 2 H) (chain._issue). Returns (expected, found) per read: (window, "K" or
+    "V", head) and what the slot holds; AssertionError where a copy would overwrite an unread tile or
+    where the tile read may still be in flight after wait_group(ring - 1)."""
+    slots = [None] * ring          # (tile, issue number, read yet)
+    issued = 0
+
+    def issue(w, i):
+        nonlocal issued
+        tile = (w, "K", i) if i < H else (w, "V", i - H) if i < 2 * H else (w + 1, "K", i - 2 * H)
+        s = i % ring
+        assert slots[s] is None or slots[s][2], f"item {i} of window {w} overwrites unread {slots[s][0]}"
+        slots[s] = (tile, issued, False)
+        issued += 1
+
+    def read(expected, s):
+        tile, n, _ = slots[s]
+        assert issued - 1 - n <= ring - 1, f"{tile} may still be in flight when read"
+        slots[s] = (tile, n, True)
+        return expected, tile
+
+    reads = []
+    for i in range(ring - 1):
+        issue(0, i)
+    for w in range(n_windows):
+        for h in range(H):
+            issue(w, h + ring - 1)
+            reads.append(read((w, "K", h), h % ring))
+        for h in range(H):
+            issue(w, H + h + ring - 1)
+            reads.append(read((w, "V", h), (H + h) % ring))
+    return reads
