@@ -371,11 +371,11 @@ def test_chain_refuses_a_ring_it_cannot_run():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(_chain_ready() is not None, reason=str(_chain_ready()))
-@pytest.mark.parametrize("H,T", [(12, 1000), (12, 8192), (9, 300), (6, 300), (4, 111)])
-@pytest.mark.parametrize("ks,kind", [(3, "kerple"), (1, "alibi")])
+@pytest.mark.parametrize("H,T,ks,kind", [(12, 8192, 3, "kerple"), (6, 300, 1, "alibi"), (9, 111, 3, "kerple")])
 def test_gpu_chain_rings_give_the_same_bits(H, T, ks, kind):
     """The ring only changes when K and V tiles arrive: every size the kernel takes at H gives the
-    default's output and LSE bit for bit; the default is checked against the reference elsewhere."""
+    default's output and LSE bit for bit (the default is checked against the reference elsewhere).
+    Seven compiles: H 12 rings 3, 4; H 6 rings 2, 3, 4; H 9 rings 2, 3."""
     q, k, v, w, tab = _case(T, H, 64, 32, ks, kind, dtype=torch.bfloat16, device="cuda", seed=4)
     o2, l2 = C.dape_v2_chain_forward(q, k, v, *w, tab, ring=2)
     for ring in C.ring_sizes(H)[1:]:
