@@ -382,3 +382,17 @@ def test_gpu_chain_rings_give_the_same_bits(H, T, ks, kind):
         o, lse = C.dape_v2_chain_forward(q, k, v, *w, tab, ring=ring)
         torch.cuda.synchronize()
         assert torch.equal(o, o2) and torch.equal(lse, l2), f"ring {ring} at H {H}, T {T}"
+
+
+def test_ablation_window_census_counts_the_pair_loop_per_row_pair():
+    """window_census on a made-up SASS: a window loop of 10 instructions (0x10-0xa0) holding the first
+    window's copy of the pair loop (4, 0x20-0x50, skipped) and the pair loop (3, 0x60-0x80), run 8
+    times: 10 - 4 - 3 + 8 x 3 issued; the copy's barrier and wgmma are not counted."""
+    A = _ablate_chain()
+    ops = ["NOP", "BAR.SYNC 0x0", "HGMMA.64x64x16", "LDS R0, [R1]", "@P0 BRA 0x20",
+           "NOP", "LDG.E R2, [R4]", "@!P1 BRA 0x60",
+           "STS [R1], R0", "BRA 0x10", "EXIT"]
+    sass = "\n".join(f"        /*{0x10 * (i + 1):04x}*/   {op} ;" for i, op in enumerate(ops))
+    c = A.window_census(sass, 8)
+    assert c["pair_loop"] == 3 and c["issued"] == 10 - 4 - 3 + 8 * 3
+    assert (c["BAR"], c["HGMMA"], c["LDS"], c["LDG"], c["STS"]) == (0, 0, 0, 8, 1)

@@ -14,7 +14,8 @@ from ws = -2h stepping BNW - 4h, a window's outputs being its keys [ws + 2h, ws 
     rounded.
  3. per head: logits S + (t2 + g)[h, i - j] + (f - g) on the window's outputs and the causal triangle,
     online softmax over the windows (base 2, from m = -1e30), P rounded to the P dtype, O += P V_h.
-Finally O = acc / l and lse = m + ln l.
+Finally O = acc / l and lse = m + ln l. How K and V tiles reach shared memory (the ring of RING slots)
+changes no value; ring_reads replays that protocol on tile names.
 
 Tables (the host's, tables.cached): t1, k0 and t2 of rewrite A (reference.dape_v2_tables) and
 g = reference.residual_table (conv2 of leaky(t1) by distance) folded into t2; without a bias table, a zero table and zero bias-channel
