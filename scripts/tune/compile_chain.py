@@ -4,7 +4,7 @@ the window loop (the kernel's longest loop: every key window's QK, conv rows and
 when there are any there. Needs triton 3.6 (the Gluon API the kernel is written against); no GPU.
 
 Usage (repository root):
-    PYTHONPATH=src /path/to/triton-3.6/python scripts/tune/compile_chain.py [--heads 12] [--k 3] [--sass F]
+    PYTHONPATH=src /path/to/triton-3.6/python scripts/tune/compile_chain.py [--heads 12] [--k 3] [--ring 4] [--sass F]
 """
 
 import argparse
@@ -32,13 +32,14 @@ def loop_spills(sass: str) -> dict:
     return {"loop_instructions": len(body), "LDL": ops.count("LDL"), "STL": ops.count("STL")}
 
 
-def compile_chain(heads: int = 12, hidden: int = 32, k: int = 3, sass_path=None) -> dict:
+def compile_chain(heads: int = 12, hidden: int = 32, k: int = 3, sass_path=None, ring=None) -> dict:
     from lenx.ops.dape_v2 import chain as C
 
     fn = C.kernel()
     sig = gc.fwd_signature(fn)
     div = [n for n, t in sig.items() if t.startswith("*") or n.startswith(("sq", "sk", "sv", "so"))]
-    consts = {"H": heads, "D": hidden, "KS": k, "BM": C.BM, "num_warps": C.NUM_WARPS}
+    ring = 2 if ring is None else ring
+    consts = {"H": heads, "D": hidden, "KS": k, "BM": C.BM, "RING": ring, "num_warps": C.NUM_WARPS}
     tmp = sass_path or "/tmp/lenx_chain.sass"
     out = gc.compile_gluon(fn, sig, consts, C.NUM_WARPS, sass_path=tmp, divisible=div)
     out["window_loop"] = loop_spills(Path(tmp).read_text())
@@ -50,12 +51,13 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--ring", type=int, default=None, help="K/V ring slots (chain.ring_sizes; default 2)")
     ap.add_argument("--sass", default=None, help="write the SASS here")
     a = ap.parse_args()
     import triton
 
-    res = {"triton": triton.__version__, "shape": {"heads": a.heads, "hidden": a.hidden, "k": a.k},
-           "chain": compile_chain(a.heads, a.hidden, a.k, a.sass)}
+    res = {"triton": triton.__version__, "shape": {"heads": a.heads, "hidden": a.hidden, "k": a.k, "ring": a.ring},
+           "chain": compile_chain(a.heads, a.hidden, a.k, a.sass, a.ring)}
     print(json.dumps(res, indent=1))
     loop = res["chain"]["window_loop"]
     if loop["LDL"] or loop["STL"]:

@@ -2,10 +2,12 @@
 evaluation runs it: bf16, B 1, H 12, d 64, D 32, k 3, Kerple, no autograd graph, host tables built
 once outside the timing (tables.cached does that in the model). Back-to-back medians
 (lenx.bench.kernels.median_ms), the chain's output checked against gluon.py's on the same inputs,
-one JSON file out. About 30-60 s on an H200, most of it the two kernels' first compile.
+one JSON file out. With --rings, the chain once per K/V ring size (chain.ring_sizes: 2 is the
+default), each checked bit-equal to ring 2's output. About 30-60 s on an H200 (+ ~10 s a ring), most
+of it the kernels' first compile.
 
 Usage (repository root, sm_90 GPU, triton 3.6):
-    PYTHONPATH=src python3 scripts/tune/time_chain.py chain_times.json [--lengths 8192,16384]
+    PYTHONPATH=src python3 scripts/tune/time_chain.py chain_times.json [--lengths 8192,16384] [--rings 2,3,4]
 """
 
 import argparse
@@ -26,10 +28,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out", help="JSON file to write")
     ap.add_argument("--lengths", default="8192,16384")
+    ap.add_argument("--rings", default="2", help="K/V ring sizes of the chain, comma-separated (default 2)")
     a = ap.parse_args()
-    lengths = [int(x) for x in a.lengths.split(",")]
-    dev = torch.device("cuda")
     H, dh, D, ks = 12, 64, 32, 3
+    try:
+        lengths = [int(x) for x in a.lengths.split(",")]
+        rings = [int(x) for x in a.rings.split(",")]
+    except ValueError:
+        ap.exit(2, "error: --lengths and --rings take comma-separated integers\n")
+    if 2 not in rings or not set(rings) <= set(C.ring_sizes(H)):
+        ap.exit(2, f"error: --rings must include 2 and be among {C.ring_sizes(H)} at H {H} (got {a.rings})\n")
+    dev = torch.device("cuda")
     proc = DapeV2(H, D, ks, with_bias=True).to(dev)
     w = [x.detach() for x in proc.conv_weights()]
     kb = KerpleLog(H).to(dev)
@@ -44,15 +53,22 @@ def main():
                 "gluon": lambda: G.dape_v2_gluon_forward(q, k, v, *w, prepared=prepared),
                 "chain": lambda: C.dape_v2_chain_forward(q, k, v, *w, prepared=prepared),
             }
+            for r in rings[1:]:
+                cases[f"chain_ring{r}"] = lambda r=r: C.dape_v2_chain_forward(q, k, v, *w, prepared=prepared, ring=r)
             og, lg = cases["gluon"]()
             oc, lc = cases["chain"]()
             err = ((oc.float() - og.float()).norm() / og.float().norm()).item()
             row = {"T": T, "chain_vs_gluon_rel_err": err, "chain_vs_gluon_lse_max_abs": (lc - lg).abs().max().item()}
+            for r in rings[1:]:
+                o_r, l_r = cases[f"chain_ring{r}"]()
+                row[f"chain_ring{r}_bits_equal"] = bool(torch.equal(o_r, oc) and torch.equal(l_r, lc))
             for name, fn in cases.items():
                 row[f"{name}_ms"] = median_ms(fn, 25, 200, 20)[0]
         row["gluon_x_sdpa"] = row["gluon_ms"] / row["sdpa_ms"]
         row["chain_x_sdpa"] = row["chain_ms"] / row["sdpa_ms"]
         row["chain_speedup_vs_gluon"] = row["gluon_ms"] / row["chain_ms"]
+        for r in rings[1:]:
+            row[f"chain_ring{r}_x_sdpa"] = row[f"chain_ring{r}_ms"] / row["sdpa_ms"]
         rows.append(row)
         print(json.dumps(row), flush=True)
     with open(a.out, "w") as f:

@@ -52,6 +52,20 @@ def test_tap_rows_put_a_channels_taps_in_one_thread():
         assert {G.tap_row(t, c) ^ G.tap_row(0, c) for t in range(4)} == {0, 8, 64, 72}
 
 
+def test_leaky_relu_as_a_maximum_is_the_same_bits():
+    """The conv row loop's LeakyReLU is max(y, 0.01 y) (two instructions instead of three): the same
+    fp32 bits as where(y > 0, y, 0.01 y) at every sign, zero, subnormal, huge value and inf; NaN stays
+    NaN (its payload may differ)."""
+    g = torch.Generator().manual_seed(0)
+    edge = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 1e-38, -1e-38, 3e38, -3e38, float("inf"), float("-inf"), float("nan")])
+    y = torch.cat([edge, torch.randn(4096, generator=g) * torch.logspace(-30, 30, 4096)]).float()
+    a = torch.maximum(y, 0.01 * y)
+    b = torch.where(y > 0, y, 0.01 * y)
+    ok = ~torch.isnan(y)
+    assert torch.equal(a[ok].view(torch.int32), b[ok].view(torch.int32))
+    assert torch.isnan(a[~ok]).all() and torch.isnan(b[~ok]).all()
+
+
 def test_conv_weights_rows_and_prepare_under_autocast():
     """conv_weights puts w1 / w2 tap t of channel c at row tap_row(t, c) and zero elsewhere; prepare's
     tables stay fp32 under bf16 autocast (evaluation runs under it)."""

@@ -12,6 +12,10 @@ K tiles, no second wgmma per head). The logits then hold fp16 S (|error| <= |S| 
 Why Gluon: a conv tap is a key shift of an on-chip tile; Triton can only gather registers (which
 spilled) or recompute QK per tap (1.6x slower; notes/kernels.md), Gluon shifts by register renames.
 
+K and V tiles stream through a ring of RING single tiles, RING - 1 of them in flight (2 by default; 3
+and 4 keep more of the L2 latency off step 1's and step 3's chain, for timing: notes/kernels.md, issue
+45 step 4). The ring changes when tiles arrive, never what is computed: every ring gives the same bits.
+
 Limits: d 64, H <= 12 (shared memory: the S buffer takes 2 KB a head), D <= 32, k in (1, 3), bf16.
 """
 
@@ -38,20 +42,35 @@ if _GLUON_ERROR is None:
         async_copy.commit_group()
 
     @gluon.jit
-    def _ready1(ring, slot: gl.constexpr):
-        """Wait for the second-newest commit group (this item; the next one stays in flight), make every
-        thread's copies visible to the tensor cores."""
-        async_copy.wait_group(1)
+    def _ready1(ring, slot: gl.constexpr, PENDING: gl.constexpr):
+        """Wait until at most PENDING commit groups are in flight (this item's has landed; the next
+        PENDING items' stay in flight), make every thread's copies visible to the tensor cores."""
+        async_copy.wait_group(PENDING)
         _thread_barrier()
         fence_async_shared()
         return ring[slot]
+
+    @gluon.jit
+    def _issue(ring, i: gl.constexpr, H: gl.constexpr, RING: gl.constexpr, Kb, Vb, k_off, v_off, k_keys, skh, svh,
+               skt, T, STEP: gl.constexpr):
+        """Start ring item i of a window into slot i % RING: K_i (i < H), V_(i - H) (i < 2 H), else K_(i - 2 H)
+        of the next window (STEP keys on). Kb, Vb: this batch entry's K and V; k_off, v_off: the window's
+        int32 element offsets, k_keys its keys (fewer live registers than pointers and masks).
+        2 H % RING == 0 keeps every slot a compile-time constant; RING - 1 <= H keeps i < 3 H."""
+        if i < H:
+            _load1(ring, i % RING, (Kb + i * skh) + k_off, ((k_keys >= 0) & (k_keys < T))[:, None])
+        elif i < 2 * H:
+            _load1(ring, i % RING, (Vb + (i - H) * svh) + v_off, ((k_keys >= 0) & (k_keys < T))[:, None])
+        else:
+            _load1(ring, i % RING, (Kb + (i - 2 * H) * skh + STEP * skt) + k_off,
+                   ((k_keys + STEP >= 0) & (k_keys + STEP < T))[:, None])
 
     @gluon.jit
     def _dape_v2_chain(Q, K, V, W1A, W2A, T1, K0, T2, O, LSE,
                        sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
                        T, scale,
                        H: gl.constexpr, D: gl.constexpr, KS: gl.constexpr, BM: gl.constexpr,
-                       num_warps: gl.constexpr):
+                       RING: gl.constexpr, num_warps: gl.constexpr):
         HALF: gl.constexpr = KS // 2
         STEP: gl.constexpr = 64 - 4 * HALF
         LOG2E: gl.constexpr = 1.4426950408889634
@@ -74,8 +93,16 @@ if _GLUON_ERROR is None:
         PLAIN3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
         NV64: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, 64], gl.bfloat16)
         Qs = gl.allocate_shared_memory(gl.bfloat16, [H, BM, 64], gl.NVMMASharedLayout.get_default_for([BM, 64], gl.bfloat16))
-        # a 2-slot ring of single tiles: K_h in step 1, V_h in step 3 (one allocation each, as gluon.py)
-        ring = (gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64), gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64))
+        # a ring of RING single tiles, RING - 1 of them in flight: K_h in step 1, V_h in step 3 (one
+        # allocation each, as gluon.py: in one allocation the compiler put a barrier after every copy)
+        if RING == 4:
+            ring = (gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64), gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64),
+                    gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64), gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64))
+        elif RING == 3:
+            ring = (gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64), gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64),
+                    gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64))
+        else:
+            ring = (gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64), gl.allocate_shared_memory(gl.bfloat16, [64, 64], NV64))
         Pb = gl.allocate_shared_memory(gl.bfloat16, [64, BM], gl.NVMMASharedLayout.get_default_for([64, BM], gl.bfloat16))
         Xb = gl.allocate_shared_memory(gl.float16, [16, 128], gl.NVMMASharedLayout.get_default_for([16, 128], gl.float16))
         Zb = gl.allocate_shared_memory(gl.float16, [32, 128], gl.NVMMASharedLayout.get_default_for([32, 128], gl.float16))
@@ -114,10 +141,12 @@ if _GLUON_ERROR is None:
         inner = (s_off >= 2 * HALF) & (s_off < 64 - 2 * HALF)
         like = gl.zeros([64, BM], gl.float32, ACC_S)   # the layout _load_T reads S and f in
 
-        # ring items, one ahead: K_h of step 1 (n = 2 H w + h), V_h of step 3 (n = 2 H w + H + h); slot n % 2
+        # ring items, RING - 1 ahead: K_h of step 1 (n = 2 H w + h), V_h of step 3 (n = 2 H w + H + h); slot n % RING
         ws = -2 * HALF
         k_keys = ws + _col_key(ld_n)
-        _load1(ring, 0, K + b * skb + k_keys[:, None] * skt + ld_d[None, :], ((k_keys >= 0) & (k_keys < T))[:, None])
+        k_off = k_keys[:, None] * skt + ld_d[None, :]
+        for i in gl.static_range(RING - 1):
+            _issue(ring, i, H, RING, K + b * skb, V + b * svb, k_off, k_off, k_keys, skh, svh, skt, T, STEP)
 
         y0 = _tapsum(gl.zeros([128, 128], gl.float32, ACC_Y), KS)
         pp, cc, key0 = _slot_key(y0)
@@ -126,21 +155,17 @@ if _GLUON_ERROR is None:
         last = gl.minimum(q0 + BM, T) - 1
         for ws in range(-2 * HALF, last - 2 * HALF + 1, STEP):
             k_keys = ws + _col_key(ld_n)
-            k_ok = ((k_keys >= 0) & (k_keys < T))[:, None]
-            k_ptr = K + b * skb + k_keys[:, None] * skt + ld_d[None, :]
-            v_ptr = V + b * svb + k_keys[:, None] * svt + ld_d[None, :]
+            k_off = k_keys[:, None] * skt + ld_d[None, :]
+            v_off = k_keys[:, None] * svt + ld_d[None, :]
             s_keys = ws + s_off
             tril = (s_keys[:, None] <= s_rows[None, :]) & (s_keys >= 0)[:, None] & (s_keys < T)[:, None]
             t2_ptr = T2 + (s_rows[None, :] - s_keys[:, None] + T - 1)
 
             # 1. scores of every head, once: conv1's input (XF) and the logits' S (Ss), fp16, tril applied
             for h in gl.static_range(H):
-                _thread_barrier()   # slot (h + 1) % 2 is free: its last reader (the previous item) is done
-                if h + 1 < H:
-                    _load1(ring, (h + 1) % 2, k_ptr + (h + 1) * skh, k_ok)
-                else:
-                    _load1(ring, (h + 1) % 2, v_ptr, k_ok)
-                kb = _ready1(ring, h % 2)
+                _thread_barrier()   # the slot of item h + RING - 1 is free: its last reader (item h - 1) is done
+                _issue(ring, h + RING - 1, H, RING, K + b * skb, V + b * svb, k_off, v_off, k_keys, skh, svh, skt, T, STEP)
+                kb = _ready1(ring, h % RING, RING - 1)
                 sT = warpgroup_mma(kb, Qs.index(h).permute((1, 0)), gl.zeros([64, BM], gl.float32, ACC_S), use_acc=False)
                 sT = gl.where(tril, sT * scale, 0.0)
                 x = gl.reshape(gl.permute(sT.to(gl.float16), (1, 0)), [BM, 1, 64])
@@ -166,13 +191,8 @@ if _GLUON_ERROR is None:
                 if h + 1 < H:
                     t2n = gl.load(t2_ptr + (h + 1) * (2 * T - 1), mask=valid, other=0.0)
                 _thread_barrier()
-                if h + 1 < H:
-                    _load1(ring, (H + h + 1) % 2, v_ptr + (h + 1) * svh, k_ok)
-                else:  # the next window's first item
-                    n_keys = ws + STEP + _col_key(ld_n)
-                    _load1(ring, (H + h + 1) % 2, K + b * skb + n_keys[:, None] * skt + ld_d[None, :],
-                           ((n_keys >= 0) & (n_keys < T))[:, None])
-                vb = _ready1(ring, (H + h) % 2)
+                _issue(ring, H + h + RING - 1, H, RING, K + b * skb, V + b * svb, k_off, v_off, k_keys, skh, svh, skt, T, STEP)
+                vb = _ready1(ring, (H + h) % RING, RING - 1)
                 sT = _load_T(Ss.index(h), like)
                 fT = _load_T(XF.slice(h, 1, dim=1), like)
                 lg = gl.where(valid, sT.to(gl.float32) + t2 + fT.to(gl.float32), float("-inf"))
@@ -226,10 +246,18 @@ def unsupported_reason(q, H: int, D: int, ks: int):
     return why
 
 
-def dape_v2_chain_forward(q, k, v, w1, b1, w2, b2, table=None, prepared=None):
+def ring_sizes(H: int) -> tuple:
+    """The K/V ring sizes the kernel takes at H heads: a ring of R slots keeps R - 1 tiles in flight;
+    R must divide 2 H (the items of a window: every item's slot a compile-time constant) and R - 1 <= H
+    (the items ahead reach no further than the next window's K). 2 is the default (one tile ahead)."""
+    return tuple(r for r in (2, 3, 4) if (2 * H) % r == 0 and r - 1 <= H)
+
+
+def dape_v2_chain_forward(q, k, v, w1, b1, w2, b2, table=None, prepared=None, ring=None):
     """Forward of causal DAPE V2 attention, q, k, v [B, H, T, 64] bf16 on an sm_90 GPU; returns (o
     [B, H, T, 64] bf16, lse [B, H, T] fp32, natural log). prepared: gluon.prepare's operands for these
-    weights, table and T (tables.cached), if the caller has them."""
+    weights, table and T (tables.cached), if the caller has them. ring: the K/V ring's slots, one of
+    ring_sizes(H) (default 2: one tile in flight; 3 and 4 are for timing until measured)."""
     import torch
 
     B, H, T, dh = q.shape
@@ -237,6 +265,9 @@ def dape_v2_chain_forward(q, k, v, w1, b1, w2, b2, table=None, prepared=None):
     if dh != 64 or H > MAX_HEADS or D > CS or ks not in (1, 3) or q.dtype != torch.bfloat16:
         raise NotImplementedError(f"DAPE V2 forward chain: d 64, H <= {MAX_HEADS}, D <= {CS}, k in (1, 3), bf16 "
                                   f"only (got d {dh}, H {H}, D {D}, k {ks}, {q.dtype})")
+    ring = 2 if ring is None else ring
+    if ring not in ring_sizes(H):
+        raise ValueError(f"DAPE V2 forward chain: a K/V ring of {ring} slots at H {H} (takes {ring_sizes(H)})")
     q, k, v = (_aligned(x) for x in (q, k, v))
     W1A, W2A, t1, k0, t2 = prepared if prepared is not None else prepare(w1, b1, w2, b2, table, T, H, q.device)
     o = torch.empty_like(q)
@@ -244,8 +275,8 @@ def dape_v2_chain_forward(q, k, v, w1, b1, w2, b2, table=None, prepared=None):
     grid = ((T + BM - 1) // BM, B)
     kernel()[grid](q, k, v, W1A, W2A, t1, k0, t2, o, lse,
                    *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-                   T, 1.0 / math.sqrt(dh), H=H, D=D, KS=ks, BM=BM, num_warps=NUM_WARPS)
+                   T, 1.0 / math.sqrt(dh), H=H, D=D, KS=ks, BM=BM, RING=ring, num_warps=NUM_WARPS)
     return o, lse
 
 
-__all__ = ["BM", "BNW", "MAX_HEADS", "dape_v2_chain_forward", "kernel", "unsupported_reason"]
+__all__ = ["BM", "BNW", "MAX_HEADS", "dape_v2_chain_forward", "kernel", "ring_sizes", "unsupported_reason"]

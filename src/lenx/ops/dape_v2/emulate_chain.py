@@ -14,7 +14,8 @@ from ws = -2h stepping BNW - 4h, a window's outputs being its keys [ws + 2h, ws 
     rounded.
  3. per head: logits S + (t2 + g)[h, i - j] + (f - g) on the window's outputs and the causal triangle,
     online softmax over the windows (base 2, from m = -1e30), P rounded to the P dtype, O += P V_h.
-Finally O = acc / l and lse = m + ln l.
+Finally O = acc / l and lse = m + ln l. How K and V tiles reach shared memory (the ring of RING slots)
+changes no value; ring_reads replays that protocol on tile names.
 
 Tables (the host's, tables.cached): t1, k0 and t2 of rewrite A (reference.dape_v2_tables) and
 g = reference.residual_table (conv2 of leaky(t1) by distance) folded into t2; without a bias table, a zero table and zero bias-channel
@@ -122,3 +123,40 @@ def chain_schedule(q, k, v, w1, b1, w2, b2, table=None, *, half=None, p_dtype=No
             out[b][:, rows[r_ok]] = (O / l[..., None])[:, r_ok].to(q.dtype)
             lse[b][:, rows[r_ok]] = (m + l.log())[:, r_ok]
     return out, lse
+
+
+def ring_reads(H: int, ring: int, n_windows: int) -> list:
+    """chain.py's K/V ring replayed on tile names for n_windows windows: the prologue's ring - 1 items,
+    then per window item h + ring - 1 issued before step 1 reads K_h and item H + h + ring - 1 before
+    step 3 reads V_h; item i of window w goes to slot i % ring and is K_i (i < H), V_(i - H) (i < 2 H) or
+    the next window's K_(i - 2 H) (chain._issue). Returns (expected, found) per read: (window, "K" or
+    "V", head) and what the slot holds; AssertionError where a copy would overwrite an unread tile or
+    where the tile read may still be in flight after wait_group(ring - 1)."""
+    slots = [None] * ring          # (tile, issue number, read yet)
+    issued = 0
+
+    def issue(w, i):
+        nonlocal issued
+        tile = (w, "K", i) if i < H else (w, "V", i - H) if i < 2 * H else (w + 1, "K", i - 2 * H)
+        s = i % ring
+        assert slots[s] is None or slots[s][2], f"item {i} of window {w} overwrites unread {slots[s][0]}"
+        slots[s] = (tile, issued, False)
+        issued += 1
+
+    def read(expected, s):
+        tile, n, _ = slots[s]
+        assert issued - 1 - n <= ring - 1, f"{tile} may still be in flight when read"
+        slots[s] = (tile, n, True)
+        return expected, tile
+
+    reads = []
+    for i in range(ring - 1):
+        issue(0, i)
+    for w in range(n_windows):
+        for h in range(H):
+            issue(w, h + ring - 1)
+            reads.append(read((w, "K", h), h % ring))
+        for h in range(H):
+            issue(w, H + h + ring - 1)
+            reads.append(read((w, "V", h), (H + h) % ring))
+    return reads

@@ -339,10 +339,10 @@ if _GLUON_ERROR is None:
             y += t1v
             if WITH_K0:
                 y = _minus_k0(y, K0, q0 + 2 * ip + pp2, cc2, q2, D, T)
-            z = gl.where(y > 0, y, 0.01 * y)
+            z = gl.maximum(y, 0.01 * y)   # LeakyReLU in two instructions (FMUL, FMNMX), the same bits as where(y > 0, ..)
             # residual hidden map: minus leaky(t1) at every key (its conv2 is the host's g, in T2),
             # so the fp16 z and f stay small when the bias table is large (ALiBi at long T)
-            z = gl.where((key >= 0) & (key < T), z, 0.0) - gl.where(t1v > 0, t1v, 0.01 * t1v)
+            z = gl.where((key >= 0) & (key < T), z, 0.0) - gl.maximum(t1v, 0.01 * t1v)
             t1v = _next_row(_next_row(t1v, e1), e2)
             Zb.store(_to_columns(z).to(gl.float16))
             _thread_barrier()
