@@ -274,8 +274,18 @@ def run_biased_masked(B, H, T, d, window, docs, kind="kerple", dtype=torch.float
     names = ["out", "dq", "dk", "dv"] + [f"d{mode}{i}" for i in range(len(params))]
     floors = one_key_floors(names, ref_grads[2]) if T == 1 or window == 1 else {}
     compare(f"biased masked {mode} {kind} B{B} H{H} T{T} W{window} docs{docs} {dtype}", [out, *grads],
-            [ref, *ref_grads], names,
-            tol or tolerance(dtype), floors)
+            [ref, *ref_grads], names, tol or masked_tolerance(names, dtype), floors)
+
+
+def masked_tolerance(names, dtype):
+    """tolerance(dtype), but in 16 bits dq and the gradients the dq kernel sums (Kerple's parameters)
+    get 4x: masked_operands' keys share a component of 1 against a spread of 0.3, so dq = dS K, whose
+    useful part is dS (K - 1) (a row of dS sums to 0), carries the 16-bit rounding of each dS entry
+    times 1 instead of 0.3 (measured on the H200: dq 1.0e-2 here, 3e-3 on unshifted operands)."""
+    base = tolerance(dtype)
+    if dtype == torch.float32:
+        return base
+    return {name: 4 * base if name == "dq" or name.startswith("dkerple") else base for name in names}
 
 
 # windows of 1, T - 1, > T, mid-tile (tiles of 16 keys and 32 rows) and a whole number of tiles
