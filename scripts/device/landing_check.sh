@@ -5,8 +5,9 @@
 #  2. the 125m training step (profiler GPU time, peak memory) at 512 x 32 (kerple, rope, dapev2-kerple,
 #     fox), 2048 x 8, 4096 x 4 and 8192 x 1 (kerple, dapev2-kerple: issue 45's memory bars);
 #  3. one layer at 8192 and 16384 (B 1, H 12, d 64): sdpa, kerple, dapev2-kerple, fox on the fused kernels;
-#  4. sliding windows (W in $WINDOWS, default 512) at 8192 and 32768: sdpa, flex, chunked, triton;
-#  5. one suite cell at 16384 (8 inputs) of a 125m model per method, where data/code is unpacked;
+#  4. one suite cell at 16384 (8 inputs) of a 125m model per method, where data/code is unpacked (it
+#     is unpacked from .carry/code when that was carried);
+#  5. sliding windows (W in $WINDOWS, default 512) at 8192 and 32768: sdpa, flex, chunked, triton;
 #  6. EXTRA: more commands (one string, run by bash) with their own timeouts.
 # STAGES picks some (default "tests step layer window cell extra"). Everything goes into
 # $OUT/landing.tar.gz ($OUT returns a few files only), packed again after every stage so that a call
@@ -49,17 +50,17 @@ on layer && timeout "${LAYER_S:-90}" python3 -m lenx bench --methods sdpa,kerple
     | quiet 24 | tee "$W/bench/layer.log"
 
 pack
+on cell && [ -f data/code/manifest.json ] && timeout "${CELL_S:-90}" python3 scripts/tune/time_suite_cell.py \
+    "$W/bench/suite_cell_16384.json" --methods kerple,rope,dapev2-kerple --length 16384 2>&1 | quiet 6 \
+    | tee "$W/bench/suite_cell.log"
+
+pack
 for window in ${WINDOWS:-512}; do
     on window && timeout "${WINDOW_S:-60}" python3 -m lenx bench --methods sdpa,kerple,stickbreaking \
         --backends sdpa,flex,chunked,triton --window "$window" --lengths 8192,32768 --batch 1 --heads 12 \
         --head-dim 64 --commit "$COMMIT" -o "$W/bench/window_$window.json" 2>&1 | quiet 24 \
         | tee "$W/bench/window_$window.log"
 done
-pack
-on cell && [ -f data/code/manifest.json ] && timeout "${CELL_S:-90}" python3 scripts/tune/time_suite_cell.py \
-    "$W/bench/suite_cell_16384.json" --methods kerple,rope,dapev2-kerple --length 16384 2>&1 | quiet 6 \
-    | tee "$W/bench/suite_cell.log"
-
 pack
 on extra && [ -n "${EXTRA:-}" ] && bash -c "$EXTRA" 2>&1 | quiet 40 | tee "$W/extra.log"
 pack && rm -rf "$W"
