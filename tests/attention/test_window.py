@@ -184,6 +184,10 @@ def test_the_planner_routes_masked_work_off_the_fused_kernels(monkeypatch):
         run_backend("triton", *(t.detach() for t in operands(1, 8)), dape)
     assert plan_backend(dape, torch.device("cpu")) == "chunked"
     assert plan_backend(layer("rope", 8).parts, torch.device("cpu")) == "sdpa"
+    # masked plain softmax on CUDA: flex's block mask (skips hidden tiles) before SDPA's dense mask
+    assert plan_backend(layer("rope", 8).parts, cuda) == "flex"
+    assert plan_backend(replace(layer("rope", 0).parts, segments=True), cuda) == "flex"
+    assert plan_backend(layer("rope", 0).parts, cuda) == "sdpa"
     assert plan_note(layer("dapev2-kerple", 0).parts, cuda) is None
     assert plan_note(dape, cuda) == "chunked, not triton: the fused DAPE V2 kernels take no mask yet (a window)"
     assert plan_backend(replace(dape, segments=True), cuda) == "chunked"
