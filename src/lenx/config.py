@@ -248,7 +248,8 @@ def parse_override(text: str) -> tuple[str, str, object]:
 
 # Defaults that changed, with the value they had before. A run folder's config.toml lists every key of
 # the lenx that wrote it (to_toml), so a key it lacks is newer than the run, which trained with the
-# value here, not with today's default: load_config(..., recorded=True) fills it in (lenx.runs.run_config).
+# value here, not with today's default: load_config fills it in for a run's config.toml (lenx.runs.run_config,
+# and `lenx train -c RUN/config.toml`, which trains that run again).
 # `mta` became the released MTA configuration (pre-softmax head mixing and the post-softmax convolution).
 FORMER_DEFAULTS = {"model": {"mta_head_mix": "post", "mta_post_conv": False}}
 
@@ -256,7 +257,8 @@ FORMER_DEFAULTS = {"model": {"mta_head_mix": "post", "mta_post_conv": False}}
 def load_config(name_or_path: str | Path | None = None, overrides: list[str] | tuple = (),
                 recorded: bool = False) -> RunConfig:
     """A preset or TOML file, then `section.key=value` overrides. recorded: the file is a run folder's
-    config.toml, whose missing keys take FORMER_DEFAULTS (the values the run trained with)."""
+    config.toml, whose missing keys take FORMER_DEFAULTS (the values the run trained with); so is
+    any config.toml with the meta.json of a run beside it."""
     cfg = RunConfig()
     if name_or_path is not None:
         path = resolve_config_path(name_or_path)
@@ -264,7 +266,7 @@ def load_config(name_or_path: str | Path | None = None, overrides: list[str] | t
             data = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML ({e})") from None
-        if recorded:
+        if recorded or (path.name == "config.toml" and (path.parent / "meta.json").is_file()):
             for section, former in FORMER_DEFAULTS.items():
                 if isinstance(data.get(section, {}), dict):  # a section that is not a table: apply_dict's error
                     data[section] = former | data.get(section, {})

@@ -1,6 +1,7 @@
 """`mta` is MTA's released configuration (heads mixed before and after the softmax, the post-softmax
 6 x 11 convolution). Runs saved before that lack the two keys in their config.toml and keep the
-settings they trained with (lenx.config.FORMER_DEFAULTS): they load, evaluate, resume and export.
+settings they trained with (lenx.config.FORMER_DEFAULTS): they load, evaluate, resume, export and
+train again from their config.toml.
 The CLI is driven as a user runs it (another working directory, relative paths)."""
 
 import importlib.util
@@ -82,11 +83,16 @@ def test_old_and_new_mta_runs_train_evaluate_resume_and_export(tmp_path):
     text, n = re.subn(r"^mta_(head_mix|post_conv) = .*\n", "", config.read_text(), flags=re.M)
     assert n == 2
     config.write_text(text)
+    # trained again from its config.toml (what lenx suggests when a run's weights are lost): as it was
+    lenx("train", "-c", "runs/old/config.toml", "--set", "train.steps=1", "-o", "runs/again", "--no-progress",
+         cwd=tmp_path)
+    assert mta_keys(load_config(tmp_path / "runs/again/config.toml").model) == ("post", False)
     lenx("eval", "runs/old", cwd=tmp_path)
     assert json.loads((tmp_path / "runs/old/eval.json").read_text())["results"]
-    config.write_text(text.replace("steps = 2\n", "steps = 3\n"))
-    summary = json.loads(lenx("train", "--resume", "runs/old", cwd=tmp_path).stdout.strip().splitlines()[-1])
-    assert summary["step"] == 3 and summary["finished"]
     if importlib.util.find_spec("transformers"):  # lenx's hf extra
         lenx("export", "runs/old", "exported", cwd=tmp_path)
         assert (tmp_path / "exported" / "config.json").is_file()
+    assert config.read_text() == text  # nothing above wrote the keys in
+    config.write_text(text.replace("steps = 2\n", "steps = 3\n"))
+    summary = json.loads(lenx("train", "--resume", "runs/old", cwd=tmp_path).stdout.strip().splitlines()[-1])
+    assert summary["step"] == 3 and summary["finished"]

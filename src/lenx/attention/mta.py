@@ -8,8 +8,8 @@ method, up to the group norm).
 The defaults are the released configs of facebookresearch/RAM projects/mta (300M to 1B,
 configs/*_mta.yaml): c_q = 6, c_k = 11, the key-query convolutions on every 4th layer (layers 2, 6,
 10, ... counted from 0, as their mta_layers; a model with fewer than 3 layers convolves on its last),
-heads mixed before the softmax (pre_sm_linear_head) and after it (head_kernel_size 16 of 16 heads;
-model.mta_head_group = 0 takes all heads) on every layer: model.mta_head_mix = "both"; the
+heads mixed before the softmax (pre_sm_linear_head) and after it (head_kernel_size: all heads, 16 of
+16; model.mta_head_group = 0 takes all heads) on every layer: model.mta_head_mix = "both"; the
 probabilities convolved after the softmax with c_q' x c_k' = 6 x 11 on the same layers, before the
 head mixing (model.mta_post_conv, model.mta_post_query_kernel and _key_kernel); group norm with
 scalar gating in every layer (no depth scaling: the paper's ablation finds it worse). Runs saved
