@@ -22,7 +22,7 @@ def test_list_names_mta_with_its_paper(tmp_path):
     out = lenx("list", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     rows = out.stdout.split("│ mta ")[1].split("│ mta-")[0]
-    assert "2504.00927" in rows and "Golovneva" in rows
+    assert "2504.00927" in rows and "Golovneva" in rows and "released" in rows  # `mta` is the released form
 
 
 def test_train_runs_mta(tmp_path):
