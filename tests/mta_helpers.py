@@ -10,9 +10,11 @@ from lenx.config import AttentionConfig
 
 def attention(method="mta", n_head=4, head_dim=8, seed=0, layer=(0, 1), **cfg):
     """A float64 attention layer of `method` (layer[0] of layer[1]) whose MTA weights are moved off
-    the identity."""
+    the identity; without the post-softmax convolution unless `cfg` asks for it (mta_loops is the
+    formula without it; test_mta_post_conv.py has its own loops)."""
     torch.manual_seed(seed)
-    cfg = {"mta_every": 1, "mta_query_kernel": 3, "mta_key_kernel": 5, "mta_head_group": 2} | cfg
+    cfg = {"mta_every": 1, "mta_query_kernel": 3, "mta_key_kernel": 5, "mta_head_group": 2,
+           "mta_post_conv": False} | cfg
     attn = Attention(AttentionConfig(method=method, **cfg), n_head, n_head * head_dim, None, *layer).double()
     with torch.no_grad():
         for p in attn.processor.parameters():

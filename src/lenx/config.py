@@ -53,10 +53,11 @@ class AttentionConfig:
     mta_query_kernel: int = 6  # MTA's c_q: the query convolution reads this many queries, the row's own and earlier
     mta_key_kernel: int = 11  # MTA's c_k (odd: centred on each key)
     mta_head_group: int = 0  # MTA's c_h: heads mixed together (0: all heads, the paper's 16 of 16)
-    mta_head_mix: str = "post"  # none | pre | post | both: head mixing before and/or after the softmax
+    # the defaults are the released MTA configs (facebookresearch/RAM projects/mta/configs/*_mta.yaml)
+    mta_head_mix: str = "both"  # none | pre | post | both: head mixing before and/or after the softmax
     mta_every: int = 4  # the query-key convolution on layers l % mta_every == mta_every // 2 (at least the last)
     mta_group_norm: bool = True  # per-head RMS norm with a scalar sigmoid gate on each head's output
-    mta_post_conv: bool = False  # a second query-key convolution, of the probabilities after the softmax (released configs)
+    mta_post_conv: bool = True  # a second query-key convolution, of the probabilities after the softmax
     mta_post_query_kernel: int = 6  # its c_q' (the released configs' 6)
     mta_post_key_kernel: int = 11  # its c_k' (odd; the released configs' 11)
     fire_width: int = 32
@@ -245,7 +246,19 @@ def parse_override(text: str) -> tuple[str, str, object]:
     return section, name, value
 
 
-def load_config(name_or_path: str | Path | None = None, overrides: list[str] | tuple = ()) -> RunConfig:
+# Defaults that changed, with the value they had before. A run folder's config.toml lists every key of
+# the lenx that wrote it (to_toml), so a key it lacks is newer than the run, which trained with the
+# value here, not with today's default: load_config fills it in for a run's config.toml (lenx.runs.run_config,
+# and `lenx train -c RUN/config.toml`, which trains that run again).
+# `mta` became the released MTA configuration (pre-softmax head mixing and the post-softmax convolution).
+FORMER_DEFAULTS = {"model": {"mta_head_mix": "post", "mta_post_conv": False}}
+
+
+def load_config(name_or_path: str | Path | None = None, overrides: list[str] | tuple = (),
+                recorded: bool = False) -> RunConfig:
+    """A preset or TOML file, then `section.key=value` overrides. recorded: the file is a run folder's
+    config.toml, whose missing keys take FORMER_DEFAULTS (the values the run trained with); so is
+    any config.toml with the meta.json of a run beside it."""
     cfg = RunConfig()
     if name_or_path is not None:
         path = resolve_config_path(name_or_path)
@@ -253,6 +266,10 @@ def load_config(name_or_path: str | Path | None = None, overrides: list[str] | t
             data = tomllib.loads(path.read_text())
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML ({e})") from None
+        if recorded or (path.name == "config.toml" and (path.parent / "meta.json").is_file()):
+            for section, former in FORMER_DEFAULTS.items():
+                if isinstance(data.get(section, {}), dict):  # a section that is not a table: apply_dict's error
+                    data[section] = former | data.get(section, {})
         apply_dict(cfg, data)
     for text in overrides:
         section, name, value = parse_override(text)

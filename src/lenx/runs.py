@@ -92,7 +92,7 @@ def run_config(run_dir: Path) -> RunConfig:
     path = run_dir / "config.toml"
     if not path.is_file():
         raise CheckpointError(f"{run_dir} is not a lenx run directory (no config.toml); train one with `lenx train`")
-    cfg = load_config(path)
+    cfg = load_config(path, recorded=True)  # keys newer than the run: the values it trained with
     check_config(cfg)
     root = Path(cfg.data.root).expanduser()
     if not root.is_absolute():

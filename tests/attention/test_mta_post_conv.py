@@ -86,14 +86,13 @@ def test_identity_initialisation_is_the_base_method():
 
 
 def test_released_configuration_layers():
-    """The post-softmax convolution sits on the layers of the pre-softmax one (every 4th), 6 x 11 by
-    default; off by default, so a model saved without it builds the same parameters."""
-    procs = [b.attn.processor for b in LM(LMConfig(method="mta", n_layer=12, n_head=16, d_model=256,
-                                                   mta_post_conv=True)).blocks]
+    """The post-softmax convolution sits on the layers of the pre-softmax one (every 4th), 6 x 11, on
+    by default (the released configs); off, a model has no parameters of it (runs saved before it)."""
+    procs = [b.attn.processor for b in LM(LMConfig(method="mta", n_layer=12, n_head=16, d_model=256)).blocks]
     assert [i for i, p in enumerate(procs) if p.post_conv_kernel is not None] == [2, 6, 10]
     assert all((p.post_conv_kernel is None) == (p.conv_kernel is None) for p in procs)
     assert procs[2].post_conv_kernel.shape == (16, 1, 6, 11) and procs[2].q_halo == 10 and procs[0].q_halo == 0
-    plain = LM(LMConfig(method="mta", n_layer=4, n_head=4, d_model=32)).state_dict()
+    plain = LM(LMConfig(method="mta", n_layer=4, n_head=4, d_model=32, mta_post_conv=False)).state_dict()
     assert not any("post_conv" in name for name in plain)
 
 
@@ -148,17 +147,6 @@ def test_bad_settings_are_one_line_config_errors(key, value, words):
     with pytest.raises(ConfigError, match=words) as e:
         check_config(cfg)
     assert "\n" not in str(e.value) and f"model.{key}" in str(e.value)
-
-
-def test_post_conv_needs_an_mta_method():
-    cfg = RunConfig()
-    cfg.model = LMConfig(method="kerple", n_layer=2, n_head=4, d_model=32, mta_post_conv=True)
-    with pytest.raises(ConfigError, match="model.mta_post_conv is an option of MTA") as e:
-        check_config(cfg)
-    assert "\n" not in str(e.value)
-    cfg.model = LMConfig(method="kerple", n_layer=2, n_head=4, d_model=32, layers="kerple,mta-kerple",
-                         mta_post_conv=True)
-    check_config(cfg)  # a layout with an MTA layer takes it
 
 
 def test_the_module_refuses_bad_values_too():

@@ -22,7 +22,7 @@ def test_list_names_mta_with_its_paper(tmp_path):
     out = lenx("list", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     rows = out.stdout.split("│ mta ")[1].split("│ mta-")[0]
-    assert "2504.00927" in rows and "Golovneva" in rows
+    assert "2504.00927" in rows and "Golovneva" in rows and "released" in rows  # `mta` is the released form
 
 
 def test_train_runs_mta(tmp_path):
@@ -46,10 +46,3 @@ def test_bad_mta_settings_are_one_line(tmp_path, setting, words):
     assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], out.stderr
     assert not (tmp_path / "run").exists()
 
-
-def test_post_conv_on_a_method_without_mta_is_one_line(tmp_path):
-    out = lenx("train", "-c", "tiny", "--set", "model.method=kerple", "--set", "model.mta_post_conv=true", "-o", "run",
-               "--no-progress", cwd=tmp_path)
-    lines = out.stderr.strip().splitlines()
-    assert out.returncode == 2 and len(lines) == 1 and "model.mta_post_conv is an option of MTA" in lines[0], out.stderr
-    assert not (tmp_path / "run").exists()

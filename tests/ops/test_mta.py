@@ -26,7 +26,7 @@ def test_no_convolution_and_no_norm_are_the_loops_too():
     attn = attention("mta-nope", layer=(0, 2), mta_every=2, mta_group_norm=False)  # layer 0 of 2: no convolution
     assert attn.processor.conv_kernel is None and attn.processor.q_halo == 0
     q, k, v = qkv(9)
-    want = mta_loops(q, k, v, None, None, attn.processor.post_mix)
+    want = mta_loops(q, k, v, None, attn.processor.pre_mix, attn.processor.post_mix)
     assert_close(full(attn, q, k, v, "dense"), want, 1e-10)
 
 

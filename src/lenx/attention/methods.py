@@ -4,7 +4,7 @@ A name reads the way the papers write it: ``[temperature-][processor-][normalise
 temperature: a query temperature (``ssmax``, ``logn``, ``l4temp``: temperature.py); processor: ``dape``
 (DAPE, a 1x1 kernel), ``dapev2`` (DAPE V2, 1xk) or ``mta`` (Multi-Token Attention, softmax only);
 normaliser: ``stickbreaking`` (softmax when absent); base: a position encoding (``nope`` when only a
-normaliser or processor is named; ``mta`` alone is the paper's MTA on RoPE).
+normaliser or processor is named; ``mta`` alone is MTA's released configuration on RoPE).
 Examples: ``rope``, ``kerple``, ``dapev2-kerple``, ``dape-fire``, ``stickbreaking``, ``dapev2-stickbreaking-alibi``,
 ``ssmax-rope``, ``logn-kerple``, ``ssmax-dapev2-kerple``, ``pope``, ``fox``, ``dapev2-fox``, ``mta``, ``mta-kerple``.
 """
@@ -62,8 +62,9 @@ BASES = {
 PROCESSORS = {
     "dape": Part("DAPE: per-entry MLP over [scores; bias] across heads (Zheng et al. 2024)", DapeV2, "processor"),
     "dapev2": Part("DAPE V2: 1xk convolution over [scores; bias] along keys (arXiv 2410.04798)", DapeV2, "processor"),
-    "mta": Part("Multi-Token Attention: c_q x c_k query-key convolution of the logits, head mixing, group norm "
-                "(Golovneva et al. 2025, arXiv 2504.00927)", MTA, "processor", causal_only=True),
+    "mta": Part("Multi-Token Attention, its released configuration: c_q x c_k query-key convolutions of the "
+                "logits and the probabilities, heads mixed before and after the softmax, group norm (Golovneva et "
+                "al. 2025, arXiv 2504.00927)", MTA, "processor", causal_only=True),
 }
 # processors that only run under softmax (MTA mixes the softmax's probabilities across heads)
 SOFTMAX_ONLY = ("mta",)
@@ -122,7 +123,7 @@ def canonical_name(processor: str | None, normaliser: str, base: str) -> str:
     if normaliser != "softmax" and base == "nope":
         return "-".join(prefix)  # "stickbreaking" is stick-breaking on NoPE, as its paper writes it
     if processor in ALONE and ALONE[processor] == base and normaliser == "softmax":
-        return processor  # "mta" is the paper's MTA, on RoPE
+        return processor  # "mta" is MTA's released configuration, on RoPE
     return "-".join(prefix + [base])
 
 

@@ -1,19 +1,21 @@
 """Multi-Token Attention (MTA; Golovneva et al. 2025, arXiv 2504.00927): a c_q x c_k convolution over
 (query, key) of each head's pre-softmax logits, head mixing within groups of heads before and/or
-after the softmax, and a group norm with a scalar gate on each head's output. The formula is
-lenx.ops.mta.reference; this module owns the weights, all initialised as the paper's identity (the
-model starts as its base method, up to the group norm).
+after the softmax, a second c_q' x c_k' convolution of the probabilities after the softmax, and a
+group norm with a scalar gate on each head's output. The formula is lenx.ops.mta.reference; this
+module owns the weights, all initialised as the paper's identity (the model starts as its base
+method, up to the group norm).
 
-The defaults: c_q = 6, c_k = 11, the key-query convolution on every 4th layer (layers 2, 6, 10, ...
-counted from 0, as the released configs' mta_layers; a model with fewer than 3 layers convolves on
-its last), head mixing after the softmax over groups of 16 heads (model.mta_head_group = 0 takes all
-heads, 16 of 16), group norm with scalar gating in every layer (no depth scaling: the paper's ablation
-finds it worse). The released configs of facebookresearch/RAM projects/mta (300M to 1B,
-configs/*_mta.yaml) also mix heads before the softmax (pre_sm_linear_head; model.mta_head_mix = "both")
-and convolve the probabilities after it with a second 6 x 11 kernel on the same layers, before the
-head mixing: model.mta_post_conv (off by default, so models saved without it load), its c_q' and c_k'
-model.mta_post_query_kernel and _key_kernel. Its
-rows read the c_q' - 1 probability rows above them, so the query halo grows by as much.
+The defaults are the released configs of facebookresearch/RAM projects/mta (300M to 1B,
+configs/*_mta.yaml): c_q = 6, c_k = 11, the key-query convolutions on every 4th layer (layers 2, 6,
+10, ... counted from 0, as their mta_layers; a model with fewer than 3 layers convolves on its last),
+heads mixed before the softmax (pre_sm_linear_head) and after it (head_kernel_size: all heads, 16 of
+16; model.mta_head_group = 0 takes all heads) on every layer: model.mta_head_mix = "both"; the
+probabilities convolved after the softmax with c_q' x c_k' = 6 x 11 on the same layers, before the
+head mixing (model.mta_post_conv, model.mta_post_query_kernel and _key_kernel); group norm with
+scalar gating in every layer (no depth scaling: the paper's ablation finds it worse). Runs saved
+before these defaults lack the two keys and load with post-softmax mixing only and no second
+convolution (lenx.config.FORMER_DEFAULTS). The post-softmax convolution's rows read the c_q' - 1
+probability rows above them, so the query halo grows by as much.
 """
 
 import torch
@@ -29,8 +31,8 @@ class MTA(ScoreProcessor):
     masks = False  # its query-key convolution reads no `visible` yet: no window, no document segments
 
     def __init__(self, num_heads: int, head_dim: int, query_kernel: int = 6, key_kernel: int = 11,
-                 head_group: int = 0, head_mix: str = "post", conv: bool = True, norm: bool = True,
-                 d_model: int | None = None, post_kernel: tuple[int, int] | None = None):
+                 head_group: int = 0, head_mix: str = "both", conv: bool = True, norm: bool = True,
+                 d_model: int | None = None, post_kernel: tuple[int, int] | None = (6, 11)):
         """post_kernel: (c_q', c_k') of the post-softmax convolution, on this layer if `conv`; None: none."""
         super().__init__()
         for what, (c_q, c_k) in (("", (query_kernel, key_kernel)), ("post-softmax ", post_kernel or (1, 1))):

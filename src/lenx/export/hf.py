@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..config import LMConfig
+from ..config import FORMER_DEFAULTS, LMConfig
 from ..model.lm import LM, Block
 
 # The name transformers gives the cache, in a model's outputs and in generate()'s model kwargs:
@@ -48,9 +48,10 @@ class LenxConfig(PretrainedConfig):
 
     def lm_config(self) -> LMConfig:
         """The LMConfig of the model; a one-line ValueError names the keys this lenx does not know
-        (an export of a newer lenx)."""
+        (an export of a newer lenx). An export lists every key of its lenx, so one it lacks takes the
+        value it had then (FORMER_DEFAULTS), as a run's config.toml does."""
         known = {f.name for f in fields(LMConfig)}
-        values = dict(self.lenx or {})
+        values = FORMER_DEFAULTS["model"] | dict(self.lenx or {})
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"this model was exported by lenx {self.lenx_version or '?'} with model settings this "

@@ -120,10 +120,6 @@ def _check_mta(m: LMConfig) -> None:
           "an odd integer >= 1 (the kernel is centred on each key)", m.mta_post_key_kernel)
     check(m.mta_post_query_kernel >= 1, "model.mta_post_query_kernel",
           ">= 1 (the row's own probabilities and earlier rows')", m.mta_post_query_kernel)
-    if m.mta_post_conv and not any(parse_method(name).processor == "mta"
-                                   for name in layer_methods(m.method, m.layers, m.n_layer)):
-        raise ConfigError(f"model.mta_post_conv is an option of MTA: it needs an mta method (mta, mta-kerple, ...), "
-                          f"not model.method={m.method}")
 
 
 def _check_layout(m: LMConfig) -> None:

@@ -65,7 +65,7 @@ def _saved_config(run_dir: Path) -> RunConfig | None:
     path = run_dir / "config.toml"
     if not path.is_file():
         return None
-    saved = load_config(path)
+    saved = load_config(path, recorded=True)
     saved.data.root = absolute_root(saved.data.root)
     return saved
 
