@@ -101,8 +101,9 @@ class Encoder(nn.Module):
 
     def forward(self, tokens):
         x = self.embed(tokens)
+        memo: dict = {}  # what the layers share in this forward (a query temperature's table)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, memo=memo)
         return self.head(self.norm(x))
 
 
