@@ -100,8 +100,7 @@ class Encoder(nn.Module):
         self.head = nn.Linear(cfg.d_model, classes)
 
     def forward(self, tokens):
-        x = self.embed(tokens)
-        memo: dict = {}  # what the layers share in this forward (a query temperature's table)
+        x, memo = self.embed(tokens), {}  # memo: what the layers share in this forward (a temperature's table)
         for block in self.blocks:
             x = block(x, memo=memo)
         return self.head(self.norm(x))
