@@ -77,13 +77,16 @@ class Attention(nn.Module):
         B, T, _ = x.shape
         return self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
 
-    def project(self, x: torch.Tensor, positions: torch.Tensor | None = None, length=None, segments=None):
+    def project(self, x: torch.Tensor, positions: torch.Tensor | None = None, length=None, segments=None,
+                memo: dict | None = None):
         """x [B, T, C] -> q, k, v [B, H, T, d], q and k already rotated when the base is RoPE or PoPE
         (at `positions`, default 0..T-1, or per sequence [B, T]; `length`, default T, or per sequence
         a tensor [B], sets a scaled RoPE's auto or dynamic factor; PoPE's q and k are 2d wide), then
         q scaled by the query temperature for the keys each row sees (position + 1: a document's
         own under segments, whose positions restart at each document). segments [B, T]: FoX's
-        key/value shift takes nothing from the token before a document's first."""
+        key/value shift takes nothing from the token before a document's first. memo: a dict the
+        layers of one forward over the same tokens share (None: this call's own), which keeps the
+        temperature's table for them all."""
         q, k, v = self._qkv(x)
         if self.pro is not None:  # the key/value shift and the QK-norm
             real = None
@@ -95,11 +98,20 @@ class Attention(nn.Module):
         if self.rope is None and self.temperature is None:
             return q, k, v
         T = x.shape[1]
-        pos = torch.arange(T, device=x.device) if positions is None else positions
+
+        def pos():
+            return torch.arange(T, device=x.device) if positions is None else positions
+
         if self.rope is not None:
-            q, k = self.rope(q, k, pos, length)
-        if self.temperature is not None:  # a causal row sees position + 1 keys (at most its window), a bidirectional one all T
-            q = self.temperature(q, self._keys_seen(pos + 1) if self.cfg.causal else torch.full_like(pos, T))
+            q, k = self.rope(q, k, pos(), length)
+        if self.temperature is not None:
+            dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+            key = ("temperature", self.temperature.settings, self.cfg.causal, self.cfg.window, dtype)
+            memo = {} if memo is None else memo
+            if key not in memo:  # a causal row sees position + 1 keys (at most its window), a bidirectional one all T
+                memo[key] = self.temperature.position_term(
+                    self._keys_seen(pos() + 1) if self.cfg.causal else torch.full_like(pos(), T), dtype)
+            q = self.temperature(q, term=memo[key])
         return q, k, v
 
     def _keys_seen(self, counts: torch.Tensor) -> torch.Tensor:
@@ -108,12 +120,12 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cache: LayerCache | None = None, rows: list[int] | None = None,
                 at: int = 0, segments: torch.Tensor | None = None,
-                positions: torch.Tensor | None = None) -> torch.Tensor:
+                positions: torch.Tensor | None = None, memo: dict | None = None) -> torch.Tensor:
         """x [B, T, C] at positions 0..T-1; segments [B, T] their document ids (None: one document;
         no row attends across a document boundary), each token then at its position in its
         document (`positions` [B, T], default masks.positions(segments); see masks.py). With a
         cache (a prefill), their keys and values go to its slots at..at+T-1 of the sequences
-        `rows` (None: all)."""
+        `rows` (None: all). memo: see project."""
         B, T, C = x.shape
         check_segments(segments, B, T)
         if cache is not None and segments is not None:
@@ -123,7 +135,7 @@ class Attention(nn.Module):
                              "convolution takes no mask")
         if segments is not None and positions is None:
             positions = document_positions(segments)
-        q, k, v = self.project(x, positions, segments=segments)
+        q, k, v = self.project(x, positions, segments=segments, memo=memo)
         parts, kept = self.parts_for(x)
         if positions is not None and parts.bias is not None:
             parts = replace(parts, bias=parts.bias.at(positions))

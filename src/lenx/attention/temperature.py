@@ -13,6 +13,15 @@ at position i when causal; the sequence length when not), after RoPE/PoPE, befor
 Scaling q scales the q.k logits and nothing else: an additive bias (ALiBi, Kerple, ...) is added
 unscaled, and a DAPE processor reads the scaled logits. Every backend (SDPA, the fused kernels, the
 chunked reference, decoding) then runs unchanged: the temperature is one elementwise product on q.
+
+Its cost is kept to that product. The position term is a [T] (or [B, T]) table that the layers of a
+forward share (Attention.project's memo, like a decode step's StepRows.shared); the table stays in
+fp32 (float64 for float64 q): it is T numbers, and a bf16 one would round log n to steps of 2^-5
+near 6, one factor for whole bands of positions. q is scaled by one elementwise op each way
+(scale_rows: the product in fp32, rounded once to q's dtype into a contiguous tensor, the bits of
+`(q * f).to(q.dtype)`), and SSMax's s_h gets its gradient from one reduction over the output
+(ssmax_grad: d/ds_h of y = s_h log(n) q is y / s_h), so no fp32 copy of q and no input q is kept
+for the backward: the output, which the attention keeps anyway, serves.
 """
 
 import math
@@ -69,9 +78,14 @@ class QueryTemperature(nn.Module):
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         term = self.position_term(n, dtype) if term is None else term
         factor = term.unsqueeze(-2)  # [1, T] or [B, 1, T]: broadcast over the heads
-        if self.s is not None:
-            factor = self.s.to(dtype)[:, None] * factor
-        return (q * factor.unsqueeze(-1)).to(q.dtype)
+        if torch.compiler.is_compiling():  # inductor fuses the plain ops into one kernel of its own
+            if self.s is not None:
+                factor = self.s.to(dtype)[:, None] * factor
+            return (q * factor.unsqueeze(-1)).to(q.dtype)
+        if self.s is None:
+            return scale_rows(q, factor)
+        y = scale_rows(q, self.s.detach().to(dtype)[:, None] * factor)
+        return ssmax_grad(y, self.s) if torch.is_grad_enabled() and self.s.requires_grad else y
 
     def extra_repr(self) -> str:
         if self.kind == "logn":
@@ -79,3 +93,53 @@ class QueryTemperature(nn.Module):
         if self.kind == "l4temp":
             return f"l4temp, floor_scale={self.floor_scale}, attn_scale={self.attn_scale}"
         return "ssmax"
+
+
+class _ScaleRows(torch.autograd.Function):
+    """y = q * f[..., None], f a table with no gradient: one elementwise op each way; saves only f."""
+
+    @staticmethod
+    def forward(ctx, q, f):
+        ctx.save_for_backward(f)
+        return _scaled(q, f)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (f,) = ctx.saved_tensors
+        return _scaled(dy, f), None
+
+
+def _scaled(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """x [B, H, T, d] times f [..., T] broadcast over d, in f's precision, written once (a contiguous
+    tensor in x's dtype: on CUDA one kernel that casts as it stores)."""
+    return torch.mul(x, f.unsqueeze(-1), out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
+
+
+def scale_rows(q: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """q [B, H, T, d] with row t of head h times f (broadcast to [B, H, T]; fp32, or float64 for
+    float64 q; no gradient): contiguous, q's dtype, differentiable in q."""
+    return _ScaleRows.apply(q, f.detach())
+
+
+class _SSMaxGrad(torch.autograd.Function):
+    """The identity on y = s_h log(n) q (q's own path carries its gradient, with s_h held fixed),
+    whose backward gives s_h its gradient: sum over b, t, d of dy y / s_h, one reduction."""
+
+    @staticmethod
+    def forward(ctx, y, s):
+        ctx.save_for_backward(y, s)
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx, dy):
+        y, s = ctx.saved_tensors
+        # products rounded to y's dtype, the sum in fp32; s_h = 0 would make the head's rows all 0 and
+        # this 0/0 (a non-positive initial s is refused; training does not land on exactly 0)
+        ds = torch.sum(dy * y, dim=(0, 2, 3), dtype=torch.promote_types(s.dtype, torch.float32))
+        return dy, (ds / s).to(s.dtype)
+
+
+def ssmax_grad(y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """y [B, H, T, d] = s_h log(n) q computed with s held fixed (scale_rows) -> y itself, with s's
+    gradient attached."""
+    return _SSMaxGrad.apply(y, s)

@@ -100,9 +100,9 @@ class Encoder(nn.Module):
         self.head = nn.Linear(cfg.d_model, classes)
 
     def forward(self, tokens):
-        x = self.embed(tokens)
+        x, memo = self.embed(tokens), {}  # memo: what the layers share in this forward (a temperature's table)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, memo=memo)
         return self.head(self.norm(x))
 
 

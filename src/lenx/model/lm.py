@@ -42,8 +42,8 @@ class Block(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x, cache: LayerCache | None = None, rows: list[int] | None = None, at: int = 0,
-                segments=None, positions=None):
-        x = x + self.drop(self.attn(self.ln1(x), cache, rows, at, segments, positions))
+                segments=None, positions=None, memo: dict | None = None):
+        x = x + self.drop(self.attn(self.ln1(x), cache, rows, at, segments, positions, memo))
         return x + self.drop(self.mlp(self.ln2(x)))
 
     def extend(self, x, cache: LayerCache, step: StepRows):
@@ -100,8 +100,9 @@ class LM(nn.Module):
         check_segments(doc_ids, *idx.shape)
         x = self.wte(idx)
         pos = None if doc_ids is None else positions(doc_ids)  # each token's position in its document
+        memo: dict = {}  # what the layers share in this forward (a query temperature's table)
         for block in self.blocks:
-            x = block(x, segments=doc_ids, positions=pos)
+            x = block(x, segments=doc_ids, positions=pos, memo=memo)
         return self.ln_f(x)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, doc_ids: torch.Tensor | None = None):
@@ -189,8 +190,9 @@ class LM(nn.Module):
         for n, rows in sorted(groups.items()):
             whole = len(rows) == B  # every prompt this long: the whole batch, no gather
             x = self.wte(idx[:, T - n:] if whole else idx[rows, T - n:])
+            memo: dict = {}
             for block, layer in zip(self.blocks, cache.layers):
-                x = block(x, layer, None if whole else rows, T - n)
+                x = block(x, layer, None if whole else rows, T - n, memo=memo)
                 done += 1
                 if progress is not None:
                     progress(done, total)
