@@ -90,5 +90,6 @@ def test_ranges_hold_exactly_the_attention(method, backend, fwd_op, bwd_op):
     for op in ("aten::gelu", "aten::gelu_backward", "aten::native_layer_norm", "aten::native_layer_norm_backward",
                "aten::nll_loss_backward"):
         assert count(op) > 0 and inside(FORWARD, op) == inside(BACKWARD, op) == 0, op
+        assert p.outside[op, "-"][1] == count(op), op  # outside, on the CPU's one thread
     assert 0 < p.forward_us and 0 < p.backward_us and p.forward_us + p.backward_us < p.total_us
     assert p.unlinked_us == 0  # every CPU op is its own "launcher"

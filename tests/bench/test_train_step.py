@@ -203,3 +203,58 @@ def test_train_step_bench_profiles_attention_kernels_gpu():
         assert any(attention.search(n) for n in names[:3]), (method, names)  # among the biggest
         assert not any(re.search(r"gelu|layer_norm|nll_loss|adam", n, re.IGNORECASE) for n in names), names
     assert rows["sdpa"]["attn_x_sdpa"] == 1.0 and rows["kerple"]["attn_x_sdpa"] > 0
+
+
+def test_train_step_top_kernels_cpu(tmp_path):
+    """top_kernels / --top-kernels: each row's costliest work outside the attention's ranges, sorted,
+    within other_gpu_ms (= the step less the attention), and its table; bad values are refused first."""
+    import subprocess
+    import sys
+
+    from lenx.config import ConfigError
+    from lenx.report.bench_tables import other_kernels_table
+
+    res = train_step_bench(["rope", "kerple"], preset="tiny", seq_len=16, batch_size=2, vocab_size=64, steps=1,
+                           warmup=1, device="cpu", profile_steps=1, top_kernels=3, log=None)
+    assert res["settings"]["top_kernels"] == 3
+    for r in res["rows"]:
+        top = r["other_kernels"]
+        assert len(top) == 3 and {k["pass"] for k in top} == {"-"}  # a CPU: one thread for both passes
+        assert [k["ms_per_step"] for k in top] == sorted((k["ms_per_step"] for k in top), reverse=True)
+        assert r["other_gpu_ms"] == pytest.approx(r["step_gpu_ms"] - r["attn_gpu_ms"])
+        assert 0 < sum(k["ms_per_step"] for k in top) <= r["other_gpu_ms"] * (1 + 1e-9)
+        assert all(k["calls_per_step"] >= 1 for k in top)
+    md = to_markdown(other_kernels_table(res))
+    assert "| rope | - |" in md and "| kerple | - |" in md and "the rest of other_gpu_ms" in md
+    plain = train_step_bench(["rope"], preset="tiny", seq_len=8, batch_size=1, vocab_size=64, steps=1, warmup=0,
+                             device="cpu", profile_steps=1, log=None)
+    assert "other_kernels" not in plain["rows"][0] and plain["rows"][0]["other_gpu_ms"] > 0
+    with pytest.raises(ConfigError, match="profile_steps > 0"):
+        train_step_bench(["rope"], preset="tiny", device="cpu", profile_steps=0, top_kernels=2, log=None)
+    # the CLI, from another working directory with a relative output
+    base = [sys.executable, "-m", "lenx", "bench", "--device", "cpu", "--preset", "tiny", "--methods", "rope",
+            "--seq-len", "8", "--batch", "1", "--steps", "1", "--warmup", "0"]
+    proc = subprocess.run(base + ["--train-step", "--profile-steps", "1", "--top-kernels", "2", "-o", "top.json"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads((tmp_path / "top.json").read_text())["rows"][0]["other_kernels"]) == 2
+    assert "kernels outside the attention" in proc.stdout
+    for extra, words in [(["--top-kernels", "2"], "applies to --train-step"),
+                         (["--train-step", "--top-kernels", "2", "--profile-steps", "0"], "--profile-steps of 1"),
+                         (["--train-step", "--top-kernels", "-1"], "number of kernels >= 0")]:
+        proc = subprocess.run(base + extra + ["-o", "bad.json"], capture_output=True, text=True, timeout=600,
+                              cwd=tmp_path)
+        assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "bad.json").exists()
+
+
+@pytest.mark.gpu
+def test_train_step_top_kernels_gpu():
+    """On the GPU the kernels outside the attention split by pass (the autograd thread's are bwd), and
+    RoPE's fused rotation is among them, forward and backward, once per layer each way."""
+    res = train_step_bench(["rope"], preset="tiny", seq_len=256, batch_size=4, vocab_size=256, steps=1, warmup=2,
+                           device="cuda", profile_steps=2, top_kernels=100, log=None)
+    top = res["rows"][0]["other_kernels"]
+    assert {k["pass"] for k in top} >= {"fwd", "bwd"}, top
+    rotations = {k["pass"]: k["calls_per_step"] for k in top if k["name"] == "_rotate_qk"}
+    assert rotations == {"fwd": 2, "bwd": 2}, top  # tiny: 2 layers

@@ -20,7 +20,8 @@ lenx's training step.)
 Off (the default) Attention.forward adds nothing: no range, no autograd node.
 
 attention_profile(events, kernels) reads a profile's events: the total time of the device's kernels
-(or, on a CPU, the self time of the CPU ops) and the part of it under each kind of range, per item name.
+(or, on a CPU, the self time of the CPU ops) and the part of it under each kind of range, per item name,
+and the rest (outside every attention range) per item name and thread.
 """
 
 import bisect
@@ -111,7 +112,10 @@ def marked(attend, q, k, v):
 class AttentionProfile:
     """Times in microseconds over the whole profile: all work (total_us), the work under each kind of
     range, and kernels linked to no CPU event (in total_us only; 0 when the profiler linked every
-    kernel). `by_name[kind]`: {name: [us, count]}."""
+    kernel). `by_name[kind]`: {name: [us, count]}. `outside`: {(name, pass): [us, count]} for the work
+    in no attention range, pass "bwd" when its launcher ran on a thread with backward ranges only (the
+    autograd engine's device thread), "fwd" on one with forward ranges only (the forward, the loss and
+    the optimizer step), "-" where one thread ran both (a CPU) or neither."""
 
     total_us: float = 0.0
     unlinked_us: float = 0.0
@@ -119,6 +123,7 @@ class AttentionProfile:
     backward_us: float = 0.0
     ranges: dict = field(default_factory=lambda: {FORWARD: 0, BACKWARD: 0})
     by_name: dict = field(default_factory=lambda: {FORWARD: {}, BACKWARD: {}})
+    outside: dict = field(default_factory=dict)
 
 
 def _items(events, kernels: bool):
@@ -159,6 +164,7 @@ def attention_profile(events, kernels: bool) -> AttentionProfile:
             spans.setdefault(e.thread, []).append((e.time_range.start, e.time_range.end, e.name))
     for ranges in spans.values():
         ranges.sort()
+    passes = {thread: {kind for _, _, kind in ranges} for thread, ranges in spans.items()}
     items, result.total_us = _items(events, kernels)
     result.unlinked_us = result.total_us - sum(us for _, us, _ in items)
     for name, us, launcher in items:
@@ -166,6 +172,11 @@ def attention_profile(events, kernels: bool) -> AttentionProfile:
         t = launcher.time_range.start
         i = bisect.bisect_right(ranges, (t, float("inf"))) - 1
         if i < 0 or t > ranges[i][1]:
+            kinds = passes.get(launcher.thread, set())
+            where = {frozenset([FORWARD]): "fwd", frozenset([BACKWARD]): "bwd"}.get(frozenset(kinds), "-")
+            entry = result.outside.setdefault((name, where), [0.0, 0])
+            entry[0] += us
+            entry[1] += 1
             continue
         kind = ranges[i][2]
         if kind == FORWARD:

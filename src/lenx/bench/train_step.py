@@ -24,14 +24,14 @@ from .common import check_documents, is_oom, packed_document_ids, write_result
 TRAIN_STEP_METHODS = ("sdpa", "rope", "alibi", "kerple", "fire", "dape-kerple", "dapev2-kerple")
 KERPLE = "kerple"  # the method that step_gpu_x_kerple and wall_x_kerple divide by
 SDPA_REFERENCES = ("sdpa", "rope")  # attn_x_sdpa divides by the first of these that ran on SDPA alone
-PROFILE_KEYS = ("step_gpu_ms", "attn_fwd_gpu_ms", "attn_bwd_gpu_ms", "attn_gpu_ms", "unlinked_gpu_ms",
-                "attn_ranges_per_step", "attn_kernels")
+PROFILE_KEYS = ("step_gpu_ms", "attn_fwd_gpu_ms", "attn_bwd_gpu_ms", "attn_gpu_ms", "other_gpu_ms",
+                "unlinked_gpu_ms", "attn_ranges_per_step", "attn_kernels")
 TOP_KERNELS = 12
 ID_DRAWS = 4  # distinct document-id batches a packed row cycles through: each step gets new ids, as in training
 
 
 def _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, steps, warmup, device,
-                    profile_steps: int = 0, documents: int = 0) -> dict:
+                    profile_steps: int = 0, documents: int = 0, top_kernels: int = 0) -> dict:
     """Build one model and time `steps` full optimizer steps after `warmup` untimed ones, then
     profile `profile_steps` more (see _profile_steps). documents: each window packed from that many
     documents (0: unmasked); the ids, drawn on the host, go to the device every step as training's do."""
@@ -85,20 +85,24 @@ def _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, ste
     row["tokens_per_s"] = batch_size * seq_len / (row["median_ms"] / 1000)
     row["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
     row["final_loss"] = float(loss.detach())  # a sanity check that the steps computed something finite
-    row.update(_profile_steps(step, profile_steps, device) if profile_steps else dict.fromkeys(PROFILE_KEYS))
+    row.update(_profile_steps(step, profile_steps, device, top_kernels) if profile_steps else dict.fromkeys(PROFILE_KEYS))
     return row
 
 
-def _profile_steps(step, n: int, device) -> dict:
+def _profile_steps(step, n: int, device, top_kernels: int = 0) -> dict:
     """Run one step and then `n` profiled ones under torch.profiler, with the attention's ranges on
     (lenx.attention.profiling) -> the row's profiler figures, per step:
 
     step_gpu_ms: every kernel (and memcpy/memset) of the step; attn_fwd_gpu_ms / attn_bwd_gpu_ms:
     the kernels launched inside the attention's forward / backward ranges, all layers;
-    attn_gpu_ms: their sum; unlinked_gpu_ms: kernels the profiler linked to no CPU event (in
-    step_gpu_ms, in no attention figure); attn_ranges_per_step: ranges seen per step (n_layer each
-    when the attribution worked); attn_kernels: the TOP_KERNELS attention kernels by time, with
-    their pass, ms and calls per step. Each kernel is counted once, at its own duration.
+    attn_gpu_ms: their sum; other_gpu_ms: step_gpu_ms less attn_gpu_ms (the projections, MLPs,
+    loss, optimizer, and a q/k transform such as RoPE's rotation); unlinked_gpu_ms: kernels the
+    profiler linked to no CPU event (in step_gpu_ms, in no attention figure); attn_ranges_per_step:
+    ranges seen per step (n_layer each when the attribution worked); attn_kernels: the TOP_KERNELS
+    attention kernels by time, with their pass, ms and calls per step; with top_kernels = N > 0 also
+    other_kernels: the N kernels outside the attention's ranges with the most time, each with its pass
+    ("fwd": forward, loss or optimizer; "bwd": backward; see AttentionProfile.outside). Each kernel
+    is counted once, at its own duration.
     On a CPU there are no kernels: the same figures are the CPU ops' self time."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -121,15 +125,20 @@ def _profile_steps(step, n: int, device) -> dict:
     ms = lambda us: us / n / 1000  # noqa: E731  (microseconds over the profile -> ms per step)
     kernels = sorted(((us, kind, name, count) for kind in (FORWARD, BACKWARD)
                       for name, (us, count) in p.by_name[kind].items()), reverse=True)
+    others = sorted(((us, where, name, count) for (name, where), (us, count) in p.outside.items()), reverse=True)
+    top = {"other_kernels": [{"name": name, "pass": where, "ms_per_step": ms(us), "calls_per_step": count / n}
+                             for us, where, name, count in others[:top_kernels]]} if top_kernels else {}
     return {
         "step_gpu_ms": ms(p.total_us),
         "attn_fwd_gpu_ms": ms(p.forward_us),
         "attn_bwd_gpu_ms": ms(p.backward_us),
         "attn_gpu_ms": ms(p.forward_us + p.backward_us),
+        "other_gpu_ms": ms(p.total_us - p.forward_us - p.backward_us),
         "unlinked_gpu_ms": ms(p.unlinked_us),
         "attn_ranges_per_step": {"fwd": p.ranges[FORWARD] / n, "bwd": p.ranges[BACKWARD] / n},
         "attn_kernels": [{"name": name, "pass": "fwd" if kind == FORWARD else "bwd", "ms_per_step": ms(us),
                           "calls_per_step": count / n} for us, kind, name, count in kernels[:TOP_KERNELS]],
+        **top,
     }
 
 
@@ -166,7 +175,7 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
                      reference: str = "dapev2-kerple", backend_overrides: dict[str, str] | None = None,
                      overrides: list[str] | None = None, *, profile_steps: int = 4, commit: str | None = None,
                      command: str | None = None, out_path=None, log=print, memory_check: bool = True,
-                     documents: int = 0) -> dict:
+                     documents: int = 0, top_kernels: int = 0) -> dict:
     """Time per training step and peak memory of the whole model, per method (the DAPE V2 paper's
     table 7): the `preset` model with each method, random tokens, AdamW, bf16 autocast on CUDA.
     Each row has the median and mean wall ms/step (each step synchronized), tokens/s, peak GiB (None
@@ -178,7 +187,8 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
     backend_overrides: {method: backend} forces an attention backend for that method. memory_check:
     first refuse (one line) a method whose step would not fit the device's memory, as training does.
     documents: N > 0 adds, after each method's row, its step with every window packed from N
-    documents (common.packed_document_ids), and the ratios of _add_train_step_ratios over the unmasked."""
+    documents (common.packed_document_ids), and the ratios of _add_train_step_ratios over the unmasked.
+    top_kernels: N > 0 lists each row's N costliest kernels outside the attention (other_kernels)."""
     from ..attention.methods import parse_method
     from ..config import ConfigError, load_config
     from ..model import check_config
@@ -189,6 +199,9 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
         raise RuntimeError("train_step_bench: device cuda but no CUDA device is visible (use device='cpu')")
     if profile_steps < 0:
         raise ConfigError(f"profile_steps must be 0 (no profile) or more, not {profile_steps}")
+    if top_kernels < 0 or (top_kernels and not profile_steps):
+        raise ConfigError(f"top_kernels must be 0 (none) or more, with profiled steps (profile_steps > 0); got "
+                          f"top_kernels={top_kernels}, profile_steps={profile_steps}")
     if documents:
         check_documents(documents, seq_len, "documents")
     cfg = load_config(preset, overrides or [])
@@ -213,6 +226,7 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
         "command": command if command is not None else env["command"],
         "settings": dict(methods=list(methods), preset=preset, seq_len=seq_len, batch_size=batch_size,
                          vocab_size=vocab_size, steps=steps, warmup=warmup, profile_steps=profile_steps,
+                         top_kernels=top_kernels,
                          device=device, reference=reference, documents=documents,
                          backend_overrides=dict(backend_overrides), overrides=list(overrides or []),
                          model={k: v for k, v in vars(cfg.model).items() if k != "method"}),
@@ -225,7 +239,7 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
     for method, docs in [(m, d) for m in methods for d in ((0, documents) if documents else (0,))]:
         try:
             row = _train_step_row(method, model_cfgs[method], cfg, batch_size, seq_len, vocab_size, steps, warmup, dev,
-                                  profile_steps, docs)
+                                  profile_steps, docs, top_kernels)
         except Exception as err:  # noqa: BLE001  (a method that fails is a result; the others still run)
             kind = "oom" if is_oom(err) else "error"
             row = {"method": method, "documents": docs, "status": kind,

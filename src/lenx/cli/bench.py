@@ -86,6 +86,9 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
               profile_steps: int = typer.Option(4, "--profile-steps",
                                                 help="--train-step: steps profiled after the timed ones for GPU kernel "
                                                      "times (the step's and the attention's); 0: none"),
+              top_kernels: int = typer.Option(0, "--top-kernels",
+                                              help="--train-step: also list each method's N costliest kernels outside "
+                                                   "the attention (other_kernels in the JSON; 0: none)"),
               device: str = typer.Option("cuda", help="cuda, or cpu with --train-step or --decode"),
               no_memory_check: bool = typer.Option(False, "--no-memory-check",
                                                    help="--train-step: time a step even when the estimate of its "
@@ -98,6 +101,7 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     With --train-step: time per training step and peak memory of the --preset model per method, and
     from torch.profiler the GPU kernel time of a step (x Kerple's) and of its attention, forward +
     backward (X vs SDPA's): the figures that count, as wall times also count the host launching kernels.
+--top-kernels N adds a table of each method's N costliest kernels outside the attention.
     With --documents N each method's step also runs with every window packed from N documents.
 
     With --decode: ms per token and tokens/s of one decode step of the --preset model per method,
@@ -116,7 +120,7 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     from ..bench.train_step import TRAIN_STEP_METHODS, train_step_bench
     from ..config import ConfigError
     from ..fileio import check_writable_file
-    from ..report.bench_tables import bench_table, train_step_table
+    from ..report.bench_tables import bench_table, other_kernels_table, train_step_table
     from ..report.tables import show
     from ..runinfo import git_commit
 
@@ -128,6 +132,11 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
             raise ConfigError("--documents applies to the kernel rows and --train-step (a decoded prompt is one document)")
         if train_step and decode:
             raise ConfigError("--train-step and --decode are two benchmarks: give one of them")
+        if top_kernels and not train_step:
+            raise ConfigError("--top-kernels applies to --train-step")
+        if top_kernels < 0 or (top_kernels and profile_steps < 1):
+            raise ConfigError(f"--top-kernels takes a number of kernels >= 0 (got {top_kernels}) and needs "
+                              f"--profile-steps of 1 or more (got {profile_steps})")
         length_list = _parse_ints(lengths, "--lengths")
         if documents is not None:
             check_documents(documents, seq_len if train_step else min(length_list))
@@ -182,10 +191,11 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
                                       warmup=5 if warmup is None else warmup, device=device,
                                       backend_overrides=forced, profile_steps=profile_steps, commit=commit,
                                       command=" ".join(sys.argv), out_path=str(out),
-                                      memory_check=not no_memory_check, documents=documents or 0)
+                                      memory_check=not no_memory_check, documents=documents or 0,
+                                      top_kernels=top_kernels)
         except _user_errors() as e:
             _fail(e)
-        show([train_step_table(result)])
+        show([train_step_table(result)] + ([other_kernels_table(result)] if top_kernels else []))
         print(f"wrote {out}")
         return
     result = run_bench(methods=(methods or "sdpa,kerple,dapev2-kerple,stickbreaking").split(","),

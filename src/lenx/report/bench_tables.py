@@ -80,6 +80,34 @@ def _train_step_caption(result: dict) -> str:
     return text
 
 
+def short_kernel_name(name: str, width: int = 100) -> str:
+    """A kernel's name without the namespaces and return type that make CUDA template names long,
+    cut to `width` characters (the JSON keeps the full name)."""
+    for noise in ("void ", "at::native::", "(anonymous namespace)::", "at::"):
+        name = name.replace(noise, "")
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def other_kernels_table(result: dict) -> Table:
+    """A train_step_bench result's other_kernels (its top_kernels option): per method, the kernels
+    outside the attention's ranges with the most time per step, and the rest of that time."""
+    table = Table(f"kernels outside the attention per step | commit {result.get('git_commit')}",
+                  [*columns("method", "pass"), *columns("ms/step", "calls/step", right_from=0), *columns("kernel")],
+                  caption="pass: fwd = the forward, loss and optimizer step; bwd = the backward (the autograd "
+                          "thread); - = both on one thread (a CPU). The last line of a method: the rest of "
+                          "its time outside the attention (other_gpu_ms).")
+    for r in result["rows"]:
+        if not r.get("other_kernels"):
+            continue
+        label = f"{r['method']} ({r['documents']} docs)" if r.get("documents") else r["method"]
+        for k in r["other_kernels"]:
+            table.add_row(label, k["pass"], f"{k['ms_per_step']:.3f}", f"{k['calls_per_step']:g}",
+                          short_kernel_name(k["name"]))
+        rest = r["other_gpu_ms"] - sum(k["ms_per_step"] for k in r["other_kernels"])
+        table.add_row(label, "", f"{rest:.3f}", "", f"(the rest of other_gpu_ms {r['other_gpu_ms']:.3f})")
+    return table
+
+
 def decode_table(result: dict) -> Table:
     """A decode_bench result, one row per method, mode, context and batch size; x GPT-2 is the row's
     ms/token over transformers' GPT-2 (compiled, or static on a CPU) at the same context and batch."""
