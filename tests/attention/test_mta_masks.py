@@ -3,6 +3,8 @@ entry by entry, a packed batch against each document run alone (float64, dense a
 blocks cut inside the query halo, forward and backward, and through the LM), and a windowed model's
 decoding (its ring) against the full forward."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -19,8 +21,6 @@ BOTH = dict(mta_head_mix="both", mta_post_conv=True, mta_post_query_kernel=3, mt
 
 
 def run(attn, q, k, v, backend="dense", chunk=16, segments=None, window=0):
-    from dataclasses import replace
-
     parts = replace(attn.parts, window=window, segments=segments is not None)
     if segments is not None and parts.bias is not None:  # positions restart in each document, as Attention does
         parts = replace(parts, bias=parts.bias.at(positions(segments)))
@@ -39,8 +39,8 @@ def test_the_tensor_form_is_the_loops_under_masks(window, docs):
     segments = None if docs is None else segments_of(docs)
     pos = torch.arange(T)
     bias = attn.bias(pos, pos) if segments is None else attn.bias(positions(segments), positions(segments))
-    want = mta_loops(q, k, v, p.conv_kernel, p.pre_mix, p.post_mix, bias, (p.norm_weight, p.gate.weight[0], p.gate.bias),
-                     p.post_conv_kernel, window, segments)
+    norm = (p.norm_weight, p.gate.weight[0], p.gate.bias)
+    want = mta_loops(q, k, v, p.conv_kernel, p.pre_mix, p.post_mix, bias, norm, p.post_conv_kernel, window, segments)
     for backend, chunk in (("dense", 16), ("chunked", 2), ("chunked", 5)):  # blocks inside the halo of 2 + 2
         got = run(attn, q, k, v, backend, chunk, segments, window)
         assert_close(got, want, 1e-10, f"{backend} {chunk} W={window} docs={docs}")

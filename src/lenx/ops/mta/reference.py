@@ -12,12 +12,7 @@
     out_h = A_h V_h,   then per head  o = RMSNorm(out_h) * w,  o * sigmoid(g . o + b)   (group norm + scalar gate)
 
 Mask_0 zeroes every entry whose key is after its own row's query (and keys that do not exist), so no
-output reads a future key: the paper's "mask with 0 before the convolution and -inf after".
-Masks (a window, document ids): an entry (r, s) a mask hides from row r is zeroed as one past the
-causal edge, before either convolution. Another document's keys do not exist for an output row: its
-entry (i, j) reads no input (r, s) whose key s is of another document than i (key_valid per row),
-so neither does it read another document's rows (their entries are all of their own document's
-keys), and each document's rows are those of it run alone. After the
+output reads a future key: the paper's "mask with 0 before the convolution and -inf after". After the
 softmax the convolution spreads weight onto future keys, so Mask_0 follows it (and precedes it too, for
 rows that attend no key). Neither Conv2d_θ' nor MixPost is renormalised (the paper and its code use
 the weights as they are). The order is the released code's: convolution, mixing, softmax,
@@ -25,6 +20,15 @@ convolution, mixing. Kernel layout (F.conv2d's):
 kernel [H, 1, c_q, c_k], row a reads query i - (c_q - 1) + a, column b reads key j - c_k // 2 + b;
 the identity kernel has a single 1 at [c_q - 1, c_k // 2]. Mixing weights [G, c_h, c_h]: head a of
 group g becomes sum_b w[g, a, b] x[g c_h + b].
+
+Masks (a window, document ids): an entry (r, s) a mask hides from row r is zeroed as one past the
+causal edge, before either convolution (Mask_0 zeroes it, and the -inf mask or Mask_0 after the
+post-softmax convolution masks the row's own masked entries). Another document's keys do not exist
+for an output row: its entry (i, j) reads no input (r, s) whose key s is of another document than i
+(key_valid per row), so it reads none of another document's rows either (their nonzero entries are
+all at their own document's keys): the query direction sees zero padding above a document's first
+row, and each document's rows are those of it run alone. At a window's left edge an output (i, j)
+may read an earlier row's entries at keys left of i's window where that row sees them.
 """
 
 import math
