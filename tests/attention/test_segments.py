@@ -25,7 +25,7 @@ def test_segments_on_the_reference_paths(backend, method, T):
     compare(backend, method, T, 0, ONE if T == 1 else SEGMENTS[T])
 
 
-@pytest.mark.parametrize("method", ["kerple", "dapev2-kerple", "stickbreaking"])
+@pytest.mark.parametrize("method", ["kerple", "dapev2-kerple", "stickbreaking", "mta-kerple"])
 def test_segments_with_a_window(method):
     compare("chunked", method, 111, 13, SEGMENTS[111])
 
@@ -49,7 +49,7 @@ def test_document_ids_of_a_packed_batch():
     assert document_ids(tokens, eos).tolist() == [[0, 0, 0, 1, 1, 2, 3], [0, 1, 1, 1, 1, 1, 1]]
 
 
-@pytest.mark.parametrize("method", ["rope", "alibi", "dapev2-kerple", "stickbreaking", "cope"])
+@pytest.mark.parametrize("method", ["rope", "alibi", "dapev2-kerple", "stickbreaking", "cope", "mta"])
 def test_no_token_sees_another_document(method):
     """Through the LM: changing the first document's tokens leaves the second's logits as they were, and
     without doc_ids they would change."""

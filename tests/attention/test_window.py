@@ -16,7 +16,7 @@ from lenx.ops.stickbreaking.reference import stickbreaking_weights
 
 H, D = 2, 16  # heads, head dim
 METHODS = ["nope", "kerple", "alibi", "t5", "fire", "xl", "dapev2-kerple", "dapev2", "stickbreaking", "cope",
-           "dapev2-stickbreaking-alibi"]
+           "dapev2-stickbreaking-alibi", "mta", "mta-kerple"]
 
 
 def layer(method, window, **kw):
@@ -68,7 +68,10 @@ def hand_attention(q, k, v, parts, seen, same=None):
         A, rem = stickbreaking_weights(scores, allowed[:, None])
         return A @ v, rem
     allowed = (pos[None, :] <= pos[:, None]) & seen
-    return torch.softmax(scores.masked_fill(~allowed[:, None], -math.inf), -1) @ v, None
+    probs = torch.softmax(scores.masked_fill(~allowed[:, None], -math.inf), -1)
+    if parts.processor is not None and parts.processor.post_softmax:  # MTA's second convolution
+        probs = parts.processor.after_softmax(probs, allowed[:, None], 0, same)
+    return probs @ v, None
 
 
 def operands(B, T, seed=1):
@@ -136,6 +139,9 @@ def test_the_chunked_path_reads_only_the_window(monkeypatch):
     widths.clear()
     run_backend("chunked", q, k, v, layer("dapev2-kerple", 0).parts, 16)
     assert max(widths) == 200
+    widths.clear()  # MTA: the block, its query halo of 5 + 5 rows above it and their window
+    run_backend("chunked", q, k, v, layer("mta", 20).parts, 16)
+    assert max(widths) == 16 + 10 + 19
 
 
 def test_the_dape_conv_reads_zeros_at_a_window_edge():

@@ -1,7 +1,6 @@
 """train.documents=masked through the real CLI, as a user runs it (relative paths, another working
-directory): a masked run trains, records the choice and resumes to the same losses; an unknown value,
-a corpus with no document boundaries or a layer that takes no document mask is one `error:` line
-before any work."""
+directory): a masked run trains, records the choice and resumes to the same losses (MTA with a window trains
+too); an unknown value or a corpus with no document boundaries is one `error:` line before any work."""
 
 import json
 import tomllib
@@ -36,10 +35,18 @@ def test_a_masked_run_trains_records_its_choice_and_resumes_to_the_same_losses(t
         assert parts[step] == pytest.approx(whole[step], rel=1e-5, abs=1e-6), step
 
 
+def test_mta_with_a_window_trains_document_masked(tmp_path):
+    out = lenx("train", "-c", "tiny", "--set", "train.documents=masked", "--set", "model.method=mta",
+               "--set", "model.window=8", "--set", "train.steps=2", "--set", "train.log_every=1", "-o", "run",
+               "--no-progress", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert json.loads((tmp_path / "run" / "meta.json").read_text())["documents"] == "masked"
+    assert len(losses(tmp_path / "run")) == 2
+
+
 @pytest.mark.parametrize("overrides,says", [
     (["train.documents=packed"], "train.documents must be one of stream, masked"),
     (["data.corpus=one", "train.documents=masked"], "split of corpus 'one' is 1 document (no boundaries)"),
-    (["model.method=mta", "train.documents=masked"], "train.documents=masked: model.method=mta takes no document mask"),
 ])
 def test_a_bad_documents_setting_is_one_error_line(tmp_path, overrides, says):
     texts = tmp_path / "texts"

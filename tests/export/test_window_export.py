@@ -1,5 +1,5 @@
 """A windowed model exported to transformers: its cache grows and reorders with each windowed
-layer's ring, and every step's logits are those of a full forward."""
+layer's ring (MTA's with its queries), and every step's logits are those of a full forward."""
 
 import pytest
 import torch
@@ -12,7 +12,7 @@ from lenx.model.generate import generate
 pytest.importorskip("transformers")
 
 
-@pytest.mark.parametrize("method", ["rope", "dapev2-kerple"])
+@pytest.mark.parametrize("method", ["rope", "dapev2-kerple", "mta"])
 def test_a_windowed_export_grows_its_cache_and_generates_lenx_s_tokens(method, tmp_path, monkeypatch):
     from lenx.export.hf import LenxCache
 

@@ -1,6 +1,6 @@
 """A KV cache that grows (an export's LenxCache.reserve: a larger cache, each layer's copy_from the old)
 keeps what each layer decodes from: keys and values, MTA's queries, FoX's per-slot extras, a windowed
-layer's ring. Decoding on after the growth equals the full forward (float64)."""
+layer's ring (MTA's with its queries). Decoding on after the growth equals the full forward (float64)."""
 
 import pytest
 import torch
@@ -10,6 +10,7 @@ from helpers import V, assert_close, model_for
 
 @pytest.mark.parametrize("method, extra", [
     ("fox", {}), ("fox", {"fox_kv_shift": True}), ("mta", {}), ("pope", {}), ("dapev2-kerple", {"window": 4}),
+    ("mta", {"window": 4}),
 ])
 def test_decoding_goes_on_after_the_cache_grows(method, extra):
     model = model_for(method, **extra)

@@ -1,7 +1,7 @@
 """MTA on a GPU: the decode step captured in a CUDA graph (which reads the cached queries of the rows
 before the new one without a host sync) gives the eager step's tokens for a padded batch, and the
 chunked path under bf16 autocast stays near its fp32 run, forward and backward; each with and
-without the post-softmax convolution."""
+without the post-softmax convolution; a windowed MTA's graph step and a packed batch on the GPU."""
 
 import pytest
 import torch
@@ -42,3 +42,23 @@ def test_chunked_bf16_is_near_fp32(post):
         assert torch.isfinite(p.grad).all()
         assert (p.grad - g).norm() <= 0.3 * g.norm() + 1e-6
         assert torch.nn.functional.cosine_similarity(p.grad.flatten(), g.flatten(), 0) > 0.95
+
+
+@pytest.mark.gpu
+def test_a_windowed_and_packed_mta_on_the_gpu():
+    """A window: the CUDA graph's step (its ring read without a host sync) gives the eager tokens.
+    Document ids: the packed fp32 forward on the GPU is near the float64 one on the CPU."""
+    import copy
+
+    cpu = model_for("mta-kerple", window=6, mta_head_mix="both", mta_post_conv=True, chunk_size=16)
+    model = copy.deepcopy(cpu).float().cuda()
+    eager = generate(model, prompts(), 24, temperature=0, decoding="eager")["tokens"]
+    graph = generate(model, prompts(), 24, temperature=0, decoding="graph")["tokens"]
+    assert torch.equal(graph, eager)
+    idx = torch.randint(0, V, (2, 63), generator=torch.Generator().manual_seed(2))
+    docs = torch.tensor([sum(([d] * n for d, n in enumerate(row)), []) for row in ([1, 20, 3, 1, 38], [40, 23])])
+    with torch.no_grad():
+        want = cpu(idx, doc_ids=docs)[0]
+        got = model(idx.cuda(), doc_ids=docs.cuda())[0].double().cpu()
+    err = (got - want).abs().max() / want.abs().max()
+    assert err < 5e-3, err  # fp32 against float64 (1e-6 on a CPU); cuDNN may run the convs in TF32

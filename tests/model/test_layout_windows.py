@@ -1,7 +1,7 @@
 """A layout entry's window (`rope:w4`) masks its layer as model.window does: the layer's output is the
 dense softmax under a window mask built by hand, decoding equals the full forward (float64) from a ring
-of slots in the windowed layers only, and the windows not supported yet (FoX, MTA) are refused in one
-line before any work."""
+of slots in the windowed layers only (MTA's with its queries), and the windows not supported yet (FoX)
+are refused in one line before any work."""
 
 import math
 
@@ -35,7 +35,7 @@ def test_a_layout_window_masks_its_layer_only():
     assert not torch.allclose(out, unmasked)  # the window changed something at T = 11
 
 
-@pytest.mark.parametrize("layers", ["rope:w8,nope", "dapev2-kerple:w5,rope", "pope:w6,alibi"])
+@pytest.mark.parametrize("layers", ["rope:w8,nope", "dapev2-kerple:w5,rope", "pope:w6,alibi", "mta-kerple:w6,rope"])
 def test_a_windowed_layout_decodes_as_its_full_forward(layers, monkeypatch):
     """Token by token and in a block longer than a ring step: every step is the full forward's row;
     the windowed layer decodes from a ring (PoPE's keys 2d wide), the other from every slot."""
@@ -62,7 +62,6 @@ def test_a_windowed_layout_decodes_as_its_full_forward(layers, monkeypatch):
 @pytest.mark.parametrize("method, says", [
     ("fox", "FoX's decoding cache keeps per-slot forget-gate sums"),
     ("dapev2-fox", "FoX's decoding cache"),
-    ("mta", "MTA's query-key convolution takes no mask yet"),
 ])
 def test_a_window_that_is_not_supported_yet_is_refused(method, says):
     with pytest.raises(ValueError, match=f"a window on {method} is not supported yet") as e:
@@ -76,10 +75,3 @@ def test_a_window_that_is_not_supported_yet_is_refused(method, says):
             check_config(cfg)
         assert "\n" not in str(e.value) and f"a window on {method} is not supported yet" in str(e.value), str(e.value)
 
-
-def test_document_segments_on_mta_are_refused():
-    model = model_for("mta")
-    idx = torch.randint(0, V, (1, 6))
-    with pytest.raises(ValueError, match="document segments on mta are not supported yet"):
-        model(idx, doc_ids=torch.zeros(1, 6, dtype=torch.long))
-    model(idx)  # without them it runs

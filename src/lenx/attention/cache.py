@@ -109,27 +109,31 @@ class RingCache(LayerCache):
     """The cache of a windowed layer: only the last `size` slots, slot t at index t % size, so that
     it does not grow with the context. A decode step reads the ring in slot order (the DAPE
     convolution and stick-breaking read keys in order), slots end - size..end - 1; size covers a
-    step's rows, the window before its first row and the convolution's reach left of that. K may be
-    key_dim wide (PoPE); it keeps no queries and no extras (model/checks.py refuses a window on the
-    methods that need them: FoX, MTA)."""
+    step's rows, MTA's query halo above them, the window before the first of those and the DAPE
+    convolution's reach left of that. K may be key_dim wide (PoPE); with keep_q it keeps the
+    slots' queries too (MTA's halo rows); no extras (Attention refuses a window on FoX, which needs them)."""
 
-    def __init__(self, batch: int, heads: int, head_dim: int, size: int, device, dtype, key_dim: int | None = None):
-        super().__init__(batch, heads, head_dim, size, device, dtype, key_dim)
+    def __init__(self, batch: int, heads: int, head_dim: int, size: int, device, dtype, key_dim: int | None = None,
+                 keep_q: bool = False):
+        super().__init__(batch, heads, head_dim, size, device, dtype, key_dim, keep_q=keep_q)
         self.ring = size
+
+    def _kept(self, k, v, q):
+        return [(self.k, k), (self.v, v)] + ([] if self.q is None else [(self.q, q)])
 
     def write(self, start: int, k, v, rows=None, q=None) -> None:
         R = k.shape[2]
-        if R > self.ring:  # a prompt longer than the ring: its last slots
-            k, v, start = k[:, :, R - self.ring:], v[:, :, R - self.ring:], start + R - self.ring
-        index = torch.arange(start, start + k.shape[2], device=self.k.device) % self.ring
-        for mine, new in ((self.k, k), (self.v, v)):
+        cut = max(0, R - self.ring)  # a prompt longer than the ring: its last slots
+        index = torch.arange(start + cut, start + R, device=self.k.device) % self.ring
+        for mine, new in self._kept(k, v, q):
+            new = new[:, :, cut:].to(mine.dtype)
             if rows is None:
-                mine.index_copy_(2, index, new.to(mine.dtype))
+                mine.index_copy_(2, index, new)
             else:
-                mine[rows] = mine[rows].index_copy(2, index, new.to(mine.dtype))
+                mine[rows] = mine[rows].index_copy(2, index, new)
 
     def write_at(self, slots, k, v, q=None) -> None:
-        super().write_at(slots % self.ring, k, v)
+        super().write_at(slots % self.ring, k, v, q)
 
     def read_step(self, step):
         order = step.key_slots(self.ring)[0] % self.ring
@@ -137,7 +141,7 @@ class RingCache(LayerCache):
 
     def copy_from(self, other, n: int) -> None:
         slots = torch.arange(max(0, n - other.capacity), n, device=self.k.device)
-        for mine, theirs in ((self.k, other.k), (self.v, other.v)):
+        for mine, theirs in self._kept(other.k, other.v, other.q):
             mine.index_copy_(2, slots % self.ring, theirs.index_select(2, slots % theirs.shape[2]))
 
 
@@ -190,8 +194,8 @@ def cached_attention(q, keys, values, parts, step: StepRows, ring: int = 0, quer
     is the row of its sequence's forward alone. -> (out [B, H, R, d], the normaliser's rem [B, H, R]
     or None), as the reference backends' block_attention. A processor with a query halo h (MTA)
     reads the h rows before the step's first too (the rows are consecutive slots): their queries
-    come from `queries` [B, H, capacity, d], the cache's (LayerCache.q), and the last post_halo of
-    them go through the softmax for its post-softmax step; it takes no window (no ring)."""
+    come from `queries` [B, H, capacity, d], the cache's (LayerCache.q, a ring's slot t at t % ring),
+    and the last post_halo of them go through the softmax for its post-softmax step."""
     q_pos = step.q_pos
     _, k_pos, key_valid = step.key_slots(ring)
     norm, bias_part = parts.normaliser, parts.bias
@@ -204,8 +208,11 @@ def cached_attention(q, keys, values, parts, step: StepRows, ring: int = 0, quer
     h = parts.processor.q_halo if parts.processor is not None else 0
     if h:  # slots before the cache's first read as rows at negative positions: Mask_0 zeroes them
         slots = step.rows[:1] - h + torch.arange(h, device=q.device)
-        q = torch.cat([queries.index_select(2, slots.clamp(min=0)).to(q.dtype), q], 2)
+        index = slots.clamp(min=0) % ring if ring else slots.clamp(min=0)
+        q = torch.cat([queries.index_select(2, index).to(q.dtype), q], 2)
         q_pos = torch.cat([slots[None, :] - step.start[:, None], q_pos], 1)
+        if seen is not None:  # the halo rows' windows too
+            seen = visible(q_pos, k_pos, parts.window)
     bias = None
     if bias_part is not None and bias_part.per_distance and not h:  # the layers' distances are the same
         dtype = bias_part.distance_dtype
@@ -234,7 +241,8 @@ def cached_attention(q, keys, values, parts, step: StepRows, ring: int = 0, quer
         else:
             scores = raw if bias is None else raw + bias.to(raw.dtype)
         if post:  # the rows whose probabilities the post-softmax convolution reads go through the softmax too
-            allowed = (norm.allowed(q_pos[:, h - post:], k_pos, parts.causal) & key_valid[:, None, :]).unsqueeze(1)
+            allowed = norm.allowed(q_pos[:, h - post:], k_pos, parts.causal) & key_valid[:, None, :]
+            allowed = (allowed if seen is None else allowed & seen[:, h - post:]).unsqueeze(1)
         out, rem = normalise(parts, scores, values, allowed, post)
     if step.rows_real:
         return out, rem

@@ -9,6 +9,8 @@ zeros as its scores and bias (conv1's input there is zero, as tril makes it past
 At a window's edge conv1's output is computed from its neighbours and read by conv2, as past the
 diagonal; a key of another document is one that does not exist (conv1's output there is zero, as
 the zero padding past a sequence's ends), so each document's rows are those of it run alone.
+MTA's two convolutions read a masked entry as one past the causal edge too (zero before each), and
+to an output row another document's keys do not exist, nor so its rows (lenx.ops.mta.reference).
 
 Positions under segments (document-masked packing, train.documents=masked): each token's position
 is its offset in its document (positions). A bias of i - j alone needs nothing more: every pair the

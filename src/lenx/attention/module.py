@@ -61,9 +61,7 @@ class Attention(nn.Module):
 
     def _unwindowed(self) -> str | None:
         """Why this layer takes no window yet (None: it does). A windowed layer decodes from a ring of
-        the last slots (cache.RingCache), which keeps keys and values only."""
-        if self.processor is not None and not self.processor.masks:
-            return "MTA's query-key convolution takes no mask yet, and its decoding cache keeps every query"
+        the last slots (cache.RingCache), which keeps keys, values and (MTA) queries only."""
         if self.cache_extra(torch.float32):
             return "FoX's decoding cache keeps per-slot forget-gate sums (and inputs), which a window's ring does not"
         return None
@@ -130,9 +128,6 @@ class Attention(nn.Module):
         check_segments(segments, B, T)
         if cache is not None and segments is not None:
             raise ValueError("decoding has no document segments: a prompt is one document")
-        if segments is not None and self.processor is not None and not self.processor.masks:
-            raise ValueError(f"document segments on {self.spec.name} are not supported yet: MTA's query-key "
-                             "convolution takes no mask")
         if segments is not None and positions is None:
             positions = document_positions(segments)
         q, k, v = self.project(x, positions, segments=segments, memo=memo)

@@ -16,6 +16,11 @@ scalar gating in every layer (no depth scaling: the paper's ablation finds it wo
 before these defaults lack the two keys and load with post-softmax mixing only and no second
 convolution (lenx.config.FORMER_DEFAULTS). The post-softmax convolution's rows read the c_q' - 1
 probability rows above them, so the query halo grows by as much.
+
+Masks (a window, document ids; see lenx.ops.mta.reference): an entry a mask hides from its row is
+zeroed before both convolutions as one past the causal edge, and an output row's convolutions read
+no key of another document (nor so another document's rows): a packed document's rows are those of
+it run alone.
 """
 
 import torch
@@ -28,8 +33,6 @@ HEAD_MIXES = ("none", "pre", "post", "both")
 
 
 class MTA(ScoreProcessor):
-    masks = False  # its query-key convolution reads no `visible` yet: no window, no document segments
-
     def __init__(self, num_heads: int, head_dim: int, query_kernel: int = 6, key_kernel: int = 11,
                  head_group: int = 0, head_mix: str = "both", conv: bool = True, norm: bool = True,
                  d_model: int | None = None, post_kernel: tuple[int, int] | None = (6, 11)):
@@ -91,16 +94,18 @@ class MTA(ScoreProcessor):
 
     def forward(self, scores: torch.Tensor, bias: torch.Tensor | None = None, q: torch.Tensor | None = None,
                 q_pos: torch.Tensor | None = None, k_pos: torch.Tensor | None = None,
-                key_valid: torch.Tensor | None = None) -> torch.Tensor:
+                key_valid: torch.Tensor | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
         """MixPre(Conv2d(Mask_0(S + Bias))) for the scaled scores [B, H, Tq, Tk] (see mta_scores); q is
-        not used. Entries after the diagonal are left for the normaliser's -inf mask."""
+        not used. Entries after the diagonal (or masked) are left for the normaliser's -inf mask."""
         logits = scores if bias is None else scores + bias.to(scores.dtype)
-        return mta_scores(logits, self.conv_kernel, self.pre_mix, q_pos, k_pos, key_valid)
+        return mta_scores(logits, self.conv_kernel, self.pre_mix, q_pos, k_pos, key_valid, visible)
 
-    def after_softmax(self, probs: torch.Tensor, allowed: torch.Tensor | None = None, context: int = 0) -> torch.Tensor:
+    def after_softmax(self, probs: torch.Tensor, allowed: torch.Tensor | None = None, context: int = 0,
+                      key_valid: torch.Tensor | None = None) -> torch.Tensor:
         """MixPost(Mask_0(Conv2d_θ'(P))) of the probabilities P [B, H, Tq, Tk] (see mta_probs); the
-        first `context` rows are the post-softmax convolution's halo and are dropped."""
-        return mta_probs(probs, allowed, self.post_conv_kernel, self.post_mix, context)
+        first `context` rows are the post-softmax convolution's halo and are dropped; key_valid
+        [B, Tq, Tk] under document ids: the keys of each row's document."""
+        return mta_probs(probs, allowed, self.post_conv_kernel, self.post_mix, context, key_valid)
 
     def finish(self, out: torch.Tensor) -> torch.Tensor:
         """The group norm and gate of each head's output [B, H, T, d]."""

@@ -69,32 +69,31 @@ class ScoreProcessor(nn.Module):
     (the last ones) go through the softmax too, their probabilities read by after_softmax.
     leak: processed scores see future keys (the causal cut is off). op: the fused op (a folder of
     lenx.ops) that can run this processor, if any. post_softmax: after_softmax(probs, allowed,
-    context) changes the softmax probabilities before they weight the values and drops the first
-    `context` rows (normalise applies it). finish(out) maps
-    each head's output [B, H, T, d] after the normaliser's own finish. masks: forward takes
-    `visible` (a window, document segments); False: the attention refuses both."""
+    context, key_valid) changes the softmax probabilities before they weight the values and drops
+    the first `context` rows (normalise applies it; key_valid per row under document segments). finish(out) maps
+    each head's output [B, H, T, d] after the normaliser's own finish."""
 
     halo = 0
     q_halo = 0
     post_halo = 0
-    masks = True
     leak = False
     op: str | None = None
     post_softmax = False
 
-    def after_softmax(self, probs, allowed=None, context: int = 0):
+    def after_softmax(self, probs, allowed=None, context: int = 0, key_valid=None):
         return probs[..., context:, :]
 
     def finish(self, out):
         return out
 
 
-def normalise(parts: "Parts", scores, v, allowed, context: int = 0):
+def normalise(parts: "Parts", scores, v, allowed, context: int = 0, key_valid=None):
     """The normaliser's (out, rem) of processed scores, with the processor's post-softmax step; the
     first `context` rows (at most the processor's post_halo) are read by that step only and give no
-    output."""
+    output. key_valid [B, Tq, Tk] under document ids: the keys of each row's document (for that step)."""
     if parts.processor is not None and parts.processor.post_softmax:
-        post = functools.partial(parts.processor.after_softmax, allowed=allowed, context=context)
+        post = functools.partial(parts.processor.after_softmax, allowed=allowed, context=context,
+                                 key_valid=key_valid)
         return parts.normaliser(scores, v, allowed, post=post)
     return parts.normaliser(scores, v, allowed)
 

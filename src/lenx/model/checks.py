@@ -31,8 +31,6 @@ def check_config(cfg: RunConfig) -> None:
         model = _build_meta(replace(cfg.model, backend="auto"))
     except (ValueError, AssertionError) as e:
         raise ConfigError(f"model: {cfg.model.label} cannot be built with these settings: {e}") from None
-    if cfg.train.documents == "masked":
-        _check_documents(model)
     if cfg.model.backend != "auto":
         # judged where the backend runs at all (triton: CUDA); check_device judges the device in use
         _check_backend(model, cfg.model.backend, torch.device("cuda" if cfg.model.backend == "triton" else "cpu"))
@@ -150,15 +148,6 @@ def _build_meta(model_cfg: LMConfig) -> LM:
 
 def _label(m: LMConfig) -> str:
     return f"model.layers={m.layers}" if m.layers.strip() else f"model.method={m.method}"
-
-
-def _check_documents(model: LM) -> None:
-    """train.documents=masked: every layer takes document masks."""
-    for i, block in enumerate(model.blocks):
-        if block.attn.processor is not None and not block.attn.processor.masks:
-            where = f"layer {i}: {block.attn.spec.name}" if model.cfg.layers.strip() else _label(model.cfg)
-            raise ConfigError(f"train.documents=masked: {where} takes no document mask yet (MTA's query-key "
-                              "convolution takes no mask); use train.documents=stream")
 
 
 def _check_backend(model: LM, backend: str, device: torch.device, segments: bool = False) -> None:

@@ -152,19 +152,23 @@ class LM(nn.Module):
         layers = []
         for b in self.blocks:
             size = self._ring_size(b.attn)
-            if size:  # a windowed layer keeps no queries and no extras (Attention refuses those windows)
-                layers.append(RingCache(*shape, min(size, capacity), device, dtype, b.attn.key_dim))
-            else:  # a layer whose processor reads earlier queries' scores (MTA) keeps every slot's query too
+            # a layer whose processor reads earlier queries' scores (MTA) keeps its slots' queries too
+            keep_q = b.attn.processor is not None and b.attn.processor.q_halo > 0
+            if size:  # a windowed layer keeps no extras (Attention refuses a window on FoX, which needs them)
+                layers.append(RingCache(*shape, min(size, capacity), device, dtype, b.attn.key_dim, keep_q))
+            else:
                 layers.append(LayerCache(*shape, capacity, device, dtype, b.attn.key_dim, b.attn.cache_extra(dtype),
-                                         keep_q=b.attn.processor is not None and b.attn.processor.q_halo > 0))
+                                         keep_q=keep_q))
         return KVCache(layers, torch.zeros(batch, capacity, dtype=torch.long, device=device))
 
     def _ring_size(self, attn) -> int:
         """The slots a windowed layer keeps (0: no window, every slot): a step's rows (the halo and
-        up to RING_ROWS new tokens), the window before the first and the layer's conv reach left of it."""
+        up to RING_ROWS new tokens), MTA's query halo above them (rows whose scores the step
+        recomputes), the window before the first and the DAPE conv's reach left of it."""
         if not attn.parts.window:
             return 0
-        reach = attn.processor.halo if attn.processor is not None else 0
+        p = attn.processor
+        reach = p.halo + p.q_halo if p is not None else 0
         return self.halo + RING_ROWS + attn.parts.window - 1 + reach
 
     def prefill(self, idx: torch.Tensor, cache: KVCache, lengths=None, progress=None) -> torch.Tensor:

@@ -68,7 +68,8 @@ def block_attention(q, k, v, parts: Parts, q_start: int = 0, k_start: int = 0, s
     seen = _visible(parts, q_pos, k_pos, segments)
     if seen is not None:
         allowed = allowed & seen if seen.dim() == 2 else (allowed & seen)[:, None]  # [B, 1, Tq, Tk]
-    return normalise(parts, scores, v, allowed, post)
+    same = None if segments is None else same_document(segments[:, q_pos], segments[:, k_pos])
+    return normalise(parts, scores, v, allowed, post, same)
 
 
 def dense_attention(q, k, v, parts: Parts, segments=None):

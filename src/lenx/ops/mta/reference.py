@@ -20,6 +20,15 @@ convolution, mixing. Kernel layout (F.conv2d's):
 kernel [H, 1, c_q, c_k], row a reads query i - (c_q - 1) + a, column b reads key j - c_k // 2 + b;
 the identity kernel has a single 1 at [c_q - 1, c_k // 2]. Mixing weights [G, c_h, c_h]: head a of
 group g becomes sum_b w[g, a, b] x[g c_h + b].
+
+Masks (a window, document ids): an entry (r, s) a mask hides from row r is zeroed as one past the
+causal edge, before either convolution (Mask_0 zeroes it, and the -inf mask or Mask_0 after the
+post-softmax convolution masks the row's own masked entries). Another document's keys do not exist
+for an output row: its entry (i, j) reads no input (r, s) whose key s is of another document than i
+(key_valid per row), so it reads none of another document's rows either (their nonzero entries are
+all at their own document's keys): the query direction sees zero padding above a document's first
+row, and each document's rows are those of it run alone. At a window's left edge an output (i, j)
+may read an earlier row's entries at keys left of i's window where that row sees them.
 """
 
 import math
@@ -41,39 +50,61 @@ def mix_heads(x, w):
     return torch.einsum("gab,zgbn->zgan", w.to(x.dtype), groups).reshape(x.shape)
 
 
-def mta_scores(logits, kernel=None, pre_mix=None, q_pos=None, k_pos=None, key_valid=None):
+def mta_scores(logits, kernel=None, pre_mix=None, q_pos=None, k_pos=None, key_valid=None, visible=None):
     """L = MixPre(Conv2d_θ(Mask_0(Â))) for logits Â [B, H, Tq, Tk] of rows at q_pos against keys at
     k_pos ([Tq], [Tk] or per sequence [B, Tq], [B, Tk]; default: the rows are the last Tq of Tk
     positions). kernel [H, 1, c_q, c_k] or None (no convolution), pre_mix [G, c_h, c_h] or None.
-    key_valid [B, Tk] (default all): missing keys read as zero. The rows' query convolution reads
-    only the rows given: a block's first c_q - 1 rows see zero padding above them, so a caller that
-    needs exact rows gives the c_q - 1 rows before them too and drops those (the query halo)."""
+    key_valid [B, Tk] (default all): missing keys read as zero; per row [B, Tq, Tk] (document ids):
+    the keys of each row's document, the others missing to that row's convolution (see the module
+    docstring). visible [Tq, Tk] or [B, Tq, Tk] (default all): entries a window or document mask
+    hides, zeroed as past the causal edge. The rows' query convolution reads only the rows given: a
+    block's first c_q - 1 rows see zero padding above them, so a caller that needs exact rows gives
+    the c_q - 1 rows before them too and drops those (the query halo)."""
     Tq, Tk = logits.shape[-2:]
     if k_pos is None:
         k_pos = torch.arange(Tk, device=logits.device)
     if q_pos is None:
         q_pos = k_pos[..., Tk - Tq:]
     x = logits.masked_fill(future_mask(q_pos, k_pos), 0.0)
+    if visible is not None:
+        x = x.masked_fill(~visible.unsqueeze(-3), 0.0)
+    documents = None
     if key_valid is not None:
-        x = x.masked_fill(~key_valid[:, None, None, :], 0.0)
+        if key_valid.dim() == 3:
+            documents = key_valid
+        x = x.masked_fill(~(key_valid[:, None] if key_valid.dim() == 3 else key_valid[:, None, None, :]), 0.0)
     if kernel is not None:
-        x = _conv(x, kernel)
+        x = _conv(x, kernel, documents)
     return x if pre_mix is None else mix_heads(x, pre_mix)
 
 
-def _conv(x, kernel):
-    """Conv2d_θ per head, zero padding: c_q - 1 rows above, c_k // 2 keys on either side."""
+def _conv(x, kernel, documents=None):
+    """Conv2d_θ per head, zero padding: c_q - 1 rows above, c_k // 2 keys on either side. documents
+    [B, Tq, Tk] (or None): the keys of each output row's document; the output (i, j) reads only
+    inputs at those keys (one pass per key offset of the kernel then)."""
     c_q, c_k = kernel.shape[-2:]
-    return F.conv2d(F.pad(x, (c_k // 2, c_k // 2, c_q - 1, 0)), kernel.to(x.dtype), groups=kernel.shape[0])
+    padded = F.pad(x, (c_k // 2, c_k // 2, c_q - 1, 0))
+    kernel = kernel.to(x.dtype)
+    if documents is None:
+        return F.conv2d(padded, kernel, groups=kernel.shape[0])
+    Tk = x.shape[-1]
+    mine = F.pad(documents, (c_k // 2, c_k // 2))[:, None]  # [B, 1, Tq, Tk + c_k - 1]
+    out = torch.zeros_like(x)
+    for t in range(c_k):  # the inputs at keys j - c_k // 2 + t, kept where that key is of row i's document
+        rows = F.conv2d(padded[..., t:t + Tk], kernel[..., t:t + 1], groups=kernel.shape[0])
+        out = out + rows.masked_fill(~mine[..., t:t + Tk], 0.0)
+    return out
 
 
-def mta_probs(probs, allowed=None, kernel=None, post_mix=None, context: int = 0):
+def mta_probs(probs, allowed=None, kernel=None, post_mix=None, context: int = 0, key_valid=None):
     """A = MixPost(Mask_0(Conv2d_θ'(Mask_0(P)))) for the softmax's probabilities P [B, H, Tq, Tk], allowed
-    (broadcastable to P) the keys each row attends; kernel [H, 1, c_q', c_k'] or None, post_mix
-    [G, c_h, c_h] or None. The first `context` rows are only read by the convolution (a block's query
-    halo): they are dropped."""
+    (broadcastable to P) the keys each row attends (a window's and a document's mask included);
+    kernel [H, 1, c_q', c_k'] or None, post_mix [G, c_h, c_h] or None. key_valid [B, Tq, Tk] (document
+    ids; None: one document): the keys of each row's document, the only ones its convolution reads.
+    The first `context` rows are only read by the convolution (a block's query halo): they are dropped."""
     if kernel is not None:
-        probs = _conv(probs.masked_fill(~allowed, 0.0), kernel).masked_fill(~allowed, 0.0)
+        documents = key_valid if key_valid is not None and key_valid.dim() == 3 else None
+        probs = _conv(probs.masked_fill(~allowed, 0.0), kernel, documents).masked_fill(~allowed, 0.0)
     probs = probs[..., context:, :]
     return probs if post_mix is None else mix_heads(probs, post_mix)
 
@@ -91,13 +122,23 @@ def group_norm(out, weight, gate_w=None, gate_b=None, eps: float = 1e-5):
 
 
 @torch.no_grad()
-def mta_loops(q, k, v, kernel=None, pre_mix=None, post_mix=None, bias=None, norm=None, post_kernel=None):
+def mta_loops(q, k, v, kernel=None, pre_mix=None, post_mix=None, bias=None, norm=None, post_kernel=None,
+              window: int = 0, segments=None):
     """Causal MTA attention of q, k, v [B, H, T, d] by explicit loops over every term of the formula
-    (float64, small T only): the definition the tensor form is tested against. bias [H, T, T] or
-    None; norm (weight, gate_w, gate_b) or None (no group norm); post_kernel the post-softmax
-    convolution's [H, 1, c_q', c_k'] or None."""
+    (float64, small T only): the definition the tensor form is tested against. bias [H, T, T] (or
+    [B, H, T, T]) or None; norm (weight, gate_w, gate_b) or None (no group norm); post_kernel the
+    post-softmax convolution's [H, 1, c_q', c_k'] or None. window (0: none) and segments [B, T]
+    (document ids, or None): the masks, applied entry by entry as the module docstring says."""
     B, H, T, d = q.shape
     q, k, v = q.double(), k.double(), v.double()
+
+    def seen(b, r, s):  # row r sees key s: the causal edge, the window, one document
+        if not (0 <= s <= r < T) or (window and r - s >= window):
+            return False
+        return segments is None or bool(segments[b, r] == segments[b, s])
+
+    def mine(b, i, s):  # key s is of output row i's document
+        return segments is None or bool(segments[b, i] == segments[b, s])
     logits = torch.zeros(B, H, T, T, dtype=torch.float64)
     for b in range(B):
         for h in range(H):
@@ -105,11 +146,11 @@ def mta_loops(q, k, v, kernel=None, pre_mix=None, post_mix=None, bias=None, norm
                 for j in range(i + 1):
                     logits[b, h, i, j] = float(q[b, h, i] @ k[b, h, j]) / math.sqrt(d)
                     if bias is not None:
-                        logits[b, h, i, j] += float(bias[h, i, j])
+                        logits[b, h, i, j] += float(bias[h, i, j] if bias.dim() == 3 else bias[b, h, i, j])
 
     def convolved(x, kernel):  # Conv2d_θ(Mask_0(x)), the zero padding around x read as Mask_0 does
-        def masked(b, h, r, s):
-            return float(x[b, h, r, s]) if 0 <= r < T and 0 <= s <= r else 0.0
+        def masked(b, h, r, s, i):
+            return float(x[b, h, r, s]) if 0 <= r < T and seen(b, r, s) and mine(b, i, s) else 0.0
 
         c_q, c_k = kernel.shape[-2:]
         y = torch.zeros_like(x)
@@ -117,7 +158,8 @@ def mta_loops(q, k, v, kernel=None, pre_mix=None, post_mix=None, bias=None, norm
             for h in range(H):
                 for i in range(T):
                     for j in range(T):
-                        y[b, h, i, j] = sum(float(kernel[h, 0, a, t]) * masked(b, h, i - (c_q - 1) + a, j - c_k // 2 + t)
+                        y[b, h, i, j] = sum(float(kernel[h, 0, a, t])
+                                            * masked(b, h, i - (c_q - 1) + a, j - c_k // 2 + t, i)
                                             for a in range(c_q) for t in range(c_k))
         return y
 
@@ -139,20 +181,24 @@ def mta_loops(q, k, v, kernel=None, pre_mix=None, post_mix=None, bias=None, norm
     for b in range(B):
         for h in range(H):
             for i in range(T):
-                row = [math.exp(float(scores[b, h, i, j])) for j in range(i + 1)]
+                row = [math.exp(float(scores[b, h, i, j])) if seen(b, i, j) else 0.0 for j in range(i + 1)]
                 for j in range(i + 1):
                     probs[b, h, i, j] = row[j] / sum(row)
-    if post_kernel is not None:  # then Mask_0 again: only the entries (i, j <= i) are kept
+    if post_kernel is not None:  # then Mask_0 again: only the entries row i sees are kept
         probs = convolved(probs, post_kernel)
-        for i in range(T):
-            probs[:, :, i, i + 1:] = 0.0
+        for b in range(B):
+            for i in range(T):
+                for j in range(T):
+                    if not seen(b, i, j):
+                        probs[b, :, i, j] = 0.0
     probs = mixed(probs, post_mix)
     out = torch.zeros(B, H, T, d, dtype=torch.float64)
     for b in range(B):
         for h in range(H):
             for i in range(T):
                 for j in range(i + 1):
-                    out[b, h, i] += probs[b, h, i, j] * v[b, h, j]
+                    if seen(b, i, j):
+                        out[b, h, i] += probs[b, h, i, j] * v[b, h, j]
     if norm is not None:
         weight, gate_w, gate_b = (None if t is None else t.double() for t in norm)
         for b in range(B):
