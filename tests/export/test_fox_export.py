@@ -1,6 +1,7 @@
 """FoX exported to transformers: the folder's logits are lenx's, and greedy generate() (lenx's KV
 cache with the prefix sums kept) gives lenx's own tokens, alone and for a left-padded batch, with
-and without the Pro block's options; and the CLI from training to export."""
+and without the Pro block's options and a window (a ring that keeps the sums); and the CLI from
+training to export."""
 
 import json
 import math
@@ -30,7 +31,8 @@ def lenx(*args, cwd):
 
 
 @pytest.mark.parametrize("method,switches", [("fox", {}), ("dapev2-fox", {}), ("stickbreaking-fox", {}),
-                                             ("fox", PRO)])
+                                             ("fox", PRO), ("fox", PRO | {"window": 3}),
+                                             ("dapev2-fox", {"window": 4, "fox_kv_shift": True})])
 def test_logits_and_generation_are_lenx_s(method, switches, tmp_path):
     lm = model_for(method, **switches).float()
     hf = load(write_model(lm, tmp_path / method))

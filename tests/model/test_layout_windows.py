@@ -1,7 +1,7 @@
 """A layout entry's window (`rope:w4`) masks its layer as model.window does: the layer's output is the
 dense softmax under a window mask built by hand, decoding equals the full forward (float64) from a ring
-of slots in the windowed layers only, and the windows not supported yet (FoX, MTA) are refused in one
-line before any work."""
+of slots in the windowed layers only (FoX's ring keeps its per-slot extras), and the window not
+supported yet (MTA's) is refused in one line before any work."""
 
 import math
 
@@ -35,7 +35,7 @@ def test_a_layout_window_masks_its_layer_only():
     assert not torch.allclose(out, unmasked)  # the window changed something at T = 11
 
 
-@pytest.mark.parametrize("layers", ["rope:w8,nope", "dapev2-kerple:w5,rope", "pope:w6,alibi"])
+@pytest.mark.parametrize("layers", ["rope:w8,nope", "dapev2-kerple:w5,rope", "pope:w6,alibi", "fox:w4,fox"])
 def test_a_windowed_layout_decodes_as_its_full_forward(layers, monkeypatch):
     """Token by token and in a block longer than a ring step: every step is the full forward's row;
     the windowed layer decodes from a ring (PoPE's keys 2d wide), the other from every slot."""
@@ -57,11 +57,10 @@ def test_a_windowed_layout_decodes_as_its_full_forward(layers, monkeypatch):
     ring, full = cache.layers
     assert isinstance(ring, RingCache) and ring.k.shape[2] < T and type(full) is LayerCache
     assert ring.k.shape[-1] == model.blocks[0].attn.key_dim
+    assert ring.extra.keys() == full.extra.keys()  # FoX's c rides in the ring as in the full cache
 
 
 @pytest.mark.parametrize("method, says", [
-    ("fox", "FoX's decoding cache keeps per-slot forget-gate sums"),
-    ("dapev2-fox", "FoX's decoding cache"),
     ("mta", "MTA's query-key convolution takes no mask yet"),
 ])
 def test_a_window_that_is_not_supported_yet_is_refused(method, says):

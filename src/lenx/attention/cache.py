@@ -85,8 +85,12 @@ class LayerCache:
     def before(self, name: str, first: torch.Tensor) -> torch.Tensor:
         """extra[name] of the slot before `first` (a 1-element long tensor) [B, 1, ...]; zeros before
         slot 0. No host sync."""
-        kept = self.extra[name].index_select(1, (first - 1).clamp(min=0))
+        kept = self.extra[name].index_select(1, self._index((first - 1).clamp(min=0)))
         return kept * (first > 0).to(kept.dtype)
+
+    def _index(self, slots):
+        """Where slots are kept (a ring wraps them)."""
+        return slots
 
     def read(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of slots 0..end-1."""
@@ -96,49 +100,65 @@ class LayerCache:
         """The keys and values a decode step's rows read (step.key_slots(self.ring) says their slots)."""
         return self.read(step.n_keys)
 
+    def read_extra(self, name: str, step: "StepRows") -> torch.Tensor:
+        """extra[name] [B, Tk, ...] of the slots a decode step's rows read, as read_step orders them."""
+        return self.extra[name][:, :step.n_keys]
+
+    def _kept(self):
+        """(tensor, its slot dimension) of everything this cache keeps per slot."""
+        q = [(self.q, 2)] if self.q is not None else []
+        return [(self.k, 2), (self.v, 2)] + q + [(kept, 1) for kept in self.extra.values()]
+
     def copy_from(self, other: "LayerCache", n: int) -> None:
         """Take the first n slots of a smaller cache of the same layer (a cache that grows)."""
-        self.k[:, :, :n], self.v[:, :, :n] = other.k[:, :, :n], other.v[:, :, :n]
-        if self.q is not None:
-            self.q[:, :, :n] = other.q[:, :, :n]
-        for name, kept in self.extra.items():
-            kept[:, :n] = other.extra[name][:, :n]
+        for (mine, dim), (theirs, _) in zip(self._kept(), other._kept()):
+            mine.narrow(dim, 0, n).copy_(theirs.narrow(dim, 0, n))
 
 
 class RingCache(LayerCache):
     """The cache of a windowed layer: only the last `size` slots, slot t at index t % size, so that
     it does not grow with the context. A decode step reads the ring in slot order (the DAPE
     convolution and stick-breaking read keys in order), slots end - size..end - 1; size covers a
-    step's rows, the window before its first row and the convolution's reach left of that. K may be
-    key_dim wide (PoPE); it keeps no queries and no extras (model/checks.py refuses a window on the
-    methods that need them: FoX, MTA)."""
+    step's rows, the window before its first row and the convolution's reach left of that, so the
+    slot before a step's first row (whose extras FoX's step extends: `before`) is still there. K
+    may be key_dim wide (PoPE); the extras (FoX's c and x) ride in the ring with their slots; it
+    keeps no queries (MTA takes no window)."""
 
-    def __init__(self, batch: int, heads: int, head_dim: int, size: int, device, dtype, key_dim: int | None = None):
-        super().__init__(batch, heads, head_dim, size, device, dtype, key_dim)
+    def __init__(self, batch: int, heads: int, head_dim: int, size: int, device, dtype, key_dim: int | None = None,
+                 extra=None):
+        super().__init__(batch, heads, head_dim, size, device, dtype, key_dim, extra)
         self.ring = size
 
-    def write(self, start: int, k, v, rows=None, q=None) -> None:
+    def write(self, start: int, k, v, rows=None, q=None, **extra) -> None:
         R = k.shape[2]
+        new = [k, v] + [extra[name] for name in self.extra]
         if R > self.ring:  # a prompt longer than the ring: its last slots
-            k, v, start = k[:, :, R - self.ring:], v[:, :, R - self.ring:], start + R - self.ring
-        index = torch.arange(start, start + k.shape[2], device=self.k.device) % self.ring
-        for mine, new in ((self.k, k), (self.v, v)):
+            new = [t.narrow(dim, R - self.ring, self.ring) for t, (_, dim) in zip(new, self._kept())]
+            start += R - self.ring
+        index = torch.arange(start, start + min(R, self.ring), device=self.k.device) % self.ring
+        for (mine, dim), value in zip(self._kept(), new):
             if rows is None:
-                mine.index_copy_(2, index, new.to(mine.dtype))
+                mine.index_copy_(dim, index, value.to(mine.dtype))
             else:
-                mine[rows] = mine[rows].index_copy(2, index, new.to(mine.dtype))
+                mine[rows] = mine[rows].index_copy(dim, index, value.to(mine.dtype))
 
-    def write_at(self, slots, k, v, q=None) -> None:
-        super().write_at(slots % self.ring, k, v)
+    def write_at(self, slots, k, v, q=None, **extra) -> None:
+        super().write_at(self._index(slots), k, v, **extra)
+
+    def _index(self, slots):
+        return slots % self.ring
 
     def read_step(self, step):
-        order = step.key_slots(self.ring)[0] % self.ring
+        order = self._index(step.key_slots(self.ring)[0])
         return self.k.index_select(2, order), self.v.index_select(2, order)
+
+    def read_extra(self, name: str, step) -> torch.Tensor:
+        return self.extra[name].index_select(1, self._index(step.key_slots(self.ring)[0]))
 
     def copy_from(self, other, n: int) -> None:
         slots = torch.arange(max(0, n - other.capacity), n, device=self.k.device)
-        for mine, theirs in ((self.k, other.k), (self.v, other.v)):
-            mine.index_copy_(2, slots % self.ring, theirs.index_select(2, slots % theirs.shape[2]))
+        for (mine, dim), (theirs, _) in zip(self._kept(), other._kept()):
+            mine.index_copy_(dim, slots % self.ring, theirs.index_select(dim, slots % theirs.shape[dim]))
 
 
 class StepRows:

@@ -61,11 +61,9 @@ class Attention(nn.Module):
 
     def _unwindowed(self) -> str | None:
         """Why this layer takes no window yet (None: it does). A windowed layer decodes from a ring of
-        the last slots (cache.RingCache), which keeps keys and values only."""
+        the last slots (cache.RingCache), which keeps keys, values and the extras (FoX's), not queries."""
         if self.processor is not None and not self.processor.masks:
             return "MTA's query-key convolution takes no mask yet, and its decoding cache keeps every query"
-        if self.cache_extra(torch.float32):
-            return "FoX's decoding cache keeps per-slot forget-gate sums (and inputs), which a window's ring does not"
         return None
 
     def backend_for(self, device: torch.device, segments: bool = False) -> str:
@@ -226,7 +224,7 @@ class Attention(nn.Module):
         keys, values = cache.read_step(step)
         parts = self.parts
         if "c" in kept:
-            parts = replace(parts, bias=self.bias.bind(c, cache.extra["c"][:, :step.n_keys].transpose(1, 2)))
+            parts = replace(parts, bias=self.bias.bind(c, cache.read_extra("c", step).transpose(1, 2)))
         out, rem = cached_attention(q, keys, values, parts, step, cache.ring, cache.q)
         out = self.normaliser.finish(out, rem, v)
         return self._output(out if self.processor is None else self.processor.finish(out), x)

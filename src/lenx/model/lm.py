@@ -152,8 +152,9 @@ class LM(nn.Module):
         layers = []
         for b in self.blocks:
             size = self._ring_size(b.attn)
-            if size:  # a windowed layer keeps no queries and no extras (Attention refuses those windows)
-                layers.append(RingCache(*shape, min(size, capacity), device, dtype, b.attn.key_dim))
+            if size:  # a windowed layer keeps no queries (Attention refuses MTA's window)
+                layers.append(RingCache(*shape, min(size, capacity), device, dtype, b.attn.key_dim,
+                                        b.attn.cache_extra(dtype)))
             else:  # a layer whose processor reads earlier queries' scores (MTA) keeps every slot's query too
                 layers.append(LayerCache(*shape, capacity, device, dtype, b.attn.key_dim, b.attn.cache_extra(dtype),
                                          keep_q=b.attn.processor is not None and b.attn.processor.q_halo > 0))
