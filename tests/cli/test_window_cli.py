@@ -1,6 +1,6 @@
 """model.window through the real CLI, as a user runs it: a windowed run trains, records its window and
-generates (a FoX run exports too); a negative window, or a window with the fused kernels forced, is one `error:` line before
-any work."""
+generates (a FoX run exports too); a negative window, or a window with the fused kernels forced, is
+one `error:` line before any work."""
 
 import importlib.util
 import tomllib

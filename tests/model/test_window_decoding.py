@@ -63,7 +63,7 @@ def test_a_padded_batch_decodes_with_the_static_step(method):
 
 PRO = dict.fromkeys(["fox_output_gate", "fox_qk_norm", "fox_kv_shift", "fox_output_norm"], True)
 FOX = [("fox", {}), ("fox", PRO), ("dapev2-fox", {"dape_kernel": 5, "fox_kv_shift": True}),
-       ("stickbreaking-fox", {}), ("dapev2-stickbreaking-fox", PRO)]
+       ("stickbreaking-fox", {}), ("dapev2-stickbreaking-fox", PRO), ("dape-fox", {})]
 
 
 @pytest.mark.parametrize("window", [1, 5, T - 1, T + 9])
