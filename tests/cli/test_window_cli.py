@@ -1,6 +1,6 @@
 """model.window through the real CLI, as a user runs it: a windowed run trains, records its window and
-generates (a FoX run exports too); a negative window, or a window with the fused kernels forced, is
-one `error:` line before any work."""
+generates (FoX and MTA too; a FoX run exports); a negative window, or a window with the fused kernels
+forced, is one `error:` line before any work."""
 
 import importlib.util
 import tomllib
@@ -14,7 +14,6 @@ from test_cli_errors import lenx, snapshot
     (["model.window=-1"], "model.window must be >= 0"),
     (["model.window=8", "model.method=dapev2-kerple", "model.backend=triton"],
      "the fused DAPE V2 kernels take no mask yet (a window)"),
-    (["model.layers=mta:w8,rope"], "a window on mta is not supported yet"),
 ])
 def test_a_bad_window_is_one_error_line(tmp_path, overrides, says):
     before = snapshot(tmp_path)
@@ -26,7 +25,7 @@ def test_a_bad_window_is_one_error_line(tmp_path, overrides, says):
     assert snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("method,extra", [("dapev2-kerple", []), ("fox", ["model.fox_kv_shift=true"])])
+@pytest.mark.parametrize("method,extra", [("dapev2-kerple", []), ("fox", ["model.fox_kv_shift=true"]), ("mta", [])])
 def test_a_windowed_run_trains_and_generates(tmp_path, method, extra):
     sets = [a for o in extra for a in ("--set", o)]
     out = lenx("train", "-c", "tiny", "--set", "model.window=8", "--set", f"model.method={method}", *sets,
