@@ -25,9 +25,11 @@ def test_segments_on_the_reference_paths(backend, method, T):
     compare(backend, method, T, 0, ONE if T == 1 else SEGMENTS[T])
 
 
-@pytest.mark.parametrize("method", ["kerple", "dapev2-kerple", "stickbreaking", "mta-kerple"])
-def test_segments_with_a_window(method):
-    compare("chunked", method, 111, 13, SEGMENTS[111])
+@pytest.mark.parametrize("method", ["kerple", "dapev2-kerple", "stickbreaking", "fox", "dapev2-fox",
+                                    "stickbreaking-fox", "mta-kerple"])
+@pytest.mark.parametrize("backend", ["dense", "chunked"])
+def test_segments_with_a_window(backend, method):
+    compare(backend, method, 111, 13, SEGMENTS[111])
 
 
 @pytest.mark.parametrize("T", [1, 63])

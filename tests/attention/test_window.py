@@ -52,13 +52,15 @@ def hand_same(T, segments, B):
     return same
 
 
-def hand_attention(q, k, v, parts, seen, same=None):
+def hand_attention(q, k, v, parts, seen, same=None, bias=None):
     """The parts' formulas with the mask `seen` [B, T, T] (and the causal cut) applied by hand; to a
-    processor another document's keys (not `same`) do not exist, a window's are hidden."""
+    processor another document's keys (not `same`) do not exist, a window's are hidden. bias: the
+    bias's block written by hand (None: the parts' own)."""
     T = q.shape[-2]
     pos = torch.arange(T)
     raw = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    bias = parts.bias(pos, pos, q=q, k=k) if parts.bias is not None else None
+    if bias is None and parts.bias is not None:
+        bias = parts.bias(pos, pos, q=q, k=k)
     if parts.processor is not None:
         scores = parts.processor(raw, bias, q, pos, pos, visible=seen, key_valid=same)
     else:
@@ -79,15 +81,26 @@ def operands(B, T, seed=1):
     return [torch.randn(B, H, T, D, dtype=torch.float64, requires_grad=True) for _ in range(3)]
 
 
+def fox_sums(B, T, dtype=torch.float64):
+    """A leaf c [B, H, T]: prefix sums of log forget gates, gentle (f near 0.95) so that far keys still weigh."""
+    torch.manual_seed(2)
+    return F.logsigmoid(3 + torch.randn(B, H, T, dtype=torch.float64)).cumsum(-1).to(dtype).requires_grad_()
+
+
 def compare(backend, method, T, window, segments=None, chunk=16, B=2):
     attn = layer(method, window)
     parts = replace(attn.parts, segments=segments is not None)
     q, k, v = operands(B, T)
     if backend == "flex":  # no backward on the CPU
         q, k, v = (t.detach() for t in (q, k, v))
+    leaves, hand_bias = [q, k, v], None
+    if attn.bias is not None and attn.bias.per_token:  # FoX: its bias bound to prefix sums c, c_i - c_j by hand
+        c = fox_sums(B, T)
+        parts, hand_bias = replace(parts, bias=attn.bias.bind(c)), c[..., :, None] - c[..., None, :]
+        leaves.append(c)
     out, rem = run_backend(backend, q, k, v, parts, chunk, segments)
     same = None if segments is None else hand_same(T, segments, B)
-    ref, ref_rem = hand_attention(q, k, v, parts, hand_seen(T, window, segments, B), same)
+    ref, ref_rem = hand_attention(q, k, v, parts, hand_seen(T, window, segments, B), same, hand_bias)
     what = f"{backend} {method} T={T} W={window}"
     assert_close(out, ref, 1e-9, what)
     if ref_rem is not None:
@@ -95,9 +108,9 @@ def compare(backend, method, T, window, segments=None, chunk=16, B=2):
     if backend == "flex":
         return
     weights = torch.randn_like(ref)
-    grads = torch.autograd.grad((out * weights).sum(), (q, k, v))
-    ref_grads = torch.autograd.grad((ref * weights).sum(), (q, k, v))
-    for g, r, name in zip(grads, ref_grads, "qkv"):
+    grads = torch.autograd.grad((out * weights).sum(), leaves)
+    ref_grads = torch.autograd.grad((ref * weights).sum(), leaves)
+    for g, r, name in zip(grads, ref_grads, "qkvc"):
         assert_close(g, r, 1e-9, f"{what} d{name}", floor=1e-3)  # a gradient may be 0 (T = 1)
 
 
@@ -106,6 +119,18 @@ def compare(backend, method, T, window, segments=None, chunk=16, B=2):
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("backend", ["dense", "chunked"])
 def test_window_on_the_reference_paths(backend, method, T, window):
+    compare(backend, method, T, window)
+
+
+FOX = ["fox", "dapev2-fox", "stickbreaking-fox", "dape-fox"]
+
+
+@pytest.mark.parametrize("T,window", [(1, 1), (63, 1), (63, 62), (111, 23), (111, 200)])
+@pytest.mark.parametrize("method", FOX)
+@pytest.mark.parametrize("backend", ["dense", "chunked"])
+def test_window_on_fox_on_the_reference_paths(backend, method, T, window):
+    """FoX's bias c_i - c_j (bound to its prefix sums) under a window: the hand-built mask, the
+    gradient to c included."""
     compare(backend, method, T, window)
 
 
@@ -197,8 +222,8 @@ def test_the_planner_routes_masked_work_off_the_fused_kernels(monkeypatch):
     assert plan_note(layer("dapev2-kerple", 0).parts, cuda) is None
     assert plan_note(dape, cuda) == "chunked, not triton: the fused DAPE V2 kernels take no mask yet (a window)"
     assert plan_backend(replace(dape, segments=True), cuda) == "chunked"
-    # the biased-softmax and stick-breaking kernels take both masks
-    for method in ("kerple", "kerple-power", "alibi", "t5", "stickbreaking"):
+    # the biased-softmax, FoX and stick-breaking kernels take both masks
+    for method in ("kerple", "kerple-power", "alibi", "t5", "stickbreaking", "fox"):
         masked = replace(layer(method, 8).parts, segments=True)
         assert plan_note(masked, cuda) is None and plan_backend(masked, cuda) == "triton", method
     assert plan_backend(layer("kerple", 8).parts, torch.device("cpu")) == "chunked"
@@ -270,3 +295,28 @@ def test_biased_masks_on_the_fused_kernels(method, T, window, docs):
     floor = ref_grads[2].norm().item() if T == 1 else 1e-3
     for g, r, name in zip(grads, ref_grads, ["q", "k", "v"] + [f"bias{i}" for i in range(len(params))]):
         assert_close(g, r, 1e-4, f"{method} d{name}", floor=floor)
+
+
+@pytest.mark.parametrize("T,window,docs", [(1, 1, False), (63, 62, True), (111, 23, True), (111, 200, False)])
+def test_fox_masks_on_the_fused_kernel(T, window, docs):
+    """The planner's triton backend for FoX with a window and/or documents (Triton's interpreter on
+    the CPU, fp32; Fused.run passes both with c) against the hand-built float64 reference, dc included."""
+    pytest.importorskip("triton")
+    B = 2
+    segments = torch.tensor([[0] * (T // 3) + [1] * (T - T // 3), [4] * T]) if docs else None
+    attn = layer("fox", window).float()
+    c = fox_sums(B, T, torch.float32)
+    parts = replace(attn.parts, bias=attn.bias.bind(c), segments=docs)
+    q, k, v = (t.detach().float().requires_grad_() for t in operands(B, T))
+    out, rem = run_backend("triton", q, k, v, parts, 16, segments)
+    assert rem is None
+    weights = torch.randn_like(out, dtype=torch.float64)
+    grads = torch.autograd.grad((out * weights.float()).sum(), (q, k, v, c))
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v, c)]
+    ref, _ = hand_attention(*leaves[:3], parts, hand_seen(T, window, segments, B),
+                            bias=leaves[3][..., :, None] - leaves[3][..., None, :])
+    ref_grads = torch.autograd.grad((ref * weights).sum(), leaves)
+    assert_close(out, ref, 1e-4, "out")
+    floor = ref_grads[2].norm().item() if T == 1 else 1e-3  # T = 1: every gradient but dv is 0 up to rounding
+    for g, r, name in zip(grads, ref_grads, "qkvc"):
+        assert_close(g, r, 1e-4, f"fox d{name}", floor=floor)

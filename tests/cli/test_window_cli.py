@@ -1,7 +1,8 @@
 """model.window through the real CLI, as a user runs it: a windowed run trains, records its window and
-generates; a negative window, or a window with the fused kernels forced, is one `error:` line before
-any work."""
+generates (FoX and MTA too; a FoX run exports); a negative window, or a window with the fused kernels
+forced, is one `error:` line before any work."""
 
+import importlib.util
 import tomllib
 
 import pytest
@@ -13,7 +14,6 @@ from test_cli_errors import lenx, snapshot
     (["model.window=-1"], "model.window must be >= 0"),
     (["model.window=8", "model.method=dapev2-kerple", "model.backend=triton"],
      "the fused DAPE V2 kernels take no mask yet (a window)"),
-    (["model.layers=fox:w8,rope"], "a window on fox is not supported yet"),
 ])
 def test_a_bad_window_is_one_error_line(tmp_path, overrides, says):
     before = snapshot(tmp_path)
@@ -25,8 +25,10 @@ def test_a_bad_window_is_one_error_line(tmp_path, overrides, says):
     assert snapshot(tmp_path) == before
 
 
-def test_a_windowed_run_trains_and_generates(tmp_path):
-    out = lenx("train", "-c", "tiny", "--set", "model.window=8", "--set", "model.method=dapev2-kerple",
+@pytest.mark.parametrize("method,extra", [("dapev2-kerple", []), ("fox", ["model.fox_kv_shift=true"]), ("mta", [])])
+def test_a_windowed_run_trains_and_generates(tmp_path, method, extra):
+    sets = [a for o in extra for a in ("--set", o)]
+    out = lenx("train", "-c", "tiny", "--set", "model.window=8", "--set", f"model.method={method}", *sets,
                "--set", "train.steps=2", "-o", "run", "--no-progress", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert tomllib.loads((tmp_path / "run" / "config.toml").read_text())["model"]["window"] == 8
@@ -34,3 +36,6 @@ def test_a_windowed_run_trains_and_generates(tmp_path):
     assert out.returncode == 0, out.stderr
     tokens = out.stdout.split()
     assert 1 <= len(tokens) <= 20 and all(0 <= int(t) < 256 for t in tokens), out.stdout
+    if method == "fox" and importlib.util.find_spec("transformers"):  # the export checks its logits against the run's
+        out = lenx("export", "run", "hf", cwd=tmp_path)
+        assert out.returncode == 0 and out.stdout.startswith("wrote hf: fox"), out.stderr[-2000:]

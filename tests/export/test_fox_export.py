@@ -1,6 +1,7 @@
 """FoX exported to transformers: the folder's logits are lenx's, and greedy generate() (lenx's KV
 cache with the prefix sums kept) gives lenx's own tokens, alone and for a left-padded batch, with
-and without the Pro block's options; and the CLI from training to export."""
+and without the Pro block's options and a window (a ring that keeps the sums); and the CLI from
+training to export."""
 
 import json
 import math
@@ -14,6 +15,7 @@ import torch
 
 from conftest import TINY
 from export_helpers import load, write_model
+import lenx.model.lm as lm_module
 from helpers import V, model_for
 from lenx.model.generate import generate
 
@@ -30,8 +32,10 @@ def lenx(*args, cwd):
 
 
 @pytest.mark.parametrize("method,switches", [("fox", {}), ("dapev2-fox", {}), ("stickbreaking-fox", {}),
-                                             ("fox", PRO)])
-def test_logits_and_generation_are_lenx_s(method, switches, tmp_path):
+                                             ("fox", PRO), ("fox", PRO | {"window": 3}),
+                                             ("dapev2-fox", {"window": 4, "fox_kv_shift": True})])
+def test_logits_and_generation_are_lenx_s(method, switches, tmp_path, monkeypatch):
+    monkeypatch.setattr(lm_module, "RING_ROWS", 2)  # a windowed layer's ring smaller than the prompt: it wraps
     lm = model_for(method, **switches).float()
     hf = load(write_model(lm, tmp_path / method))
     assert all(getattr(hf.model.cfg, name) == on for name, on in switches.items())

@@ -5,14 +5,16 @@ layer's ring (MTA's with its queries). Decoding on after the growth equals the f
 import pytest
 import torch
 
+import lenx.model.lm as lm_module
 from helpers import V, assert_close, model_for
 
 
 @pytest.mark.parametrize("method, extra", [
     ("fox", {}), ("fox", {"fox_kv_shift": True}), ("mta", {}), ("pope", {}), ("dapev2-kerple", {"window": 4}),
-    ("mta", {"window": 4}),
+    ("mta", {"window": 4}), ("fox", {"window": 4, "fox_kv_shift": True}), ("dapev2-fox", {"window": 3}),
 ])
-def test_decoding_goes_on_after_the_cache_grows(method, extra):
+def test_decoding_goes_on_after_the_cache_grows(method, extra, monkeypatch):
+    monkeypatch.setattr(lm_module, "RING_ROWS", 2)  # rings smaller than the prompt: they wrap
     model = model_for(method, **extra)
     T, first = 14, 6
     idx = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(5))

@@ -61,10 +61,62 @@ def test_a_padded_batch_decodes_with_the_static_step(method):
             assert_close(got[i][b:b + 1], last_row(model, full[:, :len(prompt) + i + 1]), 1e-9, f"{method} {b} {i}")
 
 
+PRO = dict.fromkeys(["fox_output_gate", "fox_qk_norm", "fox_kv_shift", "fox_output_norm"], True)
+FOX = [("fox", {}), ("fox", PRO), ("dapev2-fox", {"dape_kernel": 5, "fox_kv_shift": True}),
+       ("stickbreaking-fox", {}), ("dapev2-stickbreaking-fox", PRO), ("dape-fox", {})]
+
+
+@pytest.mark.parametrize("window", [1, 5, T - 1, T + 9])
+@pytest.mark.parametrize("method,switches", FOX)
+def test_windowed_fox_decodes_as_the_full_forward(method, switches, window):
+    """The ring keeps each slot's forget-gate sum c (and under the key/value shift its input x) with
+    its key: token by token past the window, and a block decoded in pieces after a prompt longer
+    than the ring, equal the full forward (float64)."""
+    model = model_for(method, window=window, **switches)
+    idx = torch.randint(0, V, (2, T))
+    with torch.no_grad():
+        cache = model.new_cache(2, T)
+        steps = [model.prefill(idx[:, :1], cache)] + [model.decode(idx[:, i:i + 1], cache)[:, 0] for i in range(1, T)]
+        long = model.new_cache(2, T)
+        model.prefill(idx[:, :25], long)
+        block = model.decode(idx[:, 25:36], long)
+        block_ref = model(idx[:, :36])[0][:, 25:]
+    for i, logits in enumerate(steps):
+        assert_close(logits, last_row(model, idx[:, :i + 1]), 1e-9, f"{method} W{window} step {i}")
+    assert_close(block, block_ref, 1e-9, f"{method} W{window} a block of 11")
+    ring = 2 * model.halo + 4 + window - 1  # RING_ROWS = 4
+    for layer in cache.layers:
+        assert isinstance(layer, RingCache) and layer.k.shape[2] == min(ring, T)
+        assert all(kept.shape[1] == layer.k.shape[2] for kept in layer.extra.values())
+        assert set(layer.extra) == ({"c", "x"} if switches.get("fox_kv_shift") else {"c"})
+
+
+@pytest.mark.parametrize("method,switches", FOX[1:3])
+def test_a_padded_windowed_fox_batch_decodes_with_the_static_step(method, switches):
+    model = model_for(method, window=W, **switches)
+    prompts = [torch.randint(0, V, (n,)).tolist() for n in (3, 17, 9)]
+    idx, lengths = batch_prompts(prompts, width=model.halo)
+    steps = 12
+    tokens = torch.randint(0, V, (3, steps))
+    with torch.no_grad():
+        cache = model.new_cache(3, idx.shape[1] + steps)
+        model.prefill(idx, cache, lengths)
+        decoder = StaticDecoder(model, cache, "static")
+        got = [decoder(tokens[:, i]).clone() for i in range(steps)]
+    for b, prompt in enumerate(prompts):
+        full = torch.cat([torch.tensor(prompt), tokens[b]])[None]
+        for i in range(steps):
+            assert_close(got[i][b:b + 1], last_row(model, full[:, :len(prompt) + i + 1]), 1e-9, f"{method} {b} {i}")
+
+
 def test_the_ring_does_not_grow_with_the_context():
     model = model_for("rope", window=W)
     small, large = model.new_cache(1, 64), model.new_cache(1, 4096)
     assert small.layers[0].k.shape == large.layers[0].k.shape
+    fox = model_for("fox", window=W, fox_kv_shift=True)
+    small, large = fox.new_cache(1, 64).layers[0], fox.new_cache(1, 4096).layers[0]
+    assert small.k.shape == large.k.shape and small.extra.keys() == large.extra.keys() == {"c", "x"}
+    assert all(small.extra[n].shape == large.extra[n].shape for n in small.extra)
     assert model_for("rope").new_cache(1, 4096).layers[0].k.shape[2] == 4096
 
 

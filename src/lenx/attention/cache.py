@@ -85,8 +85,12 @@ class LayerCache:
     def before(self, name: str, first: torch.Tensor) -> torch.Tensor:
         """extra[name] of the slot before `first` (a 1-element long tensor) [B, 1, ...]; zeros before
         slot 0. No host sync."""
-        kept = self.extra[name].index_select(1, (first - 1).clamp(min=0))
+        kept = self.extra[name].index_select(1, self._index((first - 1).clamp(min=0)))
         return kept * (first > 0).to(kept.dtype)
+
+    def _index(self, slots):
+        """Where slots are kept (a ring wraps them)."""
+        return slots
 
     def read(self, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of slots 0..end-1."""
@@ -96,13 +100,19 @@ class LayerCache:
         """The keys and values a decode step's rows read (step.key_slots(self.ring) says their slots)."""
         return self.read(step.n_keys)
 
+    def read_extra(self, name: str, step: "StepRows") -> torch.Tensor:
+        """extra[name] [B, Tk, ...] of the slots a decode step's rows read, as read_step orders them."""
+        return self.extra[name][:, :step.n_keys]
+
+    def _kept(self):
+        """(tensor, its slot dimension) of everything this cache keeps per slot."""
+        q = [(self.q, 2)] if self.q is not None else []
+        return [(self.k, 2), (self.v, 2)] + q + [(kept, 1) for kept in self.extra.values()]
+
     def copy_from(self, other: "LayerCache", n: int) -> None:
         """Take the first n slots of a smaller cache of the same layer (a cache that grows)."""
-        self.k[:, :, :n], self.v[:, :, :n] = other.k[:, :, :n], other.v[:, :, :n]
-        if self.q is not None:
-            self.q[:, :, :n] = other.q[:, :, :n]
-        for name, kept in self.extra.items():
-            kept[:, :n] = other.extra[name][:, :n]
+        for (mine, dim), (theirs, _) in zip(self._kept(), other._kept()):
+            mine.narrow(dim, 0, n).copy_(theirs.narrow(dim, 0, n))
 
 
 class RingCache(LayerCache):
@@ -110,39 +120,46 @@ class RingCache(LayerCache):
     it does not grow with the context. A decode step reads the ring in slot order (the DAPE
     convolution and stick-breaking read keys in order), slots end - size..end - 1; size covers a
     step's rows, MTA's query halo above them, the window before the first of those and the DAPE
-    convolution's reach left of that. K may be key_dim wide (PoPE); with keep_q it keeps the
-    slots' queries too (MTA's halo rows); no extras (Attention refuses a window on FoX, which needs them)."""
+    convolution's reach left of that, so the slot before a step's first row (whose extras FoX's
+    step extends: `before`) is still there. K may be key_dim wide (PoPE); with keep_q it keeps the
+    slots' queries too (MTA's halo rows), and the extras (FoX's c and x) ride in the ring with their
+    slots."""
 
     def __init__(self, batch: int, heads: int, head_dim: int, size: int, device, dtype, key_dim: int | None = None,
-                 keep_q: bool = False):
-        super().__init__(batch, heads, head_dim, size, device, dtype, key_dim, keep_q=keep_q)
+                 extra=None, keep_q: bool = False):
+        super().__init__(batch, heads, head_dim, size, device, dtype, key_dim, extra, keep_q)
         self.ring = size
 
-    def _kept(self, k, v, q):
-        return [(self.k, k), (self.v, v)] + ([] if self.q is None else [(self.q, q)])
-
-    def write(self, start: int, k, v, rows=None, q=None) -> None:
+    def write(self, start: int, k, v, rows=None, q=None, **extra) -> None:
         R = k.shape[2]
-        cut = max(0, R - self.ring)  # a prompt longer than the ring: its last slots
-        index = torch.arange(start + cut, start + R, device=self.k.device) % self.ring
-        for mine, new in self._kept(k, v, q):
-            new = new[:, :, cut:].to(mine.dtype)
+        new = [k, v] + ([] if self.q is None else [q]) + [extra[name] for name in self.extra]
+        if R > self.ring:  # a prompt longer than the ring: its last slots
+            new = [t.narrow(dim, R - self.ring, self.ring) for t, (_, dim) in zip(new, self._kept())]
+            start += R - self.ring
+        index = torch.arange(start, start + min(R, self.ring), device=self.k.device) % self.ring
+        for (mine, dim), value in zip(self._kept(), new):
             if rows is None:
-                mine.index_copy_(2, index, new)
+                mine.index_copy_(dim, index, value.to(mine.dtype))
             else:
-                mine[rows] = mine[rows].index_copy(2, index, new)
+                mine[rows] = mine[rows].index_copy(dim, index, value.to(mine.dtype))
 
-    def write_at(self, slots, k, v, q=None) -> None:
-        super().write_at(slots % self.ring, k, v, q)
+    def write_at(self, slots, k, v, q=None, **extra) -> None:
+        super().write_at(self._index(slots), k, v, q, **extra)
+
+    def _index(self, slots):
+        return slots % self.ring
 
     def read_step(self, step):
-        order = step.key_slots(self.ring)[0] % self.ring
+        order = self._index(step.key_slots(self.ring)[0])
         return self.k.index_select(2, order), self.v.index_select(2, order)
+
+    def read_extra(self, name: str, step) -> torch.Tensor:
+        return self.extra[name].index_select(1, self._index(step.key_slots(self.ring)[0]))
 
     def copy_from(self, other, n: int) -> None:
         slots = torch.arange(max(0, n - other.capacity), n, device=self.k.device)
-        for mine, theirs in self._kept(other.k, other.v, other.q):
-            mine.index_copy_(2, slots % self.ring, theirs.index_select(2, slots % theirs.shape[2]))
+        for (mine, dim), (theirs, _) in zip(self._kept(), other._kept()):
+            mine.index_copy_(dim, slots % self.ring, theirs.index_select(dim, slots % theirs.shape[dim]))
 
 
 class StepRows:

@@ -52,19 +52,9 @@ class Attention(nn.Module):
         self.normaliser = NORMALISERS[spec.normaliser].build(ctx)
         self.parts = Parts(self.bias, self.processor, self.normaliser, cfg.causal, self.head_dim, self.key_dim,
                            cfg.window)
-        refused = self._unwindowed() if cfg.window else None
-        if refused:
-            raise ValueError(f"a window on {spec.name} is not supported yet: {refused}")
         # Fail at construction, not at the first forward, when a forced backend cannot run this
         # composition (triton is judged for CUDA, the only device it runs on).
         plan_backend(self.parts, torch.device("cuda" if cfg.backend == "triton" else "cpu"), cfg.backend)
-
-    def _unwindowed(self) -> str | None:
-        """Why this layer takes no window yet (None: it does). A windowed layer decodes from a ring of
-        the last slots (cache.RingCache), which keeps keys, values and (MTA) queries only."""
-        if self.cache_extra(torch.float32):
-            return "FoX's decoding cache keeps per-slot forget-gate sums (and inputs), which a window's ring does not"
-        return None
 
     def backend_for(self, device: torch.device, segments: bool = False) -> str:
         """The backend for this layer on `device`, for a call with document ids when `segments`."""
@@ -221,7 +211,7 @@ class Attention(nn.Module):
         keys, values = cache.read_step(step)
         parts = self.parts
         if "c" in kept:
-            parts = replace(parts, bias=self.bias.bind(c, cache.extra["c"][:, :step.n_keys].transpose(1, 2)))
+            parts = replace(parts, bias=self.bias.bind(c, cache.read_extra("c", step).transpose(1, 2)))
         out, rem = cached_attention(q, keys, values, parts, step, cache.ring, cache.q)
         out = self.normaliser.finish(out, rem, v)
         return self._output(out if self.processor is None else self.processor.finish(out), x)

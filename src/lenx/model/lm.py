@@ -152,13 +152,14 @@ class LM(nn.Module):
         layers = []
         for b in self.blocks:
             size = self._ring_size(b.attn)
-            # a layer whose processor reads earlier queries' scores (MTA) keeps its slots' queries too
-            keep_q = b.attn.processor is not None and b.attn.processor.q_halo > 0
-            if size:  # a windowed layer keeps no extras (Attention refuses a window on FoX, which needs them)
-                layers.append(RingCache(*shape, min(size, capacity), device, dtype, b.attn.key_dim, keep_q))
+            # a layer whose processor reads earlier queries' scores (MTA) keeps its slots' queries too,
+            # and every layer what it keeps per slot beside them (FoX's extras); a windowed one in a ring
+            kept = dict(key_dim=b.attn.key_dim, extra=b.attn.cache_extra(dtype),
+                        keep_q=b.attn.processor is not None and b.attn.processor.q_halo > 0)
+            if size:
+                layers.append(RingCache(*shape, min(size, capacity), device, dtype, **kept))
             else:
-                layers.append(LayerCache(*shape, capacity, device, dtype, b.attn.key_dim, b.attn.cache_extra(dtype),
-                                         keep_q=keep_q))
+                layers.append(LayerCache(*shape, capacity, device, dtype, **kept))
         return KVCache(layers, torch.zeros(batch, capacity, dtype=torch.long, device=device))
 
     def _ring_size(self, attn) -> int:
