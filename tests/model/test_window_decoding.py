@@ -143,6 +143,24 @@ def test_the_memory_check_counts_the_rings(monkeypatch):
         check_generate_memory(load_config("tiny"), 1, 10, 100_000, cpu)
 
 
+def test_the_memory_check_counts_what_each_method_keeps_per_slot(monkeypatch):
+    """FoX's sums and shifted inputs, MTA's queries and PoPE's wider keys are cache too: with room for
+    Kerple's keys and values only, those refuse and Kerple passes."""
+    from lenx.config import ConfigError, load_config
+    from lenx.model import generate, memory
+
+    cpu = torch.device("cpu")
+    cfg = load_config("tiny", ["model.method=kerple"])
+    reading = memory.estimate_memory(cfg.model, 1, 10, cpu, cfg.train.precision, training=False).total
+    slots, item = 10 + 100_000, 4
+    kerple = cfg.model.n_layer * slots * 2 * cfg.model.d_model * item + slots * 8
+    monkeypatch.setattr(memory, "available_memory", lambda device: reading + kerple + 1000)
+    generate.check_generate_memory(cfg, 1, 10, 100_000, cpu)
+    for extra in (["model.method=fox", "model.fox_kv_shift=true"], ["model.method=mta"], ["model.method=pope"]):
+        with pytest.raises(ConfigError, match="KV cache"):
+            generate.check_generate_memory(load_config("tiny", extra), 1, 10, 100_000, cpu)
+
+
 @pytest.mark.parametrize("method", ["ssmax-rope", "logn-kerple", "l4temp-rope"])
 def test_a_windowed_query_temperature_counts_the_window_s_keys(method):
     """Under a window a row sees min(position + 1, W) keys: its temperature counts those, in the

@@ -55,11 +55,26 @@ def check_settings(max_new_tokens: int, temperature: float, top_k: int, top_p: f
         raise ConfigError(f"--top-p must be in (0, 1], got {top_p}")
 
 
+def _slot_bytes(method: str, m, item: int) -> int:
+    """What one layer of `method` keeps per cache slot (LM.new_cache): keys and values, PoPE's keys
+    twice as wide, MTA's queries (counted on every MTA layer: an upper bound, only its convolution
+    layers keep them), FoX's prefix sums in fp32 and its input under the key/value shift."""
+    parts = method.split("-")
+    size = 2 * m.d_model * item
+    if "pope" in parts:
+        size += m.d_model * item
+    if "mta" in parts:
+        size += m.d_model * item
+    if "fox" in parts:
+        size += m.n_head * 4 + (m.d_model * item if m.fox_kv_shift else 0)
+    return size
+
+
 def check_generate_memory(cfg, batch: int, width: int, max_new_tokens: int, device: torch.device,
                           override: str = "--no-memory-check") -> None:
     """A one-line ConfigError, before the model is built, when decoding `batch` prompts of up to
     `width` tokens plus max_new_tokens new ones (cfg: a RunConfig) would not fit what `device` has
-    available: the KV cache (keys and values of every layer for every slot, and the tokens) beside
+    available: the KV cache (what every layer keeps for every slot, and the tokens) beside
     what reading the prompts takes (lenx.model.memory's estimate of a forward with no gradient)."""
     from .memory import GB, available_memory, estimate_memory
 
@@ -69,9 +84,9 @@ def check_generate_memory(cfg, batch: int, width: int, max_new_tokens: int, devi
     slots = width + max_new_tokens
     # a windowed layer (model.window, or its layout entry's :wW) keeps a ring of slots (LM._ring_size;
     # bounded here by the widest DAPE halo)
-    kept = sum(min(slots, c.window + RING_ROWS + 2 * (m.dape_kernel // 2)) if c.window else slots
-               for c in layer_configs(m, m.layers, m.n_layer))
-    cache = batch * (kept * 2 * m.d_model * item + slots * 8)
+    kept = sum((min(slots, c.window + RING_ROWS + 2 * (m.dape_kernel // 2)) if c.window else slots)
+               * _slot_bytes(c.method, m, item) for c in layer_configs(m, m.layers, m.n_layer))
+    cache = batch * (kept + slots * 8)
     have = available_memory(device)
     if have is not None and cache + reading.total > have:
         raise ConfigError(
