@@ -38,6 +38,28 @@ def model_for(method: str, **overrides):
     return model
 
 
+def assert_static_step_decodes(model, lengths=(3, 17, 9), steps=12):
+    """A left-padded batch of prompts of `lengths`, read by prefill, then `steps` tokens through the
+    fixed-shape step (StaticDecoder): each row's logits equal the forward of its prompt and the
+    tokens read so far, alone (float64)."""
+    from lenx.model.decoding import StaticDecoder
+    from lenx.model.generate import batch_prompts
+
+    prompts = [torch.randint(0, V, (n,)).tolist() for n in lengths]
+    idx, widths = batch_prompts(prompts, width=model.halo)
+    tokens = torch.randint(0, V, (len(prompts), steps))
+    with torch.no_grad():
+        cache = model.new_cache(len(prompts), idx.shape[1] + steps)
+        model.prefill(idx, cache, widths)
+        decoder = StaticDecoder(model, cache, "static")
+        got = [decoder(tokens[:, i]).clone() for i in range(steps)]
+        for b, prompt in enumerate(prompts):
+            full = torch.cat([torch.tensor(prompt), tokens[b]])[None]
+            for i in range(steps):  # the forward of what the step has read, its last row
+                want = model(full[:, :len(prompt) + i + 1])[0][0, -1]
+                assert_close(got[i][b], want, 1e-9, f"{model.cfg.method} sequence {b} step {i}")
+
+
 def stick_loop(q, k, v, attend_current):
     """Direct product of sticks in float64: the nearest key breaks the stick first."""
     B, H, T, d = q.shape

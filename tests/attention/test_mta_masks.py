@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lenx.model.lm as lm_module
-from helpers import V, assert_close, model_for
+from helpers import V, assert_close, assert_static_step_decodes, model_for
 from mta_helpers import attention, qkv
 from lenx.attention.backends import run_backend
 from lenx.attention.cache import RingCache
@@ -120,20 +120,5 @@ def test_windowed_decoding_equals_the_full_forward(small_ring, method):
 
 
 def test_windowed_static_step_with_a_padded_batch(small_ring):
-    from lenx.model.decoding import StaticDecoder
-    from lenx.model.generate import batch_prompts
-
     model = model_for("mta-alibi", window=4, mta_query_kernel=3, mta_key_kernel=3, **BOTH)
-    prompts = [torch.randint(0, V, (n,)).tolist() for n in (3, 17, 9)]
-    idx, lengths = batch_prompts(prompts, width=model.halo)
-    steps = 8
-    tokens = torch.randint(0, V, (3, steps))
-    with torch.no_grad():
-        cache = model.new_cache(3, idx.shape[1] + steps)
-        model.prefill(idx, cache, lengths)
-        decoder = StaticDecoder(model, cache, "static")
-        got = [decoder(tokens[:, i]).clone() for i in range(steps)]
-        for b, prompt in enumerate(prompts):
-            full = model(torch.cat([torch.tensor(prompt), tokens[b]])[None])[0][0]
-            for i in range(steps):
-                assert_close(got[i][b], full[len(prompt) + i], 1e-9, f"sequence {b} step {i}")
+    assert_static_step_decodes(model, steps=8)

@@ -6,10 +6,8 @@ import pytest
 import torch
 
 import lenx.model.lm as lm_module
-from helpers import V, assert_close, model_for
+from helpers import V, assert_close, assert_static_step_decodes, model_for
 from lenx.attention.cache import RingCache
-from lenx.model.decoding import StaticDecoder
-from lenx.model.generate import batch_prompts
 
 METHODS = ["rope", "kerple", "alibi", "dapev2-kerple", "stickbreaking"]
 T, W = 40, 5
@@ -43,24 +41,6 @@ def test_windowed_decoding_equals_the_full_forward(method):
     assert all(isinstance(layer, RingCache) and layer.k.shape[2] == ring for layer in cache.layers)
 
 
-@pytest.mark.parametrize("method", ["kerple", "dapev2-kerple", "stickbreaking"])
-def test_a_padded_batch_decodes_with_the_static_step(method):
-    model = model_for(method, window=W, dape_kernel=3)
-    prompts = [torch.randint(0, V, (n,)).tolist() for n in (3, 17, 9)]
-    idx, lengths = batch_prompts(prompts, width=model.halo)
-    steps = 12
-    tokens = torch.randint(0, V, (3, steps))
-    with torch.no_grad():
-        cache = model.new_cache(3, idx.shape[1] + steps)
-        model.prefill(idx, cache, lengths)
-        decoder = StaticDecoder(model, cache, "static")
-        got = [decoder(tokens[:, i]).clone() for i in range(steps)]
-    for b, prompt in enumerate(prompts):
-        full = torch.cat([torch.tensor(prompt), tokens[b]])[None]
-        for i in range(steps):
-            assert_close(got[i][b:b + 1], last_row(model, full[:, :len(prompt) + i + 1]), 1e-9, f"{method} {b} {i}")
-
-
 PRO = dict.fromkeys(["fox_output_gate", "fox_qk_norm", "fox_kv_shift", "fox_output_norm"], True)
 FOX = [("fox", {}), ("fox", PRO), ("dapev2-fox", {"dape_kernel": 5, "fox_kv_shift": True}),
        ("stickbreaking-fox", {}), ("dapev2-stickbreaking-fox", PRO), ("dape-fox", {})]
@@ -91,22 +71,10 @@ def test_windowed_fox_decodes_as_the_full_forward(method, switches, window):
         assert set(layer.extra) == ({"c", "x"} if switches.get("fox_kv_shift") else {"c"})
 
 
-@pytest.mark.parametrize("method,switches", FOX[1:3])
-def test_a_padded_windowed_fox_batch_decodes_with_the_static_step(method, switches):
-    model = model_for(method, window=W, **switches)
-    prompts = [torch.randint(0, V, (n,)).tolist() for n in (3, 17, 9)]
-    idx, lengths = batch_prompts(prompts, width=model.halo)
-    steps = 12
-    tokens = torch.randint(0, V, (3, steps))
-    with torch.no_grad():
-        cache = model.new_cache(3, idx.shape[1] + steps)
-        model.prefill(idx, cache, lengths)
-        decoder = StaticDecoder(model, cache, "static")
-        got = [decoder(tokens[:, i]).clone() for i in range(steps)]
-    for b, prompt in enumerate(prompts):
-        full = torch.cat([torch.tensor(prompt), tokens[b]])[None]
-        for i in range(steps):
-            assert_close(got[i][b:b + 1], last_row(model, full[:, :len(prompt) + i + 1]), 1e-9, f"{method} {b} {i}")
+@pytest.mark.parametrize("method,switches", [("kerple", {}), ("dapev2-kerple", {"dape_kernel": 3}),
+                                             ("stickbreaking", {})] + FOX[1:3])
+def test_a_padded_batch_decodes_with_the_static_step(method, switches):
+    assert_static_step_decodes(model_for(method, window=W, **switches))
 
 
 def test_the_ring_does_not_grow_with_the_context():
