@@ -86,8 +86,10 @@ class QueryTemperature(nn.Module):
         fused kernel scaled its rows): only s_h's gradient is attached."""
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         term = self.position_term(n, dtype) if term is None else term
-        if torch.compiler.is_compiling():  # inductor fuses the plain ops into one kernel of its own
-            factor = term.unsqueeze(-2) if self.s is None else self.s.to(dtype)[:, None] * term.unsqueeze(-2)
+        if torch.compiler.is_compiling():  # the plain ops, s_h's gradient by autograd: inductor fuses them
+            factor = term.unsqueeze(-2)
+            if self.s is not None:
+                factor = self.s.to(dtype)[:, None] * factor
             return (q * factor.unsqueeze(-1)).to(q.dtype)
         y = q if folded else scale_rows(q, self.factor(term))
         return ssmax_grad(y, self.s) if self.s is not None and torch.is_grad_enabled() and self.s.requires_grad else y
@@ -138,8 +140,9 @@ class _SSMaxGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         y, s = ctx.saved_tensors
-        # products rounded to y's dtype, the sum in fp32; s_h = 0 would make the head's rows all 0 and
-        # this 0/0 (a non-positive initial s is refused; training does not land on exactly 0)
+        # products rounded to y's dtype, the sum in fp32. s_h = 0 exactly would zero the head's rows and
+        # make this 0/0: a non-positive initial s is refused, and an optimiser step landing on 0.0 is
+        # not expected
         ds = torch.sum(dy * y, dim=(0, 2, 3), dtype=torch.promote_types(s.dtype, torch.float32))
         return dy, (ds / s).to(s.dtype)
 
