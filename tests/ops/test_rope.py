@@ -31,7 +31,9 @@ pytest.importorskip("triton")
 from lenx.ops.rope.triton import rotate_qk  # noqa: E402
 
 
-def check(B, H, T, d, fraction=1.0, per_sequence=False, dtype=torch.float32, strided=False, tol=1e-6):
+def check(B, H, T, d, fraction=1.0, per_sequence=False, dtype=torch.float32, strided=False, tol=1e-6,
+          scale=None):
+    """scale: the shape of a per-row factor on q ([T], [H, T], [B, 1, T], ...; None: none)."""
     rope = RoPE(d, fraction=fraction)
     cos, sin = tables(rope, T, B if per_sequence else None)
     if strided:  # the projection's layout: [B, T, 3, H, d] permuted to q, k, v [B, H, T, d]
@@ -40,12 +42,15 @@ def check(B, H, T, d, fraction=1.0, per_sequence=False, dtype=torch.float32, str
     else:
         q, k = (torch.randn(B, H, T, d, device=DEVICE, dtype=dtype, requires_grad=True) for _ in range(2))
     cos_d, sin_d = (c.to(DEVICE) for c in (cos, sin))
-    qo, ko = rotate_qk(q, k, cos_d, sin_d)
+    f = None if scale is None else (torch.rand(scale, device=DEVICE) * 3 + 0.1)
+    qo, ko = rotate_qk(q, k, cos_d, sin_d, f)
     assert qo.dtype == dtype and qo.is_contiguous()
     dq_out, dk_out = torch.randn_like(qo), torch.randn_like(ko)
     dq, dk = torch.autograd.grad((qo, ko), (q, k), (dq_out, dk_out))
     refs = [x.detach().double().requires_grad_() for x in (q, k)]
     ref_q, ref_k = (rotate_reference(x, cos_d.double(), sin_d.double()) for x in refs)  # [B, 1, T, h] per sequence
+    if f is not None:  # q's rows only
+        ref_q = ref_q * f.double()[..., None]
     ref_dq, ref_dk = torch.autograd.grad((ref_q, ref_k), refs, (dq_out.double(), dk_out.double()))
     for name, a, b in (("q", qo, ref_q), ("k", ko, ref_k), ("dq", dq, ref_dq), ("dk", dk, ref_dk)):
         assert_close(a, b, tol, f"B{B} H{H} T{T} d{d} p{fraction} {dtype} {name}")
@@ -70,6 +75,17 @@ def test_fused_odd_head_dim():
     check(1, 2, 9, 24)  # d not a power of two: the tile is padded and the pad masked
 
 
+@pytest.mark.parametrize("scale", [(37,), (3, 37), (2, 1, 37), (2, 3, 37), (1, 3, 37)])
+def test_fused_rotation_scales_q_s_rows(scale):
+    """A query temperature folded into q's rotation: [T] (log n), [H, T] (SSMax's s_h log n), per
+    sequence [B, 1, T] and [B, H, T]; k as it was, the backward scaled the same."""
+    check(2, 3, 37, 16, scale=scale, strided=True)
+
+
+def test_fused_rotation_scales_partial_and_per_sequence_rotations():
+    check(2, 2, 21, 32, fraction=0.5, per_sequence=True, scale=(2, 2, 21))
+
+
 def test_rejects_mismatched_inputs():
     q = torch.randn(1, 2, 8, 16, device=DEVICE)
     cos = torch.zeros(8, 8, device=DEVICE)
@@ -77,6 +93,9 @@ def test_rejects_mismatched_inputs():
         rotate_qk(q, q[:, :1], cos, cos)
     with pytest.raises(ValueError, match="2h <= d"):
         rotate_qk(q, q, torch.zeros(8, 9, device=DEVICE), torch.zeros(8, 9, device=DEVICE))
+    for bad in (torch.ones(7, device=DEVICE), torch.ones(3, 8, device=DEVICE), torch.ones(1, 2, 8, 1, device=DEVICE)):
+        with pytest.raises(ValueError, match="q_scale must broadcast"):
+            rotate_qk(q, q, cos, cos, bad)
 
 
 @pytest.mark.gpu
@@ -85,6 +104,15 @@ def test_rejects_mismatched_inputs():
 def test_gpu_fused_rotation(T, dtype):
     # bf16: one rounding of the fp32 result (2^-9 relative), against the float64 reference
     check(2, 12, T, 64, dtype=dtype, strided=True, tol=1e-6 if dtype == torch.float32 else 5e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T", [1, 111, 4096])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_fused_rotation_with_a_row_scale(T, dtype):
+    """SSMax's [H, T] factor and log n's [T] on q's rows, forward and backward (one rounding in bf16)."""
+    for scale in ((12, T), (T,)):
+        check(2, 12, T, 64, dtype=dtype, strided=True, tol=1e-6 if dtype == torch.float32 else 5e-3, scale=scale)
 
 
 @pytest.mark.gpu

@@ -15,6 +15,7 @@ from .fox import FoxPro
 from .masks import check_segments, positions as document_positions
 from .methods import BASES, NORMALISERS, PROCESSORS, TEMPERATURES, parse_method
 from .parts import PartContext, Parts
+from .rope import RoPE
 
 
 class Attention(nn.Module):
@@ -102,8 +103,7 @@ class Attention(nn.Module):
         def pos():
             return torch.arange(T, device=x.device) if positions is None else positions
 
-        if self.rope is not None:
-            q, k = self.rope(q, k, pos(), length)
+        term = None
         if self.temperature is not None:
             dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
             key = ("temperature", self.temperature.settings, self.cfg.causal, self.cfg.window, dtype)
@@ -111,7 +111,15 @@ class Attention(nn.Module):
             if key not in memo:  # a causal row sees position + 1 keys (at most its window), a bidirectional one all T
                 memo[key] = self.temperature.position_term(
                     self._keys_seen(pos() + 1) if self.cfg.causal else torch.full_like(pos(), T), dtype)
-            q = self.temperature(q, term=memo[key])
+            term = memo[key]
+        # RoPE's fused kernel scales q's rows as it rotates them: the temperature then costs no pass of its own
+        fold = term is not None and isinstance(self.rope, RoPE) and self.rope.fuses(q)
+        if fold:
+            q, k = self.rope(q, k, pos(), length, q_scale=self.temperature.factor(term))
+        elif self.rope is not None:
+            q, k = self.rope(q, k, pos(), length)
+        if term is not None:
+            q = self.temperature(q, term=term, folded=fold)
         return q, k, v
 
     def _keys_seen(self, counts: torch.Tensor) -> torch.Tensor:

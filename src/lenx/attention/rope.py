@@ -173,15 +173,23 @@ class RoPE(nn.Module):
                                lambda: self.step_table(step.q_pos, step.end - step.start, qk.dtype))
         return self.rotate_signed(qk, cos, sin)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, length=None):
+    @staticmethod
+    def fuses(q: torch.Tensor) -> bool:
+        """Whether forward rotates q in the fused kernel, which can also scale its rows (q_scale)."""
+        return q.is_cuda and not torch.compiler.is_compiling()  # inductor fuses its own
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, length=None, q_scale=None):
         """Rotate q and k [..., T, d] at positions pos [T] (or [B, T], per sequence); `length` is the
-        context length that sets an auto or dynamic scale (default T; a tensor [B]: one per sequence)."""
-        if q.is_cuda and not torch.compiler.is_compiling():  # one fused launch (inductor fuses its own)
+        context length that sets an auto or dynamic scale (default T; a tensor [B]: one per sequence).
+        q_scale (only where fuses(q)): a factor per row of q, no gradient (ops.rope.triton.rotate_qk)."""
+        if self.fuses(q):  # one fused launch
             from ..ops.rope.triton import rotate_qk
 
             cos, sin = self.table(pos, length, torch.float32)
             half = self.rotary // 2
-            return rotate_qk(q, k, cos[..., :half], sin[..., :half])
+            return rotate_qk(q, k, cos[..., :half], sin[..., :half], q_scale)
+        if q_scale is not None:
+            raise ValueError("RoPE scales q's rows only in its fused kernel (a CUDA tensor, not compiling)")
         cos, sin = self.table(pos, length, q.dtype)  # one table for both
         return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
 
