@@ -31,7 +31,8 @@ pytest.importorskip("triton")
 from lenx.ops.rope.triton import rotate_qk  # noqa: E402
 
 
-def check(B, H, T, d, fraction=1.0, per_sequence=False, dtype=torch.float32, strided=False, tol=1e-6):
+def check(B, H, T, d, fraction=1.0, per_sequence=False, dtype=torch.float32, strided=False, tol=1e-6,
+          heads_last=False):
     rope = RoPE(d, fraction=fraction)
     cos, sin = tables(rope, T, B if per_sequence else None)
     if strided:  # the projection's layout: [B, T, 3, H, d] permuted to q, k, v [B, H, T, d]
@@ -40,10 +41,12 @@ def check(B, H, T, d, fraction=1.0, per_sequence=False, dtype=torch.float32, str
     else:
         q, k = (torch.randn(B, H, T, d, device=DEVICE, dtype=dtype, requires_grad=True) for _ in range(2))
     cos_d, sin_d = (c.to(DEVICE) for c in (cos, sin))
-    qo, ko = rotate_qk(q, k, cos_d, sin_d)
-    assert qo.dtype == dtype and qo.is_contiguous()
+    qo, ko = rotate_qk(q, k, cos_d, sin_d, heads_last)
+    memory = (lambda x: x.transpose(1, 2)) if heads_last else (lambda x: x)  # noqa: E731  ([B, T, H, d] or as is)
+    assert qo.dtype == dtype and memory(qo).is_contiguous() and memory(ko).is_contiguous()
     dq_out, dk_out = torch.randn_like(qo), torch.randn_like(ko)
     dq, dk = torch.autograd.grad((qo, ko), (q, k), (dq_out, dk_out))
+    assert dq.is_contiguous() and dk.is_contiguous()  # the backward writes contiguous gradients
     refs = [x.detach().double().requires_grad_() for x in (q, k)]
     ref_q, ref_k = (rotate_reference(x, cos_d.double(), sin_d.double()) for x in refs)  # [B, 1, T, h] per sequence
     ref_dq, ref_dk = torch.autograd.grad((ref_q, ref_k), refs, (dq_out.double(), dk_out.double()))
@@ -62,8 +65,15 @@ def test_fused_partial_rotation(fraction):
     check(2, 2, 37, 32, fraction=fraction)
 
 
-def test_fused_per_sequence_tables_and_strided_inputs():
-    check(3, 2, 21, 16, per_sequence=True, strided=True)
+@pytest.mark.parametrize("heads_last", [False, True])
+def test_fused_per_sequence_tables_and_strided_inputs(heads_last):
+    check(3, 2, 21, 16, per_sequence=True, strided=True, heads_last=heads_last)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.25])
+def test_fused_heads_last(fraction):
+    """heads_last: outputs [B, T, H, d] in memory (SDPA then gives its output that layout)."""
+    check(2, 3, 37, 32, fraction=fraction, strided=True, heads_last=True)
 
 
 def test_fused_odd_head_dim():
@@ -82,9 +92,10 @@ def test_rejects_mismatched_inputs():
 @pytest.mark.gpu
 @pytest.mark.parametrize("T", [1, 111, 4096])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_fused_rotation(T, dtype):
+@pytest.mark.parametrize("heads_last", [False, True])
+def test_gpu_fused_rotation(T, dtype, heads_last):
     # bf16: one rounding of the fp32 result (2^-9 relative), against the float64 reference
-    check(2, 12, T, 64, dtype=dtype, strided=True, tol=1e-6 if dtype == torch.float32 else 5e-3)
+    check(2, 12, T, 64, dtype=dtype, strided=True, tol=1e-6 if dtype == torch.float32 else 5e-3, heads_last=heads_last)
 
 
 @pytest.mark.gpu

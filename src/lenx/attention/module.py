@@ -95,10 +95,11 @@ class Attention(nn.Module):
         if self.rope is None and self.temperature is None:
             return q, k, v
         T = x.shape[1]
-        pos = torch.arange(T, device=x.device) if positions is None else positions
-        if self.rope is not None:
-            q, k = self.rope(q, k, pos, length)
+        if self.rope is not None:  # SDPA's output takes q's layout: [B, T, H, d] is the projection's, with no copy
+            sdpa = self.backend_for(x.device, segments is not None) == "sdpa"
+            q, k = self.rope(q, k, positions, length, heads_last=sdpa)
         if self.temperature is not None:  # a causal row sees position + 1 keys (at most its window), a bidirectional one all T
+            pos = torch.arange(T, device=x.device) if positions is None else positions
             q = self.temperature(q, self._keys_seen(pos + 1) if self.cfg.causal else torch.full_like(pos, T))
         return q, k, v
 

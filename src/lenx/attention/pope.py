@@ -66,9 +66,12 @@ class PoPE(nn.Module):
         delta = self.phase_bias.clamp(-2 * math.pi, 0).to(angles.dtype)[:, None, :]  # [H, 1, d]
         return self.polar(q, angles, math.sqrt(2)), self.polar(k, angles + delta)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, length=None):
-        """q, k [B, H, T, d] at positions pos [T] (or [B, T]) -> [B, H, T, 2d]; `length` is unused
-        (no scale follows the length)."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor | None = None, length=None,
+                heads_last: bool = False):
+        """q, k [B, H, T, d] at positions pos [T] (or [B, T]; None: 0..T-1) -> [B, H, T, 2d]; `length`
+        and RoPE's layout hint heads_last are unused (no scale follows the length; the transform's
+        PyTorch ops choose their outputs' layout)."""
+        pos = torch.arange(q.shape[-2], device=q.device) if pos is None else pos
         return self.transform(q, k, self.angles(pos, _work_dtype(q)))
 
     def step(self, qk: torch.Tensor, step):

@@ -5,8 +5,10 @@ negation, concatenations, casts), which cost RoPE about 7 ms of a 46 ms 125m ste
 
 One program per (batch x head, block of positions) reads a [BT, D] tile of q and of k by their strides
 (the projection's permuted views need no copy), each element with its rotation partner (j + h or
-j - h, itself past the rotated dims), and writes contiguous outputs. The angles' cos and sin come as
-fp32 tables [B or 1, T, h]; the products are in fp32, one rounding to the input's dtype at the end.
+j - h, itself past the rotated dims), and writes [B, H, T, D] outputs, contiguous or (heads_last)
+[B, T, H, D] in memory: the layout SDPA then gives its output, which the output projection reads as
+it is (contiguous, it would be copied to [B, T, C] first). The angles' cos and sin come as fp32
+tables [B or 1, T, h]; the products are in fp32, one rounding to the input's dtype at the end.
 """
 
 import torch
@@ -17,8 +19,8 @@ from .._launch import new, pow2
 
 
 @triton.jit
-def _rotate_tile(x_ptr, y_ptr, b, hd, t, j, cos, sin, sign, x_sb, x_sh, x_st, H, T, D: tl.constexpr,
-                 HALF: tl.constexpr):
+def _rotate_tile(x_ptr, y_ptr, b, hd, t, j, cos, sin, sign, x_sb, x_sh, x_st, y_sb, y_sh, y_st, T,
+                 D: tl.constexpr, HALF: tl.constexpr):
     partner = tl.where(j < HALF, j + HALF, tl.where(j < 2 * HALF, j - HALF, j))
     rows = t[:, None] < T
     inside = rows & (j[None, :] < D)
@@ -26,13 +28,13 @@ def _rotate_tile(x_ptr, y_ptr, b, hd, t, j, cos, sin, sign, x_sb, x_sh, x_st, H,
     x = tl.load(base + j[None, :], mask=inside, other=0.0).to(tl.float32)
     xp = tl.load(base + partner[None, :], mask=inside, other=0.0).to(tl.float32)
     y = x * cos + sign * xp * sin
-    out = y_ptr + ((b * H + hd) * T + t[:, None]) * D + j[None, :]
+    out = y_ptr + b * y_sb + hd * y_sh + t[:, None] * y_st + j[None, :]
     tl.store(out, y.to(y_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
-def _rotate_qk(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, q_sb, q_sh, q_st, k_sb, k_sh, k_st, c_sb,
-               H, T, D: tl.constexpr, HALF: tl.constexpr, DP: tl.constexpr, BT: tl.constexpr,
+def _rotate_qk(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, q_sb, q_sh, q_st, k_sb, k_sh, k_st, o_sb, o_sh,
+               o_st, c_sb, H, T, D: tl.constexpr, HALF: tl.constexpr, DP: tl.constexpr, BT: tl.constexpr,
                INVERSE: tl.constexpr):
     bh = tl.program_id(1)
     b, hd = bh // H, bh % H
@@ -47,40 +49,43 @@ def _rotate_qk(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, q_sb, q_sh, q_st,
     sign = tl.where(j < HALF, -1.0, 1.0)[None, :]
     if INVERSE:
         sign = -sign
-    _rotate_tile(q_ptr, qo_ptr, b, hd, t, j, cos, sin, sign, q_sb, q_sh, q_st, H, T, D, HALF)
-    _rotate_tile(k_ptr, ko_ptr, b, hd, t, j, cos, sin, sign, k_sb, k_sh, k_st, H, T, D, HALF)
+    _rotate_tile(q_ptr, qo_ptr, b, hd, t, j, cos, sin, sign, q_sb, q_sh, q_st, o_sb, o_sh, o_st, T, D, HALF)
+    _rotate_tile(k_ptr, ko_ptr, b, hd, t, j, cos, sin, sign, k_sb, k_sh, k_st, o_sb, o_sh, o_st, T, D, HALF)
 
 
-def _launch(q, k, cos, sin, inverse: bool):
+def _launch(q, k, cos, sin, inverse: bool, heads_last: bool = False):
     B, H, T, D = q.shape
     half = cos.shape[-1]
-    qo = new((B, H, T, D), q)
-    ko = new((B, H, T, D), k)
+    shape = (B, T, H, D) if heads_last else (B, H, T, D)
+    qo, ko = new(shape, q), new(shape, k)
+    if heads_last:
+        qo, ko = qo.transpose(1, 2), ko.transpose(1, 2)
     dp = pow2(D, 16)
     bt = max(1, min(64, 4096 // dp))
     c_sb = 0 if cos.shape[0] == 1 else cos.stride(0)
     grid = (triton.cdiv(T, bt), B * H)
     _rotate_qk[grid](q, k, qo, ko, cos, sin, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1),
-                     k.stride(2), c_sb, H, T, D, half, dp, bt, inverse)
+                     k.stride(2), qo.stride(0), qo.stride(1), qo.stride(2), c_sb, H, T, D, half, dp, bt, inverse)
     return qo, ko
 
 
 class _RotateQK(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, cos, sin):
+    def forward(ctx, q, k, cos, sin, heads_last):
         ctx.save_for_backward(cos, sin)
-        return _launch(q, k, cos, sin, False)
+        return _launch(q, k, cos, sin, False, heads_last)
 
     @staticmethod
     def backward(ctx, dq, dk):
         cos, sin = ctx.saved_tensors
         dq, dk = (g if g.stride(-1) == 1 else g.contiguous() for g in (dq, dk))
-        return (*_launch(dq, dk, cos, sin, True), None, None)
+        return (*_launch(dq, dk, cos, sin, True), None, None, None)  # contiguous: stacked with dv next
 
 
-def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads_last: bool = False):
     """q, k [B, H, T, d] (any strides with the last one 1, one dtype) rotated by cos, sin [T, h] or [B, T, h]
-    (fp32, no gradient; 2h <= d): (q', k') contiguous, differentiable in q and k."""
+    (fp32, no gradient; 2h <= d): (q', k') [B, H, T, d], contiguous or (heads_last) transposed views of
+    contiguous [B, T, H, d]; differentiable in q and k."""
     if q.shape != k.shape or q.dim() != 4 or q.dtype != k.dtype or q.stride(-1) != 1 or k.stride(-1) != 1:
         raise ValueError(f"q and k must be [B, H, T, d] of one shape and dtype with unit last strides, got "
                          f"{tuple(q.shape)} {q.dtype}, {tuple(k.shape)} {k.dtype}")
@@ -88,4 +93,4 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     cos, sin = (c.reshape(-1, T, c.shape[-1]).float().contiguous() for c in (cos, sin))
     if cos.shape != sin.shape or cos.shape[0] not in (1, B) or 2 * cos.shape[-1] > D:
         raise ValueError(f"cos and sin must be [T, h] or [B, T, h] with 2h <= d = {D}, got {tuple(cos.shape)}")
-    return _RotateQK.apply(q, k, cos, sin)
+    return _RotateQK.apply(q, k, cos, sin, heads_last)
