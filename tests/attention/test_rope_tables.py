@@ -119,6 +119,34 @@ def test_fused_path_layout_for_sdpa(monkeypatch):
         assert q.transpose(1, 2).is_contiguous() == heads_last and q.is_contiguous() != heads_last, backend
 
 
+@pytest.mark.parametrize("method,backend", [("rope", "sdpa"), ("logn-rope", "chunked")])
+def test_fused_layers_match_the_pytorch_rotation(monkeypatch, method, backend):
+    """An LM whose layers rotate in the kernel (reading the projection's output, its backward writing
+    the projection's gradient) against the same LM rotating with PyTorch ops: loss and every
+    gradient, with document positions; the fused path is the one taken."""
+    pytest.importorskip("triton")
+    torch.manual_seed(0)
+    model = LM(LMConfig(method=method, backend=backend, n_layer=2, n_head=2, d_model=2 * D, vocab_size=40,
+                        rope_fraction=0.5, temp_train_len=8))
+    x = torch.randint(0, 40, (2, 12))
+    docs = torch.tensor([[0] * 5 + [1] * 7, [0] * 12])
+
+    def run():
+        model.zero_grad()
+        loss = model(x, x, docs)[1]
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    loss, grads = run()
+    monkeypatch.setattr(rope_module, "FUSED_DEVICE", "cpu")
+    attn = model.blocks[0].attn
+    assert type(attn.project(torch.randn(1, 3, 2 * D))[1].grad_fn).__name__ == "_RotateQKVBackward"  # k
+    fused_loss, fused_grads = run()
+    assert_close(fused_loss, loss, 1e-6)
+    for a, b in zip(fused_grads, grads):
+        assert_close(a, b, 1e-5)
+
+
 @pytest.mark.gpu
 def test_gpu_sdpa_output_reaches_the_projection_without_a_copy():
     """On CUDA (bf16, the training step's autocast): RoPE's q and k are [B, T, H, d] in memory, SDPA's

@@ -28,7 +28,7 @@ def test_reference_is_the_modules_rotation(fraction):
 
 
 pytest.importorskip("triton")
-from lenx.ops.rope.triton import rotate_qk  # noqa: E402
+from lenx.ops.rope.triton import rotate_qk, rotate_qkv  # noqa: E402
 
 
 def check(B, H, T, d, fraction=1.0, per_sequence=False, dtype=torch.float32, strided=False, tol=1e-6,
@@ -80,6 +80,47 @@ def test_fused_odd_head_dim():
     check(1, 2, 9, 24)  # d not a power of two: the tile is padded and the pad masked
 
 
+def check_qkv(B, T, H, d, fraction=1.0, per_sequence=False, dtype=torch.float32, heads_last=False, tol=1e-6):
+    """rotate_qkv on the projection's output [B, T, 3, H, d]: q and k rotated, v its view, and the
+    projection's gradient (one buffer) against the float64 reference rotation of the split views."""
+    rope = RoPE(d, fraction=fraction)
+    cos, sin = (c.to(DEVICE) for c in tables(rope, T, B if per_sequence else None))
+    y = torch.randn(B, T, 3 * H * d, device=DEVICE).to(dtype).requires_grad_()
+    q, k, v = rotate_qkv(y.view(B, T, 3, H, d), cos, sin, heads_last)
+    assert q.shape == k.shape == v.shape == (B, H, T, d) and q.dtype == dtype
+    assert (q.transpose(1, 2) if heads_last else q).is_contiguous()
+    grads = [torch.randn(B, H, T, d, device=DEVICE).to(dtype) for _ in range(3)]
+    dy, = torch.autograd.grad((q, k, v), y, grads)
+    ref_y = y.detach().double().requires_grad_()
+    ref_q, ref_k, ref_v = ref_y.view(B, T, 3, H, d).permute(2, 0, 3, 1, 4)
+    ref_q, ref_k = (rotate_reference(x, cos.double(), sin.double()) for x in (ref_q, ref_k))
+    ref_dy, = torch.autograd.grad((ref_q, ref_k, ref_v), ref_y, [g.double() for g in grads])
+    assert dy.is_contiguous()
+    for name, a, b in (("q", q, ref_q), ("k", k, ref_k), ("v", v, ref_v), ("dqkv", dy, ref_dy)):
+        assert_close(a, b, tol, f"B{B} T{T} H{H} d{d} p{fraction} {dtype} {name}")
+
+
+@pytest.mark.parametrize("heads_last", [False, True])
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_fused_rotation_of_the_projection(heads_last, fraction):
+    check_qkv(2, 19, 3, 16, fraction=fraction, heads_last=heads_last)
+
+
+def test_fused_rotation_of_the_projection_per_sequence_odd_dim():
+    check_qkv(3, 9, 2, 24, per_sequence=True, heads_last=True)
+
+
+def test_fused_rotation_of_the_projection_unused_outputs():
+    """A gradient that reaches only v (q and k unused) still gives the projection's whole gradient."""
+    cos, sin = tables(RoPE(16), 5)
+    y = torch.randn(1, 5, 3 * 2 * 16, device=DEVICE, requires_grad=True)
+    q, k, v = rotate_qkv(y.view(1, 5, 3, 2, 16), cos.to(DEVICE).float(), sin.to(DEVICE).float())
+    v.sum().backward()
+    expected = torch.zeros(1, 5, 3, 2, 16, device=DEVICE)
+    expected[:, :, 2] = 1
+    assert torch.equal(y.grad, expected.view(1, 5, -1))
+
+
 def test_rejects_mismatched_inputs():
     q = torch.randn(1, 2, 8, 16, device=DEVICE)
     cos = torch.zeros(8, 8, device=DEVICE)
@@ -96,6 +137,14 @@ def test_rejects_mismatched_inputs():
 def test_gpu_fused_rotation(T, dtype, heads_last):
     # bf16: one rounding of the fp32 result (2^-9 relative), against the float64 reference
     check(2, 12, T, 64, dtype=dtype, strided=True, tol=1e-6 if dtype == torch.float32 else 5e-3, heads_last=heads_last)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_fused_rotation_of_the_projection(dtype):
+    # bf16: one rounding of each rotated value or gradient (dv is copied exactly)
+    check_qkv(4, 512, 12, 64, dtype=dtype, heads_last=True, tol=1e-6 if dtype == torch.float32 else 5e-3)
+    check_qkv(2, 77, 4, 64, fraction=0.5, per_sequence=True, dtype=dtype, tol=1e-6 if dtype == torch.float32 else 5e-3)
 
 
 @pytest.mark.gpu

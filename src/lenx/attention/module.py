@@ -73,9 +73,12 @@ class Attention(nn.Module):
         parts = replace(self.parts, segments=True) if segments else self.parts
         return plan_backend(parts, device, self.cfg.backend)
 
-    def _qkv(self, x: torch.Tensor):
+    def _qkv(self, x: torch.Tensor, split: bool = True):
+        """The projection of x [B, T, C]: q, k, v stacked [3, B, H, T, d] (views), or as it is laid out,
+        [B, T, 3, H, d] (split False)."""
         B, T, _ = x.shape
-        return self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim)
+        return qkv.permute(2, 0, 3, 1, 4) if split else qkv
 
     def project(self, x: torch.Tensor, positions: torch.Tensor | None = None, length=None, segments=None):
         """x [B, T, C] -> q, k, v [B, H, T, d], q and k already rotated when the base is RoPE or PoPE
@@ -84,7 +87,13 @@ class Attention(nn.Module):
         q scaled by the query temperature for the keys each row sees (position + 1: a document's
         own under segments, whose positions restart at each document). segments [B, T]: FoX's
         key/value shift takes nothing from the token before a document's first."""
-        q, k, v = self._qkv(x)
+        if self.rope is not None:  # from the projection's output as it is (FoX's Pro, below, has no RoPE)
+            # SDPA's output takes q's layout: q and k in [B, T, H, d] memory give an output that the
+            # output projection reads with no copy
+            heads_last = self.backend_for(x.device, segments is not None) == "sdpa"
+            q, k, v = self.rope.project(self._qkv(x, split=False), positions, length, heads_last)
+        else:
+            q, k, v = self._qkv(x)
         if self.pro is not None:  # the key/value shift and the QK-norm
             real = None
             if segments is not None:  # a document's last token shifts nothing into the next document's first
@@ -92,13 +101,8 @@ class Attention(nn.Module):
                 real[:, :-1] = segments[:, 1:] == segments[:, :-1]
                 real = real[:, None, :, None]
             q, k, v = self.pro(x, q, k, v, None, real)
-        if self.rope is None and self.temperature is None:
-            return q, k, v
-        T = x.shape[1]
-        if self.rope is not None:  # SDPA's output takes q's layout: [B, T, H, d] is the projection's, with no copy
-            sdpa = self.backend_for(x.device, segments is not None) == "sdpa"
-            q, k = self.rope(q, k, positions, length, heads_last=sdpa)
         if self.temperature is not None:  # a causal row sees position + 1 keys (at most its window), a bidirectional one all T
+            T = x.shape[1]
             pos = torch.arange(T, device=x.device) if positions is None else positions
             q = self.temperature(q, self._keys_seen(pos + 1) if self.cfg.causal else torch.full_like(pos, T))
         return q, k, v

@@ -74,6 +74,11 @@ class PoPE(nn.Module):
         pos = torch.arange(q.shape[-2], device=q.device) if pos is None else pos
         return self.transform(q, k, self.angles(pos, _work_dtype(q)))
 
+    def project(self, qkv: torch.Tensor, pos: torch.Tensor | None = None, length=None, heads_last: bool = False):
+        """The projection's output qkv [B, T, 3, H, d] -> q, k [B, H, T, 2d] and v [B, H, T, d]."""
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        return (*self(q, k, pos, length, heads_last), v)
+
     def step(self, qk: torch.Tensor, step):
         """A decode step's rows (qk: q and k stacked, [2, B, H, R, d]) at step.q_pos; the layers of
         the step share one table of angles."""

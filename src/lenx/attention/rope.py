@@ -224,18 +224,36 @@ class RoPE(nn.Module):
         one per sequence). heads_last: the fused kernel writes q and k as [B, T, H, d] in memory
         (returned as [B, H, T, d] views), the layout in which SDPA's output is [B, T, H, d] too, so
         that the output projection reads it with no copy."""
-        fused = q.device.type == FUSED_DEVICE and not torch.compiler.is_compiling() and triton_available()
-        T = q.shape[-2]
-        key = ("fused" if fused else q.dtype, T, q.device, self.inv_freq.dtype, length)  # what the table depends on
-        if isinstance(length, torch.Tensor):  # one scale per sequence: no table kept
-            cos, sin = self._tables(fused, q.dtype, T, q.device, pos, length)
-        else:
-            cos, sin = self.tables.get(key, pos, lambda: self._tables(fused, q.dtype, T, q.device, pos, length))
+        fused = self._fused(q)
+        cos, sin = self._cached_tables(fused, q.dtype, q.shape[-2], q.device, pos, length)
         if fused:  # one launch (inductor fuses its own)
             from ..ops.rope.triton import rotate_qk
 
             return rotate_qk(q, k, cos, sin, heads_last)
         return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+
+    def project(self, qkv: torch.Tensor, pos: torch.Tensor | None = None, length=None, heads_last: bool = False):
+        """The attention's projection output qkv [B, T, 3, H, d] -> q, k, v [B, H, T, d], q and k rotated
+        as forward's. Fused, the kernel reads q and k from qkv and its backward writes their gradients
+        and v's into one buffer in qkv's layout (ops.rope.triton.rotate_qkv)."""
+        if not self._fused(qkv):
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)
+            return (*self(q, k, pos, length, heads_last), v)
+        from ..ops.rope.triton import rotate_qkv
+
+        cos, sin = self._cached_tables(True, qkv.dtype, qkv.shape[1], qkv.device, pos, length)
+        return rotate_qkv(qkv, cos, sin, heads_last)
+
+    @staticmethod
+    def _fused(x: torch.Tensor) -> bool:
+        return x.device.type == FUSED_DEVICE and not torch.compiler.is_compiling() and triton_available()
+
+    def _cached_tables(self, fused: bool, dtype, T: int, device, pos, length):
+        """_tables' tables, from the shared cache (one scale per sequence, length a tensor: none kept)."""
+        if isinstance(length, torch.Tensor):
+            return self._tables(fused, dtype, T, device, pos, length)
+        key = ("fused" if fused else dtype, T, device, self.inv_freq.dtype, length)  # what the table depends on
+        return self.tables.get(key, pos, lambda: self._tables(fused, dtype, T, device, pos, length))
 
     def _tables(self, fused: bool, dtype, T: int, device, pos, length):
         """The fused kernel's fp32 [.., T, h] tables, or rotate's [.., T, r] in q's dtype."""

@@ -53,13 +53,18 @@ def _rotate_qk(q_ptr, k_ptr, qo_ptr, ko_ptr, cos_ptr, sin_ptr, q_sb, q_sh, q_st,
     _rotate_tile(k_ptr, ko_ptr, b, hd, t, j, cos, sin, sign, k_sb, k_sh, k_st, o_sb, o_sh, o_st, T, D, HALF)
 
 
-def _launch(q, k, cos, sin, inverse: bool, heads_last: bool = False):
+def _launch(q, k, cos, sin, inverse: bool, heads_last: bool = False, out=None):
+    """(q', k'): new tensors (contiguous, or [B, T, H, D] in memory when heads_last), or written into
+    out = (q', k'), two [B, H, T, D] views of one layout."""
     B, H, T, D = q.shape
     half = cos.shape[-1]
-    shape = (B, T, H, D) if heads_last else (B, H, T, D)
-    qo, ko = new(shape, q), new(shape, k)
-    if heads_last:
-        qo, ko = qo.transpose(1, 2), ko.transpose(1, 2)
+    if out is not None:
+        qo, ko = out
+    else:
+        shape = (B, T, H, D) if heads_last else (B, H, T, D)
+        qo, ko = new(shape, q), new(shape, k)
+        if heads_last:
+            qo, ko = qo.transpose(1, 2), ko.transpose(1, 2)
     dp = pow2(D, 16)
     bt = max(1, min(64, 4096 // dp))
     c_sb = 0 if cos.shape[0] == 1 else cos.stride(0)
@@ -82,6 +87,35 @@ class _RotateQK(torch.autograd.Function):
         return (*_launch(dq, dk, cos, sin, True), None, None, None)  # contiguous: stacked with dv next
 
 
+class _RotateQKV(torch.autograd.Function):
+    """q and k rotated out of the projection's output [B, T, 3, H, D], v a view of it. The backward
+    writes the projection's gradient into one buffer of that layout: dq and dk rotated back into their
+    slots by the kernel, dv copied into its own; autograd would otherwise rotate into new tensors,
+    stack the three and copy the stack to the projection's layout."""
+
+    @staticmethod
+    def forward(ctx, qkv, cos, sin, heads_last):
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        ctx.save_for_backward(cos, sin)
+        ctx.qkv_shape = qkv.shape
+        return (*_launch(q, k, cos, sin, False, heads_last), v)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        cos, sin = ctx.saved_tensors
+        like = next(g for g in (dq, dk, dv) if g is not None)
+        grad = new(ctx.qkv_shape, like)
+        slots = [grad[:, :, i].transpose(1, 2) for i in range(3)]
+        dq, dk = (torch.zeros_like(slots[0]) if g is None else g if g.stride(-1) == 1 else g.contiguous()
+                  for g in (dq, dk))
+        _launch(dq, dk, cos, sin, True, out=slots[:2])
+        if dv is None:
+            slots[2].zero_()
+        else:
+            slots[2].copy_(dv)
+        return grad, None, None, None
+
+
 def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads_last: bool = False):
     """q, k [B, H, T, d] (any strides with the last one 1, one dtype) rotated by cos, sin [T, h] or [B, T, h]
     (fp32, no gradient; 2h <= d): (q', k') [B, H, T, d], contiguous or (heads_last) transposed views of
@@ -90,7 +124,23 @@ def rotate_qk(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         raise ValueError(f"q and k must be [B, H, T, d] of one shape and dtype with unit last strides, got "
                          f"{tuple(q.shape)} {q.dtype}, {tuple(k.shape)} {k.dtype}")
     B, H, T, D = q.shape
+    cos, sin = _tables(cos, sin, B, T, D)
+    return _RotateQK.apply(q, k, cos, sin, heads_last)
+
+
+def _tables(cos, sin, B, T, D):
+    """cos, sin as the kernel reads them: fp32 [1 or B, T, h], contiguous (checked)."""
     cos, sin = (c.reshape(-1, T, c.shape[-1]).float().contiguous() for c in (cos, sin))
     if cos.shape != sin.shape or cos.shape[0] not in (1, B) or 2 * cos.shape[-1] > D:
         raise ValueError(f"cos and sin must be [T, h] or [B, T, h] with 2h <= d = {D}, got {tuple(cos.shape)}")
-    return _RotateQK.apply(q, k, cos, sin, heads_last)
+    return cos, sin
+
+
+def rotate_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads_last: bool = False):
+    """The projection's output qkv [B, T, 3, H, d] (last stride 1) -> (q', k', v) [B, H, T, d]: q and k
+    rotated as rotate_qk's, v a view of qkv; the gradient of qkv comes back in one buffer."""
+    if qkv.dim() != 5 or qkv.shape[2] != 3 or qkv.stride(-1) != 1:
+        raise ValueError(f"qkv must be [B, T, 3, H, d] with a unit last stride, got {tuple(qkv.shape)}")
+    B, T, _, H, D = qkv.shape
+    cos, sin = _tables(cos, sin, B, T, D)
+    return _RotateQKV.apply(qkv, cos, sin, heads_last)
