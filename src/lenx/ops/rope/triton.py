@@ -9,6 +9,10 @@ j - h, itself past the rotated dims), and writes [B, H, T, D] outputs, contiguou
 [B, T, H, D] in memory: the layout SDPA then gives its output, which the output projection reads as
 it is (contiguous, it would be copied to [B, T, C] first). The angles' cos and sin come as fp32
 tables [B or 1, T, h]; the products are in fp32, one rounding to the input's dtype at the end.
+
+rotate_qkv takes the attention's projection output [B, T, 3, H, D] itself: its backward writes that
+output's gradient as one buffer (dq and dk rotated into their slots by the kernel, dv copied into its
+own), where autograd would stack three gradients and copy the stack to the projection's layout.
 """
 
 import torch
@@ -102,17 +106,12 @@ class _RotateQKV(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dq, dk, dv):
-        cos, sin = ctx.saved_tensors
-        like = next(g for g in (dq, dk, dv) if g is not None)
-        grad = new(ctx.qkv_shape, like)
+        cos, sin = ctx.saved_tensors  # (an unused output's gradient comes as zeros: autograd materializes it)
+        grad = new(ctx.qkv_shape, dq)
         slots = [grad[:, :, i].transpose(1, 2) for i in range(3)]
-        dq, dk = (torch.zeros_like(slots[0]) if g is None else g if g.stride(-1) == 1 else g.contiguous()
-                  for g in (dq, dk))
+        dq, dk = (g if g.stride(-1) == 1 else g.contiguous() for g in (dq, dk))
         _launch(dq, dk, cos, sin, True, out=slots[:2])
-        if dv is None:
-            slots[2].zero_()
-        else:
-            slots[2].copy_(dv)
+        slots[2].copy_(dv)
         return grad, None, None, None
 
 
