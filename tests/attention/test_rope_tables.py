@@ -147,6 +147,30 @@ def test_fused_layers_match_the_pytorch_rotation(monkeypatch, method, backend):
         assert_close(a, b, 1e-5)
 
 
+def test_fused_step_copies_nothing_outside_the_rotation(monkeypatch):
+    """A training step's forward and backward of a fused RoPE LM (2 layers; the second step): outside
+    the attention's ranges and the rotation's own launches, no table op and no copy: no per-layer table,
+    no stack of dq, dk, dv and no copy of it to the projection's layout (the backward writes the
+    projection's gradient itself)."""
+    pytest.importorskip("triton")
+    from lenx.attention.profiling import BACKWARD, FORWARD, attention_ranges
+
+    monkeypatch.setattr(rope_module, "FUSED_DEVICE", "cpu")
+    torch.manual_seed(0)
+    model = LM(LMConfig(method="rope", n_layer=2, n_head=2, d_model=2 * D, vocab_size=40))
+    x = torch.randint(0, 40, (2, 12))
+    with attention_ranges():
+        model(x, x)[1].backward()
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            model(x, x)[1].backward()
+    events = prof.events()
+    apart = [e.time_range for e in events if e.name in (FORWARD, BACKWARD, "_RotateQKV", "_RotateQKVBackward")]
+    outside = [e.name for e in events if not any(r.start <= e.time_range.start <= r.end for r in apart)]
+    for op in ("aten::cos", "aten::sin", "aten::stack", "aten::cat", "aten::clone", "aten::copy_"):
+        assert op not in outside, op
+    assert sum(e.name == "_RotateQKV" for e in events) == 2 and sum(e.name == "_RotateQKVBackward" for e in events) == 2
+
+
 @pytest.mark.gpu
 def test_gpu_sdpa_output_reaches_the_projection_without_a_copy():
     """On CUDA (bf16, the training step's autocast): RoPE's q and k are [B, T, H, d] in memory, SDPA's
