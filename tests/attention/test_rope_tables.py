@@ -96,6 +96,10 @@ def test_cpu_without_triton_rotates_with_pytorch(monkeypatch):
     qr, kr = rope(q, k, heads_last=True)
     assert_close(qr, by_hand(q, torch.arange(7)), 1e-5)
     assert_close(kr, by_hand(k, torch.arange(7)), 1e-5)
+    qkv = torch.randn(1, 7, 3, 2, D)  # the attention's path: the projection's output
+    qr, kr, v = rope.project(qkv, heads_last=True)
+    assert_close(kr, by_hand(qkv[:, :, 1].transpose(1, 2), torch.arange(7)), 1e-5)
+    assert torch.equal(v, qkv[:, :, 2].transpose(1, 2))
     assert not rope_module.triton_available()
 
 
