@@ -103,6 +103,17 @@ def test_cpu_without_triton_rotates_with_pytorch(monkeypatch):
     assert not rope_module.triton_available()
 
 
+def test_q_scale_only_where_the_kernel_rotates():
+    """The PyTorch rotation takes no row factor: asked for one (forward or project), a one-line error
+    instead of a temperature silently dropped."""
+    rope = RoPE(D)
+    q, k = torch.randn(2, 1, 2, 7, D)
+    with pytest.raises(ValueError, match="only in its fused kernel"):
+        rope(q, k, q_scale=torch.ones(7))
+    with pytest.raises(ValueError, match="only in its fused kernel"):
+        rope.project(torch.randn(1, 7, 3, 2, D), q_scale=torch.ones(7))
+
+
 def test_fused_path_layout_for_sdpa(monkeypatch):
     """With the fused kernel (interpreted on the CPU): heads_last gives [B, T, H, d] memory, and an
     attention layer asks for it exactly when its backend is SDPA; the values are the rotation's."""

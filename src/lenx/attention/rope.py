@@ -233,7 +233,7 @@ class RoPE(nn.Module):
         row of q, no gradient (ops.rope.triton.rotate_qk)."""
         fused = self.fuses(q)
         if q_scale is not None and not fused:
-            raise ValueError("RoPE scales q's rows only in its fused kernel (a CUDA tensor, not compiling)")
+            raise ValueError("RoPE scales q's rows only in its fused kernel (CUDA with triton, not compiling)")
         cos, sin = self._cached_tables(fused, q.dtype, q.shape[-2], q.device, pos, length)
         if fused:  # one launch
             from ..ops.rope.triton import rotate_qk
