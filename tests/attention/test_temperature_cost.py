@@ -148,6 +148,66 @@ def test_the_model_s_scaled_q_is_s_h_log_n_q():
     assert_close(q, attn._qkv(x)[0] * f[..., None], 1e-14)
 
 
+def folded_against_unfolded(method, device, monkeypatch, tol, backend="dense", documents=False):
+    """A float32 layer with RoPE's fused kernel scaling q's rows as it rotates them out of the
+    projection's output (rotate_qkv; heads-last for SDPA) against the same layer rotating with the
+    plain ops and scaling after (float64 on the CPU), forward and every gradient (s_h's too).
+    documents: two documents in the first sequence (per-sequence positions and factors)."""
+    from lenx.attention import Attention, AttentionConfig
+    from lenx.attention.rope import RoPE
+
+    torch.manual_seed(0)
+    ref = Attention(AttentionConfig(method=method, backend="dense", **SHORT), 3, 48).double()
+    with torch.no_grad():
+        if ref.temperature.s is not None:
+            ref.temperature.s.copy_(torch.tensor([0.5, 1.0, 1.7]))
+    layer = Attention(AttentionConfig(method=method, backend=backend, **SHORT), 3, 48).to(device)
+    layer.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 70, 48, dtype=torch.float64)
+    docs = torch.tensor([[0] * 30 + [1] * 40, [0] * 70]) if documents else None
+    scaled = []
+    fused = RoPE.__dict__["fuses"]  # the staticmethod itself
+
+    def spy(q):  # the fused kernel, and record that the temperature rode on it
+        scaled.append(True)
+        return True
+
+    monkeypatch.setattr(RoPE, "fuses", staticmethod(spy))
+    xs = x.float().to(device).requires_grad_()
+    y = layer(xs, segments=None if docs is None else docs.to(device))
+    q = layer.project(xs[:1, :5])[0]
+    monkeypatch.setattr(RoPE, "fuses", fused)
+    xr = x.clone().requires_grad_()
+    want = ref(xr, segments=docs)
+    assert scaled, "the layer did not fold the temperature into RoPE's kernel"
+    node = q.grad_fn if ref.temperature.s is None else q.grad_fn.next_functions[0][0]  # under SSMax's s_h hook
+    assert type(node).__name__ == "_RotateQKVBackward", "q was not scaled by the rotation of the projection"
+    assert q.transpose(1, 2).is_contiguous() == (layer.backend_for(xs.device) == "sdpa")  # heads-last for SDPA
+    assert_close(y.double().cpu(), want, tol, f"{method} forward")
+    w = torch.randn_like(want)
+    got_g = torch.autograd.grad((y * w.to(y)).sum(), [xs] + list(layer.parameters()))
+    want_g = torch.autograd.grad((want * w).sum(), [xr] + list(ref.parameters()))
+    for (name, _), a, b in zip([("x", None)] + list(layer.named_parameters()), got_g, want_g):
+        assert_close(a.double().cpu(), b, tol, f"{method} d{name}")
+
+
+FOLDS = [("ssmax-rope", "dense", False), ("logn-rope", "dense", False), ("l4temp-rope", "dense", False),
+         ("ssmax-rope", "sdpa", False), ("l4temp-rope", "sdpa", True), ("ssmax-rope", "dense", True)]
+
+
+@pytest.mark.parametrize("method,backend,documents", FOLDS)
+def test_folded_into_rope_s_kernel_the_layer_is_the_reference(method, backend, documents, monkeypatch):
+    """The fold's wiring on the CPU: the fused kernel under Triton's interpreter (conftest)."""
+    pytest.importorskip("triton")
+    folded_against_unfolded(method, "cpu", monkeypatch, 1e-5, backend, documents)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("method,backend,documents", FOLDS)
+def test_gpu_folded_into_rope_s_kernel_the_layer_is_the_reference(method, backend, documents, monkeypatch):
+    folded_against_unfolded(method, "cuda", monkeypatch, 1e-5, backend, documents)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", KINDS)
 def test_on_cuda_one_kernel_each_way_with_the_plain_ops_bits(kind):

@@ -15,6 +15,7 @@ from .fox import FoxPro
 from .masks import check_segments, positions as document_positions
 from .methods import BASES, NORMALISERS, PROCESSORS, TEMPERATURES, parse_method
 from .parts import PartContext, Parts
+from .rope import RoPE
 
 
 class Attention(nn.Module):
@@ -61,9 +62,12 @@ class Attention(nn.Module):
         parts = replace(self.parts, segments=True) if segments else self.parts
         return plan_backend(parts, device, self.cfg.backend)
 
-    def _qkv(self, x: torch.Tensor):
+    def _qkv(self, x: torch.Tensor, split: bool = True):
+        """The projection of x [B, T, C]: q, k, v stacked [3, B, H, T, d] (views), or as it is laid out,
+        [B, T, 3, H, d] (split False)."""
         B, T, _ = x.shape
-        return self.qkv(x).view(B, T, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim)
+        return qkv.permute(2, 0, 3, 1, 4) if split else qkv
 
     def project(self, x: torch.Tensor, positions: torch.Tensor | None = None, length=None, segments=None,
                 memo: dict | None = None):
@@ -75,7 +79,33 @@ class Attention(nn.Module):
         key/value shift takes nothing from the token before a document's first. memo: a dict the
         layers of one forward over the same tokens share (None: this call's own), which keeps the
         temperature's table for them all."""
-        q, k, v = self._qkv(x)
+        qkv = self._qkv(x, split=False)
+        T = x.shape[1]
+
+        def pos():
+            return torch.arange(T, device=x.device) if positions is None else positions
+
+        term = None
+        if self.temperature is not None:
+            dtype = torch.float64 if qkv.dtype == torch.float64 else torch.float32
+            key = ("temperature", self.temperature.settings, self.cfg.causal, self.cfg.window, dtype)
+            memo = {} if memo is None else memo
+            if key not in memo:  # a causal row sees position + 1 keys (at most its window), a bidirectional one all T
+                memo[key] = self.temperature.position_term(
+                    self._keys_seen(pos() + 1) if self.cfg.causal else torch.full_like(pos(), T), dtype)
+            term = memo[key]
+        # RoPE's fused kernel scales q's rows as it rotates them: the temperature then costs no pass of its own
+        fold = term is not None and isinstance(self.rope, RoPE) and self.rope.fuses(qkv)
+        if self.rope is not None:  # from the projection's output as it is (FoX's Pro, below, has no RoPE)
+            # SDPA's output takes q's layout: q and k in [B, T, H, d] memory give an output that the
+            # output projection reads with no copy
+            heads_last = self.backend_for(x.device, segments is not None) == "sdpa"
+            if fold:
+                q, k, v = self.rope.project(qkv, positions, length, heads_last, self.temperature.factor(term))
+            else:
+                q, k, v = self.rope.project(qkv, positions, length, heads_last)
+        else:
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)
         if self.pro is not None:  # the key/value shift and the QK-norm
             real = None
             if segments is not None:  # a document's last token shifts nothing into the next document's first
@@ -83,23 +113,8 @@ class Attention(nn.Module):
                 real[:, :-1] = segments[:, 1:] == segments[:, :-1]
                 real = real[:, None, :, None]
             q, k, v = self.pro(x, q, k, v, None, real)
-        if self.rope is None and self.temperature is None:
-            return q, k, v
-        T = x.shape[1]
-
-        def pos():
-            return torch.arange(T, device=x.device) if positions is None else positions
-
-        if self.rope is not None:
-            q, k = self.rope(q, k, pos(), length)
-        if self.temperature is not None:
-            dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-            key = ("temperature", self.temperature.settings, self.cfg.causal, self.cfg.window, dtype)
-            memo = {} if memo is None else memo
-            if key not in memo:  # a causal row sees position + 1 keys (at most its window), a bidirectional one all T
-                memo[key] = self.temperature.position_term(
-                    self._keys_seen(pos() + 1) if self.cfg.causal else torch.full_like(pos(), T), dtype)
-            q = self.temperature(q, term=memo[key])
+        if term is not None:
+            q = self.temperature(q, term=term, folded=fold)
         return q, k, v
 
     def _keys_seen(self, counts: torch.Tensor) -> torch.Tensor:

@@ -134,7 +134,7 @@ class PartContext:
     n_head: int
     head_dim: int
     d_model: int
-    shared: dict  # parts shared across layers (the T5 table)
+    shared: dict  # what layers share: parts (the T5 table) and RoPE's table caches
     processor: str | None = None  # the composition's processor name, if any
     has_bias: bool = False  # whether the composition has an additive bias (set before the processor is built)
     layer: int = 0  # the layer's index in the model (MTA convolves on some layers only)

@@ -66,10 +66,18 @@ class PoPE(nn.Module):
         delta = self.phase_bias.clamp(-2 * math.pi, 0).to(angles.dtype)[:, None, :]  # [H, 1, d]
         return self.polar(q, angles, math.sqrt(2)), self.polar(k, angles + delta)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, length=None):
-        """q, k [B, H, T, d] at positions pos [T] (or [B, T]) -> [B, H, T, 2d]; `length` is unused
-        (no scale follows the length)."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor | None = None, length=None,
+                heads_last: bool = False):
+        """q, k [B, H, T, d] at positions pos [T] (or [B, T]; None: 0..T-1) -> [B, H, T, 2d]; `length`
+        and RoPE's layout hint heads_last are unused (no scale follows the length; the transform's
+        PyTorch ops choose their outputs' layout)."""
+        pos = torch.arange(q.shape[-2], device=q.device) if pos is None else pos
         return self.transform(q, k, self.angles(pos, _work_dtype(q)))
+
+    def project(self, qkv: torch.Tensor, pos: torch.Tensor | None = None, length=None, heads_last: bool = False):
+        """The projection's output qkv [B, T, 3, H, d] -> q, k [B, H, T, 2d] and v [B, H, T, d]."""
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        return (*self(q, k, pos, length, heads_last), v)
 
     def step(self, qk: torch.Tensor, step):
         """A decode step's rows (qk: q and k stacked, [2, B, H, R, d]) at step.q_pos; the layers of

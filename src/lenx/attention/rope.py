@@ -19,12 +19,47 @@ of each head (rotate-half within them) with the p d / 2 highest of the d / 2 fre
 (theta_i, i < p d / 2, scaled as above); the other dims pass unrotated (theta = 0).
 """
 
+import importlib.util
 import math
+import weakref
 
 import torch
 from torch import nn
 
 SCALINGS = ("none", "pi", "ntk", "dynamic-ntk", "yarn")
+FUSED_DEVICE = "cuda"  # where q and k rotate in ops/rope/triton.py's kernel (elsewhere: PyTorch ops)
+
+
+def triton_available() -> bool:
+    """Whether triton can be imported (the fused rotation needs it; without it CUDA runs the PyTorch
+    rotation)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+class TableCache:
+    """The last cos/sin table that the RoPE parts of one model with the same settings built: every
+    layer of a forward reads the one its first layer built (at the default positions 0..T-1 every
+    later forward of that length too), instead of each building its own (some eight small kernels
+    a layer). `key` says what the table depends on besides the positions; the positions tensor of
+    a call with explicit positions is held weakly and matched by identity and version. Nothing is
+    kept while torch.compile traces (inductor fuses the table itself). builds: tables built."""
+
+    def __init__(self):
+        self.key, self.pos, self.value, self.builds = None, None, None, 0
+
+    def __getstate__(self):  # a pickled model (or a deep copy) starts with no table
+        return {"key": None, "pos": None, "value": None, "builds": 0}
+
+    def get(self, key: tuple, pos: torch.Tensor | None, make):
+        if torch.compiler.is_compiling():
+            return make()
+        # a table made in inference mode cannot be saved for a later backward: one key per mode
+        key = (*key, torch.is_inference_mode_enabled(), None if pos is None else pos._version)
+        held = None if self.pos is None else self.pos()
+        if key != self.key or (pos is not None and held is not pos) or (pos is None and self.pos is not None):
+            self.value, self.builds = make(), self.builds + 1
+            self.key, self.pos = key, None if pos is None else weakref.ref(pos)
+        return self.value
 
 
 class RoPE(nn.Module):
@@ -32,7 +67,8 @@ class RoPE(nn.Module):
     10000 by default."""
 
     def __init__(self, head_dim: int, base: float = 10000.0, scaling: str = "none", factor: float = 0.0,
-                 train_len: int = 0, beta_fast: float = 32.0, beta_slow: float = 1.0, fraction: float = 1.0):
+                 train_len: int = 0, beta_fast: float = 32.0, beta_slow: float = 1.0, fraction: float = 1.0,
+                 tables: TableCache | None = None):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"RoPE needs an even head dimension, got {head_dim}")
@@ -51,12 +87,14 @@ class RoPE(nn.Module):
         self.rotary = rotary  # the rotated dims: the first `rotary` of each head
         inv_freq = base ** (-torch.arange(0, rotary, 2, dtype=torch.float32) / head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.tables = TableCache() if tables is None else tables  # shared by layers of the same settings
 
     @classmethod
     def from_config(cls, ctx):
         c = ctx.cfg
-        return cls(ctx.head_dim, c.rope_base, c.rope_scaling, c.rope_scaling_factor, c.rope_train_len,
-                   c.rope_yarn_beta_fast, c.rope_yarn_beta_slow, c.rope_fraction)
+        args = (ctx.head_dim, c.rope_base, c.rope_scaling, c.rope_scaling_factor, c.rope_train_len,
+                c.rope_yarn_beta_fast, c.rope_yarn_beta_slow, c.rope_fraction)
+        return cls(*args, tables=ctx.shared.setdefault(("rope tables", args), TableCache()))
 
     @property
     def settings(self) -> tuple:
@@ -124,20 +162,26 @@ class RoPE(nn.Module):
         i = torch.arange(self.rotary // 2, dtype=torch.float32, device=self.inv_freq.device)
         return ((i - low) / (high - low)).clamp(0, 1)
 
-    def table(self, pos: torch.Tensor, length=None, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [T, r] (r: the rotated dims) at positions pos [T], or [B, 1, T, r] per sequence (pos [B, T] or a
-        length per sequence), in `dtype`, the cos/sin factor included; `length`: see forward."""
+    def half_table(self, pos: torch.Tensor, length=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, h] fp32 (h = r / 2: one angle per frequency) at positions pos [T], or
+        [B, 1, T, h] per sequence (pos [B, T] or a length per sequence), the cos/sin factor included;
+        `length`: see forward."""
         inv_freq, mscale = self.frequencies(pos.shape[-1] if length is None else length)
-        angles = pos.to(torch.float32)[..., None] * inv_freq[..., None, :]  # [T, d/2] or [B, T, d/2]
+        angles = pos.to(torch.float32)[..., None] * inv_freq[..., None, :]  # [T, h] or [B, T, h]
         cos, sin = angles.cos(), angles.sin()
-        cos, sin = torch.cat([cos, cos], -1), torch.cat([sin, sin], -1)
         if isinstance(mscale, torch.Tensor):
             mscale = mscale.float()[..., None, None]
         if not (isinstance(mscale, float) and mscale == 1.0):
             cos, sin = cos * mscale, sin * mscale
         if cos.dim() == 3:  # one row of angles per sequence: broadcast over the heads
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        return cos.to(dtype), sin.to(dtype)
+        return cos, sin
+
+    def table(self, pos: torch.Tensor, length=None, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, r] (r: the rotated dims) at positions pos [T], or [B, 1, T, r] per sequence (pos [B, T] or a
+        length per sequence), in `dtype`, the cos/sin factor included; `length`: see forward."""
+        cos, sin = self.half_table(pos, length)
+        return torch.cat([cos, cos], -1).to(dtype), torch.cat([sin, sin], -1).to(dtype)
 
     @staticmethod
     def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -173,17 +217,54 @@ class RoPE(nn.Module):
                                lambda: self.step_table(step.q_pos, step.end - step.start, qk.dtype))
         return self.rotate_signed(qk, cos, sin)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor, length=None):
-        """Rotate q and k [..., T, d] at positions pos [T] (or [B, T], per sequence); `length` is the
-        context length that sets an auto or dynamic scale (default T; a tensor [B]: one per sequence)."""
-        if q.is_cuda and not torch.compiler.is_compiling():  # one fused launch (inductor fuses its own)
+    @staticmethod
+    def fuses(x: torch.Tensor) -> bool:
+        """Whether forward and project rotate in the fused kernel (which can also scale q's rows:
+        q_scale); inductor fuses its own, and without triton the PyTorch ops rotate."""
+        return x.device.type == FUSED_DEVICE and not torch.compiler.is_compiling() and triton_available()
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, pos: torch.Tensor | None = None, length=None,
+                heads_last: bool = False, q_scale: torch.Tensor | None = None):
+        """Rotate q and k [..., T, d] at positions pos [T] (or [B, T], per sequence; None: 0..T-1);
+        `length` is the context length that sets an auto or dynamic scale (default T; a tensor [B]:
+        one per sequence). heads_last: the fused kernel writes q and k as [B, T, H, d] in memory
+        (returned as [B, H, T, d] views), the layout in which SDPA's output is [B, T, H, d] too, so
+        that the output projection reads it with no copy. q_scale (only where fuses(q)): a factor per
+        row of q, no gradient (ops.rope.triton.rotate_qk)."""
+        fused = self.fuses(q)
+        if q_scale is not None and not fused:
+            raise ValueError("RoPE scales q's rows only in its fused kernel (CUDA with triton, not compiling)")
+        cos, sin = self._cached_tables(fused, q.dtype, q.shape[-2], q.device, pos, length)
+        if fused:  # one launch
             from ..ops.rope.triton import rotate_qk
 
-            cos, sin = self.table(pos, length, torch.float32)
-            half = self.rotary // 2
-            return rotate_qk(q, k, cos[..., :half], sin[..., :half])
-        cos, sin = self.table(pos, length, q.dtype)  # one table for both
+            return rotate_qk(q, k, cos, sin, q_scale=q_scale, heads_last=heads_last)
         return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+
+    def project(self, qkv: torch.Tensor, pos: torch.Tensor | None = None, length=None, heads_last: bool = False,
+                q_scale: torch.Tensor | None = None):
+        """The attention's projection output qkv [B, T, 3, H, d] -> q, k, v [B, H, T, d], q and k rotated
+        (q's rows scaled) as forward's. Fused, the kernel reads q and k from qkv and its backward writes
+        their gradients and v's into one buffer in qkv's layout (ops.rope.triton.rotate_qkv)."""
+        if not self.fuses(qkv):
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)
+            return (*self(q, k, pos, length, heads_last, q_scale), v)
+        from ..ops.rope.triton import rotate_qkv
+
+        cos, sin = self._cached_tables(True, qkv.dtype, qkv.shape[1], qkv.device, pos, length)
+        return rotate_qkv(qkv, cos, sin, q_scale=q_scale, heads_last=heads_last)
+
+    def _cached_tables(self, fused: bool, dtype, T: int, device, pos, length):
+        """_tables' tables, from the shared cache (one scale per sequence, length a tensor: none kept)."""
+        if isinstance(length, torch.Tensor):
+            return self._tables(fused, dtype, T, device, pos, length)
+        key = ("fused" if fused else dtype, T, device, self.inv_freq.dtype, length)  # what the table depends on
+        return self.tables.get(key, pos, lambda: self._tables(fused, dtype, T, device, pos, length))
+
+    def _tables(self, fused: bool, dtype, T: int, device, pos, length):
+        """The fused kernel's fp32 [.., T, h] tables, or rotate's [.., T, r] in q's dtype."""
+        pos = torch.arange(T, device=device) if pos is None else pos
+        return self.half_table(pos, length) if fused else self.table(pos, length, dtype)
 
     def extra_repr(self) -> str:
         rotary = f", rotary={self.rotary}/{self.head_dim}" if self.rotary < self.head_dim else ""

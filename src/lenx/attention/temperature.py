@@ -19,7 +19,8 @@ forward share (Attention.project's memo, like a decode step's StepRows.shared); 
 fp32 (float64 for float64 q): it is T numbers, and a bf16 one would round log n to steps of 2^-5
 near 6, one factor for whole bands of positions. q is scaled by one elementwise op each way
 (scale_rows: the product in fp32, rounded once to q's dtype into a contiguous tensor, the bits of
-`(q * f).to(q.dtype)`), and SSMax's s_h gets its gradient from one reduction over the output
+`(q * f).to(q.dtype)`; after RoPE's fused kernel, by that kernel as it rotates q, no pass of its
+own), and SSMax's s_h gets its gradient from one reduction over the output
 (ssmax_grad: d/ds_h of y = s_h log(n) q is y / s_h), so no fp32 copy of q and no input q is kept
 for the backward: the output, which the attention keeps anyway, serves.
 """
@@ -71,21 +72,27 @@ class QueryTemperature(nn.Module):
             return (torch.log(n) / math.log(self.train_len)).clamp(min=1.0)
         return torch.log(torch.floor(n / self.floor_scale) + 1) * self.attn_scale + 1
 
-    def forward(self, q: torch.Tensor, n: torch.Tensor | None = None, term: torch.Tensor | None = None):
+    def factor(self, term: torch.Tensor) -> torch.Tensor:
+        """The rows' factors from position_term's table, s_h held fixed: [1, T] or [B, 1, T], SSMax's
+        [H, T] or [B, H, T], in the table's dtype, no gradient."""
+        factor = term.unsqueeze(-2)  # broadcast over the heads
+        return factor if self.s is None else self.s.detach().to(term.dtype)[:, None] * factor
+
+    def forward(self, q: torch.Tensor, n: torch.Tensor | None = None, term: torch.Tensor | None = None,
+                folded: bool = False):
         """q [B, H, T, d] scaled row by row; n: the rows' key counts (see position_term), or `term`,
         position_term's result for them. The product is taken in float32 (float64 for float64 q) and
-        rounded once to q's dtype, as Llama 4 does."""
+        rounded once to q's dtype, as Llama 4 does. folded: q carries factor(term) already (RoPE's
+        fused kernel scaled its rows): only s_h's gradient is attached."""
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         term = self.position_term(n, dtype) if term is None else term
-        factor = term.unsqueeze(-2)  # [1, T] or [B, 1, T]: broadcast over the heads
-        if torch.compiler.is_compiling():  # inductor fuses the plain ops into one kernel of its own
+        if torch.compiler.is_compiling():  # the plain ops, s_h's gradient by autograd: inductor fuses them
+            factor = term.unsqueeze(-2)
             if self.s is not None:
                 factor = self.s.to(dtype)[:, None] * factor
             return (q * factor.unsqueeze(-1)).to(q.dtype)
-        if self.s is None:
-            return scale_rows(q, factor)
-        y = scale_rows(q, self.s.detach().to(dtype)[:, None] * factor)
-        return ssmax_grad(y, self.s) if torch.is_grad_enabled() and self.s.requires_grad else y
+        y = q if folded else scale_rows(q, self.factor(term))
+        return ssmax_grad(y, self.s) if self.s is not None and torch.is_grad_enabled() and self.s.requires_grad else y
 
     def extra_repr(self) -> str:
         if self.kind == "logn":
@@ -133,8 +140,9 @@ class _SSMaxGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         y, s = ctx.saved_tensors
-        # products rounded to y's dtype, the sum in fp32; s_h = 0 would make the head's rows all 0 and
-        # this 0/0 (a non-positive initial s is refused; training does not land on exactly 0)
+        # products rounded to y's dtype, the sum in fp32. s_h = 0 exactly would zero the head's rows and
+        # make this 0/0: a non-positive initial s is refused, and an optimiser step landing on 0.0 is
+        # not expected
         ds = torch.sum(dy * y, dim=(0, 2, 3), dtype=torch.promote_types(s.dtype, torch.float32))
         return dy, (ds / s).to(s.dtype)
 

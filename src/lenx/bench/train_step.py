@@ -85,7 +85,8 @@ def _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, ste
     row["tokens_per_s"] = batch_size * seq_len / (row["median_ms"] / 1000)
     row["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
     row["final_loss"] = float(loss.detach())  # a sanity check that the steps computed something finite
-    row.update(_profile_steps(step, profile_steps, device, top_kernels) if profile_steps else dict.fromkeys(PROFILE_KEYS))
+    row.update(_profile_steps(step, profile_steps, device, top_kernels) if profile_steps
+               else dict.fromkeys(PROFILE_KEYS))
     return row
 
 

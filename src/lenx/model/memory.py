@@ -71,7 +71,8 @@ def estimate_memory(cfg: LMConfig, batch: int, seq_len: int, device: torch.devic
             key = (c.method, c.window, i if parse_method(c.method).processor == "mta" else None)
             kinds.setdefault(key, [Attention(c, cfg.n_head, cfg.d_model, shared, i, cfg.n_layer), 0])[1] += 1
     if params is None:  # the LM's: tied embeddings; per layer the attention, the MLP and two LayerNorms
-        once = {id(p): p.numel() for part in shared.values() for p in part.parameters()}  # parts layers share
+        once = {id(p): p.numel() for part in shared.values() if isinstance(part, torch.nn.Module)
+                for p in part.parameters()}  # parts layers share (not RoPE's table cache)
         mlp = 2 * cfg.mlp_ratio * cfg.d_model ** 2 + 4 * cfg.d_model
         layers = sum(n * (sum(p.numel() for p in attn.parameters() if id(p) not in once) + mlp)
                      for attn, n in kinds.values())
