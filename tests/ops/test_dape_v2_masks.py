@@ -227,3 +227,57 @@ def test_gpu_dape_masked(T, window, docs):
 @pytest.mark.gpu
 def test_gpu_dape_masked_fp32_k5():
     run_masked(2, 4, 1000, 32, 5, 16, "alibi", 300, 6, config=None)
+
+
+# --- routing: masked DAPE V2 work goes to this kernel, never to the Gluon forward or the skewed kernels
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_masked_work_routes_to_the_triton_kernel(monkeypatch, grad):
+    """The fused backend with a window and document ids: the O(T) Triton kernel, training and forward
+    only, where unmasked work would take the Gluon forward or the skewed kernels (on the CPU
+    _skewed_plan picks them; the Gluon forward is forced here); its kernel_note says why. The
+    output and gradients match the dense reference with the same masks."""
+    from dataclasses import replace
+
+    from lenx.attention import DapeV2, KerpleLog, Softmax
+    from lenx.attention.backends import Parts, dense_attention, fused, run_backend
+
+    monkeypatch.setattr(fused, "_use_gluon", lambda q, proc: True)
+    torch.manual_seed(0)
+    H, T = 2, 40
+    parts = Parts(KerpleLog(H).to(DEVICE), DapeV2(H, 4, 3).to(DEVICE), Softmax(), head_dim=16)
+    q, k, v = (torch.randn(2, H, T, 16, device=DEVICE, requires_grad=grad) for _ in range(3))
+    assert fused.forward_kernel(q, k, v, parts) in ("skewed", "gluon")  # unmasked: the others
+    segments = document_ids(2, T, 4)
+    masked = replace(parts, window=11, segments=True)
+    with torch.set_grad_enabled(grad):
+        assert fused.forward_kernel(q, k, v, masked) == "triton"
+        assert masked.processor.kernel_note == "a window and document segments: the Gluon forward and the skewed " \
+                                               "kernels take no mask"
+        out, _ = run_backend("triton", q, k, v, masked, segments=segments)
+        ref, _ = dense_attention(q, k, v, masked, segments)
+    assert masked.processor.kernel == "triton"
+    outs, refs = [out], [ref]
+    if grad:
+        up = torch.randn_like(out)
+        outs += torch.autograd.grad(out, (q, k, v), up)
+        refs += torch.autograd.grad(ref, (q, k, v), up)
+    compare(f"routed masked dapev2 grad={grad}", outs, refs, ["out", "dq", "dk", "dv"][:len(outs)], 1e-4)
+
+
+def test_masked_head_dim_128_runs_the_chunked_reference():
+    """Head dim 128, which the Triton kernel cannot take, masked: the chunked reference (the skewed
+    kernels, which take it unmasked, take no mask), the mask applied."""
+    from lenx.attention import DapeV2, KerpleLog, Softmax
+    from lenx.attention.backends import Parts, dense_attention, fused, run_backend
+
+    torch.manual_seed(0)
+    parts = Parts(KerpleLog(2).to(DEVICE), DapeV2(2, 4, 3).to(DEVICE), Softmax(), head_dim=128, window=5,
+                  segments=True)
+    q, k, v = (torch.randn(1, 2, 19, 128, device=DEVICE) for _ in range(3))
+    segments = document_ids(1, 19, 3)
+    assert fused.forward_kernel(q, k, v, parts) == "chunked"
+    out, _ = run_backend("triton", q, k, v, parts, segments=segments)
+    ref, _ = dense_attention(q, k, v, parts, segments)
+    assert (out - ref).abs().max() < 1e-5
