@@ -1,6 +1,7 @@
 """Compile the DAPE V2 kernels for sm_90a without a GPU and print registers, spills and shared
 memory per kernel (cuobjdump -res-usage from triton's bundled toolchain; STACK is the local memory spills use). The headline shape: bf16, H 12,
-d 64, D 32, k 3 (override with --k, --hidden, --heads, --head-dim, --no-bias).
+d 64, D 32, k 3 (override with --k, --hidden, --heads, --head-dim, --no-bias; --window and/or
+--documents compile the masked variants).
 
 Usage (repository root, any machine with triton): PYTHONPATH=src python3 scripts/tune/offline_compile.py
 """
@@ -28,13 +29,15 @@ BF16 = ("Q", "K", "V", "O", "DO", "DQ", "DK", "DV")
 
 
 def signature(fn, consts: dict, bf16=BF16) -> dict:
-    """Triton's signature of a kernel: constexprs as such, capitalised names (but T) pointers (to bf16
-    for the names in `bf16`, else fp32)."""
+    """Triton's signature of a kernel: constexprs as such, capitalised names (but T and WIN) pointers
+    (to bf16 for the names in `bf16`, int32 for the document spans, else fp32)."""
     sig = {}
     for name in inspect.signature(fn.fn).parameters:
         if name in consts:
             sig[name] = "constexpr"
-        elif name[0].isupper() and name != "T":  # T is the length
+        elif name in ("DOCS", "LASTS"):
+            sig[name] = "*i32"
+        elif name[0].isupper() and name not in ("T", "WIN"):  # T is the length, WIN the window
             sig[name] = "*bf16" if name in bf16 else "*fp32"
         elif name in ("scale", "qk_scale"):
             sig[name] = "fp32"
@@ -73,12 +76,15 @@ def main():
     ap.add_argument("--hidden", type=int, default=32)
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--no-bias", action="store_true")
+    ap.add_argument("--window", action="store_true", help="the variant with a sliding window")
+    ap.add_argument("--documents", action="store_true", help="the variant with document ids")
     a = ap.parse_args()
     sh = dk._shapes(a.heads, a.hidden, a.k, not a.no_bias)
     cfg = dk.tile_config(a.k, sh["DP"], "bf16")
     BM, BNW, nw, ns = cfg["tiles"]
     prec = dot_precision(torch.bfloat16)
-    common = dict(DH=a.head_dim, HAS_BIAS=not a.no_bias, BM=BM, BNW=BNW, PREC=prec, CPREC="bf16", **sh)
+    common = dict(DH=a.head_dim, HAS_BIAS=not a.no_bias, BM=BM, BNW=BNW, PREC=prec, CPREC="bf16",
+                  HAS_W=a.window, HAS_SEG=a.documents, **sh)
     out = {"shape": vars(a), "tiles": cfg["tiles"], "triton": triton.__version__}
     out["fwd"] = compile_one(dk._dape_fwd, common, nw, ns)
     out["bwd_dq"] = compile_one(dk._dape_bwd_dq, {**common, "E": pow2(BM + BNW - 1)}, nw, ns)

@@ -191,8 +191,8 @@ def test_compositions_stay_on_chunked(method, reason):
 
 
 def test_document_segments_on_the_fused_fox_kernel():
-    """FoX's fused kernel takes document ids (the biased-softmax kernels' masks); with DAPE V2 over it
-    they stay refused (backends.NO_MASKS)."""
+    """FoX's fused kernel takes document ids (the biased-softmax kernels' masks); DAPE V2 over FoX has
+    no fused kernel, masked or not (the chunked reference)."""
     pytest.importorskip("triton")
     from dataclasses import replace
 

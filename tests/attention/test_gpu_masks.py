@@ -1,6 +1,6 @@
 """CUDA checks of the window and document masks on the PyTorch backends (compiled FlexAttention's
-block mask, SDPA's boolean mask) and what auto picks (the fused kernels for kerple, t5 and
-stick-breaking) against dense, forward and backward (run on the device; skipped without CUDA)."""
+block mask, SDPA's boolean mask) and what auto picks (the fused kernels for kerple, t5,
+stick-breaking and DAPE V2) against dense, forward and backward (run on the device; skipped without CUDA)."""
 
 import copy
 

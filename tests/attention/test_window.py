@@ -197,22 +197,18 @@ def test_the_dape_conv_reads_zeros_at_a_window_edge():
     assert_close(out2[..., -1, :], out[..., -1, :], 1e-12, "the last row ignores keys left of its window")
 
 
-def test_the_planner_routes_masked_work_off_the_fused_kernels(monkeypatch):
-    """The fused kernels take masks but with a score processor (DAPE V2's): that masked work goes
-    elsewhere, and the rest of the masked compositions the kernels cover runs on them."""
+def test_the_planner_routes_masked_work_to_the_fused_kernels(monkeypatch):
+    """The fused kernels take a window and document ids for every composition they cover, DAPE V2's
+    included (on its O(T)-memory kernel: tests/ops/test_dape_v2_masks.py), so masked work plans on
+    them with no note; off CUDA it runs elsewhere."""
     from lenx.attention.backends import fused
 
     # judged as on a CUDA machine with triton, whatever this one has
     monkeypatch.setattr(fused.importlib.util, "find_spec", lambda name: object())
     cuda = torch.device("cuda")
     dape = layer("dapev2-kerple", 64).parts
-    # where triton would be judged (a CUDA device) it says why it cannot take the window
-    with pytest.raises(ValueError, match="DAPE V2 kernels take no mask yet"):
-        plan_backend(dape, cuda, "triton")
-    with pytest.raises(ValueError, match="DAPE V2 kernels take no mask yet"):
-        Attention(AttentionConfig(method="dapev2-kerple", window=8, backend="triton", dape_hidden=4), H, H * D)
-    with pytest.raises(ValueError, match="fused"):  # never run with the mask ignored (here: no CUDA either)
-        run_backend("triton", *(t.detach() for t in operands(1, 8)), dape)
+    assert plan_backend(dape, cuda, "triton") == "triton" == plan_backend(dape, cuda)
+    Attention(AttentionConfig(method="dapev2-kerple", window=8, backend="triton", dape_hidden=4), H, H * D)
     assert plan_backend(dape, torch.device("cpu")) == "chunked"
     assert plan_backend(layer("rope", 8).parts, torch.device("cpu")) == "sdpa"
     # masked plain softmax on CUDA: flex's block mask (skips hidden tiles) before SDPA's dense mask
@@ -220,16 +216,16 @@ def test_the_planner_routes_masked_work_off_the_fused_kernels(monkeypatch):
     assert plan_backend(replace(layer("rope", 0).parts, segments=True), cuda) == "flex"
     assert plan_backend(layer("rope", 0).parts, cuda) == "sdpa"
     assert plan_note(layer("dapev2-kerple", 0).parts, cuda) is None
-    assert plan_note(dape, cuda) == "chunked, not triton: the fused DAPE V2 kernels take no mask yet (a window)"
-    assert plan_backend(replace(dape, segments=True), cuda) == "chunked"
-    # the biased-softmax, FoX and stick-breaking kernels take both masks
-    for method in ("kerple", "kerple-power", "alibi", "t5", "stickbreaking", "fox"):
+    assert plan_note(dape, cuda) is None
+    assert plan_backend(replace(dape, segments=True), cuda) == "triton"
+    # the biased-softmax, FoX, stick-breaking and DAPE V2 kernels take both masks
+    for method in ("kerple", "kerple-power", "alibi", "t5", "stickbreaking", "fox", "dapev2-kerple"):
         masked = replace(layer(method, 8).parts, segments=True)
         assert plan_note(masked, cuda) is None and plan_backend(masked, cuda) == "triton", method
     assert plan_backend(layer("kerple", 8).parts, torch.device("cpu")) == "chunked"
     # what a run's meta.json and `lenx bench --train-step` record
     from helpers import model_for
-    assert model_for("dapev2-kerple", window=8, d_model=32).backend_notes(cuda) == [plan_note(dape, cuda)]
+    assert model_for("dapev2-kerple", window=8, d_model=32).backend_notes(cuda) == []
     assert model_for("kerple", window=8, d_model=32).backend_notes(cuda) == []
 
 

@@ -12,8 +12,6 @@ from test_cli_errors import lenx, snapshot
 
 @pytest.mark.parametrize("overrides,says", [
     (["model.window=-1"], "model.window must be >= 0"),
-    (["model.window=8", "model.method=dapev2-kerple", "model.backend=triton"],
-     "the fused DAPE V2 kernels take no mask yet (a window)"),
 ])
 def test_a_bad_window_is_one_error_line(tmp_path, overrides, says):
     before = snapshot(tmp_path)

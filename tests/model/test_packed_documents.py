@@ -81,9 +81,8 @@ def test_default_backend_plans_with_the_documents():
 
 
 def test_a_masked_run_plans_and_records_the_backends_that_take_document_ids():
-    """The fused DAPE V2 kernels take no mask: where they would run a layer, a masked run's meta.json
-    (backends, backend_notes) and its memory estimate name the backend that does; Kerple's fused
-    kernels take the document ids (no note)."""
+    """The fused kernels take the document ids, DAPE V2's (its O(T)-memory kernel) and Kerple's: a
+    masked run's meta.json (backends, backend_notes) and its memory estimate name them, no note."""
     from dataclasses import replace
 
     from lenx.model.memory import estimate_memory
@@ -91,11 +90,10 @@ def test_a_masked_run_plans_and_records_the_backends_that_take_document_ids():
     cuda = torch.device("cuda")
     model = model_for("dapev2-kerple", d_model=32, dape_hidden=4)
     assert model.backend_notes(cuda) == []
-    note = "chunked, not triton: the fused DAPE V2 kernels take no mask yet (document segments)"
-    assert model.backend_notes(cuda, segments=True) == [note]
-    assert model.backends(cuda, segments=True) == ["chunked", "chunked"]
+    assert model.backend_notes(cuda, segments=True) == []
+    assert model.backends(cuda, segments=True) == ["triton", "triton"]
     cfg = replace(model.cfg, backend="auto")
-    assert estimate_memory(cfg, 2, 64, cuda, segments=True).backend == "chunked"
+    assert estimate_memory(cfg, 2, 64, cuda, segments=True).backend == "triton"
     assert estimate_memory(cfg, 2, 64, cuda).backend != "chunked"
     kerple = model_for("kerple", d_model=32)
     assert kerple.backend_notes(cuda, segments=True) == []

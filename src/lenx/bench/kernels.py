@@ -174,7 +174,7 @@ def run_bench(methods=METHODS, lengths=LENGTHS, batch: int = 1, heads: int = 12,
     module docstring); written as JSON to out_path when given (after every length, so a run cut
     short keeps what it measured). only_at: {backend: lengths} runs that backend at those lengths
     only (e.g. FlexAttention recompiles for every length). window: every row with a sliding window
-    of that many keys (the fused DAPE V2 rows then say they take no mask yet). documents: every row
+    of that many keys (the fused DAPE V2 rows then run its O(T) kernel: fwd_kernel_note). documents: every row
     with each sequence packed from that many documents (0: one; see the module docstring)."""
     only_at = only_at or {}
     for T in lengths if documents else ():

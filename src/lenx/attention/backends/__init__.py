@@ -8,8 +8,8 @@ every tile: on one H200, plain softmax with 8 documents, fwd+bwd at 8192 took 0.
 3.72 on SDPA, at 32768 1.70 and 57.2; results/bench/h200_masks_fd98528). Adding a backend: one file
 and one entry here.
 
-triton   lenx's fused kernels (lenx.ops), CUDA only, where a kernel covers the composition (masks: all
-         but DAPE V2's)
+triton   lenx's fused kernels (lenx.ops), CUDA only, where a kernel covers the composition (masks: all;
+         DAPE V2's on its O(T)-memory kernel, never the Gluon or skewed ones: fused._route)
 sdpa     fused torch scaled_dot_product_attention: softmax with no bias and no processor (a window or
          document mask as a boolean mask)
 flex     FlexAttention with a per-distance bias table and/or a window or document block mask
@@ -41,19 +41,19 @@ def get_backend(name: str) -> Backend:
         raise ValueError(f"unknown backend {name!r}; choose one of auto, {', '.join(BACKENDS)}") from None
 
 
-# Backends whose kernels take no window or document mask yet, judged here and not in their files,
-# but for the compositions whose kernels do: the fused kernels take both but with a score processor
-# (DAPE V2's kernels, to be rebuilt with masks).
-NO_MASKS = {"triton": "the fused DAPE V2 kernels take no mask yet"}
+# Backends whose kernels take no window or document mask, with the reason, judged here and not in their
+# files. None at present: every backend takes both (the fused kernels' DAPE V2 work, masked, on its
+# O(T)-memory kernel only: fused._route).
+NO_MASKS: dict[str, str] = {}
 
 
-def _takes_masks(backend: str, parts: Parts) -> bool:
-    return backend not in NO_MASKS or parts.processor is None
+def _takes_masks(backend: str) -> bool:
+    return backend not in NO_MASKS
 
 
 def _unsupported(backend: Backend, parts: Parts, device: torch.device) -> str | None:
     reason = backend.unsupported(parts, device)
-    if reason is None and parts.masked and not _takes_masks(backend.name, parts):
+    if reason is None and parts.masked and not _takes_masks(backend.name):
         return f"{NO_MASKS[backend.name]} ({parts.masked}); backend auto runs it on one that does"
     return reason
 
@@ -90,22 +90,23 @@ def run_backend(backend: str, q, k, v, parts: Parts, chunk_size: int = 256, segm
     document ids (None: one document; parts.segments must say whether they come)."""
     if (segments is not None) != parts.segments:
         raise ValueError("segments given without parts.segments (or the reverse): the plan would not know of them")
-    if parts.masked and not _takes_masks(backend, parts):  # its kernels would ignore the mask
+    if parts.masked and not _takes_masks(backend):  # its kernels would ignore the mask
         raise ValueError(unsupported_reason(backend, parts, q.device) or NO_MASKS[backend])
     return get_backend(backend).run(q, k, v, parts, chunk_size, segments)
 
 
 def plan_note(parts: Parts, device: torch.device, requested: str = "auto") -> str | None:
     """Why the plan for `parts` is not the fused kernels where they would otherwise run it: a window
-    or document mask they do not take yet (a run's meta.json and `lenx bench --train-step` record it)."""
+    or document mask they do not take (NO_MASKS; none at present), else None. A run's meta.json and
+    `lenx bench --train-step` record it."""
     if parts.masked is None or requested not in ("auto", "triton"):
         return None
     if unsupported_reason("triton", replace(parts, window=0, segments=False), device) is not None:
         return None
-    if _takes_masks("triton", parts):
+    if _takes_masks("triton"):
         return None
     chosen = plan_backend(parts, device, "auto")
-    return f"{chosen}, not triton: the fused DAPE V2 kernels take no mask yet ({parts.masked})"
+    return f"{chosen}, not triton: {NO_MASKS['triton']} ({parts.masked})"
 
 
 __all__ = ["BACKENDS", "REGISTRY", "Backend", "LayerMemory", "Parts", "Work", "get_backend", "unsupported_reason",

@@ -2,8 +2,9 @@
 
 Covered (causal only): softmax + the DAPE V2 processor with or without a per-distance bias; softmax
 + a per-distance bias (alibi, kerple, kerple-power, t5) or FoX's bias with no processor; stick-breaking
-with no bias or processor (any remainder mode: the module applies it). All but DAPE V2 with a window
-and document segments (backends.NO_MASKS). Shapes the planner cannot see
+with no bias or processor (any remainder mode: the module applies it). All take a window and document
+segments, DAPE V2 on its O(T)-memory Triton kernel only (the Gluon forward and the skewed kernels
+take no mask: `_route` sends masked DAPE V2 work past them). Shapes the planner cannot see
 (head dim when unknown, T) are checked again when the kernel is called. DAPE V2's forward-only work
 goes to the Gluon forward on sm_90 where it covers the shape (`_use_gluon`), work that needs its
 gradient to the skewed training kernels where their buffers fit (`_skewed_plan`), the rest to the
@@ -71,7 +72,8 @@ class Fused(Backend):
         if parts.processor is not None and parts.normaliser.name == "softmax":
             return ("training: skewed where its buffers fit, else triton; forward only: gluon on sm_90 (skewed where "
                     "the bias tables exceed its fp16 range), else triton; "
-                    "head dim 128 (the triton kernel cannot take it): skewed where its buffers fit, else chunked")
+                    "head dim 128 (the triton kernel cannot take it): skewed where its buffers fit, else chunked; "
+                    "a window or documents: triton (chunked at head dim 128)")
         return None
 
     def memory(self, parts, work):
@@ -88,7 +90,7 @@ class Fused(Backend):
             return stickbreaking_triton(q, k, v, parts.normaliser.attend_current, window=parts.window,
                                         segments=segments)
         if parts.processor is not None:
-            return _dape_v2(q, k, v, parts, chunk_size)
+            return _dape_v2(q, k, v, parts, chunk_size, segments)
         c = parts.bias.token_values() if parts.bias is not None else None
         masks = dict(window=parts.window, segments=segments)
         if c is not None:  # FoX, bound to one forward's prefix sums
@@ -132,10 +134,15 @@ def _gluon_operands(q, parts):
 
 def _route(q, k, v, parts):
     """(the kernel for this DAPE V2 work, the Gluon operands where it is "gluon"); sets the
-    processor's kernel_note where the tables keep forward-only work off the Gluon forward."""
+    processor's kernel_note where the tables keep forward-only work off the Gluon forward, or a mask
+    keeps any work off the Gluon and skewed kernels (they take no window or documents: only the
+    O(T)-memory Triton kernel does, and the chunked reference where that cannot take the head dim)."""
     proc = parts.processor
     grad = _needs_grad((q, k, v, *_sources(parts)))
     proc.kernel_note = None
+    if parts.masked:
+        proc.kernel_note = f"{parts.masked}: the Gluon forward and the skewed kernels take no mask"
+        return ("chunked" if _wide(proc, q.shape[-1]) else "triton"), None
     if not grad and _use_gluon(q, proc):
         prepared, reason = _gluon_operands(q, parts)
         if reason is None:
@@ -145,7 +152,7 @@ def _route(q, k, v, parts):
     return _dape_v2_kernel(q, proc, grad), None
 
 
-def _dape_v2(q, k, v, parts, chunk_size):
+def _dape_v2(q, k, v, parts, chunk_size, segments=None):
     from ...ops.dape_v2.tables import cached
 
     proc = parts.processor
@@ -177,16 +184,17 @@ def _dape_v2(q, k, v, parts, chunk_size):
         return skewed.dape_v2_skewed(q, k, v, *weights, tab, keep=kernel == "skewed (keep)", tables=tables,
                                      residual=residual), None
     if kernel == "chunked":
-        return chunked_attention(q, k, v, parts, chunk_size)
+        return chunked_attention(q, k, v, parts, chunk_size, segments)
     from ...ops.dape_v2.triton import dape_v2_triton
 
-    return dape_v2_triton(q, k, v, *weights, table()), None
+    return dape_v2_triton(q, k, v, *weights, table(), window=parts.window, segments=segments), None
 
 
 def forward_kernel(q, k, v, parts) -> str:
     """Which kernel this backend's run() would use for these operands ("gluon", "skewed", "triton" or
     "chunked"), so that a benchmark can say what it timed (call it under the same grad mode as run();
-    the processor's kernel_note then says why forward-only work is not on the Gluon forward)."""
+    the processor's kernel_note then says why forward-only work is not on the Gluon forward; parts.segments
+    must say whether document ids come, as for run())."""
     if parts.processor is None or parts.normaliser.name == "stickbreaking":
         return "triton"
     return _route(q, k, v, parts)[0].split(" ")[0]

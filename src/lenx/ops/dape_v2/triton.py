@@ -20,13 +20,22 @@ Backward (like flash attention, it recomputes every tile from Q, K and the saved
   * a key-owner kernel: dK, dV. A window's gradient to its raw scores is complete only at keys
     whose every dependent output lies in the window, [4h, BNW - 4h), so windows step by BNW - 8h.
 No locks anywhere.
+
+Masks (HAS_W, HAS_SEG; off, the kernels compile as without them): a window of WIN keys and document
+ids (DOCS, LASTS: each token's document's first and last position, _launch.check_masks). A hidden key
+is one past the causal edge to the convolutions (conv1's input zero there); another document's key
+does not exist (conv1's output zero there as well), as attention/masks.py says. The query-owner
+kernels start their windows at the first key a row of the block sees (tiles.key_start) and the
+key-owner kernel stops after the last row that sees its keys (_row_end): cost O(W), or O(the
+documents' lengths), not O(T); ids mask inside the windows (tiles.window_document).
 """
 
 import torch
 import triton
 import triton.language as tl
 
-from .._launch import check_dape_v2_weights, check_qkv, dot_precision, new, new_like, pow2, strides
+from .._launch import check_dape_v2_weights, check_masks, check_qkv, dot_precision, new, new_like, pow2, strides
+from ..tiles import key_start, window_document
 
 
 @triton.jit
@@ -54,16 +63,20 @@ def _cdot(a, b, CPREC: tl.constexpr):
 
 
 @triton.jit
-def _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
+def _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale, WIN, DOC, doc_r,
             H: tl.constexpr, HP: tl.constexpr, CP: tl.constexpr, DP: tl.constexpr, KS: tl.constexpr,
             HAS_BIAS: tl.constexpr, BM: tl.constexpr, BNW: tl.constexpr, PREC: tl.constexpr,
-            CPREC: tl.constexpr):
+            CPREC: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
     """Processed scores of rows x window keys ws .. ws + BNW - 1 for all heads.
 
     q3 [HP, BM, DH], k3 [HP, BNW, DH]. Returns X [M, CP] (conv1 input), y [BM, BNW, DP] (conv1
     output before the activation), zf [M, DP] (conv2 input), s [BM, BNW, HP] (processed scores,
-    -inf outside the window's outputs and the causal mask), and the masks kin (key in [0, T)),
-    xm (tril & padding: where the conv input is not zero) and valid (where s is an output)."""
+    -inf outside the window's outputs and the mask), and the masks ex ([1 or BM, BNW]: the keys that
+    exist for the row: in [0, T) and, with documents, of its document; elsewhere conv1's output is
+    zero, as the padding past a sequence's ends), xm (tril, padding, window and documents: where the
+    conv input is not zero; a key a mask hides reads as one past the diagonal) and valid (where s is
+    an output). Masks: a window of WIN keys, documents as DOC (each token's document's first
+    position) and doc_r (the rows' own), as in tiles.window_document."""
     HALF: tl.constexpr = KS // 2
     hh = tl.arange(0, HP)
     ww = tl.arange(0, BNW)
@@ -72,6 +85,12 @@ def _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
     keys = ws + ww
     kin = (keys >= 0) & (keys < T)
     xm = kin[None, :] & (keys[None, :] <= rows[:, None]) & (rows < T)[:, None]  # [BM, BNW]
+    ex = kin[None, :]
+    if HAS_W or HAS_SEG:  # keys clamped into [0, T): the others are out of xm and ex already
+        kc = tl.minimum(tl.maximum(keys, 0), T - 1)[None, :]
+        xm = window_document(xm, rows[:, None], kc, doc_r[:, None], DOC, T, WIN, HAS_W, HAS_SEG)
+        if HAS_SEG:
+            ex = window_document(ex, rows[:, None], kc, doc_r[:, None], DOC, T, WIN, False, HAS_SEG)
     S = tl.dot(q3, tl.permute(k3, (0, 2, 1)), input_precision=PREC) * scale  # [HP, BM, BNW]
     S = tl.where(xm[:, :, None], tl.permute(S, (1, 2, 0)), 0.0)  # [BM, BNW, HP], tril: 0 not -inf
     if HAS_BIAS:
@@ -90,7 +109,7 @@ def _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
         y += _shift(tl.reshape(_cdot(X, w1, CPREC), (BM, BNW, DP)), t - HALF, BM, BNW, DP, CPREC)
     y += tl.load(B1 + ee)[None, None, :]
     z = tl.where(y > 0, y, 0.01 * y)
-    z = tl.where(kin[None, :, None], z, 0.0)  # conv2's zero padding outside [0, T)
+    z = tl.where(ex[:, :, None], z, 0.0)  # conv2's zero padding outside [0, T) and the row's document
     zf = tl.reshape(z, (BM * BNW, DP))
     f = tl.zeros((BM, BNW, HP), tl.float32)
     for t in range(KS):
@@ -100,7 +119,7 @@ def _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
     inner = (ww >= 2 * HALF) & (ww < BNW - 2 * HALF)
     valid = xm & inner[None, :]
     s = tl.where(valid[:, :, None], s, float("-inf"))
-    return X, y, zf, s, kin, xm, valid
+    return X, y, zf, s, ex, xm, valid
 
 
 @triton.jit
@@ -121,27 +140,44 @@ def _load_rows(P, b, rows, T, H: tl.constexpr, HP: tl.constexpr):
 
 
 @triton.jit
+def _first_key(m0, rows, T, WIN, DOC, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
+    """(the first key whose output a row of the block `rows` (m0 its first) may need, the rows'
+    documents' first positions): 0 without masks; with a window or documents tiles.key_start's key
+    (the windows over the keys start there: whole windows before it are skipped, the cost grows with
+    W or the documents, not T). Padding rows take row T - 1's document."""
+    first = 0
+    doc_r = rows
+    if HAS_W or HAS_SEG:
+        first = key_start(m0, rows, T, WIN, DOC, 1, HAS_W, HAS_SEG)
+    if HAS_SEG:
+        doc_r = tl.load(DOC + tl.minimum(rows, T - 1))
+    return first, doc_r
+
+
+@triton.jit
 def _dape_fwd(Q, K, V, TAB, W1, B1, W2, B2, O, LSE,
               sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-              T, scale,
+              T, scale, DOCS, WIN,
               H: tl.constexpr, HP: tl.constexpr, DH: tl.constexpr, CP: tl.constexpr, DP: tl.constexpr,
               KS: tl.constexpr, HAS_BIAS: tl.constexpr, BM: tl.constexpr, BNW: tl.constexpr,
-              PREC: tl.constexpr, CPREC: tl.constexpr):
+              PREC: tl.constexpr, CPREC: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
     HALF: tl.constexpr = KS // 2
     STEP: tl.constexpr = BNW - 4 * HALF
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) query blocks first: no long tail
     b = tl.program_id(1)
     rows = pid_m * BM + tl.arange(0, BM)
+    DOC = DOCS + b * T
+    first, doc_r = _first_key(pid_m * BM, rows, T, WIN, DOC, HAS_W, HAS_SEG)
     q3 = _load_heads(Q, b, sqb, sqh, sqt, rows, T, H, HP, DH)
     m_i = tl.full([BM, HP], -1e30, tl.float32)  # finite: padding rows see no key at all
     l_i = tl.zeros([BM, HP], tl.float32)
     acc = tl.zeros([HP, BM, DH], tl.float32)
     last = tl.minimum(pid_m * BM + BM, T) - 1
-    for ws in range(-2 * HALF, last - 2 * HALF + 1, STEP):
+    for ws in range(first - 2 * HALF, last - 2 * HALF + 1, STEP):
         keys = ws + tl.arange(0, BNW)
         k3 = _load_heads(K, b, skb, skh, skt, keys, T, H, HP, DH)
-        X, y, zf, s, kin, xm, valid = _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
-                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC)
+        X, y, zf, s, ex, xm, valid = _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale, WIN, DOC, doc_r,
+                                             H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC, HAS_W, HAS_SEG)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(s - m_new[:, None, :])
@@ -166,7 +202,7 @@ def _dp(do3, v3, PREC: tl.constexpr):
 
 
 @triton.jit
-def _window_grad(X, y, zf, s, kin, xm, dp, lse, delta, W1, W2, GW1, GW2,
+def _window_grad(X, y, zf, s, ex, xm, dp, lse, delta, W1, W2, GW1, GW2,
                  HP: tl.constexpr, CP: tl.constexpr, DP: tl.constexpr, KS: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BM: tl.constexpr, BNW: tl.constexpr, CPREC: tl.constexpr,
                  WANT_W: tl.constexpr):
@@ -192,7 +228,7 @@ def _window_grad(X, y, zf, s, kin, xm, dp, lse, delta, W1, W2, GW1, GW2,
             tl.atomic_add(GW2 + t * DP * HP + ee[:, None] * HP + hh[None, :], _cdot(tl.trans(zf), g, CPREC),
                           sem="relaxed")
     dy = tl.where(y > 0, dz, 0.01 * dz)
-    dy = tl.where(kin[None, :, None], dy, 0.0)
+    dy = tl.where(ex[:, :, None], dy, 0.0)
     dX = tl.zeros((BM * BNW, CP), tl.float32)
     for t in range(KS):
         g = tl.reshape(_shift(dy, HALF - t, BM, BNW, DP, CPREC), (BM * BNW, DP))
@@ -216,15 +252,18 @@ def _window_grad(X, y, zf, s, kin, xm, dp, lse, delta, W1, W2, GW1, GW2,
 @triton.jit
 def _dape_bwd_dq(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DQ, DTAB, GW1, GB1, GW2, GB2,
                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-                 T, scale,
+                 T, scale, DOCS, WIN,
                  H: tl.constexpr, HP: tl.constexpr, DH: tl.constexpr, CP: tl.constexpr, DP: tl.constexpr,
                  KS: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DTAB: tl.constexpr,
-                 BM: tl.constexpr, BNW: tl.constexpr, E: tl.constexpr, PREC: tl.constexpr, CPREC: tl.constexpr):
+                 BM: tl.constexpr, BNW: tl.constexpr, E: tl.constexpr, PREC: tl.constexpr, CPREC: tl.constexpr,
+                 HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
     HALF: tl.constexpr = KS // 2
     STEP: tl.constexpr = BNW - 4 * HALF
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)  # heavy (late) query blocks first: no long tail
     b = tl.program_id(1)
     rows = pid_m * BM + tl.arange(0, BM)
+    DOC = DOCS + b * T
+    first, doc_r = _first_key(pid_m * BM, rows, T, WIN, DOC, HAS_W, HAS_SEG)
     q3 = _load_heads(Q, b, sqb, sqh, sqt, rows, T, H, HP, DH)
     do3 = _load_heads(DO, b, sdb, sdh, sdt, rows, T, H, HP, DH)
     lse = _load_rows(LSE, b, rows, T, H, HP)
@@ -238,13 +277,13 @@ def _dape_bwd_dq(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DQ, DTAB, GW1, GB
     hh = tl.arange(0, HP)
     ee = tl.arange(0, E)
     last = tl.minimum(pid_m * BM + BM, T) - 1
-    for ws in range(-2 * HALF, last - 2 * HALF + 1, STEP):
+    for ws in range(first - 2 * HALF, last - 2 * HALF + 1, STEP):
         keys = ws + tl.arange(0, BNW)
         k3 = _load_heads(K, b, skb, skh, skt, keys, T, H, HP, DH)
         v3 = _load_heads(V, b, svb, svh, svt, keys, T, H, HP, DH)
-        X, y, zf, s, kin, xm, valid = _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
-                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC)
-        p, dS, dB, b1g, b2g = _window_grad(X, y, zf, s, kin, xm, _dp(do3, v3, PREC), lse, delta, W1, W2,
+        X, y, zf, s, ex, xm, valid = _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale, WIN, DOC, doc_r,
+                                             H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC, HAS_W, HAS_SEG)
+        p, dS, dB, b1g, b2g = _window_grad(X, y, zf, s, ex, xm, _dp(do3, v3, PREC), lse, delta, W1, W2,
                                            GW1, GW2, HP, CP, DP, KS, HAS_BIAS, BM, BNW, CPREC, True)
         gb1 += b1g
         gb2 += b2g
@@ -270,16 +309,33 @@ def _dape_bwd_dq(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DQ, DTAB, GW1, GB
 
 
 @triton.jit
+def _row_end(own0, keys, own, T, WIN, LAST, OWN: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
+    """One past the last row that sees one of the owned keys (own0 the first, `own` which of the
+    window's keys): T; with a window at most own0 + OWN - 1 + WIN; with documents (LAST: each
+    token's document's last position) one past the owned keys' latest document's last row
+    (tiles.query_end, for a block of keys that is not a power of two)."""
+    end = T
+    if HAS_W:
+        end = tl.minimum(end, own0 + OWN - 1 + WIN)
+    if HAS_SEG:
+        end = tl.minimum(end, tl.max(tl.load(LAST + keys, mask=own, other=0), 0) + 1)
+    return end
+
+
+@triton.jit
 def _dape_bwd_dkdv(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DK, DV,
                    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-                   T, scale,
+                   T, scale, DOCS, LASTS, WIN,
                    H: tl.constexpr, HP: tl.constexpr, DH: tl.constexpr, CP: tl.constexpr, DP: tl.constexpr,
                    KS: tl.constexpr, HAS_BIAS: tl.constexpr,
                    WANT_DK: tl.constexpr, WANT_DV: tl.constexpr, SPLIT: tl.constexpr,
-                   BM: tl.constexpr, BNW: tl.constexpr, PREC: tl.constexpr, CPREC: tl.constexpr):
+                   BM: tl.constexpr, BNW: tl.constexpr, PREC: tl.constexpr, CPREC: tl.constexpr,
+                   HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
     """Key owner. With both WANT_DK and WANT_DV one pass; for large tiles (HP * BNW * d above
     DKDV_ONE_PASS_MAX) the launcher runs a dV pass (forward recompute only) and a dK pass, so fewer
-    tiles are live at once (shared memory)."""
+    tiles are live at once (shared memory). Masks: a row reaches an owned key's gradient only where
+    it sees the key (its score, and conv1's input there, are zero elsewhere), so the row blocks stop
+    after the last row that does (_last_row): O(W) or O(the documents) blocks, not O(T)."""
     HALF: tl.constexpr = KS // 2
     OWN: tl.constexpr = BNW - 8 * HALF
     pid_n = tl.program_id(0)
@@ -287,14 +343,21 @@ def _dape_bwd_dkdv(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DK, DV,
     own0 = pid_n * OWN
     ws = own0 - 4 * HALF
     keys = ws + tl.arange(0, BNW)
+    ww = tl.arange(0, BNW)
+    own = (ww >= 4 * HALF) & (ww < BNW - 4 * HALF) & (keys < T)
+    DOC = DOCS + b * T
+    end = _row_end(own0, keys, own, T, WIN, LASTS + b * T, OWN, HAS_W, HAS_SEG)
     if not SPLIT:
         k3 = _load_heads(K, b, skb, skh, skt, keys, T, H, HP, DH)
         v3 = _load_heads(V, b, svb, svh, svt, keys, T, H, HP, DH)
     dk = tl.zeros([HP, BNW, DH], tl.float32)
     dv = tl.zeros([HP, BNW, DH], tl.float32)
     # rows before own0 reach the owned keys only through entries the tril zeroes
-    for m0 in range((own0 // BM) * BM, T, BM):
+    for m0 in range((own0 // BM) * BM, end, BM):
         rows = m0 + tl.arange(0, BM)
+        doc_r = rows
+        if HAS_SEG:
+            doc_r = tl.load(DOC + tl.minimum(rows, T - 1))
         q3 = _load_heads(Q, b, sqb, sqh, sqt, rows, T, H, HP, DH)
         do3 = _load_heads(DO, b, sdb, sdh, sdt, rows, T, H, HP, DH)
         lse = _load_rows(LSE, b, rows, T, H, HP)
@@ -307,19 +370,17 @@ def _dape_bwd_dkdv(Q, K, V, TAB, W1, B1, W2, B2, DO, LSE, DELTA, DK, DV,
             if SPLIT:
                 v3 = _load_heads(V, b, svb, svh, svt, keys, T, H, HP, DH)
             dp = _dp(do3, v3, PREC)  # before the conv, so V's tile is dead during it
-        X, y, zf, s, kin, xm, valid = _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale,
-                                              H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC)
+        X, y, zf, s, ex, xm, valid = _window(q3, k3, TAB, W1, B1, W2, B2, rows, ws, T, scale, WIN, DOC, doc_r,
+                                             H, HP, CP, DP, KS, HAS_BIAS, BM, BNW, PREC, CPREC, HAS_W, HAS_SEG)
         if WANT_DK:
-            p, dS, dB, b1g, b2g = _window_grad(X, y, zf, s, kin, xm, dp, lse, delta, W1, W2, W1, W2,
+            p, dS, dB, b1g, b2g = _window_grad(X, y, zf, s, ex, xm, dp, lse, delta, W1, W2, W1, W2,
                                                HP, CP, DP, KS, HAS_BIAS, BM, BNW, CPREC, False)
             dk += tl.dot(tl.permute(dS, (2, 1, 0)).to(q3.dtype), q3, input_precision=PREC)  # [HP, BNW, DH]
         if WANT_DV:
             p = tl.exp(s - lse[:, None, :])
             dv += tl.dot(tl.permute(p, (2, 1, 0)).to(do3.dtype), do3, input_precision=PREC)
-    ww = tl.arange(0, BNW)
     hh = tl.arange(0, HP)
     dd = tl.arange(0, DH)
-    own = (ww >= 4 * HALF) & (ww < BNW - 4 * HALF) & (keys < T)
     mask = (hh < H)[:, None, None] & own[None, :, None]
     if WANT_DK:
         tl.store(DK + b * skb + hh[:, None, None] * skh + keys[None, :, None] * skt + dd[None, None, :],
@@ -388,7 +449,8 @@ def _channel_map(H, has_bias, device):
 
 class DapeV2Attention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, table, w1, b1, w2, b2, conv_precision, overrides):
+    def forward(ctx, q, k, v, table, w1, b1, w2, b2, conv_precision, overrides, window=0, spans=None):
+        """window, spans: as _launch.check_masks returns them."""
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         B, H, T, DH = q.shape
         D, ks = w1.shape[0], w1.shape[-1]
@@ -402,17 +464,21 @@ class DapeV2Attention(torch.autograd.Function):
         out = new_like(q)
         lse = new((B, H, T), q, torch.float32)
         BM, BNW, nw, ns = cfg["tiles"]
+        docs = spans if spans is not None else lse  # pointers the kernels never read without documents
+        masks = dict(HAS_W=window > 0, HAS_SEG=spans is not None)
         _dape_fwd[(triton.cdiv(T, BM), B)](
             q, k, v, tab, W1, B1, W2, B2, out, lse, *strides(q), *strides(k), *strides(v), *strides(out), T, DH ** -0.5,
-            DH=DH, HAS_BIAS=has_bias, BM=BM, BNW=BNW, PREC=prec, CPREC=cprec, num_warps=nw, num_stages=ns, **sh)
-        ctx.save_for_backward(q, k, v, tab, W1, B1, W2, B2, out, lse)
+            docs[0], window, DH=DH, HAS_BIAS=has_bias, BM=BM, BNW=BNW, PREC=prec, CPREC=cprec, **masks,
+            num_warps=nw, num_stages=ns, **sh)
+        ctx.save_for_backward(q, k, v, tab, W1, B1, W2, B2, out, lse, docs)
+        ctx.window, ctx.masks = window, masks
         ctx.meta = (has_bias, D, ks, cprec, w1.dtype, b1.dtype, w2.dtype, b2.dtype)
         ctx.cfg = cfg
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, tab, W1, B1, W2, B2, out, lse = ctx.saved_tensors
+        q, k, v, tab, W1, B1, W2, B2, out, lse, docs = ctx.saved_tensors
         has_bias, D, ks, cprec, *wdt = ctx.meta
         B, H, T, DH = q.shape
         sh = _shapes(H, D, ks, has_bias)
@@ -425,6 +491,7 @@ class DapeV2Attention(torch.autograd.Function):
         dtab = torch.zeros(H, 2 * T - 1, device=q.device) if need_dtab else W1
         scale = DH ** -0.5
         common = (*strides(q), *strides(k), *strides(v), *strides(dout), T, scale)
+        masks = ctx.masks
 
         BM, BNW, nw, ns = ctx.cfg["tiles"]
         n_m = triton.cdiv(T, BM)
@@ -434,9 +501,9 @@ class DapeV2Attention(torch.autograd.Function):
         gb1 = new((B * n_m, DP), q, torch.float32)
         gb2 = new((B * n_m, HP), q, torch.float32)
         _dape_bwd_dq[(n_m, B)](
-            q, k, v, tab, W1, B1, W2, B2, dout, lse, delta, dq, dtab, gw1, gb1, gw2, gb2, *common,
+            q, k, v, tab, W1, B1, W2, B2, dout, lse, delta, dq, dtab, gw1, gb1, gw2, gb2, *common, docs[0], ctx.window,
             DH=DH, HAS_BIAS=has_bias, NEED_DTAB=need_dtab, BM=BM, BNW=BNW,
-            E=triton.next_power_of_2(BM + BNW - 1), PREC=prec, CPREC=cprec, num_warps=nw, num_stages=ns, **sh)
+            E=triton.next_power_of_2(BM + BNW - 1), PREC=prec, CPREC=cprec, **masks, num_warps=nw, num_stages=ns, **sh)
 
         own = BNW - 8 * (ks // 2)
         # one key-owner pass where its tiles fit in shared memory, else a dV pass and a dK pass
@@ -446,10 +513,10 @@ class DapeV2Attention(torch.autograd.Function):
         passes = [(False, True), (True, False)] if split else [(True, True)]
         for want_dk, want_dv in passes:
             _dape_bwd_dkdv[(triton.cdiv(T, own), B)](
-                q, k, v, tab, W1, B1, W2, B2, dout, lse, delta, dk, dv, *common,
+                q, k, v, tab, W1, B1, W2, B2, dout, lse, delta, dk, dv, *common, docs[0], docs[-1], ctx.window,
                 DH=DH, HAS_BIAS=has_bias, WANT_DK=want_dk, WANT_DV=want_dv,
                 SPLIT=len(passes) > 1, BM=BM, BNW=BNW,
-                PREC=prec, CPREC=cprec, num_warps=nw, num_stages=ns, **sh)
+                PREC=prec, CPREC=cprec, **masks, num_warps=nw, num_stages=ns, **sh)
 
         # back from the kernel layouts to the module's conv parameters
         chan = _channel_map(H, has_bias, q.device)
@@ -457,7 +524,7 @@ class DapeV2Attention(torch.autograd.Function):
         db1 = gb1.sum(0)[:D].to(wdt[1])
         dw2 = gw2.sum(0)[:, :D, :H].permute(2, 1, 0).unsqueeze(2).to(wdt[2])
         db2 = gb2.sum(0)[:H].to(wdt[3])
-        return dq, dk, dv, (dtab if need_dtab else None), dw1, db1, dw2, db2, None, None
+        return dq, dk, dv, (dtab if need_dtab else None), dw1, db1, dw2, db2, None, None, None, None
 
 
 def conv_unsupported_reason(H, hidden, kernel_size):
@@ -484,13 +551,19 @@ def shape_unsupported_reason(H, d, hidden, kernel_size, conv_precision="bf16"):
     return None
 
 
-def dape_v2_triton(q, k, v, w1, b1, w2, b2, table=None, conv_precision: str = "bf16", config: dict | None = None):
+def dape_v2_triton(q, k, v, w1, b1, w2, b2, table=None, conv_precision: str = "bf16", config: dict | None = None,
+                   window: int = 0, segments=None):
     """softmax_causal(S + Bias + f(tril([S; Bias]))) V for q, k, v [B, H, T, d], as
     reference.dape_v2_reference: the conv weights w1 [D, C, 1, k], b1 [D], w2 [H, D, 1, k], b2 [H]
     (C = 2H with a bias table, H without); table None or the bias table [H, 2T - 1]. Differentiable
     in q, k, v, the table and the conv weights. conv_precision: "bf16" (default) or "tf32", the
     operands of the conv matmuls (fp32 inputs always use exact fp32 products). config: launch
-    settings over the defaults (see tile_config), for tuning and tests."""
+    settings over the defaults (see tile_config), for tuning and tests.
+
+    window: each row sees its `window` most recent keys (0: all); segments: document ids [B, T] (any
+    integers), no row sees another document's key. A key a mask hides reads, to the convolutions, as
+    one past the causal edge (zero input); another document's key does not exist (conv1's output
+    there is zero too), so each document's rows are those of it run alone (attention/masks.py)."""
     check_qkv(q, k, v)
     B, H, T, d = q.shape
     D, _, _, ks = w1.shape
@@ -500,4 +573,5 @@ def dape_v2_triton(q, k, v, w1, b1, w2, b2, table=None, conv_precision: str = "b
         raise ValueError(reason + "; use backend='chunked'")
     if conv_precision not in ("tf32", "bf16"):
         raise ValueError(f"conv_precision must be 'tf32' or 'bf16', got {conv_precision!r}")
-    return DapeV2Attention.apply(q, k, v, table, w1, b1, w2, b2, conv_precision, config)
+    window, spans = check_masks(window, segments, B, T, q.device)
+    return DapeV2Attention.apply(q, k, v, table, w1, b1, w2, b2, conv_precision, config, window, spans)
