@@ -57,6 +57,21 @@ def test_kerple_bands_are_kept_and_follow_parameter_updates():
     assert not torch.allclose(third[0], second[0])
 
 
+def test_bands_kept_under_inference_mode_are_not_saved_for_a_backward():
+    """Evaluation under torch.inference_mode between two training steps keeps inference tensors, which
+    a backward cannot save: the next call with grad rebuilds them (and its backward runs)."""
+    parts = Parts(KerpleLog(H).to(DEVICE), None, Softmax(), window=W)
+    q, k, v = (torch.randn(B, H, T, D, device=DEVICE, requires_grad=True) for _ in range(3))
+    with torch.inference_mode():
+        run_backend("triton", q.detach(), k.detach(), v.detach(), parts)
+        builds = kept.stats["builds"]
+        run_backend("triton", q.detach(), k.detach(), v.detach(), parts)
+        assert kept.stats["builds"] == builds  # kept for the next evaluation
+    leaves = [q, k, v, *parts.bias.parameters()]
+    grads = _call(parts, leaves, q, k, v, torch.randn(B, H, T, D, device=DEVICE))
+    assert kept.stats["builds"] == builds + 1 and all(torch.isfinite(g).all() for g in grads)
+
+
 def test_a_warm_call_builds_no_table_and_no_band(monkeypatch):
     """Kerple fwd+bwd (bf16) with its bands kept: no table ops (arange, log1p), no band launch; and
     the launcher's own host ops trimmed: one cast for rowsum(dO * O), no dummy-pointer selects of q."""

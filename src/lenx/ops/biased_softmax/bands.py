@@ -63,8 +63,10 @@ def cached_bands(owner, sources, table_fn, T: int, res16: bool, device) -> Bands
     except RuntimeError:  # inference tensors have no version counter: nothing to key on
         stamp = None
     slot = _slots.get(key)
+    # bands built under inference_mode cannot be saved for a backward: outside it they are rebuilt
     if stamp is not None and slot is not None and slot[0]() is owner and slot[1] == stamp \
-            and all(r() is t for r, t in zip(slot[2], sources)):
+            and all(r() is t for r, t in zip(slot[2], sources)) \
+            and (torch.is_inference_mode_enabled() or not slot[3].band.is_inference()):
         _slots.move_to_end(key)
         stats["hits"] += 1
         return slot[3]
