@@ -199,7 +199,7 @@ class BiasedAttention(torch.autograd.Function):
         dx = dy = None
         if kerple:  # see _dq_tile: sums of dS bias log2(e), and of dS n / (1 + r2 n) or dS bias log2(e) log2 n
             sums = kg.view(B, H, 2).sum(0)
-            xf = px.float()
+            xf = px.detach().float()  # no graph to px under create_graph (the kernel has no double backward)
             dx = (math.log(2.0) / xf * sums[:, 0]).to(px.dtype)
             dy = (-xf * sums[:, 1] if kerple == 1 else math.log(2.0) ** 2 * sums[:, 1]).to(py.dtype)
         return (dq, dk, dv, (dtab if need_dtab else None), (dc if ctx.rows else None), None, dx, dy, None, None, None,
