@@ -107,8 +107,9 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     With --train-step: time per training step and peak memory of the --preset model per method, and
     from torch.profiler the GPU kernel time of a step (x Kerple's) and of its attention, forward +
     backward (X vs SDPA's): the figures that count, as wall times also count the host launching kernels.
---top-kernels N adds a table of each method's N costliest kernels outside the attention.
-    With --documents N each method's step also runs with every window packed from N documents.
+
+    With --train-step, --top-kernels N adds a table of each method's N costliest kernels outside the
+    attention, and --documents N also runs each method's step with every window packed from N documents.
 
     With --decode: ms per token and tokens/s of one decode step of the --preset model per method,
     context and batch size (the cache already full), eager and as one CUDA graph, with transformers'
