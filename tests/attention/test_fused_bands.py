@@ -129,6 +129,22 @@ def test_which_tables_are_kept():
         assert isinstance(fused._kept_bands(q, t5, t5.fused_grad_args()), kept.Bands)
 
 
+def test_a_frozen_t5_bias_runs_on_kept_bands():
+    """T5 with its parameters frozen, q, k, v needing gradients: its table gets none, so its bands are
+    kept, and the table-gradient shortcut (tail) is not passed without a table."""
+    parts = Parts(T5Bias(H).to(DEVICE).requires_grad_(False), None, Softmax(), window=W)
+    q, k, v = (torch.randn(B, H, T, D, device=DEVICE, requires_grad=True) for _ in range(3))
+    up = torch.randn(B, H, T, D, device=DEVICE)
+    builds = kept.stats["builds"]
+    got = _call(parts, [q, k, v], q, k, v, up)
+    assert kept.stats["builds"] == builds + 1
+    x64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    parts64 = Parts(T5Bias(H).to(DEVICE).double(), None, Softmax(), window=W)
+    parts64.bias.load_state_dict(parts.bias.state_dict())
+    ref, _ = dense_attention(*x64, parts64)
+    compare("frozen t5", got, [ref, *torch.autograd.grad(ref, x64, up.double())], ["out", "dq", "dk", "dv"], 1e-4)
+
+
 def test_one_slot_per_bias_and_length_freed_with_the_bias():
     kept.clear()
     q = torch.randn(B, H, T, D, device=DEVICE)
