@@ -104,8 +104,8 @@ class Fused(Backend):
         grad_args = parts.bias.fused_grad_args() if torch.is_grad_enabled() else {}
         bands = _kept_bands(q, parts.bias, grad_args)
         table = parts.bias.table(q.shape[-2], q.device) if bands is None else None
-        if bands is not None:
-            grad_args.pop("tail", None)  # T5's shortcut for its table gradient: a kept table gets none
+        if bands is not None:  # T5's shortcut for its table gradient: a kept table gets none
+            grad_args = {name: arg for name, arg in grad_args.items() if name != "tail"}
         return biased_attention(q, k, v, table, **grad_args, **masks, bands=bands), None
 
 
