@@ -7,7 +7,8 @@
 #  3. one layer at 8192 and 16384 (B 1, H 12, d 64): sdpa, kerple, dapev2-kerple, fox on the fused kernels;
 #  4. one suite cell at 16384 (8 inputs) of a 125m model per method, where data/code is unpacked (it
 #     is unpacked from .carry/code when that was carried);
-#  5. sliding windows (W in $WINDOWS, default 512) at 8192 and 32768: sdpa, flex, chunked, triton;
+#  5. sliding windows (W in $WINDOWS, default 512) at 8192 and 32768: the backends in $WINDOW_BACKENDS
+#     (default sdpa,flex,chunked,triton), with --gpu-time $GPU_TIME where that is set;
 #  6. EXTRA: more commands (one string, run by bash) with their own timeouts.
 # STAGES picks some (default "tests step layer window cell extra"). Everything goes into
 # $OUT/landing.tar.gz ($OUT returns a few files only), packed again after every stage so that a call
@@ -57,8 +58,9 @@ on cell && [ -f data/code/manifest.json ] && timeout "${CELL_S:-90}" python3 scr
 pack
 for window in ${WINDOWS:-512}; do
     on window && timeout "${WINDOW_S:-60}" python3 -m lenx bench --methods sdpa,kerple,stickbreaking \
-        --backends sdpa,flex,chunked,triton --window "$window" --lengths 8192,32768 --batch 1 --heads 12 \
-        --head-dim 64 --commit "$COMMIT" -o "$W/bench/window_$window.json" 2>&1 | quiet 24 \
+        --backends "${WINDOW_BACKENDS:-sdpa,flex,chunked,triton}" --window "$window" --lengths 8192,32768 \
+        --batch 1 --heads 12 --head-dim 64 ${GPU_TIME:+--gpu-time "$GPU_TIME"} --commit "$COMMIT" \
+        -o "$W/bench/window_$window.json" 2>&1 | quiet 24 \
         | tee "$W/bench/window_$window.log"
 done
 pack

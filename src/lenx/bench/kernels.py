@@ -13,6 +13,12 @@ FoX (a per-token bias: forget gates of the layer's input) is timed from a leaf o
 The triton backend's rows record `fwd_kernel`: its forward-only calls of DAPE V2 run the Gluon kernel
 on sm_90 (attention/backends/fused.py), and the table then names it ("triton (gluon fwd)").
 
+With gpu_time = N each mode is also profiled for N more calls (torch.profiler, CUDA activity):
+`fwd_gpu_ms` / `fwdbwd_gpu_ms`, the device work (kernels, memcpy, memset) of one call, summed and
+averaged over the N. Where the host launches a call's kernels more slowly than the GPU runs them
+(many small ops, a short sequence) `*_ms` is the host's time and the GPU time says what the kernels
+cost (the training-step bench reports the same kind of figure, lenx.bench.train_step).
+
 With documents = N every row runs with document ids: each row of the batch packed from N documents
 (common.packed_document_ids). One ids tensor serves all of a row's calls, as the layers of one step
 share theirs: a backend that builds its mask from the ids (FlexAttention's block mask, cached while
@@ -28,12 +34,14 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 from torch.nn import functional as F
 
 from ..attention import Attention, AttentionConfig
 from ..attention.backends import run_backend, unsupported_reason
+from ..config import ConfigError
 from .common import check_documents, is_oom, packed_document_ids, write_result
 
 METHODS = ("sdpa", "kerple", "dapev2-kerple", "stickbreaking")
@@ -103,8 +111,31 @@ def median_ms(fn, warmup_ms: float, rep_ms: float, max_reps: int, grads_to_none=
     return statistics.median(batches), 5 * n, first, per_call
 
 
+def profiled_gpu_ms(fn, calls: int, device) -> float:
+    """Device time of one fn() in ms: torch.profiler's device work (kernels, memcpy, memset) over
+    `calls` calls after one unprofiled call, each event once (lenx.attention.profiling's reading of a
+    profile), over calls. On a CPU (no kernels) the CPU ops' self time instead, as there."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from ..attention.profiling import attention_profile
+
+    cuda = device.type == "cuda"
+    fn()
+    if cuda:
+        torch.cuda.synchronize(device)
+    with warnings.catch_warnings():
+        # torch 2.11 warns, for one profile, that a profile's events end with its cycle
+        warnings.filterwarnings("ignore", message="Warning: Profiler clears events")
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            for _ in range(calls):
+                fn()
+            if cuda:
+                torch.cuda.synchronize(device)  # every kernel finished before the trace is collected
+    return attention_profile(prof.events(), kernels=cuda).total_us / calls / 1000
+
+
 def _measure(method, backend, T, *, batch, heads, head_dim, dtype, device, chunk_size, dape_hidden, dape_kernel,
-             warmup_ms, rep_ms, max_reps, window=0, documents=0):
+             warmup_ms, rep_ms, max_reps, window=0, documents=0, gpu_time=0):
     """One row: fwd / fwd+bwd time and peak memory. Raises on anything but OOM."""
     torch.manual_seed(0)
     parts, params = _parts(method, heads, head_dim, device, dape_hidden, dape_kernel, window)
@@ -154,6 +185,8 @@ def _measure(method, backend, T, *, batch, heads, head_dim, dtype, device, chunk
             row[f"{mode}_reps"] = reps
             row[f"{mode}_first_ms"] = first
             row[f"{mode}_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+            if gpu_time:
+                row[f"{mode}_gpu_ms"] = profiled_gpu_ms(fn, gpu_time, device)
         except Exception as err:  # noqa: BLE001  (OOM is a result; anything else is re-raised)
             if not is_oom(err):
                 raise
@@ -169,14 +202,18 @@ def run_bench(methods=METHODS, lengths=LENGTHS, batch: int = 1, heads: int = 12,
               dtype=torch.bfloat16, backends=BACKENDS, out_path=None, *, chunk_size: int = 256,
               dape_hidden: int = 32, dape_kernel: int = 3, max_call_s: float = 3.0, warmup_ms: float = 25,
               rep_ms: float = 200, max_reps: int = 50, only_at: dict | None = None, commit: str | None = None,
-              command: str | None = None, window: int = 0, documents: int = 0, log=print) -> dict:
+              command: str | None = None, window: int = 0, documents: int = 0, gpu_time: int = 0,
+              log=print) -> dict:
     """Benchmark every (method, backend, length) on the current CUDA device -> result dict (see
     module docstring); written as JSON to out_path when given (after every length, so a run cut
     short keeps what it measured). only_at: {backend: lengths} runs that backend at those lengths
     only (e.g. FlexAttention recompiles for every length). window: every row with a sliding window
     of that many keys (the fused DAPE V2 rows then run its O(T) kernel: fwd_kernel_note). documents: every row
-    with each sequence packed from that many documents (0: one; see the module docstring)."""
+    with each sequence packed from that many documents (0: one; see the module docstring). gpu_time:
+    profiled calls per mode for fwd_gpu_ms / fwdbwd_gpu_ms (0: none; see the module docstring)."""
     only_at = only_at or {}
+    if isinstance(gpu_time, bool) or not isinstance(gpu_time, int) or gpu_time < 0:
+        raise ConfigError(f"gpu_time takes a number of profiled calls >= 0 (0: none), not {gpu_time!r}")
     for T in lengths if documents else ():
         check_documents(documents, T, "documents")
     if not torch.cuda.is_available():
@@ -200,7 +237,8 @@ def run_bench(methods=METHODS, lengths=LENGTHS, batch: int = 1, heads: int = 12,
                      dtype=str(dtype).replace("torch.", ""), backends=list(backends), chunk_size=chunk_size,
                      dape_hidden=dape_hidden, dape_kernel=dape_kernel, max_call_s=max_call_s,
                      warmup_ms=warmup_ms, rep_ms=rep_ms, max_reps=max_reps,
-                     only_at={b: list(v) for b, v in only_at.items()}, window=window, documents=documents),
+                     only_at={b: list(v) for b, v in only_at.items()}, window=window, documents=documents,
+                     gpu_time=gpu_time),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "rows": [],
     }
@@ -219,7 +257,7 @@ def run_bench(methods=METHODS, lengths=LENGTHS, batch: int = 1, heads: int = 12,
                     row = _measure(method, backend, T, batch=batch, heads=heads, head_dim=head_dim, dtype=dtype,
                                    device=device, chunk_size=chunk_size, dape_hidden=dape_hidden,
                                    dape_kernel=dape_kernel, warmup_ms=warmup_ms, rep_ms=rep_ms, max_reps=max_reps,
-                                   window=window, documents=documents)
+                                   window=window, documents=documents, gpu_time=gpu_time)
                     row["wall_s"] = round(time.time() - t0, 2)
                     # the median, not the first call: that one carries one-time costs (CUDA and
                     # cuBLAS start-up, compilation) and once skipped SDPA's chunked rows too early

@@ -47,6 +47,10 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
               heads: int = typer.Option(12), head_dim: int = typer.Option(64),
               window: int = typer.Option(0, help="kernel rows with a sliding window of this many keys "
                                                  "(model.window; 0: none)"),
+              gpu_time: int = typer.Option(0, "--gpu-time",
+                                           help="kernel rows: also profile N calls per mode with torch.profiler "
+                                                "for the GPU kernel time of one call (fwd_gpu_ms, fwdbwd_gpu_ms; "
+                                                "judges a row the host's launches bound); 0: none"),
               documents: int = typer.Option(None, help="pack each sequence from this many documents (document ids, "
                                                        "positions restarting per document): the kernel rows with "
                                                        "them; with --train-step each method's packed step beside "
@@ -96,7 +100,9 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
     """Time attention kernels against fused SDPA on the GPU, whole training steps, or decoding.
 
     Forward and forward+backward time and peak memory per method, backend and length on the current
-    GPU, with ratios against fused causal SDPA in the same run (needs CUDA).
+    GPU, with ratios against fused causal SDPA in the same run (needs CUDA). --gpu-time N adds each
+    mode's GPU kernel time of one call (torch.profiler, mean of N calls): where launching a call's
+    small ops takes the host longer than the GPU takes to run them, the wall time is the host's.
 
     With --train-step: time per training step and peak memory of the --preset model per method, and
     from torch.profiler the GPU kernel time of a step (x Kerple's) and of its attention, forward +
@@ -129,6 +135,9 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
         if window < 0 or (window and (train_step or decode)):
             raise ConfigError(f"--window takes a number of keys >= 0 (got {window}) and applies to the kernel rows "
                               "only (not to --train-step or --decode)")
+        if gpu_time < 0 or (gpu_time and (train_step or decode)):
+            raise ConfigError(f"--gpu-time takes a number of profiled calls >= 0 (got {gpu_time}) and applies to the "
+                              "kernel rows only (--train-step profiles with --profile-steps)")
         if documents is not None and decode:
             raise ConfigError("--documents applies to the kernel rows and --train-step (a decoded prompt is one document)")
         if train_step and decode:
@@ -203,6 +212,6 @@ def bench_cmd(methods: str = typer.Option(None, help="comma-separated (default: 
                        lengths=length_list, batch=batch or 1,
                        heads=heads, head_dim=head_dim, backends=backends.split(","), out_path=str(out),
                        commit=commit or git_commit(), command=" ".join(sys.argv), window=window,
-                       documents=documents or 0)
+                       documents=documents or 0, gpu_time=gpu_time)
     show([bench_table(result)])
     print(f"wrote {out}")

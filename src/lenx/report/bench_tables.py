@@ -3,6 +3,7 @@
 from .tables import Table, columns
 
 BENCH_COLUMNS = ("method", "backend", "T", "fwd ms", "x SDPA", "fwd+bwd ms", "x SDPA", "peak MiB (f+b)", "x SDPA")
+GPU_COLUMNS = ("fwd GPU ms", "fwd+bwd GPU ms")  # with --gpu-time
 DECODE_COLUMNS = ("method", "mode", "context", "batch", "ms/token", "tokens/s", "x GPT-2", "peak GiB")
 TRAIN_STEP_COLUMNS = ("method", "backend(s)", "wall ms/step", "step GPU ms", "x Kerple (GPU)",
                       "attn GPU ms (fwd+bwd)", "X vs SDPA", "tokens/s", "peak GiB")
@@ -21,20 +22,25 @@ def bench_table(result: dict) -> Table:
     length (unsupported combinations left out)."""
     a = result["args"]
     masks = "".join(f" {name}={a[key]}" for key, name in (("window", "W"), ("documents", "documents")) if a.get(key))
+    gpu = bool(a.get("gpu_time"))
     table = Table(f"{_versions(result)} | B={a['batch']} H={a['heads']} d={a['head_dim']} {a['dtype']}{masks} | "
-                  f"commit {result.get('git_commit')}", columns(*BENCH_COLUMNS, right_from=2))
+                  f"commit {result.get('git_commit')}", columns(*BENCH_COLUMNS, *(GPU_COLUMNS if gpu else ()),
+                                                                right_from=2),
+                  caption=(f"GPU ms: torch.profiler kernel time of one call (mean of {a['gpu_time']} profiled "
+                           "calls); the other times are wall times of calls back to back") if gpu else None)
     for r in result["rows"]:
         if r["status"].startswith("unsupported"):
             continue
         backend = r["backend"] + (f" ({r['fwd_kernel']} fwd)" if r.get("fwd_kernel", r["backend"]) != r["backend"] else "")
         head = [r["method"], backend, str(r["T"])]
         if r["status"] != "ok":
-            table.add_row(*head, r["status"].split(":")[0], *[""] * 5)
+            table.add_row(*head, r["status"].split(":")[0], *[""] * (7 if gpu else 5))
             continue
         fwd = _num(r.get("fwd_ms"), ".3f") or r.get("fwd_status", "")
         fb = _num(r.get("fwdbwd_ms"), ".3f") or r.get("fwdbwd_status", "")
         table.add_row(*head, fwd, _num(r.get("fwd_x_sdpa"), ".2f"), fb, _num(r.get("fwdbwd_x_sdpa"), ".2f"),
-                      _num(r.get("fwdbwd_peak_mib"), ".0f"), _num(r.get("fwdbwd_mem_x_sdpa"), ".2f"))
+                      _num(r.get("fwdbwd_peak_mib"), ".0f"), _num(r.get("fwdbwd_mem_x_sdpa"), ".2f"),
+                      *([_num(r.get("fwd_gpu_ms"), ".3f"), _num(r.get("fwdbwd_gpu_ms"), ".3f")] if gpu else []))
     return table
 
 

@@ -99,10 +99,31 @@ class Fused(Backend):
             return forgetting_attention(q, k, v, c.float(), **masks), None
         from ...ops.biased_softmax.triton import biased_attention
 
-        table = parts.bias.table(q.shape[-2], q.device) if parts.bias is not None else None
-        # a bias may let the kernel give its parameters their gradients more cheaply (Kerple, T5)
-        grad_args = parts.bias.fused_grad_args() if parts.bias is not None else {}
-        return biased_attention(q, k, v, table, **grad_args, **masks), None
+        if parts.bias is None:
+            return biased_attention(q, k, v, None, **masks), None
+        # a bias may let the kernel give its parameters their gradients more cheaply (Kerple, T5);
+        # only a backward reads them
+        grad_args = parts.bias.fused_grad_args() if torch.is_grad_enabled() else {}
+        bands = _kept_bands(q, parts.bias, grad_args)
+        table = parts.bias.table(q.shape[-2], q.device) if bands is None else None
+        if bands is not None:  # T5's shortcut for its table gradient: a kept table gets none
+            grad_args = {name: arg for name, arg in grad_args.items() if name != "tail"}
+        return biased_attention(q, k, v, table, **grad_args, **masks, bands=bands), None
+
+
+def _kept_bands(q, bias, grad_args):
+    """The bias table's bands kept between calls (ops.biased_softmax.bands) where the table gets no
+    gradient through the kernels: Kerple's parameters get theirs from the kernel (grad_args), and a
+    bias with nothing to train needs none; else None (the table is built in the autograd graph)."""
+    from ...ops.biased_softmax.band import tile_config
+    from ...ops.biased_softmax.bands import cached_bands
+
+    sources = [*bias.parameters(), *bias.buffers()]
+    if "kerple" not in grad_args and _needs_grad(sources):
+        return None
+    T = q.shape[-2]
+    res16 = tile_config(q.dtype, q.shape[-1])["band"][0] == "fp16"
+    return cached_bands(bias, sources, lambda: bias.table(T, q.device), T, res16, q.device)
 
 
 def _sources(parts):

@@ -33,7 +33,8 @@ import triton.language as tl
 from .._launch import LOG2E, check_masks, check_qkv, check_table, dot_precision, new, new_like, strides
 from ..tiles import key_tile, key_tiles, window_document
 from .backward import _bias_bwd_dkdv, _bias_bwd_dq
-from .band import BAND_PAD, BAND_W, bias_tile, build_band, rows_ref, tile_config
+from .band import BAND_PAD, BAND_W, bias_tile, rows_ref, tile_config
+from .bands import Bands
 
 
 @triton.jit
@@ -120,29 +121,33 @@ def _bias_fwd(Q, K, V, BAND, OFF, C, O, LSE,
 
 class BiasedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, table, c, kerple_kind, kerple_x, kerple_y, tail, cfg, window=0, spans=None):
+    def forward(ctx, q, k, v, table, c, kerple_kind, kerple_x, kerple_y, tail, cfg, window=0, spans=None, bands=None):
         """table: a per-distance bias table, or c: FoX's prefix sums [B, H, T] (the bias c_i - c_j),
-        or neither. window, spans: as _launch.check_masks returns them."""
+        or neither; bands: the table's Bands instead (bands.py; the table then gets no gradient).
+        window, spans: as _launch.check_masks returns them."""
         # Inputs and their gradients share one contiguous layout (a strided view, e.g. q sliced out
         # of a fused qkv projection, is copied once: O(T) and cheap next to the attention itself).
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         B, H, T, DH = q.shape
         rows = c is not None
         c = c.detach().float().contiguous() if rows else q  # a dummy pointer when unused
-        has_band = table is not None
+        has_band = table is not None or bands is not None
         res16 = has_band and cfg["band"][0] == "fp16"
         # the kernels work in base 2: exp2(s * log2(e)) = exp(s), so the bias is scaled once here
-        band, off = build_band(table, T, res16) if has_band else (q, q)  # dummy pointers when unused
+        if table is not None and bands is None:
+            bands = Bands(table, T, res16)
+        band, off = (bands.band, bands.off) if has_band else (q, q)  # dummy pointers when unused
         out = new((B, H, T, DH), q)
         lse = new((B, H, T), q, torch.float32)  # base 2
         BM, BN, nw, ns = cfg["fwd"]
         grid = (B * H, triton.cdiv(T, BM))
-        docs = spans if spans is not None else q  # pointers the kernels never read without documents
+        first = spans[0] if spans is not None else q  # a pointer the kernels never read without documents
         _bias_fwd[grid](q, k, v, band, off, c, out, lse, *strides(q), *strides(k), *strides(v), *strides(out),
-                        T, DH ** -0.5 * LOG2E, docs[0], window, H=H, HAS_BIAS=has_band or rows, ROWS=rows, DH=DH, BM=BM, BN=BN,
+                        T, DH ** -0.5 * LOG2E, first, window, H=H, HAS_BIAS=has_band or rows, ROWS=rows, DH=DH, BM=BM, BN=BN,
                         W=BAND_W, PAD=BAND_PAD, RES16=res16, PREC=dot_precision(q.dtype), HAS_W=window > 0, HAS_SEG=spans is not None,
                         num_warps=nw, num_stages=ns)
-        ctx.save_for_backward(q, k, v, band, off, c, out, lse, table if has_band else None, kerple_x, kerple_y, docs)
+        ctx.save_for_backward(q, k, v, band, off, c, out, lse, kerple_x, kerple_y, spans)
+        ctx.bands = bands  # the transposed band, for the backward (its tensors: no input or output)
         ctx.window, ctx.has_seg = window, spans is not None
         ctx.kerple_kind = kerple_kind
         ctx.tail = tail
@@ -153,12 +158,12 @@ class BiasedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, band, off, c, out, lse, table, px, py, docs = ctx.saved_tensors
+        q, k, v, band, off, c, out, lse, px, py, spans = ctx.saved_tensors
         masks = dict(HAS_W=ctx.window > 0, HAS_SEG=ctx.has_seg)
         B, H, T, DH = q.shape
         cfg = ctx.cfg
         dout = dout.contiguous()
-        delta = (dout.float() * out.float()).sum(-1).contiguous()  # rowsum(dO * O), [B, H, T]
+        delta = (out.float() * dout).sum(-1)  # rowsum(dO * O) [B, H, T], each product in fp32
         # Gradients are contiguous like the saved inputs, so the kernels reuse q/k/v strides for them.
         dq, dk, dv = new_like(q), new_like(k), new_like(v)
         prec = dot_precision(q.dtype)
@@ -170,21 +175,22 @@ class BiasedAttention(torch.autograd.Function):
         need_dtab = ctx.has_band and ctx.needs_input_grad[3] and px is None
         dtab = torch.zeros(H, 2 * T - 1, dtype=torch.float32, device=q.device) if need_dtab else q
         kg = torch.zeros(B * H, 2, dtype=torch.float32, device=q.device) if kerple else q
-        r2_f = py.detach().float().contiguous() if kerple == 1 else q
+        r2_f = py.float().contiguous() if kerple == 1 else q
         BM, BN, nw, ns = cfg["dkdv"]
         band_t = cfg["dkdv_band"][0] == "T" and ctx.has_band
-        kband = build_band(table, T, ctx.res16, trans=True)[0] if band_t else band  # the key-owner kernel's band
+        kband = ctx.bands.transposed() if band_t else band  # the key-owner kernel's band
+        first, last = (spans[0], spans[1]) if ctx.has_seg else (q, q)  # unread without documents
         dc = new((B, H, T), q, torch.float32) if ctx.rows else q
         has_bias = ctx.has_band or ctx.rows
         _bias_bwd_dkdv[(B * H, triton.cdiv(T, BN))](
             q, k, v, kband, off, c, dout, lse, delta, dk, dv, dc, *strides(q), *strides(k), *strides(v),
-            *strides(dout), T, scale * LOG2E, scale, docs[0], docs[-1], ctx.window, H=H, HAS_BIAS=has_bias,
+            *strides(dout), T, scale * LOG2E, scale, first, last, ctx.window, H=H, HAS_BIAS=has_bias,
             ROWS=ctx.rows, DH=DH, BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, BAND_T=band_t, PREC=prec,
             **masks, num_warps=nw, num_stages=ns)
         BM, BN, nw, ns = cfg["dq"]
         _bias_bwd_dq[(B * H, triton.cdiv(T, BM))](
             q, k, v, band, off, c, dout, lse, delta, dq, dtab, r2_f, kg, *strides(q), *strides(k), *strides(v),
-            *strides(dout), T, scale * LOG2E, scale, ctx.tail or 0, docs[0], ctx.window, H=H, HAS_BIAS=has_bias,
+            *strides(dout), T, scale * LOG2E, scale, ctx.tail or 0, first, ctx.window, H=H, HAS_BIAS=has_bias,
             ROWS=ctx.rows,
             NEED_DTAB=need_dtab, KERPLE=kerple,
             TAIL=need_dtab and ctx.tail is not None and ctx.tail < T, DH=DH,
@@ -193,14 +199,15 @@ class BiasedAttention(torch.autograd.Function):
         dx = dy = None
         if kerple:  # see _dq_tile: sums of dS bias log2(e), and of dS n / (1 + r2 n) or dS bias log2(e) log2 n
             sums = kg.view(B, H, 2).sum(0)
-            xf = px.detach().float()
+            xf = px.detach().float()  # no graph to px under create_graph (the kernel has no double backward)
             dx = (math.log(2.0) / xf * sums[:, 0]).to(px.dtype)
             dy = (-xf * sums[:, 1] if kerple == 1 else math.log(2.0) ** 2 * sums[:, 1]).to(py.dtype)
-        return dq, dk, dv, (dtab if need_dtab else None), (dc if ctx.rows else None), None, dx, dy, None, None, None, None
+        return (dq, dk, dv, (dtab if need_dtab else None), (dc if ctx.rows else None), None, dx, dy, None, None, None,
+                None, None)
 
 
 def biased_attention(q, k, v, table=None, kerple=None, tail=None, config: dict | None = None, window: int = 0,
-                     segments=None):
+                     segments=None, bands=None):
     """Causal softmax attention of q, k, v [B, H, T, d] with an optional per-distance bias table
     [H, 2T - 1] (entry (i - j) + T - 1; see reference.py). Differentiable in all four; the table
     gradient flows on to whatever built the table.
@@ -218,20 +225,29 @@ def biased_attention(q, k, v, table=None, kerple=None, tail=None, config: dict |
     config: tile settings over the defaults (band.py: CONFIG and tile_config), for tuning and tests.
 
     window: each row sees its `window` most recent keys (0: all); segments: document ids [B, T] (any
-    integers), no row sees another document's key (as reference.biased_softmax_reference)."""
+    integers), no row sees another document's key (as reference.biased_softmax_reference).
+
+    bands: instead of the table, its Bands (bands.py: built once, kept by bands.cached_bands while
+    the table is unchanged) for this T and the band dtype of this call's tiles; the table then gets
+    no gradient (with kerple its parameters still get theirs)."""
     check_qkv(q, k, v)
-    H = q.shape[1]
+    H, T = q.shape[1], q.shape[2]
     if table is not None:
-        check_table(table, H, q.shape[2])
+        check_table(table, H, T)
+    cfg = tile_config(q.dtype, q.shape[-1], config)
+    if bands is not None and (table is not None or (bands.H, bands.T, bands.res16) != (H, T, cfg["band"][0] == "fp16")):
+        raise ValueError(f"bands must replace the table and fit H {H}, T {T} and this call's band dtype "
+                         f"({cfg['band'][0]}), got a table {table is not None} and bands for H {bands.H}, T {bands.T}, "
+                         f"{'fp16' if bands.res16 else 'fp32'}")
     kind = x = y = None
     if kerple is not None:
         kind, x, y = kerple
-        if kind not in ("log", "power") or table is None or tuple(x.shape) != (H,) or tuple(y.shape) != (H,):
+        if kind not in ("log", "power") or (table is None and bands is None) or tuple(x.shape) != (H,) \
+                or tuple(y.shape) != (H,):
             raise ValueError(f"kerple must be ('log' or 'power', x, y) with the Kerple table and x, y of shape [{H}], "
                              f"got kind {kind!r}")
     if tail is not None and (table is None or kerple is not None or int(tail) < 1):
         raise ValueError(f"tail must be a distance >= 1 with a table and without kerple, got {tail!r}")
-    cfg = tile_config(q.dtype, q.shape[-1], config)
-    window, spans = check_masks(window, segments, q.shape[0], q.shape[2], q.device)
+    window, spans = check_masks(window, segments, q.shape[0], T, q.device)
     return BiasedAttention.apply(q, k, v, table, None, kind, x, y, None if tail is None else int(tail), cfg, window,
-                                 spans)
+                                 spans, bands)
