@@ -1,7 +1,7 @@
 """Compile the DAPE V2 kernels for sm_90a without a GPU and print registers, spills and shared
 memory per kernel (cuobjdump -res-usage from triton's bundled toolchain; STACK is the local memory spills use). The headline shape: bf16, H 12,
 d 64, D 32, k 3 (override with --k, --hidden, --heads, --head-dim, --no-bias; --window and/or
---documents compile the masked variants).
+--documents compile the masked variants; --fp32 the fp32 inputs' kernels).
 
 Usage (repository root, any machine with triton): PYTHONPATH=src python3 scripts/tune/offline_compile.py
 """
@@ -78,22 +78,24 @@ def main():
     ap.add_argument("--no-bias", action="store_true")
     ap.add_argument("--window", action="store_true", help="the variant with a sliding window")
     ap.add_argument("--documents", action="store_true", help="the variant with document ids")
+    ap.add_argument("--fp32", action="store_true", help="fp32 inputs (exact fp32 products) instead of bf16")
     a = ap.parse_args()
     sh = dk._shapes(a.heads, a.hidden, a.k, not a.no_bias)
     cfg = dk.tile_config(a.k, sh["DP"], "bf16")
     BM, BNW, nw, ns = cfg["tiles"]
-    prec = dot_precision(torch.bfloat16)
-    common = dict(DH=a.head_dim, HAS_BIAS=not a.no_bias, BM=BM, BNW=BNW, PREC=prec, CPREC="bf16",
+    prec = dot_precision(torch.float32 if a.fp32 else torch.bfloat16)
+    bf16 = () if a.fp32 else BF16
+    common = dict(DH=a.head_dim, HAS_BIAS=not a.no_bias, BM=BM, BNW=BNW, PREC=prec, CPREC="ieee" if a.fp32 else "bf16",
                   HAS_W=a.window, HAS_SEG=a.documents, **sh)
     out = {"shape": vars(a), "tiles": cfg["tiles"], "triton": triton.__version__}
-    out["fwd"] = compile_one(dk._dape_fwd, common, nw, ns)
-    out["bwd_dq"] = compile_one(dk._dape_bwd_dq, {**common, "E": pow2(BM + BNW - 1)}, nw, ns)
+    out["fwd"] = compile_one(dk._dape_fwd, common, nw, ns, bf16)
+    out["bwd_dq"] = compile_one(dk._dape_bwd_dq, {**common, "E": pow2(BM + BNW - 1)}, nw, ns, bf16)
     split = sh["HP"] * BNW * a.head_dim > dk.DKDV_ONE_PASS_MAX
     passes = [(False, True), (True, False)] if split else [(True, True)]
     for want_dk, want_dv in passes:
         name = "bwd_dkdv" if not split else ("bwd_dk" if want_dk else "bwd_dv")
         out[name] = compile_one(dk._dape_bwd_dkdv, {**common, "WANT_DK": want_dk, "WANT_DV": want_dv,
-                                                     "SPLIT": split}, nw, ns)
+                                                     "SPLIT": split}, nw, ns, bf16)
     print(json.dumps(out, indent=1))
 
 

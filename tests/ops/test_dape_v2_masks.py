@@ -225,8 +225,32 @@ def test_gpu_dape_masked(T, window, docs):
 
 
 @pytest.mark.gpu
-def test_gpu_dape_masked_fp32_k5():
-    run_masked(2, 4, 1000, 32, 5, 16, "alibi", 300, 6, config=None)
+@pytest.mark.parametrize("dtype,ks", [(torch.float32, 3), (torch.bfloat16, 5)])
+def test_gpu_dape_masked_default_tiles(dtype, ks):
+    """fp32 inputs where they fit (k 3, d 32: 16-key windows) and k 5's 32-key windows in bf16."""
+    run_masked(2, 4, 1000, 32, ks, 16, "alibi", 300, 6, dtype=dtype, config=None)
+
+
+def test_fp32_inputs_beyond_its_shared_memory_are_refused_and_routed_to_chunked():
+    """fp32 tiles at k 5 or head dim 64 overflow the kernel's shared memory on sm_90 (offline
+    compiles: 262-336 KB of 227): the op says so in one line before launching anything, and the
+    fused backend's masked route (and its memory estimate) takes the chunked reference instead."""
+    from lenx.attention import DapeV2, KerpleLog, Softmax
+    from lenx.attention.backends import Parts, Work, fused
+    from lenx.attention.backends.reference import Chunked
+
+    for ks, d in ((5, 32), (3, 64)):
+        leaves, tab, params = operands(1, 4, 20, d, 8, ks, "kerple", torch.float32)
+        with pytest.raises(ValueError, match="fp32 inputs fit the fused DAPE V2 kernel only at kernel_size <= 3"):
+            kernel.dape_v2_triton(*leaves, *params, *tab, window=7)
+        assert kernel.shape_unsupported_reason(4, d, 8, ks, dtype=torch.bfloat16) is None
+        parts = Parts(KerpleLog(4), DapeV2(4, 8, ks), Softmax(), head_dim=d, window=7)
+        q = torch.zeros(1, 4, 20, d)
+        assert fused._route(q, q, q, parts)[0] == "chunked"
+        assert fused._route(q.bfloat16(), q.bfloat16(), q.bfloat16(), parts)[0] == "triton"
+        assert fused._wide(parts.processor, d, torch.float32) and not fused._wide(parts.processor, d)
+        assert fused.Fused().memory(parts, Work(1, 4, 20, d, itemsize=4)) == \
+            Chunked().memory(parts, Work(1, 4, 20, d, itemsize=4))
 
 
 # --- routing: masked DAPE V2 work goes to this kernel, never to the Gluon forward or the skewed kernels

@@ -73,13 +73,13 @@ class Fused(Backend):
             return ("training: skewed where its buffers fit, else triton; forward only: gluon on sm_90 (skewed where "
                     "the bias tables exceed its fp16 range), else triton; "
                     "head dim 128 (the triton kernel cannot take it): skewed where its buffers fit, else chunked; "
-                    "a window or documents: triton (chunked at head dim 128)")
+                    "a window or documents: triton (chunked at head dim 128, or fp32 inputs past k 3 or d 32)")
         return None
 
     def memory(self, parts, work):
         # DAPE V2 at a head dim the O(T) kernel cannot take falls back to the chunked reference
         # where the skewed buffers do not fit (_dape_v2_kernel): its memory is then the chunked one
-        if parts.processor is not None and parts.processor.op == "dape_v2" and _wide(parts.processor, work.head_dim):
+        if parts.processor is not None and parts.processor.op == "dape_v2" and _wide(parts.processor, work.head_dim, torch.float32 if work.itemsize == 4 else None):
             return Chunked().memory(parts, work)
         return super().memory(parts, work)
 
@@ -163,7 +163,7 @@ def _route(q, k, v, parts):
     proc.kernel_note = None
     if parts.masked:
         proc.kernel_note = f"{parts.masked}: the Gluon forward and the skewed kernels take no mask"
-        return ("chunked" if _wide(proc, q.shape[-1]) else "triton"), None
+        return ("chunked" if _wide(proc, q.shape[-1], q.dtype) else "triton"), None
     if not grad and _use_gluon(q, proc):
         prepared, reason = _gluon_operands(q, parts)
         if reason is None:
@@ -228,20 +228,21 @@ def _dape_v2_kernel(q, proc, grad: bool, gluon: bool = True) -> str:
     in blocks of rows) where that kernel cannot take the head dim (_wide)."""
     if gluon and not grad and _use_gluon(q, proc):
         return "gluon"
-    wide = _wide(proc, q.shape[-1])
+    wide = _wide(proc, q.shape[-1], q.dtype)
     plan = _skewed_plan(q, proc.hidden, grad, wide or not gluon)
     if plan is not None:
         return f"skewed ({plan})"
     return "chunked" if wide else "triton"
 
 
-def _wide(proc, head_dim) -> bool:
+def _wide(proc, head_dim, dtype=None) -> bool:
     """Whether the O(T) Triton kernel cannot take this head dim (it holds a q tile for every head, at
-    least 16 slots: 128 is too wide), while the skewed kernels, one head at a time, can."""
+    least 16 slots: 128 is too wide) or, with fp32 inputs, this kernel size or head dim (its shared
+    memory), while the skewed kernels, one head at a time, can."""
     from ...ops.dape_v2.triton import shape_unsupported_reason
 
     return head_dim is not None and shape_unsupported_reason(proc.num_heads, head_dim, proc.hidden,
-                                                            proc.kernel_size) is not None
+                                                            proc.kernel_size, dtype=dtype) is not None
 
 
 def _needs_grad(operands) -> bool:

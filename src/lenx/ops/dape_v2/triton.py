@@ -536,16 +536,21 @@ def conv_unsupported_reason(H, hidden, kernel_size):
     return None
 
 
-def shape_unsupported_reason(H, d, hidden, kernel_size, conv_precision="bf16"):
-    """Why the fused kernel cannot take this shape, or None. The limits are the H100/H200 shared
-    memory (227 KB per program) with one program holding a window for all heads: measured by
-    compiling for sm_90 offline (notes/kernels.md)."""
+def shape_unsupported_reason(H, d, hidden, kernel_size, conv_precision="bf16", dtype=None):
+    """Why the fused kernel cannot take this shape (and input dtype), or None. The limits are the
+    H100/H200 shared memory (227 KB per program) with one program holding a window for all heads:
+    measured by compiling for sm_90 offline (scripts/tune/offline_compile.py, notes/kernels.md)."""
     HP = pow2(H)
     reason = conv_unsupported_reason(H, hidden, kernel_size)
     if reason:
         return reason
     if HP * d > 1024:
         return f"the fused DAPE V2 kernel takes (heads padded to {HP}) x head dim <= 1024, got {HP} x {d}"
+    if dtype == torch.float32 and (kernel_size > 3 or d > 32):
+        # fp32 tiles are twice bf16's: the backward's 32-key windows (k 5, 7) or a head dim of 64
+        # need 229-336 KB (offline sm_90a compiles); every k <= 3, d <= 32 shape compiled fits
+        return (f"fp32 inputs fit the fused DAPE V2 kernel only at kernel_size <= 3 and head dim <= 32, "
+                f"got {kernel_size} and {d} (bf16 inputs take both)")
     if conv_precision == "tf32" and (kernel_size > 3 or hidden > 32):
         return "tf32 conv matmuls fit only kernel_size <= 3 and hidden <= 32 (use conv_precision='bf16')"
     return None
@@ -568,7 +573,7 @@ def dape_v2_triton(q, k, v, w1, b1, w2, b2, table=None, conv_precision: str = "b
     B, H, T, d = q.shape
     D, _, _, ks = w1.shape
     check_dape_v2_weights(w1, w2, H, T, table)
-    reason = shape_unsupported_reason(H, d, D, ks, conv_precision)
+    reason = shape_unsupported_reason(H, d, D, ks, conv_precision, q.dtype)
     if reason:
         raise ValueError(reason + "; use backend='chunked'")
     if conv_precision not in ("tf32", "bf16"):
