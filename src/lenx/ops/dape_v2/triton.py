@@ -573,7 +573,8 @@ def dape_v2_triton(q, k, v, w1, b1, w2, b2, table=None, conv_precision: str = "b
     B, H, T, d = q.shape
     D, _, _, ks = w1.shape
     check_dape_v2_weights(w1, w2, H, T, table)
-    reason = shape_unsupported_reason(H, d, D, ks, conv_precision, q.dtype)
+    # shared memory binds on the GPU only (Triton's interpreter runs any tile)
+    reason = shape_unsupported_reason(H, d, D, ks, conv_precision, q.dtype if q.is_cuda else None)
     if reason:
         raise ValueError(reason + "; use backend='chunked'")
     if conv_precision not in ("tf32", "bf16"):
