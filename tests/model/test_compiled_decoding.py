@@ -105,3 +105,23 @@ def test_a_second_generate_of_the_same_shape_does_not_compile_again():
     generate(model, prompts, 7, temperature=0, decoding="compile")  # a longer cache: another shape
     assert graphs() > first
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("method", ["fox", "mta", "kerple"])
+def test_the_compiled_step_keeps_every_cached_tensor_in_place(method):
+    """On CUDA the compiled step's graph reads the cache in place, so every tensor a layer keeps per
+    slot must be marked static: FoX's sums and shifted inputs and MTA's queries as well as k and v
+    (a tensor left out would be copied into the graph at capture and go stale)."""
+    from lenx.model.decoding import static_inputs
+
+    model = model_for(method, n_layer=2)
+    cache = model.new_cache(2, 8)
+    pos, token = torch.tensor(0), torch.zeros(2, dtype=torch.long)
+    marked = {id(t) for t in static_inputs(cache, pos, token)}
+    for layer in cache.layers:
+        kept = [layer.k, layer.v] + ([layer.q] if layer.q is not None else []) + list(layer.extra.values())
+        assert all(id(t) in marked for t in kept), method
+    if method == "fox":
+        assert all(layer.extra for layer in cache.layers)
+    if method == "mta":
+        assert any(layer.q is not None for layer in cache.layers)

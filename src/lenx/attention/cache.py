@@ -104,14 +104,14 @@ class LayerCache:
         """extra[name] [B, Tk, ...] of the slots a decode step's rows read, as read_step orders them."""
         return self.extra[name][:, :step.n_keys]
 
-    def _kept(self):
+    def slot_tensors(self):
         """(tensor, its slot dimension) of everything this cache keeps per slot."""
         q = [(self.q, 2)] if self.q is not None else []
         return [(self.k, 2), (self.v, 2)] + q + [(kept, 1) for kept in self.extra.values()]
 
     def copy_from(self, other: "LayerCache", n: int) -> None:
         """Take the first n slots of a smaller cache of the same layer (a cache that grows)."""
-        for (mine, dim), (theirs, _) in zip(self._kept(), other._kept()):
+        for (mine, dim), (theirs, _) in zip(self.slot_tensors(), other.slot_tensors()):
             mine.narrow(dim, 0, n).copy_(theirs.narrow(dim, 0, n))
 
 
@@ -134,10 +134,10 @@ class RingCache(LayerCache):
         R = k.shape[2]
         new = [k, v] + ([] if self.q is None else [q]) + [extra[name] for name in self.extra]
         if R > self.ring:  # a prompt longer than the ring: its last slots
-            new = [t.narrow(dim, R - self.ring, self.ring) for t, (_, dim) in zip(new, self._kept())]
+            new = [t.narrow(dim, R - self.ring, self.ring) for t, (_, dim) in zip(new, self.slot_tensors())]
             start += R - self.ring
         index = torch.arange(start, start + min(R, self.ring), device=self.k.device) % self.ring
-        for (mine, dim), value in zip(self._kept(), new):
+        for (mine, dim), value in zip(self.slot_tensors(), new):
             if rows is None:
                 mine.index_copy_(dim, index, value.to(mine.dtype))
             else:
@@ -158,7 +158,7 @@ class RingCache(LayerCache):
 
     def copy_from(self, other, n: int) -> None:
         slots = torch.arange(max(0, n - other.capacity), n, device=self.k.device)
-        for (mine, dim), (theirs, _) in zip(self._kept(), other._kept()):
+        for (mine, dim), (theirs, _) in zip(self.slot_tensors(), other.slot_tensors()):
             mine.index_copy_(dim, slots % self.ring, theirs.index_select(dim, slots % theirs.shape[dim]))
 
 

@@ -75,6 +75,12 @@ def _compiled(model, cache, dtype, options: dict):
     return (model if twin is None else twin), step
 
 
+def static_inputs(cache, pos: torch.Tensor, token: torch.Tensor) -> list[torch.Tensor]:
+    """What a compiled step reads in place: its position and token, the cache's tokens and starts, and
+    everything each layer keeps per slot (keys, values, MTA's queries, FoX's extras)."""
+    return [pos, token, cache.tokens, cache.start] + [t for l in cache.layers for t, _ in l.slot_tensors()]
+
+
 class StaticDecoder:
     """Appends one token per sequence to a prefilled cache per call: decoder(token [B]) -> the next
     logits [B, vocab], the same as model.decode(token[:, None], cache)[:, -1].
@@ -103,8 +109,7 @@ class StaticDecoder:
         if mode == "compile":
             if device.type == "cuda":
                 # the cache and the step's inputs keep their addresses: the compiled CUDA graph reads them in place
-                kept = [x for l in cache.layers for x in (l.k, l.v, l.q) if x is not None]  # l.q: MTA's queries
-                for t in [self.pos, self.token, cache.tokens, cache.start] + kept:
+                for t in static_inputs(cache, self.pos, self.token):
                     torch._dynamo.mark_static_address(t)
             options = {"fullgraph": True, "dynamic": False}
             options |= {"mode": "reduce-overhead"} if device.type == "cuda" else {}
