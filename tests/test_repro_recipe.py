@@ -17,20 +17,25 @@ def test_the_plan_runs_seed_0_of_every_recipe_first():
     jobs = json.loads(out.stdout)
     assert [j["id"] for j in jobs] == ["recipe/T2048/kerple-warm10-s0", "recipe/T2048/kerple-lr3e-4-s0",
                                        "recipe/T2048/kerple-seqwarm10-s0", "recipe/T2048/kerple-warm10-s1",
-                                       "recipe/T2048/kerple-lr3e-4-s1", "recipe/T2048/kerple-seqwarm10-s1",
-                                       "recipe/T2048/kerple-s1"]
+                                       "recipe/T2048/kerple-s1", "recipe/T2048/rope-warm10-s0",
+                                       "recipe/T512/kerple-warm10-s0", "recipe/T2048/rope-warm10-s1",
+                                       "recipe/T512/kerple-warm10-s1", "recipe/T2048/kerple-lr3e-4-s1",
+                                       "recipe/T2048/kerple-seqwarm10-s1"]
     for j in jobs:
-        cmd = j["cmd"]
-        assert "train.seq_len=2048" in cmd and "train.batch_size=16" in cmd and "eval.per_position=true" in cmd
-        assert j["run"] == "runs/recipe/T2048/" + j["id"].split("/")[-1] and j["kind"] == "solo"
+        cmd, T = j["cmd"], j["id"].split("/")[1]
+        batch = {"T2048": 16, "T512": 64}[T]
+        assert f"train.seq_len={T[1:]}" in cmd and f"train.batch_size={batch}" in cmd and "eval.per_position=true" in cmd
+        assert j["run"] == f"runs/recipe/{T}/" + j["id"].split("/")[-1] and j["kind"] == "solo"
+        method = j["id"].split("/")[-1].split("-")[0]
+        assert f"model.method={method} " in cmd
         # every run scores the suite before its checkpoint goes (issue 44 part 3)
-        suite = f"lenx eval {j['run']} --task ruler --lengths 2048,8192,16384 --samples 4"
+        lengths = "2048,8192,16384" if T == "T2048" else "512,2048,16384"
+        suite = f"lenx eval {j['run']} --task ruler --lengths {lengths} --samples 4"
         assert suite in cmd and "--task babilong" in cmd and cmd.index(suite) < cmd.index("rm -rf")
-    assert "train.warmup_frac=0.1" in jobs[0]["cmd"] and "train.lr=3e-4" not in jobs[0]["cmd"]
-    assert "train.lr=3e-4" in jobs[1]["cmd"] and "warmup_frac" not in jobs[1]["cmd"]
-    assert "train.seq_len_start=512" in jobs[2]["cmd"] and "train.seq_len_warmup=305" in jobs[2]["cmd"]
-    assert "warmup_frac" not in jobs[2]["cmd"] and "train.lr=" not in jobs[2]["cmd"]
-    assert "warmup_frac" not in jobs[6]["cmd"] and "train.lr" not in jobs[6]["cmd"] and "seq_len_start" not in jobs[6]["cmd"]
+        name = j["id"].split("/")[-1]
+        assert ("train.warmup_frac=0.1" in cmd) == ("warm10" in name and "seqwarm" not in name)
+        assert ("train.lr=3e-4" in cmd) == ("lr3e-4" in name)
+        assert ("train.seq_len_start=512" in cmd and "train.seq_len_warmup=305" in cmd) == ("seqwarm10" in name)
 
 
 def test_the_committed_recipe_table_is_up_to_date(tmp_path):
@@ -41,7 +46,7 @@ def test_the_committed_recipe_table_is_up_to_date(tmp_path):
     made = json.loads((here / "recipe.json").read_text())
     assert same_json(made, json.loads((RECIPE / "recipe.json").read_text())) == []
     assert same_text((here / "recipe.md").read_text(), (RECIPE / "recipe.md").read_text()) == []
-    warm = made["recipes"]["kerple-warm10"]["lengths"]["2048"]
+    warm = made["recipes"]["kerple T2048 warm10"]["lengths"]["2048"]
     assert warm["minus epoch recipe"]["hi"] < 0 and warm["minus epoch recipe"]["covers"] == "documents only"
 
 
@@ -49,8 +54,31 @@ def test_bad_sources_are_refused(tmp_path):
     (tmp_path / "elsewhere").mkdir()
     out = script("recipe_t2048.py", "elsewhere", "--session", "s", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == ("error: elsewhere is not a device tree of the recipe plan "
-                                                  "(no T2048 folder)\n"), out.stderr
+                                                  "(no T2048 or T512 folder)\n"), out.stderr
     out = script("recipe_t2048.py", "elsewhere", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == "error: give one --session per source\n"
     out = script("recipe_t2048.py", "--out", "nothing", cwd=tmp_path)
     assert out.returncode == 2 and out.stderr == "error: nothing has no runs yet\n"
+
+
+def test_rope_and_t512_runs_get_their_own_epoch_recipe_rows(tmp_path):
+    """The plan's checks beyond Kerple at 2048 (RoPE at 2048, Kerple at 512) each meet the epoch
+    recipe of their own method and length (results/epoch's runs), and a T 2048 method the same method
+    trained at 512. Stand-ins: copies of a committed run under the new names (the table reads only
+    their files)."""
+    here = tmp_path / "recipe"
+    shutil.copytree(RECIPE / "runs", here / "runs")
+    warm = RECIPE / "runs" / "T2048" / "kerple-warm10-s0"
+    shutil.copytree(warm, here / "runs" / "T2048" / "rope-warm10-s0")
+    shutil.copytree(warm, here / "runs" / "T512" / "kerple-warm10-s1")
+    out = script("recipe_t2048.py", "--out", "recipe", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads((here / "recipe.json").read_text())["recipes"]
+    assert rows["rope T2048 epoch recipe"]["runs"] == ["epoch/runs/T2048/rope-s0"]
+    assert rows["rope T512 epoch recipe"]["seeds"] == 2 and rows["kerple T512 epoch recipe"]["seeds"] == 2
+    rope = rows["rope T2048 warm10"]["lengths"]["2048"]
+    assert rope["minus epoch recipe"]["covers"] == "documents only" and "minus T512" in rope
+    t512 = rows["kerple T512 warm10"]["lengths"]["2048"]
+    assert "minus epoch recipe" in t512 and "minus T512" not in t512
+    md = (here / "recipe.md").read_text()
+    assert "| rope T2048 warm10 | 1 |" in md and "| kerple T512 warm10 | 1 |" in md

@@ -176,13 +176,20 @@ RECIPES = {"warm10": ("train.warmup_frac=0.1",), "lr3e-4": ("train.lr=3e-4",),
 
 def recipe() -> list[dict]:
     """Issue 44 part 2: Kerple at T 2048 (16 x 2048, the epoch runs' data and steps) with each recipe,
-    seed 0 of every recipe first (a cut-off session still compares them all), then seed 1, then seed 1
-    of the epoch recipe itself (its seed 0 is results/epoch's T2048/kerple-s0); evaluated as the epoch
-    runs, with the per-position loss and the synthetic suite (suite_commands)."""
-    jobs = [epoch_job("kerple", s, (*sets, "eval.per_position=true"), f"kerple-{r}-s{s}", 2048, "runs/recipe",
-                      "recipe", suite=True) for s in (0, 1) for r, sets in RECIPES.items()]
-    return jobs + [epoch_job("kerple", 1, ("eval.per_position=true",), "kerple-s1", 2048, "runs/recipe", "recipe",
-                             suite=True)]
+    seed 0 of every recipe first (a cut-off session still compares them all). Then what decides the
+    recipe warm10's seed 0 favours: its seed 1 and the epoch recipe's seed 1 (its seed 0 is
+    results/epoch's T2048/kerple-s0); whether warm10 holds beyond Kerple at 2048: RoPE at 2048 (the
+    epoch recipe's seed 0 is results/epoch's) and Kerple at 512 (64 x 512; the epoch recipe's seeds
+    0 and 1 are results/epoch's), seed 0 of both before seed 1; last the losing recipes' seed 1.
+    Evaluated as the epoch runs, with the per-position loss and the synthetic suite (suite_commands)."""
+    def job(method, seed, recipe_name=None, seq_len=2048):
+        sets = (*RECIPES[recipe_name], "eval.per_position=true") if recipe_name else ("eval.per_position=true",)
+        name = f"{method}-{recipe_name}-s{seed}" if recipe_name else f"{method}-s{seed}"
+        return epoch_job(method, seed, sets, name, seq_len, "runs/recipe", "recipe", suite=True)
+
+    jobs = [job("kerple", 0, r) for r in RECIPES] + [job("kerple", 1, "warm10"), job("kerple", 1)]
+    jobs += [job("rope", s, "warm10") if T == 2048 else job("kerple", s, "warm10", 512) for s in (0, 1) for T in (2048, 512)]
+    return jobs + [job("kerple", 1, r) for r in RECIPES if r != "warm10"]
 
 
 # Issues 42 and 43: a first look at the newer methods (a smoke result, not the verdict) and the

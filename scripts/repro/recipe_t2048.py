@@ -1,16 +1,18 @@
 """The T 2048 recipe diagnosis of issue 44 (plan.py recipe): what came back from the device into
-results/recipe, and a table of each recipe against the epoch recipe and against Kerple trained at 512.
+results/recipe, and a table of each recipe against the epoch recipe and against the method trained at 512.
 
     python scripts/repro/recipe_t2048.py runs/recipe --session session21   # --out results/recipe
 
 The epoch recipe (results/epoch/runs/T2048/kerple-s0: lr 6e-4, warm-up 1% = 30 steps, 16 x 2048)
 trails its T 512 counterpart by 0.4-0.5 nats of training loss over steps 100-1000. Each recipe run
-changes one setting (plan.py RECIPES) on the same data, steps and evaluation. The table gives, per
-run: the mean training loss over steps 100-1000, 1000-2000 and the last 200 steps (the logged
+changes one setting (plan.py RECIPES) on the same data, steps and evaluation; the plan's runs at
+T 2048 and T 512 (runs/T2048, runs/T512) are read alike. The table gives, per method, length and
+recipe: the mean training loss over steps 100-1000, 1000-2000 and the last 200 steps (the logged
 steps, every 50th), the validation loss at steps 250, 1000 and the last, and the perplexity at each
 evaluated length with its 95% interval over the 64 documents; then each recipe minus the epoch recipe
-(same seed) and minus Kerple trained at 512 (both seeds), at each length both scored, with intervals
-(lenx.report.stats; † where a side has one seed: documents only).
+(same method, length and seeds: results/epoch's runs and the plan's own seeds of it) and each T 2048
+row minus the method trained at 512 with the epoch recipe (its seeds), at each length both scored,
+with intervals (lenx.report.stats; † where a side has one seed: documents only).
 """
 
 import argparse
@@ -23,33 +25,53 @@ import sys
 import numpy as np
 
 from collect import DEVICE_FILES, KEEP, finished
+from plan import RECIPES
 
 from lenx.report.stats import method_difference, method_interval
 
 EPOCH = Path(__file__).resolve().parents[2] / "results" / "epoch" / "runs"
-BASELINE = ("epoch recipe", [EPOCH / "T2048" / "kerple-s0"])
-T512 = ("Kerple trained at 512", [EPOCH / "T512" / "kerple-s0", EPOCH / "T512" / "kerple-s1"])
-
+LENGTHS = ("T2048", "T512")
 
 
 def collect(source: Path, out: Path, session: str) -> list[str]:
-    """Copy the finished runs of a device tree (T2048/<run>) and its scheduler's files; the ids done."""
-    for run in sorted((source / "T2048").glob("*")):
-        if finished(run):
-            dest = out / "runs" / "T2048" / run.name
-            shutil.rmtree(dest, ignore_errors=True)
-            dest.mkdir(parents=True)
-            for name in (*KEEP, "eval_ruler.json", "eval_babilong.json"):  # the suite, where the run scored it
-                if (run / name).exists():
-                    shutil.copy(run / name, dest / name)
+    """Copy the finished runs of a device tree (T2048/<run>, T512/<run>) and its scheduler's files;
+    the ids done."""
+    for T in LENGTHS:
+        for run in sorted((source / T).glob("*")):
+            if finished(run):
+                dest = out / "runs" / T / run.name
+                shutil.rmtree(dest, ignore_errors=True)
+                dest.mkdir(parents=True)
+                for name in (*KEEP, "eval_ruler.json", "eval_babilong.json"):  # the suite, where the run scored it
+                    if (run / name).exists():
+                        shutil.copy(run / name, dest / name)
     dev = out / "device" / session
     dev.mkdir(parents=True, exist_ok=True)
     for name in DEVICE_FILES:
         if (source / name).exists():
             shutil.copy(source / name, dev / name)
-    done = sorted(f"recipe/T2048/{r.name}" for r in (out / "runs" / "T2048").glob("*") if finished(r))
+    done = sorted(f"recipe/{T}/{r.name}" for T in LENGTHS for r in (out / "runs" / T).glob("*") if finished(r))
     (out / "done.txt").write_text("".join(d + "\n" for d in done))
     return done
+
+
+def seeds_of(runs: list[Path]) -> list[Path]:
+    return sorted(runs, key=lambda r: r.name[-2:])
+
+
+def groups(out: Path) -> dict:
+    """{(T, method, recipe or None): runs}: the plan's runs, and the epoch recipe's runs of results/epoch
+    for each (T, method) the plan has a recipe of, or of T 512 for a T 2048 method (the comparison)."""
+    found = {}
+    for T in LENGTHS:
+        for run in sorted((out / "runs" / T).glob("*")):
+            name = re.sub(r"-s\d+$", "", run.name)
+            recipe = next((r for r in RECIPES if name.endswith("-" + r)), None)
+            method = name[: -len(recipe) - 1] if recipe else name
+            found.setdefault((T, method, recipe), []).append(run)
+    for T, method in {(T, m) for T, m, _ in found} | {("T512", m) for T, m, _ in found if T == "T2048"}:
+        found.setdefault((T, method, None), []).extend(sorted((EPOCH / T).glob(f"{method}-s[0-9]")))
+    return {k: seeds_of(v) for k, v in found.items() if v}
 
 
 def curve(run: Path) -> dict:
@@ -71,29 +93,34 @@ def nll(runs: list[Path], length: str) -> np.ndarray | None:
     return np.array([e[length]["window_nll"] for e in evals])
 
 
+def label(T: str, method: str, recipe: str | None) -> str:
+    return f"{method} {T} {recipe or 'epoch recipe'}"
+
+
 def table(out: Path, resamples: int) -> dict:
-    groups = {}
-    for run in sorted((out / "runs" / "T2048").glob("*")):
-        groups.setdefault(re.sub(r"-s\d+$", "", run.name), []).append(run)
-    docs = np.asarray(json.loads((BASELINE[1][0] / "eval.json").read_text())["window_documents"])
-    lengths = json.loads((BASELINE[1][0] / "eval.json").read_text())["lengths"]
+    found = groups(out)
+    first = next(iter(found.values()))[0]
+    docs = np.asarray(json.loads((first / "eval.json").read_text())["window_documents"])
+    order = sorted(found, key=lambda k: (k[1], -int(k[0][1:]), k[2] is not None, k[2] or ""))
     rows = {}
-    for name, runs in [(BASELINE[0], BASELINE[1]), *groups.items()]:
+    for T, method, recipe in order:
+        runs = found[(T, method, recipe)]
+        lengths = json.loads((runs[0] / "eval.json").read_text())["lengths"]
         row = {"runs": [str(r.relative_to(r.parents[3])) for r in runs], "seeds": len(runs),
                "curves": {r.name: curve(r) for r in runs}, "lengths": {}}
+        base = [r for r in found.get((T, method, None), []) if r.name[-2:] in {x.name[-2:] for x in runs}]
+        short = found.get(("T512", method, None)) if T == "T2048" else None
         for L in map(str, lengths):
             a = nll(runs, L)
+            if a is None:
+                continue
             cell = {"ppl": method_interval(a, docs, n=resamples)}
-            if name != BASELINE[0]:
-                seeds = [r.name[-2:] for r in runs]
-                base = [r for r in BASELINE[1] if r.name[-2:] in seeds]
-                if base:
-                    cell["minus epoch recipe"] = method_difference(a, nll(base, L), docs, n=resamples)
-            b = nll(T512[1], L)
-            if b is not None:
-                cell["minus T512"] = method_difference(a, b, docs, n=resamples)
+            if recipe and base and nll(base, L) is not None:
+                cell["minus epoch recipe"] = method_difference(a, nll(base, L), docs, n=resamples)
+            if short and nll(short, L) is not None:
+                cell["minus T512"] = method_difference(a, nll(short, L), docs, n=resamples)
             row["lengths"][L] = cell
-        rows[name] = row
+        rows[label(T, method, recipe)] = row
     return {"written_by": "scripts/repro/recipe_t2048.py", "resamples": resamples, "windows": len(docs), "recipes": rows}
 
 
@@ -104,13 +131,14 @@ def _iv(d: dict, key: str = "diff") -> str:
 
 def markdown(t: dict) -> str:
     recipes = t["recipes"]
-    lengths = list(next(iter(recipes.values()))["lengths"])
+    lengths = sorted({L for r in recipes.values() for L in r["lengths"]}, key=int)
     lines = ["# The T 2048 recipe (issue 44)", "",
-             "Made by scripts/repro/recipe_t2048.py. Kerple, 125M, 16 x 2048, 3052 steps on the `code` corpus (the "
-             "epoch runs' data, steps and evaluation); each recipe changes one setting of the epoch recipe "
-             "(lr 6e-4, warm-up 1%). 95% intervals over the 64 documents and the seeds († one seed: documents "
-             "only). Every recipe figure here rests on the seeds listed; one seed is one seed.", "",
-             "| recipe | seeds | train loss 100-1000 | 1000-2000 | last 200 | val loss 250 | 1000 | last |",
+             "Made by scripts/repro/recipe_t2048.py. 125M, 3052 steps of 32,768 tokens (16 x 2048 at T 2048, "
+             "64 x 512 at T 512) on the `code` corpus (the epoch runs' data, steps and evaluation); each recipe "
+             "changes one setting of the epoch recipe (lr 6e-4, warm-up 1%). 95% intervals over the 64 documents "
+             "and the seeds († one seed: documents only). Every recipe figure here rests on the seeds listed; one "
+             "seed is one seed.", "",
+             "| method, length, recipe | seeds | train loss 100-1000 | 1000-2000 | last 200 | val loss 250 | 1000 | last |",
              "|---|--:|--:|--:|--:|--:|--:|--:|"]
     for name, r in recipes.items():
         cs = list(r["curves"].values())
@@ -121,19 +149,23 @@ def markdown(t: dict) -> str:
         last = max(cs[0]["val_loss"], key=int)
         lines.append(f"| {name} | {r['seeds']} | {m('train_loss_100_1000')} | {m('train_loss_1000_2000')} | "
                      f"{m('train_loss_last_200')} | {m('val_loss', '250')} | {m('val_loss', '1000')} | {m('val_loss', last)} |")
-    lines += ["", "Perplexity at each length:", "", "| recipe | " + " | ".join(lengths) + " |",
+
+    def cells(r, fmt):
+        return " | ".join(fmt(r["lengths"][L]) if L in r["lengths"] else "-" for L in lengths)
+
+    lines += ["", "Perplexity at each length:", "", "| method, length, recipe | " + " | ".join(lengths) + " |",
               "|---|" + "--:|" * len(lengths)]
     for name, r in recipes.items():
-        lines.append(f"| {name} | " + " | ".join(
-            f"{c['ppl']['value']:.3f} [{c['ppl']['lo']:.3f}, {c['ppl']['hi']:.3f}]" for c in r["lengths"].values()) + " |")
-    for key, title in (("minus epoch recipe", "Minus the epoch recipe (same seeds)"),
-                       ("minus T512", "Minus Kerple trained at 512 (its 2 seeds), the same tokens")):
-        lines += ["", f"{title}, perplexity:", "", "| recipe | " + " | ".join(lengths) + " |",
+        lines.append(f"| {name} | " + cells(r, lambda c: f"{c['ppl']['value']:.3f} [{c['ppl']['lo']:.3f}, "
+                                                        f"{c['ppl']['hi']:.3f}]") + " |")
+    for key, title in (("minus epoch recipe", "Minus the epoch recipe (same method, length and seeds)"),
+                       ("minus T512", "Minus the same method trained at 512 with the epoch recipe (its seeds), "
+                                      "the same tokens")):
+        lines += ["", f"{title}, perplexity:", "", "| method, length, recipe | " + " | ".join(lengths) + " |",
                   "|---|" + "--:|" * len(lengths)]
         for name, r in recipes.items():
             if any(key in c for c in r["lengths"].values()):
-                lines.append(f"| {name} | " + " | ".join(_iv(c[key]) if key in c else "-" for c in r["lengths"].values())
-                             + " |")
+                lines.append(f"| {name} | " + cells(r, lambda c: _iv(c[key]) if key in c else "-") + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -148,12 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         print("error: give one --session per source", file=sys.stderr)
         return 2
     for src in args.sources:
-        if not (src / "T2048").is_dir():
-            print(f"error: {src} is not a device tree of the recipe plan (no T2048 folder)", file=sys.stderr)
+        if not any((src / T).is_dir() for T in LENGTHS):
+            print(f"error: {src} is not a device tree of the recipe plan (no T2048 or T512 folder)", file=sys.stderr)
             return 2
     for src, session in zip(args.sources, args.session):
         print(f"{src}: {len(collect(src, args.out, session))} runs done in {args.out}")
-    if not (args.out / "runs" / "T2048").is_dir():
+    if not any((args.out / "runs" / T).is_dir() for T in LENGTHS):
         print(f"error: {args.out} has no runs yet", file=sys.stderr)
         return 2
     t = table(args.out, args.resamples)
