@@ -1,12 +1,12 @@
 #!/bin/bash
-# A plan of jobs (scripts/repro/plan.py) on the device: [PLAN=repro|controls|epoch|recipe|newer] bash scripts/repro/device.sh SECONDS
+# A plan of jobs (scripts/repro/plan.py) on the device: [PLAN=repro|controls|epoch|recipe|newer|verdict2] bash scripts/repro/device.sh SECONDS
 #   repro (issue 7): carries carry/data.tar.xz (tech + books, pack_data.sh) and carry/commit.txt;
 #   controls (issue 19): carries .carry/tech.tar.xz (data/tech) and .carry/tech-long.tar.xz
 #   (data-long/tech, for the 125M runs); the commit comes in $COMMIT.
 #   epoch (issue 29 step 4): the sharded `code` corpus, carried over earlier calls of the same machine
 #   as .carry/code (scripts/data/pack_corpus.py pack of its top-level files) and .carry/shards/*.bin.xz
 #   (`xz -k` of the shards scripts/data/shards_for_steps.py lists); the commit comes in $COMMIT.
-#   recipe (issue 44) and newer (issues 42, 43: `small` runs reading shard 00000 only) likewise.
+#   recipe and verdict2 (issue 44) and newer (issues 42, 43: `small` runs reading shard 00000 only) likewise.
 # On a fresh machine: unpack the corpora, write the plan and start run_jobs.py detached (setsid), so
 # the jobs outlive this call. Every call then waits SECONDS, reporting progress, and packs every
 # finished file except checkpoints into $OUT/$PLAN.tar.gz. The next call (same machine) picks up where
@@ -21,6 +21,7 @@ PLAN=${PLAN:-repro}
 # the repro plan's finished jobs (carry/done.txt) are not the controls'
 case $PLAN in repro) default_skip=carry/done.txt ;; epoch) default_skip=results/epoch/done.txt ;;
   recipe) default_skip=results/recipe/done.txt ;; newer) default_skip=results/newer/done.txt ;;
+  verdict2) default_skip=results/verdict2/done.txt ;;
   *) default_skip="" ;; esac
 R=runs/$PLAN
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
@@ -38,7 +39,7 @@ if ! { [ -f $pid_file ] && kill -0 "$(cat $pid_file)" 2>/dev/null; }; then
       dest=$R/che/$(basename "$(dirname "$log")")
       [ -f "$dest/runs.jsonl" ] || { mkdir -p "$dest" && cp "$log" "$dest/"; }
     done
-  elif [ "$PLAN" = epoch ] || [ "$PLAN" = recipe ] || [ "$PLAN" = newer ]; then
+  elif [ "$PLAN" = epoch ] || [ "$PLAN" = recipe ] || [ "$PLAN" = newer ] || [ "$PLAN" = verdict2 ]; then
     # issue 29 step 4: the sharded `code` corpus came in earlier calls: .carry/code (pack_corpus.py's
     # pieces of its top-level files) and .carry/shards/*.bin.xz (the train shards the runs read)
     [ -f data/code/manifest.json ] || python3 scripts/data/pack_corpus.py unpack .carry/code data/code || exit 1

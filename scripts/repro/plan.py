@@ -217,6 +217,28 @@ def newer() -> list[dict]:
     return jobs
 
 
+# Issue 44 part 4: the newer methods and layouts at T 512 (the paper's main length), 125M, 64 x 512, 3
+# seeds, beside the epoch runs' five (results/epoch/runs/T512), each scored on perplexity, the
+# per-position loss and the synthetic suite. VERDICT_RECIPE holds the recipe part 2 adopts (empty: the
+# epoch recipe, as the five ran; if it changes at T 512 the five run again with it). The costly runs
+# come last in each seed: MTA on its chunked path (~6x Kerple's step, results/bench/h200_issue42_8c3998e)
+# and document-masked DAPE V2 on the O(T) Triton kernel (~10x the skewed kernels' time, notes/kernels.md).
+VERDICT_RECIPE: tuple = ()
+VERDICT_RUNS = {  # name: (method, settings)
+    "fox": ("fox", ()), "ssmax-rope": ("ssmax-rope", ()), "pope": ("pope", ()),
+    "rnope-swa": ("rope", ("model.layers=rnope-swa",)), "rope-p0.5": ("rope", ("model.rope_fraction=0.5",)),
+    "dapev2-fox": ("dapev2-fox", ()), "kerple-docmasked": ("kerple", ("train.documents=masked",)),
+    "mta": ("mta", ()), "dapev2-kerple-docmasked": ("dapev2-kerple", ("train.documents=masked",)),
+}
+
+
+def verdict2() -> list[dict]:
+    """Every run's seed 0 first (a cut-off session still compares them all), then seeds 1 and 2."""
+    return [epoch_job(method, s, (*VERDICT_RECIPE, *sets, "eval.per_position=true"), f"{name}-s{s}", 512,
+                      "runs/verdict2", "verdict2", suite=True)
+            for s in (0, 1, 2) for name, (method, sets) in VERDICT_RUNS.items()]
+
+
 def controls() -> list[dict]:
     """Issue 19: the second seeds of the 125M verdict (then its other methods), and part 2's controls
     with the `small` preset, each evaluated like run 1 of the reproduction (to 16384) so it pairs with
@@ -258,7 +280,7 @@ def controls() -> list[dict]:
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "repro"
     plans = {"repro": plan, "controls": controls, "epoch": epoch, "recipe": recipe,
-             "newer": newer}
+             "newer": newer, "verdict2": verdict2}
     if which not in plans:
         sys.exit(f"plan.py: the plan is one of {', '.join(plans)}, got {which!r}")
     json.dump(plans[which](), sys.stdout, indent=1)
