@@ -38,3 +38,17 @@ def test_every_command_is_a_valid_configuration():
         overrides = re.findall(r"--set (\S+)", train)
         cfg = load_config("125m", overrides)
         assert cfg.train.seq_len == 512 and cfg.train.batch_size == 64, j["id"]
+
+
+def test_the_smoke_plan_runs_every_layout_on_a_model_it_divides():
+    """REPRO_SMOKE=1 (toy sizes on a CPU, to try every command first): the layout's pattern of 4 layers
+    gets 4 layers, the others 2, and every layout parses at that depth."""
+    from lenx.attention.layouts import parse_layout
+
+    jobs = json.loads(script("plan.py", "verdict2", env={"REPRO_SMOKE": "1"}).stdout)
+    assert [j["id"] for j in jobs] == [f"verdict2/T512/{n}-s{s}" for s in (0, 1, 2) for n in NAMES]
+    for j in jobs:
+        cfg = load_config("125m", re.findall(r"--set (\S+)", j["cmd"].split(" && ")[0]))
+        assert cfg.train.device == "cpu" and cfg.model.n_layer == (4 if cfg.model.layers else 2), j["id"]
+        if cfg.model.layers:
+            assert len(parse_layout(cfg.model.layers, cfg.model.n_layer)) == cfg.model.n_layer
