@@ -38,6 +38,20 @@ def model_for(method: str, **overrides):
     return model
 
 
+def decode_steps_and_block(model, idx, prompt=25, end=36):
+    """Logits of idx [B, T] decoded token by token after a one-token prefill ([T] of [B, vocab]), the
+    cache they filled, and the logits of the block idx[:, prompt:end] decoded in one call after a
+    prefill of idx[:, :prompt] (a prompt longer than a small window's ring)."""
+    T = idx.shape[1]
+    with torch.no_grad():
+        cache = model.new_cache(idx.shape[0], T)
+        steps = [model.prefill(idx[:, :1], cache)] + [model.decode(idx[:, i:i + 1], cache)[:, 0] for i in range(1, T)]
+        long = model.new_cache(idx.shape[0], T)
+        model.prefill(idx[:, :prompt], long)
+        block = model.decode(idx[:, prompt:end], long)
+    return steps, cache, block
+
+
 def assert_static_step_decodes(model, lengths=(3, 17, 9), steps=12):
     """A left-padded batch of prompts of `lengths`, read by prefill, then `steps` tokens through the
     fixed-shape step (StaticDecoder): each row's logits equal the forward of its prompt and the

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import lenx.model.lm as lm_module
-from helpers import V, assert_close, assert_static_step_decodes, model_for
+from helpers import V, assert_close, assert_static_step_decodes, decode_steps_and_block, model_for
 from mta_helpers import attention, qkv
 from lenx.attention.backends import run_backend
 from lenx.attention.cache import RingCache
@@ -103,12 +103,8 @@ def test_windowed_decoding_equals_the_full_forward(small_ring, method):
     halo = model.blocks[0].attn.processor.q_halo
     assert halo == 4
     idx = torch.randint(0, V, (2, T))
+    steps, cache, block = decode_steps_and_block(model, idx)
     with torch.no_grad():
-        cache = model.new_cache(2, T)
-        steps = [model.prefill(idx[:, :1], cache)] + [model.decode(idx[:, i:i + 1], cache)[:, 0] for i in range(1, T)]
-        long = model.new_cache(2, T)
-        model.prefill(idx[:, :25], long)
-        block = model.decode(idx[:, 25:36], long)
         full = model(idx)[0]
     for i, logits in enumerate(steps):
         assert_close(logits, full[:, i], 1e-9, f"{method} step {i}")

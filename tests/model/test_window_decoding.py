@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import lenx.model.lm as lm_module
-from helpers import V, assert_close, assert_static_step_decodes, model_for
+from helpers import V, assert_close, assert_static_step_decodes, decode_steps_and_block, model_for
 from lenx.attention.cache import RingCache
 
 METHODS = ["rope", "kerple", "alibi", "dapev2-kerple", "stickbreaking"]
@@ -27,12 +27,9 @@ def last_row(model, idx):
 def test_windowed_decoding_equals_the_full_forward(method):
     model = model_for(method, window=W, dape_kernel=5)
     idx = torch.randint(0, V, (2, T))
+    # the block holds more tokens than a ring step: decoded in pieces
+    steps, cache, block = decode_steps_and_block(model, idx)
     with torch.no_grad():
-        cache = model.new_cache(2, T)
-        steps = [model.prefill(idx[:, :1], cache)] + [model.decode(idx[:, i:i + 1], cache)[:, 0] for i in range(1, T)]
-        long = model.new_cache(2, T)
-        model.prefill(idx[:, :25], long)  # a prompt longer than the ring
-        block = model.decode(idx[:, 25:36], long)  # more tokens than a ring step holds: decoded in pieces
         block_ref = model(idx[:, :36])[0][:, 25:]
     for i, logits in enumerate(steps):
         assert_close(logits, last_row(model, idx[:, :i + 1]), 1e-9, f"{method} step {i}")
@@ -54,12 +51,9 @@ def test_windowed_fox_decodes_as_the_full_forward(method, switches, window):
     than the ring, equal the full forward (float64)."""
     model = model_for(method, window=window, **switches)
     idx = torch.randint(0, V, (2, T))
+    # the block holds more tokens than a ring step: decoded in pieces
+    steps, cache, block = decode_steps_and_block(model, idx)
     with torch.no_grad():
-        cache = model.new_cache(2, T)
-        steps = [model.prefill(idx[:, :1], cache)] + [model.decode(idx[:, i:i + 1], cache)[:, 0] for i in range(1, T)]
-        long = model.new_cache(2, T)
-        model.prefill(idx[:, :25], long)
-        block = model.decode(idx[:, 25:36], long)
         block_ref = model(idx[:, :36])[0][:, 25:]
     for i, logits in enumerate(steps):
         assert_close(logits, last_row(model, idx[:, :i + 1]), 1e-9, f"{method} W{window} step {i}")
