@@ -142,7 +142,8 @@ def epoch_job(method: str, seed: int, extra: tuple = (), name: str | None = None
     if seq_len != 128:  # T 128 x 256 is the preset's own: those commands stay those of the runs already made
         sets[3:3] = [f"train.seq_len={seq_len}", f"train.batch_size={EPOCH_TOKENS_PER_STEP // seq_len}"]
     if SMOKE:
-        sets += ["model.n_layer=2", "model.d_model=96", "train.batch_size=2", "eval.windows=2",
+        layout = any(x.startswith("model.layers=") for x in extra)  # its pattern of 4 layers must divide them
+        sets += [f"model.n_layer={4 if layout else 2}", "model.d_model=96", "train.batch_size=2", "eval.windows=2",
                  f"eval.max_length={max(512, 2 * seq_len)}", "train.device=cpu"]
     cmd = train_and_eval("125m", sets, run) + (suite_commands(run, seq_len) if suite else "") + f" && rm -rf {run}/ckpt"
     # T 128's ids are those of the runs already made (results/epoch/done.txt)
@@ -234,14 +235,9 @@ VERDICT_RUNS = {  # name: (method, settings)
 
 def verdict2() -> list[dict]:
     """Every run's seed 0 first (a cut-off session still compares them all), then seeds 1 and 2."""
-    jobs = [epoch_job(method, s, (*VERDICT_RECIPE, *sets, "eval.per_position=true"), f"{name}-s{s}", 512,
+    return [epoch_job(method, s, (*VERDICT_RECIPE, *sets, "eval.per_position=true"), f"{name}-s{s}", 512,
                       "runs/verdict2", "verdict2", suite=True)
             for s in (0, 1, 2) for name, (method, sets) in VERDICT_RUNS.items()]
-    if SMOKE:  # a layout's pattern of 4 layers must divide the toy model's layers
-        for job in jobs:
-            if "model.layers=" in job["cmd"]:
-                job["cmd"] = job["cmd"].replace("--set model.n_layer=2 ", "--set model.n_layer=4 ")
-    return jobs
 
 
 def controls() -> list[dict]:
