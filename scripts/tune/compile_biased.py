@@ -1,6 +1,7 @@
 """Compile the biased-softmax kernels (forward, dq, dK/dV; lenx.ops.biased_softmax) for sm_90a without
 a GPU and print registers, spills and shared memory per kernel, with and without a query
-temperature's factor per row (HAS_QF). The 125m shape: bf16, d 64, the Kerple band (fp16 residuals,
+temperature's factor per row (HAS_QF; the dq kernel then gives the factor its gradient too, as
+SSMax's needs). The 125m shape: bf16, d 64, the Kerple band (fp16 residuals,
 the transposed band for the key-owner kernel) and the Kerple parameters' sums; --fox for FoX's
 per-token bias, --window and/or --documents for the masked variants.
 
@@ -83,12 +84,11 @@ def main():
     for qf in (False, True):
         tag = "with factor" if qf else "without"
         out[f"fwd {tag}"] = compile_kernel(bt._bias_fwd, {**common, "HAS_QF": qf}, cfg["fwd"], res16)
-        out[f"dq {tag}"] = compile_kernel(backward._bias_bwd_dq, {**common, "HAS_QF": qf, "NEED_DTAB": False,
-                                                                  "KERPLE": 0 if a.fox else 1, "TAIL": False,
-                                                                  "HW": True}, cfg["dq"], res16)
-        out[f"dkdv {tag}"] = compile_kernel(backward._bias_bwd_dkdv, {**common, "HAS_QF": qf,
-                                                                      "BAND_T": not a.fox and cfg["dkdv_band"][0] == "T"},
-                                            cfg["dkdv"], res16)
+        dq = {**common, "HAS_QF": qf, "NEED_DF": qf, "NEED_DTAB": False, "KERPLE": 0 if a.fox else 1, "TAIL": False,
+              "HW": True}
+        out[f"dq {tag}"] = compile_kernel(backward._bias_bwd_dq, dq, cfg["dq"], res16)
+        dkdv = {**common, "HAS_QF": qf, "BAND_T": not a.fox and cfg["dkdv_band"][0] == "T"}
+        out[f"dkdv {tag}"] = compile_kernel(backward._bias_bwd_dkdv, dkdv, cfg["dkdv"], res16)
     print(json.dumps(out, indent=1))
 
 

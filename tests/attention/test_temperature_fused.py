@@ -18,21 +18,27 @@ SHORT = dict(temp_train_len=8, temp_floor_scale=4.0, temp_attn_scale=0.3)
 
 
 class Calls:
-    """Counts the separate scaling of q (both ways) and the q_scale the fused backend receives."""
+    """Counts the separate scaling of q (both ways), SSMax's reduction over q for s_h (ssmax_grad)
+    and the q_scale the fused backend receives."""
 
     def __init__(self, monkeypatch):
-        self.scaled, self.factors = 0, []
-        scaled, run = temperature._scaled, Fused.run
+        self.scaled, self.reductions, self.factors = 0, 0, []
+        scaled, reduction, run = temperature._scaled, temperature.ssmax_grad, Fused.run
 
         def spy_scaled(x, f):
             self.scaled += 1
             return scaled(x, f)
+
+        def spy_reduction(y, s):
+            self.reductions += 1
+            return reduction(y, s)
 
         def spy_run(backend, *args, q_scale=None, **kwargs):
             self.factors.append(q_scale)
             return run(backend, *args, q_scale=q_scale, **kwargs)
 
         monkeypatch.setattr(temperature, "_scaled", spy_scaled)
+        monkeypatch.setattr(temperature, "ssmax_grad", spy_reduction)
         monkeypatch.setattr(Fused, "run", spy_run)
 
 
@@ -70,7 +76,7 @@ def run_fold(method, monkeypatch, device="cpu", dtype=torch.float32, n_head=3, d
     w = torch.randn(2, T, d_model, dtype=torch.float64)
     calls = Calls(monkeypatch)
     got = forward_backward(fast, x.to(device, dtype), w.to(device), None if segments is None else segments.to(device))
-    assert calls.scaled == 0, "the temperature scaled q with an op of its own"
+    assert calls.scaled == 0 and calls.reductions == 0, "the temperature scaled q, or reduced it, with ops of its own"
     assert len(calls.factors) == 1 and calls.factors[0] is not None, "the fused kernels got no factor"
     monkeypatch.setattr(Attention, "folds_temperature", lambda *a, **k: False)  # the unfolded path, same kernels
     unfolded = forward_backward(fast, x.to(device, dtype), w.to(device),

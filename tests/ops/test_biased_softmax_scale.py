@@ -1,6 +1,7 @@
 """The biased-softmax and FoX kernels with a factor per query row (q_scale: a query temperature
 folded into their score scale) against the float64 reference of the scaled q, forward and every
-gradient: q's is the gradient in the unscaled q, the factor included. Without CUDA under Triton's
+gradient: q's is the gradient in the unscaled q, the factor included, and the factor's own (SSMax's
+s_h gets its gradient through it). Without CUDA under Triton's
 interpreter at small sizes (odd T, several tiles, windows, documents); the gpu tests at the 125m
 shape (H 12, d 64, bf16, T 1000)."""
 
@@ -43,43 +44,43 @@ def row_factors(shape, B, H, T):
     f = {"T": full[0, 0], "HT": full[0], "B1T": full[:, :1], "BHT": full,
          "BTH": full.transpose(1, 2).contiguous()}[shape]
     f = f.float().to(DEVICE)
-    return f.transpose(1, 2) if shape == "BTH" else f
+    return (f.transpose(1, 2) if shape == "BTH" else f).detach().requires_grad_()
 
 
 def run_scaled(B, H, T, d, shape="HT", window=0, docs=0, mode="table", dtype=torch.float32, config=SMALL_TILES,
                tol=None):
-    """out, dq, dk, dv and the bias's gradient (mode "table": a Kerple table's; "kerple": its two
-    parameters' through the kernel's direct sums; "fox": c's; "none": no bias) against the float64
-    reference of q * f."""
+    """out, dq, dk, dv, the factor's gradient df and the bias's (mode "table": a Kerple table's;
+    "kerple": its two parameters' through the kernel's direct sums; "fox": c's; "none": no bias)
+    against the float64 reference of q * f."""
     torch.manual_seed(0)
     q, k, v = (leaf(B, H, T, d, dtype=dtype) for _ in range(3))
     f = row_factors(shape, B, H, T)
     segments = documents(B, T, docs)
     masks = dict(window=window, segments=segments)
     to64 = (lambda x: x.detach().double().requires_grad_())
-    refs = [to64(x) for x in (q, k, v)]
-    q_ref = refs[0] * f.double()[..., None]
+    refs = [to64(x) for x in (q, k, v, f)]
+    q_ref = refs[0] * refs[3][..., None]
     if mode == "fox":
         c = (-0.05 * torch.rand(B, H, T, device=DEVICE)).cumsum(-1).requires_grad_()
         out = forgetting_attention(q, k, v, c, config=config, q_scale=f, **masks)
         params, ref_params = [c], [to64(c)]
-        ref = forgetting_reference(q_ref, *refs[1:], ref_params[0], **masks)
+        ref = forgetting_reference(q_ref, *refs[1:3], ref_params[0], **masks)
     elif mode == "kerple":
         bias = KerpleLog(H).to(DEVICE)
         params = ref_params = [bias.r1, bias.r2]
         out = biased_attention(q, k, v, bias.table(T, DEVICE), **bias.fused_grad_args(), config=config, q_scale=f,
                                **masks)
-        ref = biased_softmax_reference(q_ref, *refs[1:], bias.table(T, DEVICE).double(), **masks)
+        ref = biased_softmax_reference(q_ref, *refs[1:3], bias.table(T, DEVICE).double(), **masks)
     else:
         tab = None if mode == "none" else (0.1 * bias_table("kerple", H, T)).detach().requires_grad_()
         params = [] if tab is None else [tab]
         ref_params = [to64(p) for p in params]
         out = biased_attention(q, k, v, tab, config=config, q_scale=f, **masks)
-        ref = biased_softmax_reference(q_ref, *refs[1:], *ref_params, **masks)
+        ref = biased_softmax_reference(q_ref, *refs[1:3], *ref_params, **masks)
     do = torch.randn(B, H, T, d, device=DEVICE)
-    grads = torch.autograd.grad(out, [q, k, v] + params, do.to(dtype))
+    grads = torch.autograd.grad(out, [q, k, v, f] + params, do.to(dtype))
     ref_grads = torch.autograd.grad(ref, refs + ref_params, do.double())
-    names = ["out", "dq", "dk", "dv"] + [f"d{mode}{i}" for i in range(len(params))]
+    names = ["out", "dq", "dk", "dv", "df"] + [f"d{mode}{i}" for i in range(len(params))]
     floors = one_key_floors(names, ref_grads[2]) if T == 1 or window == 1 else {}
     compare(f"scaled rows {mode} {shape} B{B} H{H} T{T} W{window} docs{docs} {dtype}", [out, *grads],
             [ref, *ref_grads], names, tol or tolerance(dtype), floors)
@@ -122,9 +123,9 @@ def test_a_bad_factor_is_a_one_line_error():
 
 
 def run_ssmax(B, H, T, d, dtype=torch.float32, window=0, docs=0, config=SMALL_TILES, tol=None):
-    """SSMax folded into the kernel: q unscaled through ssmax_grad's identity (temperature(folded=True)),
-    its factor s_h log(n) to the kernel; the gradients of the unscaled q and of s_h against float64
-    autograd of the plain formula softmax((s_h log(n) q) k^T / sqrt(d) + bias) v."""
+    """SSMax folded into the kernel as the attention folds it: q unscaled, its factor s_h log(n)
+    (temperature.factor(term, grad=True)) to the kernel; the gradients of the unscaled q and of s_h
+    against float64 autograd of the plain formula softmax((s_h log(n) q) k^T / sqrt(d) + bias) v."""
     torch.manual_seed(0)
     temp = QueryTemperature("ssmax", H).to(DEVICE)
     with torch.no_grad():
@@ -134,9 +135,8 @@ def run_ssmax(B, H, T, d, dtype=torch.float32, window=0, docs=0, config=SMALL_TI
     segments = documents(B, T, docs)
     n = torch.arange(1, T + 1, device=DEVICE)
     term = temp.position_term(n.clamp(max=window) if window else n, torch.float32)
-    y = temp(q.contiguous(), term=term, folded=True)
-    out = biased_attention(y, k, v, bias.table(T, DEVICE), window=window, segments=segments, config=config,
-                           q_scale=temp.factor(term))
+    out = biased_attention(q, k, v, bias.table(T, DEVICE), window=window, segments=segments, config=config,
+                           q_scale=temp.factor(term, grad=True))
     do = torch.randn(B, H, T, d, device=DEVICE)
     grads = torch.autograd.grad(out, [q, k, v, temp.s], do.to(dtype))
     refs = [x.detach().double().requires_grad_() for x in (q, k, v, temp.s)]
@@ -152,7 +152,8 @@ def run_ssmax(B, H, T, d, dtype=torch.float32, window=0, docs=0, config=SMALL_TI
 
 @pytest.mark.parametrize("T,window,docs", [(1, 0, 0), (63, 0, 0), (111, 30, 0), (111, 0, 4)])
 def test_ssmax_s_h_gradient_without_the_scaled_q(T, window, docs):
-    """s_h's gradient from the unscaled q and its gradient (the factor included): sum dq q / s_h."""
+    """s_h's gradient through the factor's, which the dq kernel gives (per row, dS K / sqrt(d) . q),
+    without a scaled q anywhere."""
     run_ssmax(2, 3, T, 16, window=window, docs=docs)
 
 

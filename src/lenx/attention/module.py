@@ -83,7 +83,7 @@ class Attention(nn.Module):
 
     def _project(self, x, positions=None, length=None, segments=None, memo=None, to_kernel: bool = False):
         """project's q, k, v and None; to_kernel (the backend's kernels fold a temperature's factor,
-        folds_temperature): q unscaled (s_h's gradient attached) and the factor, for the kernels."""
+        folds_temperature): q unscaled and the factor for the kernels (s_h's gradient flows through it)."""
         qkv = self._qkv(x, split=False)
         T = x.shape[1]
 
@@ -118,9 +118,8 @@ class Attention(nn.Module):
                 real[:, :-1] = segments[:, 1:] == segments[:, :-1]
                 real = real[:, None, :, None]
             q, k, v = self.pro(x, q, k, v, None, real)
-        if term is not None and to_kernel and not fold:
-            # contiguous here, as the kernels take it: s_h's gradient and the kernels keep one q
-            return self.temperature(q.contiguous(), term=term, folded=True), k, v, self.temperature.factor(term)
+        if term is not None and to_kernel and not fold:  # q unscaled; the kernels give s_h its gradient
+            return q, k, v, self.temperature.factor(term, grad=True)
         if term is not None:
             q = self.temperature(q, term=term, folded=fold)
         return q, k, v, None

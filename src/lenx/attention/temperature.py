@@ -12,18 +12,22 @@ at position i when causal; the sequence length when not), after RoPE/PoPE, befor
 
 Scaling q scales the q.k logits and nothing else: an additive bias (ALiBi, Kerple, ...) is added
 unscaled, and a DAPE processor reads the scaled logits. Every backend (SDPA, the fused kernels, the
-chunked reference, decoding) then runs unchanged: the temperature is one elementwise product on q.
+chunked reference, decoding) then runs unchanged: the temperature is one elementwise product on q
+(which the fused biased-softmax and FoX kernels take into their score scale: below).
 
 Its cost is kept to that product. The position term is a [T] (or [B, T]) table that the layers of a
 forward share (Attention.project's memo, like a decode step's StepRows.shared); the table stays in
 fp32 (float64 for float64 q): it is T numbers, and a bf16 one would round log n to steps of 2^-5
 near 6, one factor for whole bands of positions. q is scaled by one elementwise op each way
 (scale_rows: the product in fp32, rounded once to q's dtype into a contiguous tensor, the bits of
-`(q * f).to(q.dtype)`; after RoPE's fused kernel, by that kernel as it rotates q, and before the
-fused biased-softmax and FoX kernels (Kerple, ALiBi, T5, FoX), by those kernels, the factor folded
-into their score scale: no pass of its own either way), and SSMax's s_h gets its gradient from one
-reduction (ssmax_grad: d/ds_h of y = s_h log(n) q is y / s_h), so no fp32 copy of q and no input q
-is kept for the backward: the q the attention keeps anyway serves.
+`(q * f).to(q.dtype)`; after RoPE's fused kernel, by that kernel as it rotates q, no pass of its
+own), and SSMax's s_h gets its gradient from one reduction over the output
+(ssmax_grad: d/ds_h of y = s_h log(n) q is y / s_h), so no fp32 copy of q and no input q is kept
+for the backward: the output, which the attention keeps anyway, serves.
+
+Before the fused biased-softmax and FoX kernels (Kerple, ALiBi, T5, FoX on the triton backend) q is
+not scaled at all: the attention passes factor(term, grad=True) to them (q_scale), they fold it
+into their score scale, and their dq kernel gives the factor, and through it s_h, its gradient.
 """
 
 import math
@@ -73,20 +77,21 @@ class QueryTemperature(nn.Module):
             return (torch.log(n) / math.log(self.train_len)).clamp(min=1.0)
         return torch.log(torch.floor(n / self.floor_scale) + 1) * self.attn_scale + 1
 
-    def factor(self, term: torch.Tensor) -> torch.Tensor:
-        """The rows' factors from position_term's table, s_h held fixed: [1, T] or [B, 1, T], SSMax's
-        [H, T] or [B, H, T], in the table's dtype, no gradient."""
+    def factor(self, term: torch.Tensor, grad: bool = False) -> torch.Tensor:
+        """The rows' factors from position_term's table: [1, T] or [B, 1, T], SSMax's [H, T] or
+        [B, H, T], in the table's dtype; s_h held fixed (no gradient), or with grad SSMax's s_h
+        gets its gradient through it (for kernels that give their row factor its gradient)."""
         factor = term.unsqueeze(-2)  # broadcast over the heads
-        return factor if self.s is None else self.s.detach().to(term.dtype)[:, None] * factor
+        if self.s is None:
+            return factor
+        return (self.s if grad else self.s.detach()).to(term.dtype)[:, None] * factor
 
     def forward(self, q: torch.Tensor, n: torch.Tensor | None = None, term: torch.Tensor | None = None,
                 folded: bool = False):
         """q [B, H, T, d] scaled row by row; n: the rows' key counts (see position_term), or `term`,
         position_term's result for them. The product is taken in float32 (float64 for float64 q) and
         rounded once to q's dtype, as Llama 4 does. folded: q carries factor(term) already (RoPE's
-        fused kernel scaled its rows), or the attention's kernels apply it to q's scores (their
-        q_scale; q stays unscaled, and the gradient that reaches it includes the factor): only s_h's
-        gradient is attached (ssmax_grad holds for both)."""
+        fused kernel scaled its rows): only s_h's gradient is attached."""
         dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
         term = self.position_term(n, dtype) if term is None else term
         if torch.compiler.is_compiling():  # the plain ops, s_h's gradient by autograd: inductor fuses them
@@ -133,11 +138,7 @@ def scale_rows(q: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
 
 class _SSMaxGrad(torch.autograd.Function):
     """The identity on y = s_h log(n) q (q's own path carries its gradient, with s_h held fixed),
-    whose backward gives s_h its gradient: sum over b, t, d of dy y / s_h, one reduction.
-
-    The same identity on the unscaled q serves a consumer that applies the factor f = s_h log(n)
-    itself (the fused kernels' q_scale): the gradient reaching q is then dq = f dy, so
-    sum dq q / s_h = sum dy (f q) / s_h = sum dy y / s_h, the same gradient of s_h."""
+    whose backward gives s_h its gradient: sum over b, t, d of dy y / s_h, one reduction."""
 
     @staticmethod
     def forward(ctx, y, s):
@@ -155,6 +156,6 @@ class _SSMaxGrad(torch.autograd.Function):
 
 
 def ssmax_grad(y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-    """y [B, H, T, d] = s_h log(n) q computed with s held fixed (scale_rows), or q itself where its
-    consumer applies s_h log(n) (see _SSMaxGrad) -> y itself, with s's gradient attached."""
+    """y [B, H, T, d] = s_h log(n) q computed with s held fixed (scale_rows) -> y itself, with s's
+    gradient attached."""
     return _SSMaxGrad.apply(y, s)

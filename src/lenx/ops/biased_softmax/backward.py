@@ -187,14 +187,14 @@ def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, cq, c_h, ref, DTAB_H, dq,
 
 
 @triton.jit
-def _bias_bwd_dq(Q, K, V, BAND, OFF, C, QF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
+def _bias_bwd_dq(Q, K, V, BAND, OFF, C, QF, DO, LSE, DELTA, DQ, DF, DTAB, R2, KG,
                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sfb, sfh,
                  T, qk_scale, sm_scale, n_tail, DOCS, WIN,
                  H: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, NEED_DTAB: tl.constexpr,
                  KERPLE: tl.constexpr, TAIL: tl.constexpr,
                  DH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr,
                  RES16: tl.constexpr, PREC: tl.constexpr, HW: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr,
-                 HAS_QF: tl.constexpr):
+                 HAS_QF: tl.constexpr, NEED_DF: tl.constexpr):
     """One program owns a block of queries: dQ, and either the bias-table gradient (the table
     gradient of entry (i, j) is dS_ij itself, summed over each diagonal i - j, then atomically
     added) or, KERPLE (1 log, 2 power), the two sums that give the Kerple bias's two per-head
@@ -202,7 +202,8 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, C, QF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
     constant from distance n_tail on, so key tiles entirely beyond it add only their total, at
     n_tail (see biased_attention). Masks: the key tiles as in the forward (_key_tiles). HAS_QF:
     the rows' factors scale their scores (folded into the scale, as in the forward), and dQ, the
-    gradient in the unscaled rows, is f dS K."""
+    gradient in the unscaled rows, is f dS K; NEED_DF: each row's factor gets its gradient too,
+    the row's dS K . q, into DF [B H, T] (one owner per row: no atomics)."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
@@ -217,10 +218,11 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, C, QF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
     do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdt + dd[None, :], mask=rmask[:, None], other=0.0)
     lse = tl.load(LSE + bh * T + rows, mask=rmask, other=float("inf"))  # padding rows: p = 0
     delta = tl.load(DELTA + bh * T + rows, mask=rmask, other=0.0)
+    dq_scale = sm_scale
     if HAS_QF:  # padding rows: row T - 1's factor (their dS is 0)
         f = tl.load(QF + b * sfb + h * sfh + rows_c)[:, None]
         qk_scale = qk_scale * f
-        sm_scale = sm_scale * f
+        dq_scale = sm_scale * f
     dq = tl.zeros([BM, DH], tl.float32)
     kp = K + b * skb + h * skh + nn[:, None] * skt + dd[None, :]
     vp = V + b * svb + h * svh + nn[:, None] * svt + dd[None, :]
@@ -271,4 +273,7 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, C, QF, DO, LSE, DELTA, DQ, DTAB, R2, KG,
     if KERPLE > 0:
         tl.atomic_add(KG + bh * 2, tl.sum(tl.sum(g1, 1), 0), sem="relaxed")
         tl.atomic_add(KG + bh * 2 + 1, tl.sum(tl.sum(g2, 1), 0), sem="relaxed")
-    tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
+    if NEED_DF:  # the gradient in the scaled rows, dS K / sqrt(d), dotted with the unscaled ones
+        tl.store(DF + bh * T + rows, tl.sum(dq * sm_scale * q.to(tl.float32), 1), mask=rmask)
+    tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * dq_scale).to(DQ.dtype.element_ty),
+             mask=rmask[:, None])

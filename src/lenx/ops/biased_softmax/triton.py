@@ -194,22 +194,27 @@ class BiasedAttention(torch.autograd.Function):
             ROWS=ctx.rows, DH=DH, BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, BAND_T=band_t, PREC=prec,
             **masks, num_warps=nw, num_stages=ns)
         BM, BN, nw, ns = cfg["dq"]
+        need_df = qf is not None and ctx.needs_input_grad[13]
+        df = new((B, H, T), q, torch.float32) if need_df else q
         _bias_bwd_dq[(B * H, triton.cdiv(T, BM))](
-            q, k, v, band, off, c, fp, dout, lse, delta, dq, dtab, r2_f, kg, *strides(q), *strides(k), *strides(v),
+            q, k, v, band, off, c, fp, dout, lse, delta, dq, df, dtab, r2_f, kg, *strides(q), *strides(k), *strides(v),
             *strides(dout), sfb, sfh, T, scale * LOG2E, scale, ctx.tail or 0, first, ctx.window, H=H, HAS_BIAS=has_bias,
             ROWS=ctx.rows,
             NEED_DTAB=need_dtab, KERPLE=kerple,
             TAIL=need_dtab and ctx.tail is not None and ctx.tail < T, DH=DH,
             BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, PREC=prec, HW=q.is_cuda, **masks,
-            num_warps=nw, num_stages=ns)
+            NEED_DF=need_df, num_warps=nw, num_stages=ns)
         dx = dy = None
         if kerple:  # see _dq_tile: sums of dS bias log2(e), and of dS n / (1 + r2 n) or dS bias log2(e) log2 n
             sums = kg.view(B, H, 2).sum(0)
             xf = px.detach().float()  # no graph to px under create_graph (the kernel has no double backward)
             dx = (math.log(2.0) / xf * sums[:, 0]).to(px.dtype)
             dy = (-xf * sums[:, 1] if kerple == 1 else math.log(2.0) ** 2 * sums[:, 1]).to(py.dtype)
+        broadcast = [i for i in (0, 1) if qf is not None and qf.shape[i] == 1]
+        if need_df and broadcast:  # summed over the factor's broadcast dimensions (an empty list would sum all)
+            df = df.sum(dim=broadcast, keepdim=True)
         return (dq, dk, dv, (dtab if need_dtab else None), (dc if ctx.rows else None), None, dx, dy, None, None, None,
-                None, None, None)
+                None, None, df if need_df else None)
 
 
 def biased_attention(q, k, v, table=None, kerple=None, tail=None, config: dict | None = None, window: int = 0,
@@ -237,10 +242,11 @@ def biased_attention(q, k, v, table=None, kerple=None, tail=None, config: dict |
     the table is unchanged) for this T and the band dtype of this call's tiles; the table then gets
     no gradient (with kerple its parameters still get theirs).
 
-    q_scale: a factor per query row (no gradient) that broadcasts to [B, H, T] ([T], [H, T],
-    [B, 1, T], ...): row t of head h is attended as q[b, h, t] * q_scale[b, h, t] (a query
-    temperature), the factor folded into the kernels' score scale; q's gradient is then the
-    gradient in the unscaled q, the factor included."""
+    q_scale: a factor per query row that broadcasts to [B, H, T] ([T], [H, T], [B, 1, T], ...):
+    row t of head h is attended as q[b, h, t] * q_scale[b, h, t] (a query temperature), the factor
+    folded into the kernels' score scale; q's gradient is then the gradient in the unscaled q, the
+    factor included, and q_scale gets its own (from the dq kernel: per row, dS K / sqrt(d) . q) where
+    it requires one (SSMax's s_h log n)."""
     check_qkv(q, k, v)
     H, T = q.shape[1], q.shape[2]
     if table is not None:
@@ -266,11 +272,11 @@ def biased_attention(q, k, v, table=None, kerple=None, tail=None, config: dict |
 
 
 def row_factor(q_scale, B: int, H: int, T: int, device):
-    """q_scale as the kernels read it: fp32 [1 or B, 1 or H, T], contiguous, no gradient (checked
-    as a one-line error); None stays None."""
+    """q_scale as the kernels read it: fp32 [1 or B, 1 or H, T], contiguous (checked as a one-line
+    error; its gradient flows back to q_scale); None stays None."""
     if q_scale is None:
         return None
-    f = q_scale.detach()
+    f = q_scale
     f = f.reshape((1,) * (3 - f.dim()) + tuple(f.shape)) if 1 <= f.dim() <= 3 else f
     if f.dim() != 3 or f.shape[0] not in (1, B) or f.shape[1] not in (1, H) or f.shape[2] != T \
             or f.device != torch.device(device) or f.is_complex():
