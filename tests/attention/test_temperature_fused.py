@@ -47,7 +47,7 @@ def layers(method, device, dtype, n_head=3, d_model=48, window=0):
     s_h set apart per head."""
     torch.manual_seed(0)
     cfg = dict(method=method, window=window, **SHORT)
-    ref = Attention(AttentionConfig(backend="dense", **cfg), n_head, d_model).double()
+    ref = Attention(AttentionConfig(backend="dense", **cfg), n_head, d_model).double().to(device)
     with torch.no_grad():
         if ref.temperature is not None and ref.temperature.s is not None:
             ref.temperature.s.copy_(torch.linspace(0.43, 1.7, n_head))
@@ -72,21 +72,22 @@ def run_fold(method, monkeypatch, device="cpu", dtype=torch.float32, n_head=3, d
     ref, fast = layers(method, device, dtype, n_head, d_model, window)
     torch.manual_seed(1)
     x = torch.randn(2, T, d_model).to(dtype).double()
-    segments = torch.tensor([[0] * (T // 3) + [1] * (T - T // 3), [4] * T]) if docs else None
-    w = torch.randn(2, T, d_model, dtype=torch.float64)
+    segments = torch.tensor([[0] * (T // 3) + [1] * (T - T // 3), [4] * T], device=device) if docs else None
+    x, w = x.to(device), torch.randn(2, T, d_model, dtype=torch.float64).to(device)
     calls = Calls(monkeypatch)
-    got = forward_backward(fast, x.to(device, dtype), w.to(device), None if segments is None else segments.to(device))
+    got = forward_backward(fast, x.to(dtype), w, segments)
     assert calls.scaled == 0 and calls.reductions == 0, "the temperature scaled q, or reduced it, with ops of its own"
     assert len(calls.factors) == 1 and calls.factors[0] is not None, "the fused kernels got no factor"
     monkeypatch.setattr(Attention, "folds_temperature", lambda *a, **k: False)  # the unfolded path, same kernels
-    unfolded = forward_backward(fast, x.to(device, dtype), w.to(device),
-                                None if segments is None else segments.to(device))
+    unfolded = forward_backward(fast, x.to(dtype), w, segments)
     assert calls.scaled == 2 and calls.factors[1] is None
-    want = forward_backward(ref, x, w, segments)
     names = ["out", "dx"] + [n for n, _ in fast.named_parameters()]
-    for name, a, b, c in zip(names, got, unfolded, want):
+    for name, a, b in zip(names, got, unfolded):
         assert_close(a.double().cpu(), b.double().cpu(), tol, f"{method} {name} against the unfolded path")
-        assert_close(a.double().cpu(), c, ref_tol, f"{method} {name} against the float64 reference")
+    if ref_tol is not None:
+        want = forward_backward(ref, x, w, segments)
+        for name, a, c in zip(names, got, want):
+            assert_close(a.double(), c, ref_tol, f"{method} {name} against the float64 reference")
 
 
 @pytest.mark.parametrize("method,window,docs", [("ssmax-kerple", 0, False), ("logn-kerple", 0, False),
@@ -147,11 +148,15 @@ def test_a_prefill_scales_q_itself_and_gives_the_forward_s_logits(monkeypatch):
 # --- on a GPU: the planner's own choice, the 125m shape in bf16 -----------------------------------
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("method,window,docs", [("ssmax-kerple", 0, False), ("logn-kerple", 0, False),
                                                 ("l4temp-kerple", 129, True), ("ssmax-fox", 0, True)])
-def test_gpu_the_fused_kernels_take_the_factor_125m(method, window, docs, monkeypatch):
-    """H 12, d 64, T 1000, bf16: against the unfolded path (q scaled in bf16, the same kernels) and
-    the float64 reference at bf16's tolerance."""
+def test_gpu_the_fused_kernels_take_the_factor_125m(method, window, docs, dtype, monkeypatch):
+    """H 12, d 64, T 1000. fp32 (the kernels' exact-product path): against the unfolded path (q
+    scaled first, the same kernels) at 1e-4 and the float64 reference at 1e-3, as the other GPU
+    module tests. bf16: against the unfolded path only, at 2e-2 (the two differ by the rounding of
+    q f to bf16, which the fold skips, and every bf16 rounding after it)."""
     probe = Attention(AttentionConfig(method=method, window=window, **SHORT), 12, 768)
     assert probe.backend_for(torch.device("cuda"), docs) == "triton"
-    run_fold(method, monkeypatch, "cuda", torch.bfloat16, 12, 768, 1000, window, docs, tol=2e-2, ref_tol=2e-2)
+    tols = dict(tol=1e-4, ref_tol=1e-3) if dtype == torch.float32 else dict(tol=2e-2, ref_tol=None)
+    run_fold(method, monkeypatch, "cuda", dtype, 12, 768, 1000, window, docs, **tols)
