@@ -129,8 +129,9 @@ def _bias_bwd_dkdv(Q, K, V, BAND, OFF, C, QF, DO, LSE, DELTA, DK, DV, DC,
     if HAS_W or HAS_SEG:
         for m0 in range(mid, end, BM):
             dk, dv, dc = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0, c_h, ck,
-                                    cref, f_h, LSE + bh * T, DELTA + bh * T, dk, dv, dc, m0, cols, T, qk_scale, WIN, DOC,
-                                    HAS_BIAS, ROWS, True, BM, BN, W, RES16, BAND_T, PAD, PREC, HAS_W, HAS_SEG, HAS_QF)
+                                    cref, f_h, LSE + bh * T, DELTA + bh * T, dk, dv, dc, m0, cols, T, qk_scale, WIN,
+                                    DOC, HAS_BIAS, ROWS, True, BM, BN, W, RES16, BAND_T, PAD, PREC, HAS_W, HAS_SEG,
+                                    HAS_QF)
     if ROWS:
         tl.store(DC + bh * T + cols, dc, mask=cmask)
     tl.store(DK + b * skb + h * skh + cols[:, None] * skt + dd[None, :], (dk * sm_scale).to(DK.dtype.element_ty), mask=cmask[:, None])

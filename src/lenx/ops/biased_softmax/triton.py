@@ -22,6 +22,11 @@ kernels start at the first key tile a row of their block sees (tiles.key_tiles) 
 kernel stops after the last query tile that sees its keys (tiles.query_end): cost O(W), or O(the
 documents' lengths), not O(T). Masked inside tiles: a window's edge tiles, and with documents every
 tile (tiles.window_document).
+
+A factor per query row (HAS_QF; off, the kernels compile as without it): a query temperature's
+q_i <- f_i q_i taken into the score scale of row i (forward and both backward kernels); dQ is the
+gradient in the unscaled q (f dS K), the key-owner kernel's dK takes dS f q, and where the factor
+needs a gradient (NEED_DF) the dq kernel gives it, per row the dot of dS K with q.
 """
 
 import math
