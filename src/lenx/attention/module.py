@@ -9,7 +9,7 @@ from torch import nn
 
 from ..config import AttentionConfig
 from . import profiling
-from .backends import plan_backend, run_backend
+from .backends import get_backend, plan_backend, run_backend
 from .cache import LayerCache, StepRows, cached_attention
 from .fox import FoxPro
 from .masks import check_segments, positions as document_positions
@@ -79,6 +79,11 @@ class Attention(nn.Module):
         key/value shift takes nothing from the token before a document's first. memo: a dict the
         layers of one forward over the same tokens share (None: this call's own), which keeps the
         temperature's table for them all."""
+        return self._project(x, positions, length, segments, memo)[:3]
+
+    def _project(self, x, positions=None, length=None, segments=None, memo=None, to_kernel: bool = False):
+        """project's q, k, v and None; to_kernel (the backend's kernels fold a temperature's factor,
+        folds_temperature): q unscaled and the factor for the kernels (s_h's gradient flows through it)."""
         qkv = self._qkv(x, split=False)
         T = x.shape[1]
 
@@ -113,9 +118,19 @@ class Attention(nn.Module):
                 real[:, :-1] = segments[:, 1:] == segments[:, :-1]
                 real = real[:, None, :, None]
             q, k, v = self.pro(x, q, k, v, None, real)
+        if term is not None and to_kernel and not fold:  # q unscaled; the kernels give s_h its gradient
+            return q, k, v, self.temperature.factor(term, grad=True)
         if term is not None:
             q = self.temperature(q, term=term, folded=fold)
-        return q, k, v
+        return q, k, v, None
+
+    def folds_temperature(self, device: torch.device, segments: bool = False) -> bool:
+        """Whether this layer's query temperature rides on its backend's kernels (the fused
+        biased-softmax and FoX kernels scale each row's scores: no pass of its own scales q), for a
+        forward on `device` (with document ids when `segments`). Not under torch.compile, whose
+        inductor fuses the plain product."""
+        return self.temperature is not None and not torch.compiler.is_compiling() \
+            and get_backend(self.backend_for(device, segments)).folds_q_scale(self.parts)
 
     def _keys_seen(self, counts: torch.Tensor) -> torch.Tensor:
         """The keys a causal row sees from its position + 1: at most its window's."""
@@ -135,13 +150,14 @@ class Attention(nn.Module):
             raise ValueError("decoding has no document segments: a prompt is one document")
         if segments is not None and positions is None:
             positions = document_positions(segments)
-        q, k, v = self.project(x, positions, segments=segments, memo=memo)
+        to_kernel = cache is None and self.folds_temperature(x.device, segments is not None)
+        q, k, v, q_scale = self._project(x, positions, segments=segments, memo=memo, to_kernel=to_kernel)
         parts, kept = self.parts_for(x)
         if positions is not None and parts.bias is not None:
             parts = replace(parts, bias=parts.bias.at(positions))
         if cache is not None:
             cache.write(at, k, v, rows, q, **kept)
-        attend = functools.partial(self.attend, parts=parts, segments=segments)
+        attend = functools.partial(self.attend, parts=parts, segments=segments, q_scale=q_scale)
         if profiling.active():  # `lenx bench --train-step`: attention's kernels marked for torch.profiler
             out = profiling.marked(attend, q, k, v)
         else:
@@ -177,14 +193,15 @@ class Attention(nn.Module):
         return self.proj(out.transpose(1, 2).reshape(B, T, -1))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, parts: Parts | None = None,
-               segments: torch.Tensor | None = None) -> torch.Tensor:
+               segments: torch.Tensor | None = None, q_scale: torch.Tensor | None = None) -> torch.Tensor:
         """The attention itself: q, k, v [B, H, T, d] (q and k already rotated) -> out [B, H, T, d].
-        parts: self.parts, or those bound to the input (parts_for); segments [B, T] or None."""
+        parts: self.parts, or those bound to the input (parts_for); segments [B, T] or None; q_scale:
+        the temperature's factor per row for a backend that folds it (folds_temperature), q unscaled."""
         parts = self.parts if parts is None else parts
         if segments is not None:
             parts = replace(parts, segments=True)
         backend = self.backend_for(q.device, segments is not None)
-        out, rem = run_backend(backend, q, k, v, parts, self.cfg.chunk_size, segments)
+        out, rem = run_backend(backend, q, k, v, parts, self.cfg.chunk_size, segments, q_scale)
         out = self.normaliser.finish(out, rem, v)
         return out if self.processor is None else self.processor.finish(out)
 

@@ -12,7 +12,8 @@ at position i when causal; the sequence length when not), after RoPE/PoPE, befor
 
 Scaling q scales the q.k logits and nothing else: an additive bias (ALiBi, Kerple, ...) is added
 unscaled, and a DAPE processor reads the scaled logits. Every backend (SDPA, the fused kernels, the
-chunked reference, decoding) then runs unchanged: the temperature is one elementwise product on q.
+chunked reference, decoding) then runs unchanged: the temperature is one elementwise product on q
+(which the fused biased-softmax and FoX kernels take into their score scale: below).
 
 Its cost is kept to that product. The position term is a [T] (or [B, T]) table that the layers of a
 forward share (Attention.project's memo, like a decode step's StepRows.shared); the table stays in
@@ -23,6 +24,10 @@ near 6, one factor for whole bands of positions. q is scaled by one elementwise 
 own), and SSMax's s_h gets its gradient from one reduction over the output
 (ssmax_grad: d/ds_h of y = s_h log(n) q is y / s_h), so no fp32 copy of q and no input q is kept
 for the backward: the output, which the attention keeps anyway, serves.
+
+Before the fused biased-softmax and FoX kernels (Kerple, ALiBi, T5, FoX on the triton backend) q is
+not scaled at all: the attention passes factor(term, grad=True) to them (q_scale), they fold it
+into their score scale, and their dq kernel gives the factor, and through it s_h, its gradient.
 """
 
 import math
@@ -72,11 +77,14 @@ class QueryTemperature(nn.Module):
             return (torch.log(n) / math.log(self.train_len)).clamp(min=1.0)
         return torch.log(torch.floor(n / self.floor_scale) + 1) * self.attn_scale + 1
 
-    def factor(self, term: torch.Tensor) -> torch.Tensor:
-        """The rows' factors from position_term's table, s_h held fixed: [1, T] or [B, 1, T], SSMax's
-        [H, T] or [B, H, T], in the table's dtype, no gradient."""
+    def factor(self, term: torch.Tensor, grad: bool = False) -> torch.Tensor:
+        """The rows' factors from position_term's table: [1, T] or [B, 1, T], SSMax's [H, T] or
+        [B, H, T], in the table's dtype; s_h held fixed (no gradient), or with grad SSMax's s_h
+        gets its gradient through it (for kernels that give their row factor its gradient)."""
         factor = term.unsqueeze(-2)  # broadcast over the heads
-        return factor if self.s is None else self.s.detach().to(term.dtype)[:, None] * factor
+        if self.s is None:
+            return factor
+        return (self.s if grad else self.s.detach()).to(term.dtype)[:, None] * factor
 
     def forward(self, q: torch.Tensor, n: torch.Tensor | None = None, term: torch.Tensor | None = None,
                 folded: bool = False):

@@ -85,14 +85,20 @@ def plan_backend(parts: Parts, device: torch.device, requested: str = "auto") ->
     raise AssertionError("the chunked reference runs every composition")
 
 
-def run_backend(backend: str, q, k, v, parts: Parts, chunk_size: int = 256, segments=None):
+def run_backend(backend: str, q, k, v, parts: Parts, chunk_size: int = 256, segments=None, q_scale=None):
     """(out [B, H, T, d], rem [B, H, T] or None) of the named backend; segments [B, T] the
-    document ids (None: one document; parts.segments must say whether they come)."""
+    document ids (None: one document; parts.segments must say whether they come). q_scale: a factor
+    per query row (broadcasting to [B, H, T]) that the backend's kernels apply to q's scores, where
+    it folds one (Backend.folds_q_scale; an error elsewhere)."""
     if (segments is not None) != parts.segments:
         raise ValueError("segments given without parts.segments (or the reverse): the plan would not know of them")
     if parts.masked and not _takes_masks(backend):  # its kernels would ignore the mask
         raise ValueError(unsupported_reason(backend, parts, q.device) or NO_MASKS[backend])
-    return get_backend(backend).run(q, k, v, parts, chunk_size, segments)
+    if q_scale is None:
+        return get_backend(backend).run(q, k, v, parts, chunk_size, segments)
+    if not get_backend(backend).folds_q_scale(parts):
+        raise ValueError(f"backend {backend!r} takes no q_scale for this attention: scale q before it")
+    return get_backend(backend).run(q, k, v, parts, chunk_size, segments, q_scale=q_scale)
 
 
 def plan_note(parts: Parts, device: torch.device, requested: str = "auto") -> str | None:

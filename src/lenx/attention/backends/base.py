@@ -58,5 +58,10 @@ class Backend:
         rows = work.batch * work.heads * work.length
         return LayerMemory(kept=rows * 4 if work.training else 0, peak=2 * rows * 4)
 
+    def folds_q_scale(self, parts: Parts) -> bool:
+        """Whether run() takes a query temperature's factor per row (q_scale) into its kernels, so that
+        q comes unscaled and no pass of its own scales it; none but the fused one's by default."""
+        return False
+
     def run(self, q, k, v, parts: Parts, chunk_size: int = 256, segments=None):
         raise NotImplementedError

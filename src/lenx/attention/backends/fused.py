@@ -15,6 +15,9 @@ where those tables exceed the Gluon forward's fp16 range (gluon.range_reason: Ke
 2048) it goes to the skewed forward instead (the Triton kernel where its buffers do not fit), and
 the processor's `kernel_note` says why.
 
+A query temperature's factor per row (q_scale, folds_q_scale) rides on the biased-softmax and FoX
+kernels' score scale: the attention module passes it with q unscaled, and no pass of its own scales q.
+
 Its memory is the default O(T) (Backend.memory): the skewed kernels take their T x T buffers only
 where the device has them free when the step runs (`_skewed_plan`), so no step needs them; the
 chunked reference's where DAPE V2's head dim can fall back to it.
@@ -83,7 +86,14 @@ class Fused(Backend):
             return Chunked().memory(parts, work)
         return super().memory(parts, work)
 
-    def run(self, q, k, v, parts, chunk_size=256, segments=None):
+    def folds_q_scale(self, parts):
+        # the biased-softmax and FoX kernels scale each row's scores (the DAPE V2 and stick-breaking
+        # kernels take none)
+        return parts.normaliser.name == "softmax" and parts.processor is None
+
+    def run(self, q, k, v, parts, chunk_size=256, segments=None, q_scale=None):
+        if q_scale is not None and not self.folds_q_scale(parts):
+            raise ValueError("q_scale goes to the biased-softmax and FoX kernels only")
         if parts.normaliser.name == "stickbreaking":
             from ...ops.stickbreaking.triton import stickbreaking_triton
 
@@ -92,15 +102,15 @@ class Fused(Backend):
         if parts.processor is not None:
             return _dape_v2(q, k, v, parts, chunk_size, segments)
         c = parts.bias.token_values() if parts.bias is not None else None
-        masks = dict(window=parts.window, segments=segments)
+        common = dict(window=parts.window, segments=segments, q_scale=q_scale)
         if c is not None:  # FoX, bound to one forward's prefix sums
             from ...ops.forgetting.triton import forgetting_attention
 
-            return forgetting_attention(q, k, v, c.float(), **masks), None
+            return forgetting_attention(q, k, v, c.float(), **common), None
         from ...ops.biased_softmax.triton import biased_attention
 
         if parts.bias is None:
-            return biased_attention(q, k, v, None, **masks), None
+            return biased_attention(q, k, v, None, **common), None
         # a bias may let the kernel give its parameters their gradients more cheaply (Kerple, T5);
         # only a backward reads them
         grad_args = parts.bias.fused_grad_args() if torch.is_grad_enabled() else {}
@@ -108,7 +118,7 @@ class Fused(Backend):
         table = parts.bias.table(q.shape[-2], q.device) if bands is None else None
         if bands is not None:  # T5's shortcut for its table gradient: a kept table gets none
             grad_args = {name: arg for name, arg in grad_args.items() if name != "tail"}
-        return biased_attention(q, k, v, table, **grad_args, **masks, bands=bands), None
+        return biased_attention(q, k, v, table, **grad_args, **common, bands=bands), None
 
 
 def _kept_bands(q, bias, grad_args):

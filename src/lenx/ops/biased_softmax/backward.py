@@ -11,20 +11,25 @@ from .band import band_tile, bias_tile, rows_ref
 
 
 @triton.jit
-def _dkdv_tile(k, v, qp, dop, band_t, off_t, c_h, ck, cref, lse_h, delta_h, dk, dv, dc, m0, cols, T, qk_scale,
+def _dkdv_tile(k, v, qp, dop, band_t, off_t, c_h, ck, cref, f_h, lse_h, delta_h, dk, dv, dc, m0, cols, T, qk_scale,
                WIN, DOC, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, MASK: tl.constexpr, BM: tl.constexpr,
                BN: tl.constexpr, W: tl.constexpr, RES16: tl.constexpr, BAND_T: tl.constexpr, PAD: tl.constexpr,
-               PREC: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
+               PREC: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr, HAS_QF: tl.constexpr):
     """Transposed tile [keys, queries] of the key-owner backward: query rows m0 .. m0 + BM. ROWS
     (FoX): ck = (the keys' c - cref) log2(e), cref their block's first c, and dc gathers the keys'
-    c gradient, minus the column sums of dS."""
+    c gradient, minus the column sums of dS. HAS_QF: the rows' factors f_h[t] scale their scores,
+    and dK takes the scaled rows, dS f q."""
     rows = m0 + tl.arange(0, BM)
     rmask = rows < T
     q = tl.load(qp, mask=rmask[:, None], other=0.0)
     do = tl.load(dop, mask=rmask[:, None], other=0.0)
     lse = tl.load(lse_h + rows, mask=rmask, other=float("inf"))  # padding rows: p = 0
     delta = tl.load(delta_h + rows, mask=rmask, other=0.0)
-    st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale  # [BN, BM]
+    if HAS_QF:
+        fq = tl.load(f_h + rows, mask=rmask, other=0.0)
+        st = tl.dot(k, tl.trans(q), input_precision=PREC) * (qk_scale * fq[None, :])  # [BN, BM]
+    else:
+        st = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale  # [BN, BM]
     if HAS_BIAS:
         if ROWS:  # less the key block's first c (cref), as precise as the rows' (c - cref is small for the keys)
             cq = (tl.load(c_h + rows, mask=rmask, other=cref) - cref) * 1.4426950408889634
@@ -50,19 +55,23 @@ def _dkdv_tile(k, v, qp, dop, band_t, off_t, c_h, ck, cref, lse_h, delta_h, dk, 
     dv += tl.dot(pt.to(do.dtype), do, input_precision=PREC)
     dpt = tl.dot(v, tl.trans(do), input_precision=PREC)
     dst = pt * (dpt - delta[None, :])
-    dk += tl.dot(dst.to(q.dtype), q, input_precision=PREC)
+    if HAS_QF:
+        dk += tl.dot((dst * fq[None, :]).to(q.dtype), q, input_precision=PREC)
+    else:
+        dk += tl.dot(dst.to(q.dtype), q, input_precision=PREC)
     if ROWS:
         dc -= tl.sum(dst, 1)
     return dk, dv, dc
 
 
 @triton.jit
-def _bias_bwd_dkdv(Q, K, V, BAND, OFF, C, DO, LSE, DELTA, DK, DV, DC,
-                   sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
+def _bias_bwd_dkdv(Q, K, V, BAND, OFF, C, QF, DO, LSE, DELTA, DK, DV, DC,
+                   sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sfb, sfh,
                    T, qk_scale, sm_scale, DOCS, LASTS, WIN,
                    H: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, DH: tl.constexpr,
                    BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr, RES16: tl.constexpr,
-                   BAND_T: tl.constexpr, PREC: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
+                   BAND_T: tl.constexpr, PREC: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr,
+                   HAS_QF: tl.constexpr):
     """One program owns BN keys and walks the query blocks from its diagonal down: the BN // BM
     blocks that cross the diagonal with the causal mask, the rest without. Transposed tiles
     [keys, queries], so no register transposes. ROWS (FoX): also the keys' c gradient DC, whole
@@ -93,6 +102,7 @@ def _bias_bwd_dkdv(Q, K, V, BAND, OFF, C, DO, LSE, DELTA, DK, DV, DC,
         band_step = W
     off_h = OFF + h * (T + 2 * PAD) + PAD - n0
     c_h = C + bh * T
+    f_h = QF + b * sfb + h * sfh
     cref = 0.0
     ck = tl.zeros([BN], tl.float32)
     if ROWS:
@@ -110,17 +120,18 @@ def _bias_bwd_dkdv(Q, K, V, BAND, OFF, C, DO, LSE, DELTA, DK, DV, DC,
             mid = tl.minimum(tl.maximum(n0 + (tl.maximum(WIN - BM + 1, 0) + BM - 1) // BM * BM, hi), end)
     for m0 in range(n0, hi, BM):
         dk, dv, dc = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0, c_h, ck, cref,
-                                LSE + bh * T, DELTA + bh * T, dk, dv, dc, m0, cols, T, qk_scale, WIN, DOC, HAS_BIAS,
-                                ROWS, True, BM, BN, W, RES16, BAND_T, PAD, PREC, HAS_W, HAS_SEG)
+                                f_h, LSE + bh * T, DELTA + bh * T, dk, dv, dc, m0, cols, T, qk_scale, WIN, DOC,
+                                HAS_BIAS, ROWS, True, BM, BN, W, RES16, BAND_T, PAD, PREC, HAS_W, HAS_SEG, HAS_QF)
     for m0 in range(hi, mid, BM):
         dk, dv, dc = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0, c_h, ck, cref,
-                                LSE + bh * T, DELTA + bh * T, dk, dv, dc, m0, cols, T, qk_scale, WIN, DOC, HAS_BIAS,
-                                ROWS, False, BM, BN, W, RES16, BAND_T, PAD, PREC, HAS_W, HAS_SEG)
+                                f_h, LSE + bh * T, DELTA + bh * T, dk, dv, dc, m0, cols, T, qk_scale, WIN, DOC,
+                                HAS_BIAS, ROWS, False, BM, BN, W, RES16, BAND_T, PAD, PREC, HAS_W, HAS_SEG, HAS_QF)
     if HAS_W or HAS_SEG:
         for m0 in range(mid, end, BM):
             dk, dv, dc = _dkdv_tile(k, v, qp + m0 * sqt, dop + m0 * sdt, band_h + m0 * band_step, off_h + m0, c_h, ck,
-                                    cref, LSE + bh * T, DELTA + bh * T, dk, dv, dc, m0, cols, T, qk_scale, WIN, DOC,
-                                    HAS_BIAS, ROWS, True, BM, BN, W, RES16, BAND_T, PAD, PREC, HAS_W, HAS_SEG)
+                                    cref, f_h, LSE + bh * T, DELTA + bh * T, dk, dv, dc, m0, cols, T, qk_scale, WIN,
+                                    DOC, HAS_BIAS, ROWS, True, BM, BN, W, RES16, BAND_T, PAD, PREC, HAS_W, HAS_SEG,
+                                    HAS_QF)
     if ROWS:
         tl.store(DC + bh * T + cols, dc, mask=cmask)
     tl.store(DK + b * skb + h * skh + cols[:, None] * skt + dd[None, :], (dk * sm_scale).to(DK.dtype.element_ty), mask=cmask[:, None])
@@ -177,19 +188,23 @@ def _dq_tile(q, do, lse, delta, kp, vp, band_t, off_t, cq, c_h, ref, DTAB_H, dq,
 
 
 @triton.jit
-def _bias_bwd_dq(Q, K, V, BAND, OFF, C, DO, LSE, DELTA, DQ, DTAB, R2, KG,
-                 sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
+def _bias_bwd_dq(Q, K, V, BAND, OFF, C, QF, DO, LSE, DELTA, DQ, DF, DTAB, R2, KG,
+                 sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, sfb, sfh,
                  T, qk_scale, sm_scale, n_tail, DOCS, WIN,
                  H: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, NEED_DTAB: tl.constexpr,
                  KERPLE: tl.constexpr, TAIL: tl.constexpr,
                  DH: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr,
-                 RES16: tl.constexpr, PREC: tl.constexpr, HW: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
+                 RES16: tl.constexpr, PREC: tl.constexpr, HW: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr,
+                 HAS_QF: tl.constexpr, NEED_DF: tl.constexpr):
     """One program owns a block of queries: dQ, and either the bias-table gradient (the table
     gradient of entry (i, j) is dS_ij itself, summed over each diagonal i - j, then atomically
     added) or, KERPLE (1 log, 2 power), the two sums that give the Kerple bias's two per-head
     parameters their gradients (KG [B H, 2]). TAIL (with the table gradient): the table is
     constant from distance n_tail on, so key tiles entirely beyond it add only their total, at
-    n_tail (see biased_attention). Masks: the key tiles as in the forward (_key_tiles)."""
+    n_tail (see biased_attention). Masks: the key tiles as in the forward (_key_tiles). HAS_QF:
+    the rows' factors scale their scores (folded into the scale, as in the forward), and dQ, the
+    gradient in the unscaled rows, is f dS K; NEED_DF: each row's factor gets its gradient too,
+    the row's dS K . q, into DF [B H, T] (one owner per row: no atomics)."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
@@ -204,6 +219,11 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, C, DO, LSE, DELTA, DQ, DTAB, R2, KG,
     do = tl.load(DO + b * sdb + h * sdh + rows[:, None] * sdt + dd[None, :], mask=rmask[:, None], other=0.0)
     lse = tl.load(LSE + bh * T + rows, mask=rmask, other=float("inf"))  # padding rows: p = 0
     delta = tl.load(DELTA + bh * T + rows, mask=rmask, other=0.0)
+    dq_scale = sm_scale
+    if HAS_QF:  # padding rows: row T - 1's factor (their dS is 0)
+        f = tl.load(QF + b * sfb + h * sfh + rows_c)[:, None]
+        qk_scale = qk_scale * f
+        dq_scale = sm_scale * f
     dq = tl.zeros([BM, DH], tl.float32)
     kp = K + b * skb + h * skh + nn[:, None] * skt + dd[None, :]
     vp = V + b * svb + h * svh + nn[:, None] * svt + dd[None, :]
@@ -254,4 +274,7 @@ def _bias_bwd_dq(Q, K, V, BAND, OFF, C, DO, LSE, DELTA, DQ, DTAB, R2, KG,
     if KERPLE > 0:
         tl.atomic_add(KG + bh * 2, tl.sum(tl.sum(g1, 1), 0), sem="relaxed")
         tl.atomic_add(KG + bh * 2 + 1, tl.sum(tl.sum(g2, 1), 0), sem="relaxed")
-    tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rmask[:, None])
+    if NEED_DF:  # the gradient in the scaled rows, dS K / sqrt(d), dotted with the unscaled ones
+        tl.store(DF + bh * T + rows, tl.sum(dq * sm_scale * q.to(tl.float32), 1), mask=rmask)
+    tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (dq * dq_scale).to(DQ.dtype.element_ty),
+             mask=rmask[:, None])

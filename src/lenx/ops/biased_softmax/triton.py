@@ -22,6 +22,11 @@ kernels start at the first key tile a row of their block sees (tiles.key_tiles) 
 kernel stops after the last query tile that sees its keys (tiles.query_end): cost O(W), or O(the
 documents' lengths), not O(T). Masked inside tiles: a window's edge tiles, and with documents every
 tile (tiles.window_document).
+
+A factor per query row (HAS_QF; off, the kernels compile as without it): a query temperature's
+q_i <- f_i q_i taken into the score scale of row i (forward and both backward kernels); dQ is the
+gradient in the unscaled q (f dS K), the key-owner kernel's dK takes dS f q, and where the factor
+needs a gradient (NEED_DF) the dq kernel gives it, per row the dot of dS K with q.
 """
 
 import math
@@ -66,15 +71,16 @@ def _fwd_tile(q, kp, vp, band_t, off_t, cq, c_h, ref, m_i, l_i, acc, rows_c, col
 
 
 @triton.jit
-def _bias_fwd(Q, K, V, BAND, OFF, C, O, LSE,
-              sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
+def _bias_fwd(Q, K, V, BAND, OFF, C, QF, O, LSE,
+              sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sfb, sfh,
               T, qk_scale, DOCS, WIN,
               H: tl.constexpr, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr, DH: tl.constexpr,
               BM: tl.constexpr, BN: tl.constexpr, W: tl.constexpr, PAD: tl.constexpr, RES16: tl.constexpr,
-              PREC: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr):
+              PREC: tl.constexpr, HAS_W: tl.constexpr, HAS_SEG: tl.constexpr, HAS_QF: tl.constexpr):
     """One program: BM query rows of one (batch, head). Key tiles strictly below the diagonal
     block need no mask (but at a window's edge, or with documents); the BM // BN tiles of the
-    diagonal block do. Heavy blocks launch first."""
+    diagonal block do. Heavy blocks launch first. HAS_QF: each row's scores times its factor
+    QF[b, h, t] (strides sfb, sfh, 1) too, folded into the scale (a [BM, 1] column instead of one number)."""
     bh = tl.program_id(0)
     pid_m = tl.num_programs(1) - 1 - tl.program_id(1)
     b = bh // H
@@ -92,6 +98,8 @@ def _bias_fwd(Q, K, V, BAND, OFF, C, O, LSE,
     off_h = OFF + h * (T + 2 * PAD) + m0 + PAD
     c_h = C + bh * T
     ref, cq = rows_ref(c_h, m0, rows, T, ROWS)
+    if HAS_QF:  # padding rows: row T - 1's factor, as rows_c
+        qk_scale = qk_scale * tl.load(QF + b * sfb + h * sfh + rows_c)[:, None]
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, DH], tl.float32)
@@ -121,10 +129,11 @@ def _bias_fwd(Q, K, V, BAND, OFF, C, O, LSE,
 
 class BiasedAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, table, c, kerple_kind, kerple_x, kerple_y, tail, cfg, window=0, spans=None, bands=None):
+    def forward(ctx, q, k, v, table, c, kerple_kind, kerple_x, kerple_y, tail, cfg, window=0, spans=None, bands=None,
+                qf=None):
         """table: a per-distance bias table, or c: FoX's prefix sums [B, H, T] (the bias c_i - c_j),
         or neither; bands: the table's Bands instead (bands.py; the table then gets no gradient).
-        window, spans: as _launch.check_masks returns them."""
+        window, spans: as _launch.check_masks returns them; qf: row_factor's table, or None."""
         # Inputs and their gradients share one contiguous layout (a strided view, e.g. q sliced out
         # of a fused qkv projection, is copied once: O(T) and cheap next to the attention itself).
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
@@ -142,11 +151,12 @@ class BiasedAttention(torch.autograd.Function):
         BM, BN, nw, ns = cfg["fwd"]
         grid = (B * H, triton.cdiv(T, BM))
         first = spans[0] if spans is not None else q  # a pointer the kernels never read without documents
-        _bias_fwd[grid](q, k, v, band, off, c, out, lse, *strides(q), *strides(k), *strides(v), *strides(out),
-                        T, DH ** -0.5 * LOG2E, first, window, H=H, HAS_BIAS=has_band or rows, ROWS=rows, DH=DH, BM=BM, BN=BN,
-                        W=BAND_W, PAD=BAND_PAD, RES16=res16, PREC=dot_precision(q.dtype), HAS_W=window > 0, HAS_SEG=spans is not None,
-                        num_warps=nw, num_stages=ns)
-        ctx.save_for_backward(q, k, v, band, off, c, out, lse, kerple_x, kerple_y, spans)
+        fp, sfb, sfh = _factor_args(qf, q)
+        _bias_fwd[grid](q, k, v, band, off, c, fp, out, lse, *strides(q), *strides(k), *strides(v), *strides(out),
+                        sfb, sfh, T, DH ** -0.5 * LOG2E, first, window, H=H, HAS_BIAS=has_band or rows, ROWS=rows,
+                        DH=DH, BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD, RES16=res16, PREC=dot_precision(q.dtype),
+                        HAS_W=window > 0, HAS_SEG=spans is not None, HAS_QF=qf is not None, num_warps=nw, num_stages=ns)
+        ctx.save_for_backward(q, k, v, band, off, c, out, lse, kerple_x, kerple_y, spans, qf)
         ctx.bands = bands  # the transposed band, for the backward (its tensors: no input or output)
         ctx.window, ctx.has_seg = window, spans is not None
         ctx.kerple_kind = kerple_kind
@@ -158,8 +168,9 @@ class BiasedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        q, k, v, band, off, c, out, lse, px, py, spans = ctx.saved_tensors
-        masks = dict(HAS_W=ctx.window > 0, HAS_SEG=ctx.has_seg)
+        q, k, v, band, off, c, out, lse, px, py, spans, qf = ctx.saved_tensors
+        masks = dict(HAS_W=ctx.window > 0, HAS_SEG=ctx.has_seg, HAS_QF=qf is not None)
+        fp, sfb, sfh = _factor_args(qf, q)
         B, H, T, DH = q.shape
         cfg = ctx.cfg
         dout = dout.contiguous()
@@ -183,31 +194,36 @@ class BiasedAttention(torch.autograd.Function):
         dc = new((B, H, T), q, torch.float32) if ctx.rows else q
         has_bias = ctx.has_band or ctx.rows
         _bias_bwd_dkdv[(B * H, triton.cdiv(T, BN))](
-            q, k, v, kband, off, c, dout, lse, delta, dk, dv, dc, *strides(q), *strides(k), *strides(v),
-            *strides(dout), T, scale * LOG2E, scale, first, last, ctx.window, H=H, HAS_BIAS=has_bias,
+            q, k, v, kband, off, c, fp, dout, lse, delta, dk, dv, dc, *strides(q), *strides(k), *strides(v),
+            *strides(dout), sfb, sfh, T, scale * LOG2E, scale, first, last, ctx.window, H=H, HAS_BIAS=has_bias,
             ROWS=ctx.rows, DH=DH, BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, BAND_T=band_t, PREC=prec,
             **masks, num_warps=nw, num_stages=ns)
         BM, BN, nw, ns = cfg["dq"]
+        need_df = qf is not None and ctx.needs_input_grad[13]
+        df = new((B, H, T), q, torch.float32) if need_df else q
         _bias_bwd_dq[(B * H, triton.cdiv(T, BM))](
-            q, k, v, band, off, c, dout, lse, delta, dq, dtab, r2_f, kg, *strides(q), *strides(k), *strides(v),
-            *strides(dout), T, scale * LOG2E, scale, ctx.tail or 0, first, ctx.window, H=H, HAS_BIAS=has_bias,
+            q, k, v, band, off, c, fp, dout, lse, delta, dq, df, dtab, r2_f, kg, *strides(q), *strides(k), *strides(v),
+            *strides(dout), sfb, sfh, T, scale * LOG2E, scale, ctx.tail or 0, first, ctx.window, H=H, HAS_BIAS=has_bias,
             ROWS=ctx.rows,
             NEED_DTAB=need_dtab, KERPLE=kerple,
             TAIL=need_dtab and ctx.tail is not None and ctx.tail < T, DH=DH,
             BM=BM, BN=BN, W=BAND_W, PAD=BAND_PAD, RES16=ctx.res16, PREC=prec, HW=q.is_cuda, **masks,
-            num_warps=nw, num_stages=ns)
+            NEED_DF=need_df, num_warps=nw, num_stages=ns)
         dx = dy = None
         if kerple:  # see _dq_tile: sums of dS bias log2(e), and of dS n / (1 + r2 n) or dS bias log2(e) log2 n
             sums = kg.view(B, H, 2).sum(0)
             xf = px.detach().float()  # no graph to px under create_graph (the kernel has no double backward)
             dx = (math.log(2.0) / xf * sums[:, 0]).to(px.dtype)
             dy = (-xf * sums[:, 1] if kerple == 1 else math.log(2.0) ** 2 * sums[:, 1]).to(py.dtype)
+        broadcast = [i for i in (0, 1) if qf is not None and qf.shape[i] == 1]
+        if need_df and broadcast:  # summed over the factor's broadcast dimensions (an empty list would sum all)
+            df = df.sum(dim=broadcast, keepdim=True)
         return (dq, dk, dv, (dtab if need_dtab else None), (dc if ctx.rows else None), None, dx, dy, None, None, None,
-                None, None)
+                None, None, df if need_df else None)
 
 
 def biased_attention(q, k, v, table=None, kerple=None, tail=None, config: dict | None = None, window: int = 0,
-                     segments=None, bands=None):
+                     segments=None, bands=None, q_scale=None):
     """Causal softmax attention of q, k, v [B, H, T, d] with an optional per-distance bias table
     [H, 2T - 1] (entry (i - j) + T - 1; see reference.py). Differentiable in all four; the table
     gradient flows on to whatever built the table.
@@ -229,7 +245,13 @@ def biased_attention(q, k, v, table=None, kerple=None, tail=None, config: dict |
 
     bands: instead of the table, its Bands (bands.py: built once, kept by bands.cached_bands while
     the table is unchanged) for this T and the band dtype of this call's tiles; the table then gets
-    no gradient (with kerple its parameters still get theirs)."""
+    no gradient (with kerple its parameters still get theirs).
+
+    q_scale: a factor per query row that broadcasts to [B, H, T] ([T], [H, T], [B, 1, T], ...):
+    row t of head h is attended as q[b, h, t] * q_scale[b, h, t] (a query temperature), the factor
+    folded into the kernels' score scale; q's gradient is then the gradient in the unscaled q, the
+    factor included, and q_scale gets its own (from the dq kernel: per row, dS K / sqrt(d) . q) where
+    it requires one (SSMax's s_h log n)."""
     check_qkv(q, k, v)
     H, T = q.shape[1], q.shape[2]
     if table is not None:
@@ -249,5 +271,28 @@ def biased_attention(q, k, v, table=None, kerple=None, tail=None, config: dict |
     if tail is not None and (table is None or kerple is not None or int(tail) < 1):
         raise ValueError(f"tail must be a distance >= 1 with a table and without kerple, got {tail!r}")
     window, spans = check_masks(window, segments, q.shape[0], T, q.device)
+    qf = row_factor(q_scale, *q.shape[:3], q.device)
     return BiasedAttention.apply(q, k, v, table, None, kind, x, y, None if tail is None else int(tail), cfg, window,
-                                 spans, bands)
+                                 spans, bands, qf)
+
+
+def row_factor(q_scale, B: int, H: int, T: int, device):
+    """q_scale as the kernels read it: fp32 [1 or B, 1 or H, T], contiguous (checked as a one-line
+    error; its gradient flows back to q_scale); None stays None."""
+    if q_scale is None:
+        return None
+    f = q_scale
+    f = f.reshape((1,) * (3 - f.dim()) + tuple(f.shape)) if 1 <= f.dim() <= 3 else f
+    if f.dim() != 3 or f.shape[0] not in (1, B) or f.shape[1] not in (1, H) or f.shape[2] != T \
+            or f.device != torch.device(device) or f.is_complex():
+        raise ValueError(f"q_scale must be a real factor per row on q's device, broadcasting to [B, H, T] = "
+                         f"{[B, H, T]} with T whole, got {tuple(q_scale.shape)} on {q_scale.device}")
+    return f.float().contiguous()
+
+
+def _factor_args(qf, q):
+    """(pointer, batch stride, head stride) of row_factor's table for the kernels: a broadcast
+    dimension's stride is 0; without a table q stands in for a pointer never read."""
+    if qf is None:
+        return q, 0, 0
+    return qf, (0 if qf.shape[0] == 1 else qf.stride(0)), (0 if qf.shape[1] == 1 else qf.stride(1))

@@ -13,17 +13,17 @@ cumsum backward (a reverse cumsum), outside the kernel."""
 import torch
 
 from .._launch import check_masks, check_qkv
-from ..biased_softmax.triton import BiasedAttention, tile_config
+from ..biased_softmax.triton import BiasedAttention, row_factor, tile_config
 
 
-def forgetting_attention(q, k, v, c, config: dict | None = None, window: int = 0, segments=None):
+def forgetting_attention(q, k, v, c, config: dict | None = None, window: int = 0, segments=None, q_scale=None):
     """Causal softmax attention of q, k, v [B, H, T, d] with FoX's bias c_i - c_j, c [B, H, T] (fp32;
     see reference.py). Differentiable in all four. config: tile settings over the biased-softmax
     defaults (lenx.ops.biased_softmax.band.CONFIG; the band settings do not apply). window,
-    segments [B, T]: masks as biased_attention's."""
+    segments [B, T]: masks as biased_attention's; q_scale: a factor per query row, as biased_attention's."""
     check_qkv(q, k, v)
     if tuple(c.shape) != tuple(q.shape[:3]) or c.dtype != torch.float32:
         raise ValueError(f"c must be fp32 [B, H, T] = {list(q.shape[:3])}, got {c.dtype} {list(c.shape)}")
     window, spans = check_masks(window, segments, q.shape[0], q.shape[2], q.device)
     return BiasedAttention.apply(q, k, v, None, c, None, None, None, None, tile_config(q.dtype, q.shape[-1], config),
-                                 window, spans)
+                                 window, spans, None, row_factor(q_scale, *q.shape[:3], q.device))
