@@ -1,23 +1,26 @@
-"""MTA's per-head query-key convolution (reference.py's _conv without documents) as a Triton stencil,
+"""MTA's per-head query-key convolution (reference.py's _conv without documents) as Triton kernels,
 forward and backward:
 
     y[b, h, i, j] = sum_{a < c_q, t < c_k} w[h, 0, a, t] x[b, h, i - (c_q - 1) + a, j - c_k // 2 + t]
 
 with zeros outside x [B, H, Tq, Tk]. PyTorch runs it as a grouped (depthwise) conv2d whose native
 kernels, on [B, H, T, T] score maps, took ~70 of MTA's ~200 ms of attention per 125m step at T 512
-B 32 (H200); the stencil is memory bound, so one pass over the map each way should do.
+B 32 (H200). The work is c_q c_k (66 at 6 x 11) multiply-adds an entry; what costs is reading the
+c_q c_k shifted inputs of each, so the kernels reuse what they read:
 
-One program per (row block, key block) of one (batch, head): for each of the c_q x c_k taps it loads
-the input tile shifted by that tap (masked: zeros outside the map; the shifted tiles overlap, so
-all but the first come from the cache) and accumulates in fp32; the output is in x's dtype.
+  _stream  y, and dx (the transposed stencil). One program per (row block, key block) of one (batch,
+           head) walks its rows one at a time (and the c_q - 1 rows of halo before them): each input
+           row is read once, at its c_k key shifts (c_k loads an entry, not c_q c_k), and added into
+           the c_q output rows it feeds, held in registers (acc0..acc7, the first complete after
+           the row and stored, then the others move up one). dx is the same walk upwards with the
+           key shifts mirrored: dx[r, s] = sum_{a, t} w[a, t] g[r + (c_q - 1) - a, s + c_k // 2 - t].
+  _dw      dw[a, t] = sum_{b, i, j} g[i, j] x[i - (c_q - 1) + a, j - c_k // 2 + t]: one program per
+           (row block, key block) of one (batch, head) holds its tile of g and reads x's tile at
+           each tap's shift (masked: zeros outside the map; the shifted tiles overlap, so all but
+           the first come from the cache), and writes its c_q c_k partial sums (fp32) to a buffer of
+           its own; torch sums the buffer: no float atomics, so dw is reproducible.
 
-The backward is one more pass of the same shape over x's tiles: with g = dL/dy,
-
-    dx[r, s] = sum_{a, t} w[a, t] g[r + (c_q - 1) - a, s + c_k // 2 - t]
-    dw[a, t] = sum_{b, r, s} x[r, s] g[r + (c_q - 1) - a, s + c_k // 2 - t]
-
-both from the same shifted tiles of g. Each program writes its c_q c_k partial sums of dw (fp32) to
-a buffer of its own, and torch sums the buffer: no float atomics, so dw is reproducible.
+Products and sums are in fp32; the outputs are in x's dtype, dw in the kernel's.
 """
 
 import torch
@@ -27,56 +30,81 @@ import triton.language as tl
 from .._launch import new, pow2
 from .route import MAX_KERNEL, fits
 
+# (BM, BN) of _stream (rows a program walks, keys wide) and of _dw's tiles: powers of two >= 16
+TILES = {"stream": (64, 512), "dw": (64, 64)}
+
 
 @triton.jit
-def _conv_fwd(x_ptr, w_ptr, y_ptr, H, Tq, Tk, CQ: tl.constexpr, CK: tl.constexpr, BM: tl.constexpr,
-              BN: tl.constexpr):
+def _w(w_base, a, t, CK: tl.constexpr):
+    return tl.load(w_base + a * CK + t)
+
+
+@triton.jit
+def _stream(x_ptr, w_ptr, y_ptr, H, Tq, Tk, CQ: tl.constexpr, CK: tl.constexpr, BM: tl.constexpr,
+            BN: tl.constexpr, DIR: tl.constexpr):
+    """DIR 1: y[r, j] = sum w[a, t] x[r - (CQ-1) + a, j + t - CK//2] (the forward); DIR -1: the same
+    with rows and key shifts mirrored (dx from g). acc<k> is the output row k rows ahead of the input
+    row just read (in the walk's direction); it takes that row's weights of kernel row CQ - 1 - k."""
+    n_col = tl.cdiv(Tk, BN)
+    pid, bh = tl.program_id(0), tl.program_id(1)
+    first = (pid // n_col) * BM
+    own = tl.minimum(BM, Tq - first)
+    cols = (pid % n_col) * BN + tl.arange(0, BN)
+    base = bh.to(tl.int64) * Tq * Tk
+    w_base = w_ptr + (bh % H) * (CQ * CK)
+    if DIR == 1:
+        r0 = first - (CQ - 1)
+    else:
+        r0 = first + own - 1 + (CQ - 1)
+    acc0 = tl.zeros((BN,), dtype=tl.float32)
+    acc1, acc2, acc3, acc4, acc5, acc6, acc7 = acc0, acc0, acc0, acc0, acc0, acc0, acc0
+    for k in range(0, own + CQ - 1):
+        r = r0 + DIR * k
+        rr = r + tl.zeros_like(cols)  # the row as a vector (the interpreter's scalar & vector gives ints)
+        row_ok = (rr >= 0) & (rr < Tq)
+        for t in tl.static_range(CK):
+            c = cols + DIR * (t - CK // 2)
+            xt = tl.load(x_ptr + base + r * Tk + c, mask=row_ok & (c >= 0) & (c < Tk), other=0.0).to(tl.float32)
+            acc0 += _w(w_base, CQ - 1, t, CK) * xt
+            if CQ > 1:
+                acc1 += _w(w_base, CQ - 2, t, CK) * xt
+            if CQ > 2:
+                acc2 += _w(w_base, CQ - 3, t, CK) * xt
+            if CQ > 3:
+                acc3 += _w(w_base, CQ - 4, t, CK) * xt
+            if CQ > 4:
+                acc4 += _w(w_base, CQ - 5, t, CK) * xt
+            if CQ > 5:
+                acc5 += _w(w_base, CQ - 6, t, CK) * xt
+            if CQ > 6:
+                acc6 += _w(w_base, CQ - 7, t, CK) * xt
+            if CQ > 7:
+                acc7 += _w(w_base, CQ - 8, t, CK) * xt
+        # row r has read all its inputs; the first CQ - 1 rows walked are the halo, not stored
+        mine = (rr >= first) & (rr < first + own)
+        tl.store(y_ptr + base + r * Tk + cols, acc0.to(y_ptr.dtype.element_ty), mask=mine & (cols < Tk))
+        acc0, acc1, acc2, acc3, acc4, acc5, acc6 = acc1, acc2, acc3, acc4, acc5, acc6, acc7
+        acc7 = tl.zeros((BN,), dtype=tl.float32)
+
+
+@triton.jit
+def _dw(x_ptr, g_ptr, dw_ptr, Tq, Tk, CQ: tl.constexpr, CK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
     n_col = tl.cdiv(Tk, BN)
     pid, bh = tl.program_id(0), tl.program_id(1)
     rows = (pid // n_col) * BM + tl.arange(0, BM)
     cols = (pid % n_col) * BN + tl.arange(0, BN)
     base = bh.to(tl.int64) * Tq * Tk
-    w_base = w_ptr + (bh % H) * (CQ * CK)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    here = (rows < Tq)[:, None] & (cols < Tk)[None, :]
+    g = tl.load(g_ptr + base + rows[:, None] * Tk + cols[None, :], mask=here, other=0.0).to(tl.float32)
+    dw_base = dw_ptr + (bh.to(tl.int64) * tl.num_programs(0) + pid) * (CQ * CK)
     for a in tl.static_range(CQ):
         r = rows + (a - (CQ - 1))
-        r_ok = (r >= 0) & (r < Tq)
+        r_ok = r >= 0  # r < Tq where g is nonzero
         for t in tl.static_range(CK):
             c = cols + (t - CK // 2)
-            inside = r_ok[:, None] & ((c >= 0) & (c < Tk))[None, :]
-            tile = tl.load(x_ptr + base + r[:, None] * Tk + c[None, :], mask=inside, other=0.0)
-            acc += tl.load(w_base + a * CK + t) * tile.to(tl.float32)
-    out = (rows < Tq)[:, None] & (cols < Tk)[None, :]
-    tl.store(y_ptr + base + rows[:, None] * Tk + cols[None, :], acc.to(y_ptr.dtype.element_ty), mask=out)
-
-
-@triton.jit
-def _conv_bwd(x_ptr, g_ptr, w_ptr, dx_ptr, dw_ptr, H, Tq, Tk, CQ: tl.constexpr, CK: tl.constexpr,
-              BM: tl.constexpr, BN: tl.constexpr, WANT_DX: tl.constexpr, WANT_DW: tl.constexpr):
-    n_col = tl.cdiv(Tk, BN)
-    pid, bh = tl.program_id(0), tl.program_id(1)
-    rows = (pid // n_col) * BM + tl.arange(0, BM)
-    cols = (pid % n_col) * BN + tl.arange(0, BN)
-    base = bh.to(tl.int64) * Tq * Tk
-    w_base = w_ptr + (bh % H) * (CQ * CK)
-    here = (rows < Tq)[:, None] & (cols < Tk)[None, :]
-    if WANT_DW:
-        x = tl.load(x_ptr + base + rows[:, None] * Tk + cols[None, :], mask=here, other=0.0).to(tl.float32)
-        dw_base = dw_ptr + (bh.to(tl.int64) * tl.num_programs(0) + pid) * (CQ * CK)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for a in tl.static_range(CQ):
-        r = rows + ((CQ - 1) - a)
-        r_ok = r < Tq  # r >= 0: rows are, and the shift is not negative
-        for t in tl.static_range(CK):
-            c = cols + (CK // 2 - t)
-            inside = r_ok[:, None] & ((c >= 0) & (c < Tk))[None, :]
-            g = tl.load(g_ptr + base + r[:, None] * Tk + c[None, :], mask=inside, other=0.0).to(tl.float32)
-            if WANT_DX:
-                acc += tl.load(w_base + a * CK + t) * g
-            if WANT_DW:
-                tl.store(dw_base + a * CK + t, tl.sum(tl.sum(x * g, axis=1), axis=0))
-    if WANT_DX:
-        tl.store(dx_ptr + base + rows[:, None] * Tk + cols[None, :], acc.to(dx_ptr.dtype.element_ty), mask=here)
+            inside = r_ok[:, None] & ((c >= 0) & (c < Tk))[None, :] & here
+            xs = tl.load(x_ptr + base + r[:, None] * Tk + c[None, :], mask=inside, other=0.0).to(tl.float32)
+            tl.store(dw_base + a * CK + t, tl.sum(tl.sum(g * xs, axis=1), axis=0))
 
 
 def check_kernel(x: torch.Tensor, kernel: torch.Tensor):
@@ -90,58 +118,57 @@ def check_kernel(x: torch.Tensor, kernel: torch.Tensor):
                          f"with c_k odd, got {kernel.shape[-2]} x {kernel.shape[-1]}")
 
 
-def _tiles(Tq: int, Tk: int, block) -> tuple[int, int]:
-    """(BM, BN): the given block or 32 x 64, no larger than the map needs (powers of two, >= 16)."""
-    bm, bn = block or (32, 64)
+def _tiles(kind: str, Tq: int, Tk: int, tiles) -> tuple[int, int]:
+    """(BM, BN) of one kernel: tiles[kind] or TILES', no larger than the map needs."""
+    bm, bn = (tiles or {}).get(kind, TILES[kind])
     return min(bm, pow2(Tq)), min(bn, pow2(Tk))
 
 
-def _forward(x, w, block=None):
+def _walk(x, w, direction: int, tiles=None):
+    """_stream over x (direction 1: y from x; -1: dx from g) -> a new tensor like x."""
     B, H, Tq, Tk = x.shape
-    c_q, c_k = w.shape[-2:]
-    bm, bn = _tiles(Tq, Tk, block)
+    bm, bn = _tiles("stream", Tq, Tk, tiles)
     y = new(x.shape, x)
     grid = (triton.cdiv(Tq, bm) * triton.cdiv(Tk, bn), B * H)
-    _conv_fwd[grid](x, w, y, H, Tq, Tk, c_q, c_k, bm, bn, num_warps=4)
+    _stream[grid](x, w, y, H, Tq, Tk, *w.shape[-2:], bm, bn, direction, num_warps=max(1, min(8, bn // 256)))
     return y
 
 
-def _backward(x, g, w, want_dx: bool, want_dw: bool, block=None):
-    """(dx or None, dw [H, c_q, c_k] fp32 or None)."""
+def _weight_grad(x, g, c_q: int, c_k: int, tiles=None):
+    """dw [H, c_q, c_k] in fp32: per-program partial sums, then a fixed-order sum (reproducible)."""
     B, H, Tq, Tk = x.shape
-    c_q, c_k = w.shape[-2:]
-    bm, bn = _tiles(Tq, Tk, block)
+    bm, bn = _tiles("dw", Tq, Tk, tiles)
     grid = (triton.cdiv(Tq, bm) * triton.cdiv(Tk, bn), B * H)
-    dx = new(x.shape, x) if want_dx else None
-    parts = new((B, H, grid[0], c_q * c_k), x, torch.float32) if want_dw else None
-    _conv_bwd[grid](x, g, w, x if dx is None else dx, w if parts is None else parts, H, Tq, Tk, c_q, c_k, bm, bn,
-                    want_dx, want_dw, num_warps=4)
-    dw = None if parts is None else parts.sum((0, 2)).view(H, c_q, c_k)  # a fixed-order sum: reproducible
-    return dx, dw
+    parts = new((B, H, grid[0], c_q * c_k), x, torch.float32)
+    _dw[grid](x, g, parts, Tq, Tk, c_q, c_k, bm, bn, num_warps=4)
+    return parts.sum((0, 2)).view(H, c_q, c_k)
 
 
 class _Conv(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, kernel, block):
+    def forward(ctx, x, kernel, tiles):
         w = kernel.detach().float().contiguous()
         ctx.save_for_backward(x, w)
-        ctx.kernel_dtype, ctx.block = kernel.dtype, block
-        return _forward(x, w, block)
+        ctx.kernel_dtype, ctx.tiles = kernel.dtype, tiles
+        return _walk(x, w, 1, tiles)
 
     @staticmethod
     def backward(ctx, g):
         x, w = ctx.saved_tensors
-        want_dx, want_dw = ctx.needs_input_grad[:2]
-        dx, dw = _backward(x, g.contiguous(), w, want_dx, want_dw, ctx.block)
+        g = g.contiguous()
+        dx = _walk(g, w, -1, ctx.tiles) if ctx.needs_input_grad[0] else None
+        dw = _weight_grad(x, g, *w.shape[-2:], ctx.tiles) if ctx.needs_input_grad[1] else None
         return dx, None if dw is None else dw.view(w.shape).to(ctx.kernel_dtype), None
 
 
-def mta_conv(x: torch.Tensor, kernel: torch.Tensor, block: tuple[int, int] | None = None) -> torch.Tensor:
-    """x [B, H, Tq, Tk] (fp16/bf16/fp32) convolved per head by kernel [H, 1, c_q, c_k] (c_q <= 8,
-    c_k <= 15 and odd; used in fp32) as reference._conv(x, kernel) does: zero padding, c_q - 1 rows above and
-    c_k // 2 keys on either side. Differentiable in x and kernel; the output is x's dtype, contiguous.
-    block: the tile (BM, BN), powers of two >= 16 (default 32 x 64; for tuning)."""
+def mta_conv(x: torch.Tensor, kernel: torch.Tensor, tiles: dict | None = None) -> torch.Tensor:
+    """x [B, H, Tq, Tk] (fp16/bf16/fp32) convolved per head by kernel [H, 1, c_q, c_k] (c_q <= 8, c_k
+    <= 15 and odd; used in fp32) as reference._conv(x, kernel) does: zero padding, c_q - 1 rows above
+    and c_k // 2 keys on either side. Differentiable in x and kernel; the output is x's dtype,
+    contiguous. tiles (for tuning): {"stream": (BM, BN), "dw": (BM, BN)}, either or both, powers of
+    two >= 16 (default TILES)."""
     check_kernel(x, kernel)
-    if block is not None and any(b < 16 or b & (b - 1) for b in block):
-        raise ValueError(f"block must be two powers of two >= 16, got {block}")
-    return _Conv.apply(x.contiguous(), kernel, block)
+    for kind, tile in (tiles or {}).items():
+        if kind not in TILES or len(tile) != 2 or any(b < 16 or b & (b - 1) for b in tile):
+            raise ValueError(f"tiles must map stream and/or dw to (BM, BN), powers of two >= 16, got {tiles}")
+    return _Conv.apply(x.contiguous(), kernel, tiles)
