@@ -31,7 +31,17 @@ from .._launch import new, pow2
 from .route import MAX_KERNEL, fits
 
 # (BM, BN) of _stream (rows a program walks, keys wide) and of _dw's tiles: powers of two >= 16
-TILES = {"stream": (64, 512), "dw": (64, 64)}
+TILES = {"stream": (64, 512), "dw": (64, 128)}
+
+
+@triton.jit
+def _zeros1(BN: tl.constexpr):
+    return tl.zeros((BN,), dtype=tl.float32)
+
+
+@triton.jit
+def _zeros2(R: tl.constexpr, BN: tl.constexpr):
+    return tl.zeros((R, BN), dtype=tl.float32)
 
 
 @triton.jit
@@ -56,8 +66,10 @@ def _stream(x_ptr, w_ptr, y_ptr, H, Tq, Tk, CQ: tl.constexpr, CK: tl.constexpr, 
         r0 = first - (CQ - 1)
     else:
         r0 = first + own - 1 + (CQ - 1)
-    acc0 = tl.zeros((BN,), dtype=tl.float32)
-    acc1, acc2, acc3, acc4, acc5, acc6, acc7 = acc0, acc0, acc0, acc0, acc0, acc0, acc0
+    # one zeros each: Triton carries a variable through the loop only where its value changes, and
+    # `acc5 = acc6` would not change acc5 if both started as the same tensor
+    acc0, acc1, acc2, acc3 = _zeros1(BN), _zeros1(BN), _zeros1(BN), _zeros1(BN)
+    acc4, acc5, acc6, acc7 = _zeros1(BN), _zeros1(BN), _zeros1(BN), _zeros1(BN)
     for k in range(0, own + CQ - 1):
         r = r0 + DIR * k
         rr = r + tl.zeros_like(cols)  # the row as a vector (the interpreter's scalar & vector gives ints)
@@ -84,27 +96,91 @@ def _stream(x_ptr, w_ptr, y_ptr, H, Tq, Tk, CQ: tl.constexpr, CK: tl.constexpr, 
         mine = (rr >= first) & (rr < first + own)
         tl.store(y_ptr + base + r * Tk + cols, acc0.to(y_ptr.dtype.element_ty), mask=mine & (cols < Tk))
         acc0, acc1, acc2, acc3, acc4, acc5, acc6 = acc1, acc2, acc3, acc4, acc5, acc6, acc7
-        acc7 = tl.zeros((BN,), dtype=tl.float32)
+        acc7 = _zeros1(BN)
 
 
 @triton.jit
-def _dw(x_ptr, g_ptr, dw_ptr, Tq, Tk, CQ: tl.constexpr, CK: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+def _put(dw_base, a, p, tt, CK: tl.constexpr):
+    tl.store(dw_base + a * CK + tt, tl.sum(p, axis=1), mask=tt < CK)
+
+
+@triton.jit
+def _dw(x_ptr, g_ptr, dw_ptr, Tq, Tk, CQ: tl.constexpr, CK: tl.constexpr, CKP: tl.constexpr, BM: tl.constexpr,
+        BN: tl.constexpr):
+    """Partial sums of dw over one program's rows of g (a row block, a key block): a walk down the
+    rows of x, each read once as a [CKP, BN] tile of its CK key shifts, times the g rows it pairs
+    with, held in registers (g<k>: g's row k below the x row, paired with kernel row CQ - 1 - k);
+    p<k> sums those products elementwise, reduced over the keys at the end."""
     n_col = tl.cdiv(Tk, BN)
     pid, bh = tl.program_id(0), tl.program_id(1)
-    rows = (pid // n_col) * BM + tl.arange(0, BM)
+    first = (pid // n_col) * BM
+    last = first + tl.minimum(BM, Tq - first)  # past the program's g rows
     cols = (pid % n_col) * BN + tl.arange(0, BN)
+    tt = tl.arange(0, CKP)
     base = bh.to(tl.int64) * Tq * Tk
-    here = (rows < Tq)[:, None] & (cols < Tk)[None, :]
-    g = tl.load(g_ptr + base + rows[:, None] * Tk + cols[None, :], mask=here, other=0.0).to(tl.float32)
+    cols2 = cols[None, :]
+    shifted = cols2 + (tt[:, None] - CK // 2)
+    keys_ok = (tt[:, None] < CK) & (shifted >= 0) & (shifted < Tk)
+    p0, p1, p2, p3 = _zeros2(CKP, BN), _zeros2(CKP, BN), _zeros2(CKP, BN), _zeros2(CKP, BN)
+    p4, p5, p6, p7 = _zeros2(CKP, BN), _zeros2(CKP, BN), _zeros2(CKP, BN), _zeros2(CKP, BN)
+    # g's rows as [1, BN], in the layout of the products (a vector would be converted at every use)
+    g0, g1, g2, g3 = _zeros2(1, BN), _zeros2(1, BN), _zeros2(1, BN), _zeros2(1, BN)  # one zeros each (_stream)
+    g4, g5, g6, g7 = _zeros2(1, BN), _zeros2(1, BN), _zeros2(1, BN), _zeros2(1, BN)
+    for r in range(first - (CQ - 1), last):
+        below = r + (CQ - 1)  # g's row that enters the window: the program's, or past it (zero)
+        gb = below + tl.zeros_like(cols2)  # as a tensor (the interpreter's scalar & tensor gives ints)
+        new = tl.load(g_ptr + base + below * Tk + cols2, mask=(gb < last) & (cols2 < Tk), other=0.0).to(tl.float32)
+        g0, g1, g2, g3, g4, g5, g6 = g1, g2, g3, g4, g5, g6, g7
+        g7 = _zeros2(1, BN)
+        if CQ == 1:
+            g0 = new
+        elif CQ == 2:
+            g1 = new
+        elif CQ == 3:
+            g2 = new
+        elif CQ == 4:
+            g3 = new
+        elif CQ == 5:
+            g4 = new
+        elif CQ == 6:
+            g5 = new
+        elif CQ == 7:
+            g6 = new
+        else:
+            g7 = new
+        rr = r + tl.zeros((CKP, BN), dtype=tl.int32)
+        x = tl.load(x_ptr + base + r * Tk + shifted, mask=keys_ok & (rr >= 0), other=0.0).to(tl.float32)
+        p0 += g0 * x
+        if CQ > 1:
+            p1 += g1 * x
+        if CQ > 2:
+            p2 += g2 * x
+        if CQ > 3:
+            p3 += g3 * x
+        if CQ > 4:
+            p4 += g4 * x
+        if CQ > 5:
+            p5 += g5 * x
+        if CQ > 6:
+            p6 += g6 * x
+        if CQ > 7:
+            p7 += g7 * x
     dw_base = dw_ptr + (bh.to(tl.int64) * tl.num_programs(0) + pid) * (CQ * CK)
-    for a in tl.static_range(CQ):
-        r = rows + (a - (CQ - 1))
-        r_ok = r >= 0  # r < Tq where g is nonzero
-        for t in tl.static_range(CK):
-            c = cols + (t - CK // 2)
-            inside = r_ok[:, None] & ((c >= 0) & (c < Tk))[None, :] & here
-            xs = tl.load(x_ptr + base + r[:, None] * Tk + c[None, :], mask=inside, other=0.0).to(tl.float32)
-            tl.store(dw_base + a * CK + t, tl.sum(tl.sum(g * xs, axis=1), axis=0))
+    _put(dw_base, CQ - 1, p0, tt, CK)
+    if CQ > 1:
+        _put(dw_base, CQ - 2, p1, tt, CK)
+    if CQ > 2:
+        _put(dw_base, CQ - 3, p2, tt, CK)
+    if CQ > 3:
+        _put(dw_base, CQ - 4, p3, tt, CK)
+    if CQ > 4:
+        _put(dw_base, CQ - 5, p4, tt, CK)
+    if CQ > 5:
+        _put(dw_base, CQ - 6, p5, tt, CK)
+    if CQ > 6:
+        _put(dw_base, CQ - 7, p6, tt, CK)
+    if CQ > 7:
+        _put(dw_base, CQ - 8, p7, tt, CK)
 
 
 def check_kernel(x: torch.Tensor, kernel: torch.Tensor):
@@ -140,7 +216,7 @@ def _weight_grad(x, g, c_q: int, c_k: int, tiles=None):
     bm, bn = _tiles("dw", Tq, Tk, tiles)
     grid = (triton.cdiv(Tq, bm) * triton.cdiv(Tk, bn), B * H)
     parts = new((B, H, grid[0], c_q * c_k), x, torch.float32)
-    _dw[grid](x, g, parts, Tq, Tk, c_q, c_k, bm, bn, num_warps=4)
+    _dw[grid](x, g, parts, Tq, Tk, c_q, c_k, pow2(c_k, 1), bm, bn, num_warps=max(1, min(4, bn // 32)))
     return parts.sum((0, 2)).view(H, c_q, c_k)
 
 
