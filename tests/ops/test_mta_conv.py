@@ -153,3 +153,45 @@ def test_gpu_mta_module_routes_to_triton(monkeypatch):
     want = mta(scores)
     assert len(calls) == 1
     assert_close(got, want, 1e-5)
+
+
+CARRIES = """
+import sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from lenx.ops.mta import conv
+
+def carried(fn, sig, consts):
+    src = ASTSource(fn, dict(sig, **{k: "constexpr" for k in consts}), constexprs=consts)
+    ttir = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ttir"]
+    return next(line for line in ttir.splitlines() if "scf.for" in line).split("->")[-1].count("tensor<")
+
+cq = int(sys.argv[1])
+maps = {"x_ptr": "*bf16", "w_ptr": "*fp32", "y_ptr": "*bf16", "H": "i32", "Tq": "i32", "Tk": "i32"}
+print(carried(conv._stream, maps, {"CQ": cq, "CK": 11, "BM": 64, "BN": 128, "DIR": 1}))
+maps = {"x_ptr": "*bf16", "g_ptr": "*bf16", "dw_ptr": "*fp32", "Tq": "i32", "Tk": "i32"}
+print(carried(conv._dw, maps, {"CQ": cq, "CK": 11, "CKP": 16, "BM": 64, "BN": 128}))
+"""
+
+
+@pytest.mark.parametrize("c_q", [6, 8])
+def test_compiled_walks_carry_every_register_row(c_q):
+    """The compiled loops carry c_q - 1 output rows (_stream: the last starts each row at zero) and
+    c_q products plus c_q - 1 rows of g (_dw) from one row to the next. Triton carries a variable
+    only where its value changes, so rows that start as one zeros tensor were once dropped; the
+    interpreter cannot show that. Compiled for sm_90 without a GPU, in a process of its own (no
+    interpreter)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
+    out = subprocess.run([sys.executable, "-c", CARRIES, str(c_q)], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    stream, dw = (int(n) for n in out.stdout.split())
+    assert stream == c_q - 1 and dw == 2 * c_q - 1, (stream, dw)
