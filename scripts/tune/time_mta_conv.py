@@ -5,11 +5,12 @@ relative error of the stencil against the conv2d (output, dx, dw) first.
 
 Usage (repository root, a CUDA machine):
     PYTHONPATH=src python3 scripts/tune/time_mta_conv.py -o time_mta_conv.json
-        [--shapes 32x512,8x2048] [--heads 12] [--kernel 6x11] [--dtype bf16] [--blocks 32x64,16x128,64x64]
---shapes: BxT maps (default the 125m step's B 32 x T 512 and B 8 x T 2048); --blocks: the stencil's tiles
-(BMxBN) to time (default 32x64,16x64,32x128,64x64; 32x64 is mta_conv's default). The JSON holds one
-row per (shape, path, tile) with fwd_ms, fwd_bwd_ms and the stencil's speedups over torch's, and the
-torch, triton, CUDA versions and the GPU's name.
+        [--shapes 32x512,8x2048] [--heads 12] [--kernel 6x11] [--dtype bf16]
+        [--tiles "64x512/64x128;32x256/64x128;64x512/32x128;64x256/64x256"]
+--shapes: BxT maps (default the 125m step's B 32 x T 512 and B 8 x T 2048); --tiles: the kernels' tiles
+to time, each STREAM/DW as BMxBN (rows walked x keys wide; the first is mta_conv's default). The JSON
+holds one row per (shape, path, tiles) with fwd_ms, fwd_bwd_ms and the Triton kernels' speedups over
+torch's, and the torch, triton, CUDA versions and the GPU's name.
 """
 
 import argparse
@@ -55,14 +56,14 @@ def timings(conv, x, w, g) -> dict:
     return {"fwd_ms": median_ms(fwd), "fwd_bwd_ms": median_ms(fwd_bwd)}
 
 
-def errors(x, w, g, block) -> dict:
-    """Relative errors (norm-wise) of the stencil against conv2d in fp32 on the same values."""
+def errors(x, w, g, tiles) -> dict:
+    """Relative errors (norm-wise) of the Triton kernels against conv2d in fp32 on the same values."""
     outs = []
-    for conv, xx, ww in ((lambda a, b: mta_conv(a, b, block), x, w),
+    for conv, xx, ww in ((lambda a, b: mta_conv(a, b, tiles), x, w),
                          (_conv, x.detach().float().requires_grad_(), w.detach().requires_grad_())):
         y = conv(xx, ww)
         outs.append((y, *torch.autograd.grad(y, (xx, ww), g.to(y.dtype))))
-    return {name: float((a.detach().double() - b.double()).norm() / b.double().norm())
+    return {name: float((a.detach().double() - b.detach().double()).norm() / b.detach().double().norm())
             for name, a, b in zip(("y", "dx", "dw"), *outs)}
 
 
@@ -73,14 +74,15 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--kernel", default="6x11", help="c_q x c_k")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    ap.add_argument("--blocks", default="32x64,16x64,32x128,64x64", help="the stencil's tiles BMxBN")
+    ap.add_argument("--tiles", default="64x512/64x128;32x256/64x128;64x512/32x128;64x256/64x256",
+                    help="STREAM/DW tiles BMxBN, ';'-separated")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("error: time_mta_conv.py needs a CUDA device", file=sys.stderr)
         sys.exit(2)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False  # the errors' reference
     c_q, c_k = pair(args.kernel)
-    blocks = [pair(b) for b in args.blocks.split(",")]
+    settings = [dict(zip(("stream", "dw"), (pair(t) for t in s.split("/")))) for s in args.tiles.split(";")]
     rows = []
     for shape in args.shapes.split(","):
         B, T = pair(shape)
@@ -92,9 +94,9 @@ def main():
         ref = base | {"path": "torch"} | timings(_conv, x, w, g)
         rows.append(ref)
         print(ref, flush=True)
-        for block in blocks:
-            row = base | {"path": "triton", "block": list(block), "errors": errors(x, w, g, block)}
-            row |= timings(lambda a, b, block=block: mta_conv(a, b, block), x, w, g)
+        for tiles in settings:
+            row = base | {"path": "triton", "tiles": tiles, "errors": errors(x, w, g, tiles)}
+            row |= timings(lambda a, b, tiles=tiles: mta_conv(a, b, tiles), x, w, g)
             row |= {f"speedup_{k[:-3]}": ref[k] / row[k] for k in ("fwd_ms", "fwd_bwd_ms")}
             rows.append(row)
             print(row, flush=True)

@@ -21,6 +21,9 @@ Masks (a window, document ids; see lenx.ops.mta.reference): an entry a mask hide
 zeroed before both convolutions as one past the causal edge, and an output row's convolutions read
 no key of another document (nor so another document's rows): a packed document's rows are those of
 it run alone.
+
+The convolutions run in Triton on CUDA where they can (lenx.ops.mta.route: no document ids, not under
+torch.compile); LENX_MTA_CONV=torch keeps F.conv2d.
 """
 
 import torch
