@@ -6,7 +6,7 @@ relative error of the stencil against the conv2d (output, dx, dw) first.
 Usage (repository root, a CUDA machine):
     PYTHONPATH=src python3 scripts/tune/time_mta_conv.py -o time_mta_conv.json
         [--shapes 32x512,8x2048] [--heads 12] [--kernel 6x11] [--dtype bf16]
-        [--tiles "64x512/64x128;32x256/64x128;64x512/32x128;64x256/64x256"]
+        [--tiles "64x256/64x128;64x512/64x128;64x128/32x128;32x256/64x256"]
 --shapes: BxT maps (default the 125m step's B 32 x T 512 and B 8 x T 2048); --tiles: the kernels' tiles
 to time, each STREAM/DW as BMxBN (rows walked x keys wide; the first is mta_conv's default). The JSON
 holds one row per (shape, path, tiles) with fwd_ms, fwd_bwd_ms and the Triton kernels' speedups over
@@ -74,7 +74,7 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--kernel", default="6x11", help="c_q x c_k")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
-    ap.add_argument("--tiles", default="64x512/64x128;32x256/64x128;64x512/32x128;64x256/64x256",
+    ap.add_argument("--tiles", default="64x256/64x128;64x512/64x128;64x128/32x128;32x256/64x256",
                     help="STREAM/DW tiles BMxBN, ';'-separated")
     args = ap.parse_args()
     if not torch.cuda.is_available():

@@ -31,7 +31,7 @@ from .._launch import new, pow2
 from .route import MAX_KERNEL, fits
 
 # (BM, BN) of _stream (rows a program walks, keys wide) and of _dw's tiles: powers of two >= 16
-TILES = {"stream": (64, 512), "dw": (64, 128)}
+TILES = {"stream": (64, 256), "dw": (64, 128)}
 
 
 @triton.jit
@@ -206,7 +206,9 @@ def _walk(x, w, direction: int, tiles=None):
     bm, bn = _tiles("stream", Tq, Tk, tiles)
     y = new(x.shape, x)
     grid = (triton.cdiv(Tq, bm) * triton.cdiv(Tk, bn), B * H)
-    _stream[grid](x, w, y, H, Tq, Tk, *w.shape[-2:], bm, bn, direction, num_warps=max(1, min(8, bn // 256)))
+    # two keys a thread (4 warps at BN 256): a warp's load of a shifted row is then 128 contiguous
+    # bytes, and each weight it loads serves two products
+    _stream[grid](x, w, y, H, Tq, Tk, *w.shape[-2:], bm, bn, direction, num_warps=max(1, min(4, bn // 64)))
     return y
 
 
