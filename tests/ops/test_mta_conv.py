@@ -130,7 +130,7 @@ def test_gpu_125m_shape():
     x, w = inputs(4, 12, 512, 512, 6, 11, torch.bfloat16)
     against_conv2d(x, w, 2e-2, what="125m bf16")
     x, w = inputs(4, 12, 512, 512, 6, 11)
-    against_conv2d(x, w, 1e-5, what="125m fp32")
+    against_conv2d(x, w, 1e-4, what="125m fp32")  # dw: fp32 sums of 10^6 terms a tap
 
 
 @pytest.mark.gpu
