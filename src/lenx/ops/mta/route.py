@@ -26,7 +26,8 @@ def mode() -> str:
 
 
 def uses_triton(x: torch.Tensor, kernel: torch.Tensor, documents=None) -> bool:
-    return (mode() == "auto" and documents is None and x.is_cuda and not torch.compiler.is_compiling()
+    # is_compiling first: under torch.compile (inductor convolves) nothing after it is traced
+    return (not torch.compiler.is_compiling() and mode() == "auto" and x.is_cuda and documents is None
             and x.dtype in (torch.float16, torch.bfloat16, torch.float32) and fits(*kernel.shape[-2:])
             and importlib.util.find_spec("triton") is not None)
 
