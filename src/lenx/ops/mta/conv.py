@@ -15,10 +15,12 @@ c_q c_k shifted inputs of each, so the kernels reuse what they read:
            the row and stored, then the others move up one). dx is the same walk upwards with the
            key shifts mirrored: dx[r, s] = sum_{a, t} w[a, t] g[r + (c_q - 1) - a, s + c_k // 2 - t].
   _dw      dw[a, t] = sum_{b, i, j} g[i, j] x[i - (c_q - 1) + a, j - c_k // 2 + t]: one program per
-           (row block, key block) of one (batch, head) holds its tile of g and reads x's tile at
-           each tap's shift (masked: zeros outside the map; the shifted tiles overlap, so all but
-           the first come from the cache), and writes its c_q c_k partial sums (fp32) to a buffer of
-           its own; torch sums the buffer: no float atomics, so dw is reproducible.
+           (row block of g, key block) of one (batch, head) walks down x's rows (the c_q - 1 above
+           its block included), reads each once as a [CKP, BN] tile of its c_k key shifts (masked:
+           zeros outside the map), times the c_q rows of g it pairs with (held in registers), sums
+           the products elementwise and reduces them over the keys once at the end: c_q c_k partial
+           sums (fp32) in a buffer row of its own, which torch sums: no float atomics, so dw is
+           reproducible.
 
 Products and sums are in fp32; the outputs are in x's dtype, dw in the kernel's.
 """
