@@ -21,12 +21,16 @@ Masks (a window, document ids; see lenx.ops.mta.reference): an entry a mask hide
 zeroed before both convolutions as one past the causal edge, and an output row's convolutions read
 no key of another document (nor so another document's rows): a packed document's rows are those of
 it run alone.
+
+The convolutions run in Triton on CUDA where they can (lenx.ops.mta.route: no document ids, not under
+torch.compile); LENX_MTA_CONV=torch keeps F.conv2d.
 """
 
 import torch
 from torch import nn
 
 from ..ops.mta.reference import group_norm, mta_probs, mta_scores
+from ..ops.mta.route import score_conv
 from .parts import ScoreProcessor
 
 HEAD_MIXES = ("none", "pre", "post", "both")
@@ -98,14 +102,14 @@ class MTA(ScoreProcessor):
         """MixPre(Conv2d(Mask_0(S + Bias))) for the scaled scores [B, H, Tq, Tk] (see mta_scores); q is
         not used. Entries after the diagonal (or masked) are left for the normaliser's -inf mask."""
         logits = scores if bias is None else scores + bias.to(scores.dtype)
-        return mta_scores(logits, self.conv_kernel, self.pre_mix, q_pos, k_pos, key_valid, visible)
+        return mta_scores(logits, self.conv_kernel, self.pre_mix, q_pos, k_pos, key_valid, visible, score_conv)
 
     def after_softmax(self, probs: torch.Tensor, allowed: torch.Tensor | None = None, context: int = 0,
                       key_valid: torch.Tensor | None = None) -> torch.Tensor:
         """MixPost(Mask_0(Conv2d_θ'(P))) of the probabilities P [B, H, Tq, Tk] (see mta_probs); the
         first `context` rows are the post-softmax convolution's halo and are dropped; key_valid
         [B, Tq, Tk] under document ids: the keys of each row's document."""
-        return mta_probs(probs, allowed, self.post_conv_kernel, self.post_mix, context, key_valid)
+        return mta_probs(probs, allowed, self.post_conv_kernel, self.post_mix, context, key_valid, score_conv)
 
     def finish(self, out: torch.Tensor) -> torch.Tensor:
         """The group norm and gate of each head's output [B, H, T, d]."""

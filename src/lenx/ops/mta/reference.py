@@ -50,7 +50,7 @@ def mix_heads(x, w):
     return torch.einsum("gab,zgbn->zgan", w.to(x.dtype), groups).reshape(x.shape)
 
 
-def mta_scores(logits, kernel=None, pre_mix=None, q_pos=None, k_pos=None, key_valid=None, visible=None):
+def mta_scores(logits, kernel=None, pre_mix=None, q_pos=None, k_pos=None, key_valid=None, visible=None, conv=None):
     """L = MixPre(Conv2d_θ(Mask_0(Â))) for logits Â [B, H, Tq, Tk] of rows at q_pos against keys at
     k_pos ([Tq], [Tk] or per sequence [B, Tq], [B, Tk]; default: the rows are the last Tq of Tk
     positions). kernel [H, 1, c_q, c_k] or None (no convolution), pre_mix [G, c_h, c_h] or None.
@@ -59,7 +59,8 @@ def mta_scores(logits, kernel=None, pre_mix=None, q_pos=None, k_pos=None, key_va
     docstring). visible [Tq, Tk] or [B, Tq, Tk] (default all): entries a window or document mask
     hides, zeroed as past the causal edge. The rows' query convolution reads only the rows given: a
     block's first c_q - 1 rows see zero padding above them, so a caller that needs exact rows gives
-    the c_q - 1 rows before them too and drops those (the query halo)."""
+    the c_q - 1 rows before them too and drops those (the query halo). conv: the function that
+    convolves, with _conv's arguments (None: _conv; route.score_conv picks a kernel)."""
     Tq, Tk = logits.shape[-2:]
     if k_pos is None:
         k_pos = torch.arange(Tk, device=logits.device)
@@ -74,7 +75,7 @@ def mta_scores(logits, kernel=None, pre_mix=None, q_pos=None, k_pos=None, key_va
             documents = key_valid
         x = x.masked_fill(~(key_valid[:, None] if key_valid.dim() == 3 else key_valid[:, None, None, :]), 0.0)
     if kernel is not None:
-        x = _conv(x, kernel, documents)
+        x = (conv or _conv)(x, kernel, documents)
     return x if pre_mix is None else mix_heads(x, pre_mix)
 
 
@@ -96,15 +97,16 @@ def _conv(x, kernel, documents=None):
     return out
 
 
-def mta_probs(probs, allowed=None, kernel=None, post_mix=None, context: int = 0, key_valid=None):
+def mta_probs(probs, allowed=None, kernel=None, post_mix=None, context: int = 0, key_valid=None, conv=None):
     """A = MixPost(Mask_0(Conv2d_θ'(Mask_0(P)))) for the softmax's probabilities P [B, H, Tq, Tk], allowed
     (broadcastable to P) the keys each row attends (a window's and a document's mask included);
     kernel [H, 1, c_q', c_k'] or None, post_mix [G, c_h, c_h] or None. key_valid [B, Tq, Tk] (document
     ids; None: one document): the keys of each row's document, the only ones its convolution reads.
-    The first `context` rows are only read by the convolution (a block's query halo): they are dropped."""
+    The first `context` rows are only read by the convolution (a block's query halo): they are dropped.
+    conv: as mta_scores'."""
     if kernel is not None:
         documents = key_valid if key_valid is not None and key_valid.dim() == 3 else None
-        probs = _conv(probs.masked_fill(~allowed, 0.0), kernel, documents).masked_fill(~allowed, 0.0)
+        probs = (conv or _conv)(probs.masked_fill(~allowed, 0.0), kernel, documents).masked_fill(~allowed, 0.0)
     probs = probs[..., context:, :]
     return probs if post_mix is None else mix_heads(probs, post_mix)
 
