@@ -24,24 +24,32 @@ def test_the_cuda_graph_gives_the_eager_tokens(method, post):
     assert torch.equal(graph, eager)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("post", [False, True])
-def test_chunked_bf16_is_near_fp32(post):
-    model = model_for("mta-kerple", mta_head_mix="both", mta_post_conv=post, chunk_size=16).float().cuda()
-    idx = torch.randint(0, V, (2, 111), device="cuda")
-    ref_logits, _ = model(idx)
-    ref_logits.float().square().mean().backward()
-    ref = [p.grad.clone() for p in model.parameters()]
+def logits_and_grads(model, idx, dtype=None):
     model.zero_grad()
-    with torch.autocast("cuda", dtype=torch.bfloat16):
+    with torch.autocast("cuda", dtype=dtype or torch.float32, enabled=dtype is not None):
         logits, _ = model(idx)
     logits.float().square().mean().backward()
-    err = (logits.float() - ref_logits).abs().max() / ref_logits.abs().max()
+    return logits.float(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("post", [False, True])
+def test_chunked_bf16_is_near_fp32(post, monkeypatch):
+    """bf16 autocast against the fp32 run, with the Triton convolution (lenx.ops.mta.route) and with
+    PyTorch's (LENX_MTA_CONV=torch): each gradient within 30% of its size, or within twice the
+    PyTorch convolution's own distance where bf16 moves a small one more (Kerple's two parameters)."""
+    model = model_for("mta-kerple", mta_head_mix="both", mta_post_conv=post, chunk_size=16).float().cuda()
+    idx = torch.randint(0, V, (2, 111), device="cuda")
+    ref_logits, ref = logits_and_grads(model, idx)
+    logits, grads = logits_and_grads(model, idx, torch.bfloat16)
+    monkeypatch.setenv("LENX_MTA_CONV", "torch")
+    _, plain = logits_and_grads(model, idx, torch.bfloat16)
+    err = (logits - ref_logits).abs().max() / ref_logits.abs().max()
     assert err < 0.05, err
-    for p, g in zip(model.parameters(), ref):  # bf16 moves Kerple's r1 by ~15% on a CPU (cosine 0.99)
-        assert torch.isfinite(p.grad).all()
-        assert (p.grad - g).norm() <= 0.3 * g.norm() + 1e-6
-        assert torch.nn.functional.cosine_similarity(p.grad.flatten(), g.flatten(), 0) > 0.95
+    for g, r, t in zip(grads, ref, plain):  # bf16 moves Kerple's r1 by ~15% on a CPU (cosine 0.99)
+        assert torch.isfinite(g).all()
+        assert (g - r).norm() <= max(0.3 * r.norm() + 1e-6, 2 * (t - r).norm())
+        assert torch.nn.functional.cosine_similarity(g.flatten(), r.flatten(), 0) > 0.95
 
 
 @pytest.mark.gpu
