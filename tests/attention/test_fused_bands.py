@@ -48,13 +48,50 @@ def test_kerple_bands_are_kept_and_follow_parameter_updates():
     assert kept.stats["builds"] == builds + 1 and kept.stats["hits"] == hits + 1
     assert all(torch.equal(a, b) for a, b in zip(first, second))  # the kept bands are the built ones
     compare("kerple kept bands", second, _reference(parts, leaves, q, k, v, up), names, 1e-4)
-    with torch.no_grad():  # an optimizer step: in place, bumps the version
+    with torch.no_grad():  # an in-place update bumps the version
         parts.bias.r1.add_(0.3)
         parts.bias.r2.mul_(1.5)
     third = _call(parts, leaves, q, k, v, up)
     assert kept.stats["builds"] == builds + 2
     compare("kerple after an update", third, _reference(parts, leaves, q, k, v, up), names, 1e-4)
     assert not torch.allclose(third[0], second[0])
+
+
+@pytest.mark.parametrize("how", [dict(fused=True), dict(foreach=False)])
+def test_bands_follow_an_optimizer_step(how):
+    """torch's fused AdamW (lenx's default on CUDA) writes the parameters without bumping _version,
+    the stamp the bands are kept by: they follow its steps all the same (backends/kept.py forgets
+    them after every step), in the training call and in a no-grad call between steps."""
+    torch.manual_seed(0)
+    parts = Parts(KerpleLog(H).to(DEVICE), None, Softmax(), window=W)
+    q, k, v = (torch.randn(B, H, T, D, device=DEVICE, requires_grad=True) for _ in range(3))
+    up = torch.randn(B, H, T, D, device=DEVICE)
+    leaves = [q, k, v, *parts.bias.parameters()]
+    opt = torch.optim.AdamW(parts.bias.parameters(), lr=0.2, **how)
+    outs = []
+    for step in range(3):
+        got = _call(parts, leaves, q, k, v, up)
+        compare(f"kerple at step {step}", got, _reference(parts, leaves, q, k, v, up),
+                ["out", "dq", "dk", "dv", "dr1", "dr2"], 1e-4)
+        with torch.no_grad():
+            assert torch.allclose(run_backend("triton", q, k, v, parts)[0], got[0], atol=1e-6)
+        for p, g in zip(parts.bias.parameters(), got[4:]):
+            p.grad = g
+        opt.step()
+        outs.append(got[0])
+    assert not torch.allclose(outs[0], outs[-1])  # the steps moved the bias
+
+
+def test_dape_v2_tables_are_forgotten_after_an_optimizer_step():
+    from lenx.ops.dape_v2 import tables
+
+    w = torch.nn.Parameter(torch.randn(3))
+    with torch.no_grad():  # kept only where nothing needs a gradient (an eval or validation forward)
+        tables.cached([w], ("probe",), lambda: w * 2)
+    assert tables.size() >= 1
+    w.grad = torch.ones(3)
+    torch.optim.AdamW([w], fused=True).step()
+    assert tables.size() == 0
 
 
 def test_bands_kept_under_inference_mode_are_not_saved_for_a_backward():

@@ -7,8 +7,10 @@ forward, one for the transposed band in the backward) is then a fixed cost a cal
 gets no gradient through the kernels (Kerple, whose parameters get theirs from the kernel directly;
 a bias with nothing to train, ALiBi), its bands depend only on the values of the tensors it is built
 from, so `cached_bands` keeps them per (bias, T, band dtype, device), checked like lenx.ops.dape_v2.tables
-on the identity, data_ptr and _version of each tensor the table is built from (an optimizer step, an
-in-place update or load_state_dict bumps _version; `p.data.copy_` does not and is not seen).
+on the identity, data_ptr and _version of each tensor the table is built from (an in-place update
+or load_state_dict bumps _version; `p.data.copy_` does not and is not seen). torch's fused
+optimizers (AdamW(fused=True)) do not bump it either: lenx.attention.backends.kept empties this cache
+after every optimizer step.
 
 One slot per (bias, T, band dtype, device): a changed tensor replaces its slot's bands, so a
 training run, whose parameters change every step, holds one set per layer and length, never a

@@ -4,7 +4,8 @@ The fused kernels read per-call host operands built from the conv weights and th
 (reference.dape_v2_tables, gluon.prepare: ~25 small ops, 0.7-1.0 ms a call at 8192, more than SDPA's
 whole forward there). Evaluation and generation call them with the same weights over and over, so
 `cached` keeps them, keyed on the tensors they derive from: each one's identity, data_ptr and
-_version (an in-place update, an optimizer step or load_state_dict, bumps _version), dtype, device
+_version (an in-place update or load_state_dict bumps _version; a fused optimizer step does not, so
+lenx.attention.backends.kept empties this cache after every optimizer step), dtype, device
 and shape, plus the caller's key (T, the kernel). The table itself is built per call, so the caller
 names the leaf tensors it comes from (the bias module's parameters and buffers), not the table.
 
