@@ -60,8 +60,8 @@ def test_kerple_bands_are_kept_and_follow_parameter_updates():
 @pytest.mark.parametrize("how", [dict(fused=True), dict(foreach=False)])
 def test_bands_follow_an_optimizer_step(how):
     """torch's fused AdamW (lenx's default on CUDA) writes the parameters without bumping _version,
-    the stamp the bands are kept by: they follow its steps all the same (backends/kept.py forgets
-    them after every step), in the training call and in a no-grad call between steps."""
+    the stamp the bands are kept by: they follow its steps all the same (lenx.ops.kept empties its
+    stores after every step), in the training call and in a no-grad call between steps."""
     torch.manual_seed(0)
     parts = Parts(KerpleLog(H).to(DEVICE), None, Softmax(), window=W)
     q, k, v = (torch.randn(B, H, T, D, device=DEVICE, requires_grad=True) for _ in range(3))

@@ -1,6 +1,7 @@
 """lenx.ops.dape_v2.tables: the host-table cache of forward-only DAPE V2 work. A value is reused for
-the same source tensors and key, rebuilt after an in-place update (an optimizer step), never kept
-for work that needs a gradient, and the cache stays bounded."""
+the same source tensors and key, rebuilt after an in-place update or an optimizer step (a fused one
+too), never kept for work that needs a gradient, and the cache stays bounded (lenx.ops.kept's own
+tests: tests/ops/test_kept.py)."""
 
 import torch
 
@@ -37,7 +38,7 @@ def test_an_optimizer_step_invalidates_it():
     with torch.no_grad():
         tables.cached([w], "k", build)
     w.grad = torch.ones_like(w)
-    torch.optim.SGD([w], lr=0.1).step()  # in place: bumps w._version
+    torch.optim.AdamW([w], lr=0.1, fused=True).step()  # leaves w._version alone: the Store forgets
     with torch.no_grad():
         tables.cached([w], "k", build)
         tables.cached([w], "k", build)
@@ -60,21 +61,8 @@ def test_work_that_needs_a_gradient_never_uses_it():
     assert build.calls == 5
 
 
-def test_a_new_tensor_is_not_mistaken_for_a_freed_one():
-    """An entry holds weak references: a source that is gone (its address and version may come
-    back on a new tensor) never matches."""
-    build = Counter()
-    w = torch.randn(3, 2)
-    tables.cached([w], "k", build)
-    key = next(iter(tables._entries))
-    refs, value, nbytes = tables._entries[key]
-    tables._entries[key] = ([lambda: None], value, nbytes)  # as if w had been freed and its slot reused
-    tables.cached([w], "k", build)
-    assert build.calls == 2
-
-
-def test_bounded_by_entries_and_bytes(monkeypatch):
-    monkeypatch.setattr(tables, "MAX_ENTRIES", 3)
+def test_bounded_by_entries(monkeypatch):
+    monkeypatch.setattr(tables._store, "max_entries", 3)
     w = torch.randn(2)
     build = Counter()
     for T in range(5):
@@ -84,8 +72,14 @@ def test_bounded_by_entries_and_bytes(monkeypatch):
     assert build.calls == 5
     tables.cached([w], 0, build)  # the oldest went
     assert build.calls == 6
-    monkeypatch.setattr(tables, "MAX_BYTES", 40)  # two values of 16 bytes fit, three do not
-    tables.clear()
-    for T in range(3):
-        tables.cached([w], T, build)
-    assert tables.size() == 2
+
+
+def test_a_changed_source_replaces_its_entry():
+    """One entry per key and sources: the tables of a weight's earlier values are not kept."""
+    w = torch.nn.Parameter(torch.randn(3, 2))
+    build = Counter()
+    with torch.no_grad():
+        for _ in range(3):
+            tables.cached([w], "k", build)
+            w.add_(1.0)
+    assert build.calls == 3 and tables.size() == 1

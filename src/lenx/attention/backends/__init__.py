@@ -23,7 +23,6 @@ from dataclasses import replace
 import torch
 
 from ..parts import Parts
-from . import kept  # noqa: F401 (forgets the fused kernels' kept tables after each optimizer step)
 from .base import Backend, LayerMemory, Work
 from .flex import Flex
 from .fused import Fused

@@ -6,28 +6,23 @@ building its table (about ten small ops from the two parameters) and its bands (
 forward, one for the transposed band in the backward) is then a fixed cost a call. Where the table
 gets no gradient through the kernels (Kerple, whose parameters get theirs from the kernel directly;
 a bias with nothing to train, ALiBi), its bands depend only on the values of the tensors it is built
-from, so `cached_bands` keeps them per (bias, T, band dtype, device), checked like lenx.ops.dape_v2.tables
-on the identity, data_ptr and _version of each tensor the table is built from (an in-place update
-or load_state_dict bumps _version; `p.data.copy_` does not and is not seen). torch's fused
-optimizers (AdamW(fused=True)) do not bump it either: lenx.attention.backends.kept empties this cache
-after every optimizer step.
+from, so `cached_bands` keeps them per (bias, T, band dtype, device) in a lenx.ops.kept Store, which
+says when they are still valid (the tensors they were built from unchanged) and empties itself after
+every optimizer step.
 
 One slot per (bias, T, band dtype, device): a changed tensor replaces its slot's bands, so a
-training run, whose parameters change every step, holds one set per layer and length, never a
-history of them. `clear()` drops every slot; `stats` counts builds and hits (for the tests).
+training run holds one set per layer and length, never a history of them; a bias freed takes its
+slots with it. `clear()` drops every slot; `stats` counts builds and hits (for the tests).
 """
-
-import weakref
-from collections import OrderedDict
 
 import torch
 
+from ..kept import Store
 from .band import build_band
 
 MAX_ENTRIES = 48        # 12 layers x 4 lengths
 MAX_BYTES = 1 << 30     # a band and its transpose: ~26 MB at H 12, T 8192 (fp16)
 
-_slots: OrderedDict = OrderedDict()  # key -> (weak ref. to the owner, the sources' stamp, weak refs. to them, Bands)
 stats = {"builds": 0, "hits": 0}
 
 
@@ -53,6 +48,9 @@ class Bands:
         return 2 * band + (self.off.numel() * 4 if self.res16 else 0) + self.table.numel() * 4
 
 
+_store = Store(MAX_ENTRIES, MAX_BYTES, Bands.nbytes)
+
+
 def cached_bands(owner, sources, table_fn, T: int, res16: bool, device) -> Bands:
     """The Bands of table_fn() (a [H, 2T - 1] table of the bias `owner`, read from `sources`, the
     leaf tensors it is built from), kept from an earlier call of the same owner with its sources
@@ -60,34 +58,21 @@ def cached_bands(owner, sources, table_fn, T: int, res16: bool, device) -> Bands
     gradient another way, or has none)."""
     sources = [t for t in sources if t is not None]
     key = (id(owner), T, res16, torch.device(device))
-    try:
-        stamp = tuple((id(t), t.data_ptr(), t._version) for t in sources)
-    except RuntimeError:  # inference tensors have no version counter: nothing to key on
-        stamp = None
-    slot = _slots.get(key)
+    bands = _store.get(key, sources, owner)
     # bands built under inference_mode cannot be saved for a backward: outside it they are rebuilt
-    if stamp is not None and slot is not None and slot[0]() is owner and slot[1] == stamp \
-            and all(r() is t for r, t in zip(slot[2], sources)) \
-            and (torch.is_inference_mode_enabled() or not slot[3].band.is_inference()):
-        _slots.move_to_end(key)
+    if bands is not None and (torch.is_inference_mode_enabled() or not bands.band.is_inference()):
         stats["hits"] += 1
-        return slot[3]
+        return bands
     with torch.no_grad():
         bands = Bands(table_fn(), T, res16)
     stats["builds"] += 1
-    _slots.pop(key, None)
-    if stamp is not None:
-        # the slot goes with its owner (a model freed: its bands with it)
-        gone = weakref.ref(owner, lambda _, key=key: _slots.pop(key, None))
-        _slots[key] = (gone, stamp, [weakref.ref(t) for t in sources], bands)
-        while len(_slots) > MAX_ENTRIES or (len(_slots) > 1 and sum(s[3].nbytes() for s in _slots.values()) > MAX_BYTES):
-            _slots.popitem(last=False)
+    _store.put(key, sources, bands, owner)
     return bands
 
 
 def clear():
-    _slots.clear()
+    _store.clear()
 
 
 def size() -> int:
-    return len(_slots)
+    return len(_store)
