@@ -1,15 +1,19 @@
 """What MTA's chunked path runs on its score maps, counted on the CPU (the aten operators below
 autograd, about one GPU kernel each): the head mixing copies no map (a matmul over the map as it
 lies, not an einsum that permutes it in and out), a layer without a convolution masks each block
-once (the softmax's -inf; Mask_0's zeros are read by no convolution there), and the softmax's mask
-fills the map in the scores' dtype before widening it. The values: test_mta_attention.py and
-tests/ops/test_mta.py."""
+once (the softmax's -inf; Mask_0's zeros are read by no convolution there), the softmax's mask
+fills the map in the scores' dtype before widening it, and 1/sqrt(d) rides on the q.k product
+where it is a power of two. The values: test_mta_attention.py and tests/ops/test_mta.py (and here,
+the scaled product's)."""
+
+import math
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from lenx.attention.backends import chunked_attention
+from lenx.attention.backends.reference import _raw_scores
 from mta_helpers import attention
 
 B, H, T, D, CHUNK = 2, 4, 48, 4, 16  # q, k and v hold B H T D = 1536 entries; the smallest map 2048
@@ -66,3 +70,23 @@ def test_the_softmax_masks_in_the_scores_dtype():
     forward, backward = map_ops(False, torch.bfloat16)
     fills = [dtype for name, dtype in forward + backward if name == "masked_fill"]
     assert fills and set(fills) == {torch.bfloat16}, fills
+
+
+def test_the_score_scale_rides_on_the_product():
+    """d = 4: no map-sized pass scales the scores (before: a division forward, one more backward)."""
+    for ops in map_ops(False):
+        assert not [name for name, _ in ops if name in ("div", "mul")], ops
+
+
+@pytest.mark.parametrize("d", [4, 16, 64, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_the_scaled_product_is_the_product_divided(d, dtype):
+    """A power-of-two scale is exact: the same scores, and gradients to rounding (d = 8 divides)."""
+    torch.manual_seed(d)
+    q, k = (torch.randn(2, 3, n, d, dtype=dtype, requires_grad=True) for n in (5, 9))
+    raw = _raw_scores(q, k)
+    want = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d)
+    assert raw.shape == want.shape and torch.equal(raw, want)
+    g = torch.randn_like(raw)
+    for got, ref in zip(torch.autograd.grad(raw, (q, k), g), torch.autograd.grad(want, (q, k), g)):
+        torch.testing.assert_close(got, ref)
