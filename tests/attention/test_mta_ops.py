@@ -4,7 +4,7 @@ lies, not an einsum that permutes it in and out), a layer without a convolution 
 once (the softmax's -inf; Mask_0's zeros are read by no convolution there), the softmax's mask
 fills the map in the scores' dtype before widening it, and 1/sqrt(d) rides on the q.k product
 where it is a power of two. The values: test_mta_attention.py and tests/ops/test_mta.py (and here,
-the scaled product's)."""
+the scaled product's, alone and through MTA against the loops)."""
 
 import math
 
@@ -12,9 +12,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from helpers import assert_close
+from mta_helpers import attention, full, qkv
 from lenx.attention.backends import chunked_attention
 from lenx.attention.backends.reference import _raw_scores
-from mta_helpers import attention
+from lenx.ops.mta.reference import mta_loops
 
 B, H, T, D, CHUNK = 2, 4, 48, 4, 16  # q, k and v hold B H T D = 1536 entries; the smallest map 2048
 
@@ -90,3 +92,14 @@ def test_the_scaled_product_is_the_product_divided(d, dtype):
     g = torch.randn_like(raw)
     for got, ref in zip(torch.autograd.grad(raw, (q, k), g), torch.autograd.grad(want, (q, k), g)):
         torch.testing.assert_close(got, ref)
+    assert torch.equal(_raw_scores(q, k[:1, :1]), torch.matmul(q, k[:1, :1].transpose(-1, -2)) / math.sqrt(d))
+
+
+def test_the_scaled_product_through_mta_is_the_loops():
+    """d = 4 (the scale in the product), both mixings, a convolution, blocks cut inside its halo."""
+    attn = attention("mta", head_dim=4)
+    p = attn.processor
+    q, k, v = qkv(11, head_dim=4)
+    want = mta_loops(q, k, v, p.conv_kernel, p.pre_mix, p.post_mix, None, (p.norm_weight, p.gate.weight[0], p.gate.bias))
+    for backend in ("dense", "chunked"):
+        assert_close(full(attn, q, k, v, backend, chunk=4), want, 1e-10, backend)

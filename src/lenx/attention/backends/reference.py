@@ -37,9 +37,9 @@ def _visible(parts: Parts, q_pos, k_pos, segments):
 
 
 def _raw_scores(q, k):
-    """q k^T / sqrt(d) for q [B, H, c, d], k [B, H, Tk, d]."""
+    """q k^T / sqrt(d) for q [B, H, c, d], k [B, H, Tk, d] (batch dimensions broadcast as matmul's)."""
     d = q.shape[-1]
-    if math.log2(d) % 2:
+    if math.log2(d) % 2 or q.shape[:-2] != k.shape[:-2]:
         return torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d)
     # 1/sqrt(d) a power of two (d = 4, 16, 64, 256): the product scales its own sums (exactly, so the
     # same scores), with no pass over the map each way and nothing more kept for the backward

@@ -46,8 +46,8 @@ def future_mask(q_pos, k_pos):
 def mix_heads(x, w):
     """x [B, H, ...] mixed within groups of c_h heads by w [G, c_h, c_h] (H = G c_h)."""
     G, c, _ = w.shape
-    # w times x's own layout [B, G, c_h, N]: one batched matmul that copies neither x nor the
-    # output (an einsum over z, g puts B into the columns: a permuted copy in and out)
+    # one batched matmul over x's own layout [B, G, c_h, N], copying neither x nor the output (not
+    # an einsum: it folds B into the columns, a permuted copy in and out)
     groups = x.reshape(x.shape[0], G, c, -1)
     return torch.matmul(w.to(x.dtype), groups).view(x.shape)
 
