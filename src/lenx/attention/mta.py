@@ -102,7 +102,9 @@ class MTA(ScoreProcessor):
         """MixPre(Conv2d(Mask_0(S + Bias))) for the scaled scores [B, H, Tq, Tk] (see mta_scores); q is
         not used. Entries after the diagonal (or masked) are left for the normaliser's -inf mask."""
         logits = scores if bias is None else scores + bias.to(scores.dtype)
-        return mta_scores(logits, self.conv_kernel, self.pre_mix, q_pos, k_pos, key_valid, visible, score_conv)
+        # without a convolution nothing reads Mask_0's zeros: the softmax masks those entries itself
+        return mta_scores(logits, self.conv_kernel, self.pre_mix, q_pos, k_pos, key_valid, visible, score_conv,
+                          mask=False)
 
     def after_softmax(self, probs: torch.Tensor, allowed: torch.Tensor | None = None, context: int = 0,
                       key_valid: torch.Tensor | None = None) -> torch.Tensor:

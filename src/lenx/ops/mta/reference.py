@@ -46,11 +46,14 @@ def future_mask(q_pos, k_pos):
 def mix_heads(x, w):
     """x [B, H, ...] mixed within groups of c_h heads by w [G, c_h, c_h] (H = G c_h)."""
     G, c, _ = w.shape
+    # one batched matmul over x's own layout [B, G, c_h, N], copying neither x nor the output (not
+    # an einsum: it folds B into the columns, a permuted copy in and out)
     groups = x.reshape(x.shape[0], G, c, -1)
-    return torch.einsum("gab,zgbn->zgan", w.to(x.dtype), groups).reshape(x.shape)
+    return torch.matmul(w.to(x.dtype), groups).view(x.shape)
 
 
-def mta_scores(logits, kernel=None, pre_mix=None, q_pos=None, k_pos=None, key_valid=None, visible=None, conv=None):
+def mta_scores(logits, kernel=None, pre_mix=None, q_pos=None, k_pos=None, key_valid=None, visible=None, conv=None,
+               mask: bool = True):
     """L = MixPre(Conv2d_θ(Mask_0(Â))) for logits Â [B, H, Tq, Tk] of rows at q_pos against keys at
     k_pos ([Tq], [Tk] or per sequence [B, Tq], [B, Tk]; default: the rows are the last Tq of Tk
     positions). kernel [H, 1, c_q, c_k] or None (no convolution), pre_mix [G, c_h, c_h] or None.
@@ -60,7 +63,11 @@ def mta_scores(logits, kernel=None, pre_mix=None, q_pos=None, k_pos=None, key_va
     hides, zeroed as past the causal edge. The rows' query convolution reads only the rows given: a
     block's first c_q - 1 rows see zero padding above them, so a caller that needs exact rows gives
     the c_q - 1 rows before them too and drops those (the query halo). conv: the function that
-    convolves, with _conv's arguments (None: _conv; route.score_conv picks a kernel)."""
+    convolves, with _conv's arguments (None: _conv; route.score_conv picks a kernel). mask=False
+    without a kernel: Mask_0 is left out (the masked entries keep their logits), for a caller whose
+    softmax masks every entry Mask_0 would zero (the mixing keeps each entry at its (i, j))."""
+    if kernel is None and not mask:
+        return logits if pre_mix is None else mix_heads(logits, pre_mix)
     Tq, Tk = logits.shape[-2:]
     if k_pos is None:
         k_pos = torch.arange(Tk, device=logits.device)
@@ -106,9 +113,11 @@ def mta_probs(probs, allowed=None, kernel=None, post_mix=None, context: int = 0,
     conv: as mta_scores'."""
     if kernel is not None:
         documents = key_valid if key_valid is not None and key_valid.dim() == 3 else None
-        probs = (conv or _conv)(probs.masked_fill(~allowed, 0.0), kernel, documents).masked_fill(~allowed, 0.0)
-    probs = probs[..., context:, :]
-    return probs if post_mix is None else mix_heads(probs, post_mix)
+        hidden = ~allowed
+        probs = (conv or _conv)(probs.masked_fill(hidden, 0.0), kernel, documents).masked_fill(hidden, 0.0)
+    # mixed before the halo rows are dropped: the mixing then reads the map as it lies (no copy)
+    probs = probs if post_mix is None else mix_heads(probs, post_mix)
+    return probs[..., context:, :]
 
 
 def group_norm(out, weight, gate_w=None, gate_b=None, eps: float = 1e-5):
