@@ -82,18 +82,6 @@ def test_bands_follow_an_optimizer_step(how):
     assert not torch.allclose(outs[0], outs[-1])  # the steps moved the bias
 
 
-def test_dape_v2_tables_are_forgotten_after_an_optimizer_step():
-    from lenx.ops.dape_v2 import tables
-
-    w = torch.nn.Parameter(torch.randn(3))
-    with torch.no_grad():  # kept only where nothing needs a gradient (an eval or validation forward)
-        tables.cached([w], ("probe",), lambda: w * 2)
-    assert tables.size() >= 1
-    w.grad = torch.ones(3)
-    torch.optim.AdamW([w], fused=True).step()
-    assert tables.size() == 0
-
-
 def test_bands_kept_under_inference_mode_are_not_saved_for_a_backward():
     """Evaluation under torch.inference_mode between two training steps keeps inference tensors, which
     a backward cannot save: the next call with grad rebuilds them (and its backward runs)."""
