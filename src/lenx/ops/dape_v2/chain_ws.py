@@ -6,7 +6,8 @@ A CTA owns BM = 16 query rows of one batch entry, all heads, and walks chain.py'
 12 warps are two partitions working on different windows at once:
  - conv (the default partition, 8 warps): the conv rows of window w (gluon.py's row-pair loop, one
    row per warpgroup), reading S from the window's buffer X_b [BM, 16 slots, 64 keys] and writing
-   L = S + f over it (one fp16 rounding of the sum: S and f - g are fp16 already);
+   L = S + f over it (one fp16 rounding of the sum: S and f - g are fp16 already; window 0's keys
+   below 2h keep f alone and S in fp32 aside, as _qk says);
  - four head warps (1 warp each; warp j owns heads j, j + 4, j + 8): the softmax and PV of window
    w - 1 and QK of window w + 1, by mma_v2 with the query rows on M, so a row's maximum is a max
    over a thread's keys and two shuffles in its quad (no exchange through shared memory), P stays in
@@ -49,8 +50,9 @@ if _GLUON_ERROR is None:
     def _conv_rows_ws(xrows, r0, Fp, Xb, Zb, w1, w2, T1, K0, pp, cc, key0, pp2, cc2, q2, q0, ws, T,
                       D: gl.constexpr, KS: gl.constexpr, BM: gl.constexpr, WITH_K0: gl.constexpr):
         """gluon._conv_rows on a window's X: per row pair, conv1 -> t1, k0 -> LeakyReLU -> residual ->
-        conv2 -> f - g (32 slots) into the pair scratch Fp, then L = S + f of slots 0..15 over X. xrows: both
-        windows' X as rows [2 BM, 16, 64], this window's from row r0."""
+        conv2 -> f - g (32 slots) into the pair scratch Fp, then L = S + f of slots 0..15 over X (window 0's
+        keys < 2h: f alone, see _qk). xrows: both windows' X as rows [2 BM, 16, 64], this window's from
+        row r0."""
         ACC_Y: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                         instr_shape=[16, 64, 16])
         LL: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [8, 1], [1, 0])   # [16, 64]
@@ -82,8 +84,12 @@ if _GLUON_ERROR is None:
             _thread_barrier()
             for p in gl.static_range(2):
                 xr = xrows.index(r0 + 2 * ip + p)
-                fr = Fp2.index(p).slice(0, 16, dim=0)
-                xr.store((xr.load(LL).to(gl.float32) + fr.load(LL).to(gl.float32)).to(gl.float16))
+                fr = Fp2.index(p).slice(0, 16, dim=0).load(LL).to(gl.float32)
+                if WITH_K0:   # window 0: keys 0 .. 2h - 1 keep f alone (|f - g| there is table-sized)
+                    edge = ws + _col_key(gl.arange(0, 64, gl.SliceLayout(0, LL))) < 2 * (KS // 2)
+                    xr.store(gl.where(edge[None, :], fr, xr.load(LL).to(gl.float32) + fr).to(gl.float16))
+                else:
+                    xr.store((xr.load(LL).to(gl.float32) + fr).to(gl.float16))
 
     @gluon.jit
     def _conv_part(X, Xrows, Fp, Xb, Zb, w1, w2, T1, K0, sready, lready, q0, T, n_win,
@@ -124,8 +130,13 @@ if _GLUON_ERROR is None:
         _thread_barrier()
 
     @gluon.jit
-    def _qk(Qs, X, tile, Kh, skt, h: gl.constexpr, w, q0, T, scale, KS: gl.constexpr, BM: gl.constexpr):
-        """S_h of window w = scale Q_h K_h^T (mma_v2, rows on M), tril, fp16 into X_(w % 2) slot h."""
+    def _qk(Qs, X, Se, tile, Kh, skt, h: gl.constexpr, w, q0, T, scale, KS: gl.constexpr, BM: gl.constexpr,
+            EDGE: gl.constexpr):
+        """S_h of window w = scale Q_h K_h^T (mma_v2, rows on M), tril, fp16 into X_(w % 2) slot h. With
+        EDGE (window 0) also S of keys 0 .. 2h - 1 into Se: there |f - g| takes the size of the bias (the conv
+        taps reach keys < 0, where the hidden map is -leaky(t1)), up to ~2e3 for ALiBi at T 1000, and an
+        fp16 L = S + f would lose S's bits (0.5 logit); the conv writes f alone there, the softmax adds
+        this S in fp32, as chain.py sums fp16 S and fp16 f."""
         HALF: gl.constexpr = KS // 2
         STEP: gl.constexpr = 64 - 4 * HALF
         MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
@@ -140,10 +151,14 @@ if _GLUON_ERROR is None:
             keys = ws + _col_key(32 * half + gl.arange(0, 32, gl.SliceLayout(0, MMA)))
             tril = (keys[None, :] <= rows[:, None]) & (keys >= 0)[None, :] & (keys < T)[None, :]
             s = gl.where(tril, s * scale, 0.0).to(gl.float16)
+            if EDGE and half == 0:   # keys 0 .. 2h - 1 of window 0 sit at offsets 2h .. 4h - 1: columns 8, 9
+                for e in gl.static_range(2 * HALF):
+                    s_e = gl.sum(gl.where(keys[None, :] == e, s.to(gl.float32), 0.0), axis=1)
+                    Se.index(2 * h + e).store(s_e)
             X.index(w % 2).slice(h, 1, dim=1).slice(32 * half, 32, dim=2).store(gl.reshape(s, [BM, 1, 32]))
 
     @gluon.jit
-    def _softmax_pv(X, Os, Ms, Ls, tile, Vh, svt, T2h, h: gl.constexpr, w, q0, T, KS: gl.constexpr, BM: gl.constexpr):
+    def _softmax_pv(X, Se, Os, Ms, Ls, tile, Vh, svt, T2h, h: gl.constexpr, w, q0, T, KS: gl.constexpr, BM: gl.constexpr):
         """Logits L_h + (t2 + g)[h, i - j] of window w on its outputs and the causal triangle, online
         softmax (a row's 64 keys: 16 per lane of a quad), O_h += P V_h (mma_v2)."""
         HALF: gl.constexpr = KS // 2
@@ -161,7 +176,10 @@ if _GLUON_ERROR is None:
         like = gl.reshape(gl.zeros([BM, 64], gl.float16, MMA), [BM, 1, 64])
         lt = gl.convert_layout(gl.reshape(X.index(w % 2).slice(h, 1, dim=1).load(like.type.layout), [BM, 64]), MMA,
                                assert_trivial=True)
-        lg = gl.where(valid, lt.to(gl.float32) + t2, float("-inf"))
+        lf = lt.to(gl.float32)
+        for e in gl.static_range(2 * HALF):   # keys 0 .. 2h - 1 (window 0): L holds f alone, S is in Se (_qk)
+            lf += gl.where(keys[None, :] == e, Se.index(2 * h + e).load(SROW)[:, None], 0.0)
+        lg = gl.where(valid, lf + t2, float("-inf"))
         m_old = Ms.index(h).load(SROW)
         m_new = gl.maximum(m_old, gl.max(lg, axis=1))
         alpha = gl.exp2((m_old - m_new) * LOG2E)
@@ -176,7 +194,7 @@ if _GLUON_ERROR is None:
             oh.store(mma_v2(pa, vb, oh.load(MMA) * alpha[:, None]))
 
     @gluon.jit
-    def _head_part(j: gl.constexpr, Qs, X, Os, Ms, Ls, tile, sready, lready, K, V, T2, O, LSE,
+    def _head_part(j: gl.constexpr, Qs, X, Se, Os, Ms, Ls, tile, sready, lready, K, V, T2, O, LSE,
                    kbase, vbase, obase, skh, skt, svh, svt, soh, sot, b, q0, T, scale, n_win,
                    H: gl.constexpr, KS: gl.constexpr, BM: gl.constexpr):
         """Head warp j (heads j, j + 4, j + 8 below H): QK of windows 0 and 1, then per window w the
@@ -189,22 +207,24 @@ if _GLUON_ERROR is None:
                 Os.index(j + 4 * t).store(gl.zeros([BM, 64], gl.float32, MMA))
                 Ms.index(j + 4 * t).store(gl.full([BM], -1.0e30, gl.float32, SROW))
                 Ls.index(j + 4 * t).store(gl.zeros([BM], gl.float32, SROW))
-        for w in range(2):
+        for w in gl.static_range(2):
             if w < n_win:
                 for t in gl.static_range(NHW):
                     if j + 4 * t < H:
-                        _qk(Qs, X, tile, K + kbase + (j + 4 * t) * skh, skt, j + 4 * t, w, q0, T, scale, KS, BM)
+                        _qk(Qs, X, Se, tile, K + kbase + (j + 4 * t) * skh, skt, j + 4 * t, w, q0, T, scale, KS, BM,
+                            w == 0)
                 mbarrier.arrive(sready.index(w))
         for w in range(n_win):
             mbarrier.wait(lready.index(w % 2), (w // 2) & 1)
             for t in gl.static_range(NHW):
                 if j + 4 * t < H:
-                    _softmax_pv(X, Os, Ms, Ls, tile, V + vbase + (j + 4 * t) * svh, svt,
+                    _softmax_pv(X, Se, Os, Ms, Ls, tile, V + vbase + (j + 4 * t) * svh, svt,
                                 T2 + (j + 4 * t) * (2 * T - 1), j + 4 * t, w, q0, T, KS, BM)
             if w + 2 < n_win:
                 for t in gl.static_range(NHW):
                     if j + 4 * t < H:
-                        _qk(Qs, X, tile, K + kbase + (j + 4 * t) * skh, skt, j + 4 * t, w + 2, q0, T, scale, KS, BM)
+                        _qk(Qs, X, Se, tile, K + kbase + (j + 4 * t) * skh, skt, j + 4 * t, w + 2, q0, T, scale, KS,
+                            BM, False)
                 mbarrier.arrive(sready.index(w % 2))
         rows = q0 + gl.arange(0, BM, SROW)
         d = gl.arange(0, 64, gl.SliceLayout(0, MMA))
@@ -244,6 +264,7 @@ if _GLUON_ERROR is None:
         Os = gl.allocate_shared_memory(gl.float32, [H, BM, 64], PLAIN2)
         Ms = gl.allocate_shared_memory(gl.float32, [H, BM], PLAIN1)
         Ls = gl.allocate_shared_memory(gl.float32, [H, BM], PLAIN1)
+        Se = gl.allocate_shared_memory(gl.float32, [2 * H, BM], PLAIN1)   # window 0's S of keys 0, 1 (_qk)
         KV: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])     # ldmatrix-friendly, sliceable
         kv0 = gl.allocate_shared_memory(gl.bfloat16, [64, 64], KV)     # one K / V tile per head warp
         kv1 = gl.allocate_shared_memory(gl.bfloat16, [64, 64], KV)
@@ -273,13 +294,13 @@ if _GLUON_ERROR is None:
         kb, vb, ob = b * skb, b * svb, b * sob
         gl.warp_specialize([
             (_conv_part, (X, Xrows, Fp, Xb, Zb, w1, w2, T1, K0, sready, lready, q0, T, n_win, D, KS, BM)),
-            (_head_part, (0, Qs, X, Os, Ms, Ls, kv0, sready, lready, K, V, T2, O, LSE, kb, vb, ob,
+            (_head_part, (0, Qs, X, Se, Os, Ms, Ls, kv0, sready, lready, K, V, T2, O, LSE, kb, vb, ob,
                           skh, skt, svh, svt, soh, sot, b, q0, T, scale, n_win, H, KS, BM)),
-            (_head_part, (1, Qs, X, Os, Ms, Ls, kv1, sready, lready, K, V, T2, O, LSE, kb, vb, ob,
+            (_head_part, (1, Qs, X, Se, Os, Ms, Ls, kv1, sready, lready, K, V, T2, O, LSE, kb, vb, ob,
                           skh, skt, svh, svt, soh, sot, b, q0, T, scale, n_win, H, KS, BM)),
-            (_head_part, (2, Qs, X, Os, Ms, Ls, kv2, sready, lready, K, V, T2, O, LSE, kb, vb, ob,
+            (_head_part, (2, Qs, X, Se, Os, Ms, Ls, kv2, sready, lready, K, V, T2, O, LSE, kb, vb, ob,
                           skh, skt, svh, svt, soh, sot, b, q0, T, scale, n_win, H, KS, BM)),
-            (_head_part, (3, Qs, X, Os, Ms, Ls, kv3, sready, lready, K, V, T2, O, LSE, kb, vb, ob,
+            (_head_part, (3, Qs, X, Se, Os, Ms, Ls, kv3, sready, lready, K, V, T2, O, LSE, kb, vb, ob,
                           skh, skt, svh, svt, soh, sot, b, q0, T, scale, n_win, H, KS, BM)),
         ], [1, 1, 1, 1], [HEAD_REGS, HEAD_REGS, HEAD_REGS, HEAD_REGS])
 

@@ -2,7 +2,10 @@
 
 Values. chain_ws.py computes what chain.py computes (emulate_chain.chain_schedule), in a different
 order across windows (which changes no value) and with one more rounding: the conv partition writes
-L = S + f in fp16 over S, so the logits are fp16(S + f) + (t2 + g) (chain_schedule(fused_l=True)).
+L = S + f in fp16 over S, so the logits are fp16(S + f) + (t2 + g) (chain_schedule(fused_l=True)),
+except at keys 0 .. 2h - 1, where L holds f alone and S (kept aside in fp32) is added in the softmax:
+there |f - g| has the size of the bias table (~1e3 for ALiBi at T 1000) and fp16(S + f) would cost
+up to half an fp16 spacing (0.5 logit).
 
 Protocol. ws_protocol replays the partitions on window names with mbarrier semantics, under random
 interleavings: the conv partition waits sready[w % NB] (phase (w // NB) & 1), reads S of window w
