@@ -225,12 +225,12 @@ def _triton36():
 
 @pytest.mark.gpu  # no GPU needed: it runs where the device's triton (3.6) is, i.e. with the GPU suite
 @pytest.mark.skipif(_triton36() is not None, reason=str(_triton36()))
-@pytest.mark.parametrize("ks,head_spills,prologue_spills", [(3, 4, 0), (1, 16, 16)])
+@pytest.mark.parametrize("ks,head_spills,prologue_spills", [(3, 0, 0), (1, 12, 8)])
 def test_offline_compile_spills_per_partition(ks, head_spills, prologue_spills, tmp_path):
     """sm_90a compile at H 12, D 32: the conv partition (the region with the wgmmas, 168 registers)
-    spills nothing; each head warp at most what triton 3.6 gave when this was written (a few
-    loop-invariant values saved once per window: 4 LDL / STL at k 3, 16 at k 1), the prologue
-    likewise; shared memory within the 227 KB a CTA may have."""
+    spills nothing; each head warp at most what triton 3.6 gave when this was written (none at k 3;
+    at k 1 a few loop-invariant values saved once per window: 8-12 LDL + STL), the prologue likewise
+    (8 at k 1); shared memory within the 227 KB a CTA may have."""
     import importlib.util
     from pathlib import Path
 
