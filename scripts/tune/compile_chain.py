@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 import gluon_compile as gc  # noqa: E402
+import ws_sass_regions as wr  # noqa: E402
 
 
 def loop_spills(sass: str) -> dict:
@@ -64,7 +65,8 @@ def partition_spills(sass: str) -> list:
 
 
 def compile_chain_ws(heads: int = 12, hidden: int = 32, k: int = 3, sass_path=None) -> dict:
-    """chain_ws.py's kernel: the census and the spills per partition (conv: the 8-warp default)."""
+    """chain_ws.py's kernel: the census, the spills per partition (conv: the 8-warp default) and
+    ws_sass_regions' census of each partition and its loops ("regions")."""
     from lenx.ops.dape_v2 import chain_ws as W
 
     fn = W.kernel()
@@ -74,6 +76,7 @@ def compile_chain_ws(heads: int = 12, hidden: int = 32, k: int = 3, sass_path=No
     tmp = sass_path or "/tmp/lenx_chain_ws.sass"
     out = gc.compile_gluon(fn, sig, consts, W.NUM_WARPS, sass_path=tmp, divisible=div)
     out["partitions"] = partition_spills(Path(tmp).read_text())
+    out["regions"] = wr.analyse(Path(tmp).read_text())
     return out
 
 
@@ -89,7 +92,9 @@ def main():
     import triton
 
     if a.ws:
-        print(json.dumps({"triton": triton.__version__, "chain_ws": compile_chain_ws(a.heads, a.hidden, a.k, a.sass)}))
+        res = compile_chain_ws(a.heads, a.hidden, a.k, a.sass)
+        res.pop("regions")   # ws_sass_regions.py prints them readably from the --sass file
+        print(json.dumps({"triton": triton.__version__, "chain_ws": res}))
         return
 
     res = {"triton": triton.__version__, "shape": {"heads": a.heads, "hidden": a.hidden, "k": a.k, "ring": a.ring},

@@ -8,16 +8,20 @@ A CTA owns BM = 16 query rows of one batch entry, all heads, and walks chain.py'
    row per warpgroup), reading S from the window's buffer X_b [BM, 16 slots, 64 keys] and writing
    L = S + f over it (one fp16 rounding of the sum: S and f - g are fp16 already; window 0's keys
    below 2h keep f alone and S in fp32 aside, as _qk says);
- - four head warps (1 warp each; warp j owns heads j, j + 4, j + 8): the softmax and PV of window
-   w - 1 and QK of window w + 1, by mma_v2 with the query rows on M, so a row's maximum is a max
-   over a thread's keys and two shuffles in its quad (no exchange through shared memory), P stays in
-   registers as the A operand, and O, m, l sit in the warp's own slices of shared memory.
-Hand-offs: X_b for window w (b = w % 2) is ready for the conv when sready[b] has four arrivals (each
-head warp after writing S of its heads), for the head warps when lready[b] has the conv's arrival;
-each waits on phase (w // 2) & 1. emulate_chain_ws.ws_protocol replays this on window names.
+ - heads (one 4-warp partition): the softmax and PV of window w - 1 and QK of window w + 1 for head
+   groups t = 0, 1, 2 (heads 4 t .. 4 t + 3; warp i takes head 4 t + i). Every head tensor carries the
+   group's four heads as a leading dimension and mma_v2 runs with warps [4, 1, 1], so each warp
+   multiplies its own head's tiles and the code exists once, not once per warp (the instruction-cache
+   argument in the notes). The query rows are on M: a row's maximum is a max over a thread's keys and
+   two shuffles in its quad, P stays in registers as the A operand, and O, m, l sit in shared memory.
+Hand-offs: X_b for window w (b = w % 2) is ready for the conv when sready[b] has the head partition's
+one arrival (after a partition barrier: all four warps' S is stored), for the heads when lready[b]
+has the conv's; each waits on phase (w // 2) & 1. emulate_chain_ws.ws_protocol replays this on window
+names.
 
-Limits as chain.py: d 64, H <= 12, D <= 32, k in (1, 3), bf16. Each head warp streams its own K and V
-tiles through one tile buffer (no prefetch across heads: the first thing to tune).
+Limits as chain.py: d 64, H <= 12, D <= 32, k in (1, 3), bf16. H need not be a multiple of 4: the
+last group's heads >= H read zero Q, K and V tiles and are never written out. Each warp streams its
+head's K and V tiles through one tile buffer (no prefetch across groups: the first thing to tune).
 """
 
 import math
@@ -25,8 +29,8 @@ import math
 from .chain import MAX_HEADS, unsupported_reason
 from .gluon import BM, CS, NUM_WARPS, _GLUON_ERROR, _aligned, prepare
 
-HEAD_WARPS = 4
-HEAD_REGS = 168   # each head warp's registers, and the conv partition's (12 warps x 168 is the register file)
+HEAD_WARPS = 4   # the head partition: one warpgroup, a head group of 4 heads at a time
+HEAD_REGS = 168   # its registers a thread, and the conv partition's (12 warps x 168 is the register file)
 
 
 if _GLUON_ERROR is None:
@@ -115,126 +119,146 @@ if _GLUON_ERROR is None:
             _thread_barrier()   # every thread's L is stored before the one elected arrive
             mbarrier.arrive(lready.index(w % 2))
 
+    HW = gl.constexpr(HEAD_WARPS)
+
+    @gluon.constexpr_function
+    def _head_mma():
+        """mma_v2 with the head as a batch dimension, one warp per head: [4, 16, n] accumulators."""
+        return gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[HW, 1, 1], instr_shape=[1, 16, 8])
+
+    @gluon.constexpr_function
+    def _groups(H):
+        """Head groups (4 heads, one a warp): the head buffers' first dimension."""
+        return (H + HEAD_WARPS - 1) // HEAD_WARPS
+
     @gluon.jit
-    def _load_tile(tile, base, skt, ws, T):
-        """cp.async one [64, 64] K or V tile of the window at ws (keys in the permuted order, zero
-        outside [0, T)) into this warp's tile buffer; wait for it; a warp barrier before any lane reads."""
-        L1: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])
-        keys = ws + _col_key(gl.arange(0, 64, gl.SliceLayout(1, L1)))
-        d = gl.arange(0, 64, gl.SliceLayout(0, L1))
-        _thread_barrier()   # the tile's last reader (ldmatrix by any lane) is done
-        async_copy.async_copy_global_to_shared(tile, base + keys[:, None] * skt + d[None, :],
-                                               mask=((keys >= 0) & (keys < T))[:, None])
+    def _load_tiles(tiles, base, sh, st, h0, ws, T, H: gl.constexpr):
+        """cp.async the [64, 64] K or V tiles of heads h0 .. h0 + 3 of the window at ws (warp i copies
+        head h0 + i's into tiles[i]; keys in the permuted order, zero outside [0, T) and for heads >= H),
+        wait for them; a partition barrier before any lane reads."""
+        L1: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [HW, 1, 1], [2, 1, 0])
+        i = gl.arange(0, HW, gl.SliceLayout(1, gl.SliceLayout(2, L1)))   # the warp
+        keys = ws + _col_key(gl.arange(0, 64, gl.SliceLayout(0, gl.SliceLayout(2, L1))))
+        d = gl.arange(0, 64, gl.SliceLayout(0, gl.SliceLayout(1, L1)))
+        _thread_barrier()   # the tiles' last reader (ldmatrix by any lane) is done
+        # the group's head in the scalar base: the per-thread offsets are then the same for every group
+        async_copy.async_copy_global_to_shared(
+            tiles, (base + h0 * sh) + (i[:, None, None] * sh + keys[None, :, None] * st + d[None, None, :]),
+            mask=(h0 + i < H)[:, None, None] & ((keys >= 0) & (keys < T))[None, :, None])
         async_copy.commit_group()
         async_copy.wait_group(0)
         _thread_barrier()
 
     @gluon.jit
-    def _qk(Qs, X, Se, tile, Kh, skt, h: gl.constexpr, w, q0, T, scale, KS: gl.constexpr, BM: gl.constexpr,
-            EDGE: gl.constexpr):
-        """S_h of window w = scale Q_h K_h^T (mma_v2, rows on M), tril, fp16 into X_(w % 2) slot h. With
-        EDGE (window 0) also S of keys 0 .. 2h - 1 into Se: there |f - g| takes the size of the bias (the conv
-        taps reach keys < 0, where the hidden map is -leaky(t1)), up to ~2e3 for ALiBi at T 1000, and an
-        fp16 L = S + f would lose S's bits (0.5 logit); the conv writes f alone there, the softmax adds
-        this S in fp32, as chain.py sums fp16 S and fp16 f."""
+    def _qk(Qs, X, Se, tiles, Kb, skh, skt, t: gl.constexpr, w, q0, T, scale, H: gl.constexpr, KS: gl.constexpr,
+            BM: gl.constexpr, EDGE: gl.constexpr):
+        """S of heads 4 t .. 4 t + 3 (warp i: head 4 t + i) of window w = scale Q_h K_h^T (mma_v2, rows on
+        M), tril, fp16 into X_(w % 2) slots 4 t .. 4 t + 3 (heads >= H: zeros). With EDGE (window 0) also
+        S of keys 0 .. 2h - 1 into Se: there |f - g| takes the size of the bias (the conv taps reach keys
+        < 0, where the hidden map is -leaky(t1)), up to ~2e3 for ALiBi at T 1000, and an fp16 L = S + f
+        would lose S's bits (0.5 logit); the conv writes f alone there, the softmax adds this S in fp32,
+        as chain.py sums fp16 S and fp16 f."""
         HALF: gl.constexpr = KS // 2
         STEP: gl.constexpr = 64 - 4 * HALF
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
+        MMA: gl.constexpr = _head_mma()
         ws = w * STEP - 2 * HALF
-        _load_tile(tile, Kh, skt, ws, T)
-        qa = Qs.index(h).load(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
-        rows = q0 + gl.arange(0, BM, gl.SliceLayout(1, MMA))
+        _load_tiles(tiles, Kb, skh, skt, HW * t, ws, T, H)
+        qa = Qs.index(t).load(gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
+        rows = q0 + gl.arange(0, BM, gl.SliceLayout(0, gl.SliceLayout(2, MMA)))
+        xs = X.index(w % 2).slice(HW * t, HW, dim=1).permute((1, 0, 2))   # [heads, rows, keys]
         for half in gl.static_range(2):   # 32 key columns at a time: half of K's B operand live
-            kb = tile.slice(32 * half, 32, dim=0).permute((1, 0)).load(
+            kb = tiles.slice(32 * half, 32, dim=1).permute((0, 2, 1)).load(
                 gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))
-            s = mma_v2(qa, kb, gl.zeros([BM, 32], gl.float32, MMA))
-            keys = ws + _col_key(32 * half + gl.arange(0, 32, gl.SliceLayout(0, MMA)))
-            tril = (keys[None, :] <= rows[:, None]) & (keys >= 0)[None, :] & (keys < T)[None, :]
+            s = mma_v2(qa, kb, gl.zeros([HW, BM, 32], gl.float32, MMA))
+            keys = ws + _col_key(32 * half + gl.arange(0, 32, gl.SliceLayout(0, gl.SliceLayout(1, MMA))))
+            tril = (keys[None, None, :] <= rows[None, :, None]) & ((keys >= 0) & (keys < T))[None, None, :]
             s = gl.where(tril, s * scale, 0.0).to(gl.float16)
             if EDGE and half == 0:   # keys 0 .. 2h - 1 of window 0 sit at offsets 2h .. 4h - 1: columns 8, 9
                 for e in gl.static_range(2 * HALF):
-                    s_e = gl.sum(gl.where(keys[None, :] == e, s.to(gl.float32), 0.0), axis=1)
-                    Se.index(2 * h + e).store(s_e)
-            X.index(w % 2).slice(h, 1, dim=1).slice(32 * half, 32, dim=2).store(gl.reshape(s, [BM, 1, 32]))
+                    s_e = gl.sum(gl.where(keys[None, None, :] == e, s.to(gl.float32), 0.0), axis=2)
+                    Se.index(e * _groups(H) + t).store(s_e)
+            xs.slice(32 * half, 32, dim=2).store(s)
 
     @gluon.jit
-    def _softmax_pv(X, Se, Os, Ms, Ls, tile, Vh, svt, T2h, h: gl.constexpr, w, q0, T, KS: gl.constexpr, BM: gl.constexpr):
-        """Logits L_h + (t2 + g)[h, i - j] of window w on its outputs and the causal triangle, online
-        softmax (a row's 64 keys: 16 per lane of a quad), O_h += P V_h (mma_v2)."""
+    def _softmax_pv(X, Se, Os, Ms, Ls, tiles, Vb, svh, svt, T2, t: gl.constexpr, w, q0, T, H: gl.constexpr,
+                    KS: gl.constexpr, BM: gl.constexpr):
+        """Logits L_h + (t2 + g)[h, i - j] of window w on its outputs and the causal triangle for heads
+        4 t .. 4 t + 3 (warp i: head 4 t + i; heads >= H fully masked), online softmax (a row's 64 keys:
+        16 per lane of a quad), O_h += P V_h (mma_v2)."""
         HALF: gl.constexpr = KS // 2
         STEP: gl.constexpr = 64 - 4 * HALF
         LOG2E: gl.constexpr = 1.4426950408889634
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
-        SROW: gl.constexpr = gl.SliceLayout(1, MMA)
+        MMA: gl.constexpr = _head_mma()
+        R2: gl.constexpr = gl.SliceLayout(2, MMA)   # [heads, rows]
         ws = w * STEP - 2 * HALF
-        rows = q0 + gl.arange(0, BM, SROW)
-        off = _col_key(gl.arange(0, 64, gl.SliceLayout(0, MMA)))
+        hh = HW * t + gl.arange(0, HW, gl.SliceLayout(1, R2))
+        rows = q0 + gl.arange(0, BM, gl.SliceLayout(0, R2))
+        off = _col_key(gl.arange(0, 64, gl.SliceLayout(0, gl.SliceLayout(1, MMA))))
         keys = ws + off
-        valid = ((keys[None, :] <= rows[:, None]) & (keys >= 0)[None, :] & (keys < T)[None, :]
-                 & ((off >= 2 * HALF) & (off < 64 - 2 * HALF))[None, :] & (rows < T)[:, None])
-        t2 = gl.load(T2h + (rows[:, None] - keys[None, :] + T - 1), mask=valid, other=0.0)
-        like = gl.reshape(gl.zeros([BM, 64], gl.float16, MMA), [BM, 1, 64])
-        lt = gl.convert_layout(gl.reshape(X.index(w % 2).slice(h, 1, dim=1).load(like.type.layout), [BM, 64]), MMA,
-                               assert_trivial=True)
-        lf = lt.to(gl.float32)
+        kin = (keys >= 0) & (keys < T) & (off >= 2 * HALF) & (off < 64 - 2 * HALF)
+        valid = ((keys[None, None, :] <= rows[None, :, None]) & kin[None, None, :]
+                 & (rows < T)[None, :, None] & (hh < H)[:, None, None])
+        t2 = gl.load(T2 + hh[:, None, None] * (2 * T - 1) + (rows[None, :, None] - keys[None, None, :] + T - 1),
+                     mask=valid, other=0.0)
+        lf = X.index(w % 2).slice(HW * t, HW, dim=1).permute((1, 0, 2)).load(MMA).to(gl.float32)
         for e in gl.static_range(2 * HALF):   # keys 0 .. 2h - 1 (window 0): L holds f alone, S is in Se (_qk)
-            lf += gl.where(keys[None, :] == e, Se.index(2 * h + e).load(SROW)[:, None], 0.0)
+            lf += gl.where(keys[None, None, :] == e, Se.index(e * _groups(H) + t).load(R2)[:, :, None], 0.0)
         lg = gl.where(valid, lf + t2, float("-inf"))
-        m_old = Ms.index(h).load(SROW)
-        m_new = gl.maximum(m_old, gl.max(lg, axis=1))
+        ms = Ms.index(t)
+        ls = Ls.index(t)
+        m_old = ms.load(R2)
+        m_new = gl.maximum(m_old, gl.max(lg, axis=2))
         alpha = gl.exp2((m_old - m_new) * LOG2E)
-        p = gl.exp2((lg - m_new[:, None]) * LOG2E)
-        Ls.index(h).store(Ls.index(h).load(SROW) * alpha + gl.sum(p, axis=1))
-        Ms.index(h).store(m_new)
-        _load_tile(tile, Vh, svt, ws, T)
+        p = gl.exp2((lg - m_new[:, :, None]) * LOG2E)
+        ls.store(ls.load(R2) * alpha + gl.sum(p, axis=2))
+        ms.store(m_new)
+        _load_tiles(tiles, Vb, svh, svt, HW * t, ws, T, H)
         pa = gl.convert_layout(p.to(gl.bfloat16), gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
         for half in gl.static_range(2):   # O's halves in turn: half of V's B operand live at a time
-            vb = tile.slice(32 * half, 32, dim=1).load(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))
-            oh = Os.index(h).slice(32 * half, 32, dim=1)
-            oh.store(mma_v2(pa, vb, oh.load(MMA) * alpha[:, None]))
+            vb = tiles.slice(32 * half, 32, dim=2).load(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))
+            oh = Os.index(t).slice(32 * half, 32, dim=2)
+            oh.store(mma_v2(pa, vb, oh.load(MMA) * alpha[:, :, None]))
 
     @gluon.jit
-    def _head_part(j: gl.constexpr, Qs, X, Se, Os, Ms, Ls, tile, sready, lready, K, V, T2, O, LSE,
-                   kbase, vbase, obase, skh, skt, svh, svt, soh, sot, b, q0, T, scale, n_win,
+    def _head_part(Qs, X, Se, Os, Ms, Ls, tiles, sready, lready, Kb, Vb, T2, O, LSE,
+                   skh, skt, svh, svt, soh, sot, b, q0, T, scale, n_win,
                    H: gl.constexpr, KS: gl.constexpr, BM: gl.constexpr):
-        """Head warp j (heads j, j + 4, j + 8 below H): QK of windows 0 and 1, then per window w the
-        softmax and PV of w and QK of w + 2 into the buffer w just freed; O / l and LSE at the end."""
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1], instr_shape=[16, 8])
-        SROW: gl.constexpr = gl.SliceLayout(1, MMA)
-        NHW: gl.constexpr = (H + 3) // 4
-        for t in gl.static_range(NHW):
-            if j + 4 * t < H:
-                Os.index(j + 4 * t).store(gl.zeros([BM, 64], gl.float32, MMA))
-                Ms.index(j + 4 * t).store(gl.full([BM], -1.0e30, gl.float32, SROW))
-                Ls.index(j + 4 * t).store(gl.zeros([BM], gl.float32, SROW))
+        """The head partition (4 warps, warp i: heads i, i + 4, i + 8, in head groups t = 0, 1, 2): QK
+        of windows 0 and 1, then per window w the softmax and PV of w and QK of w + 2 into the buffer w
+        just freed; O / l and LSE at the end. Every tensor is [4 heads, ...]: one copy of the code."""
+        MMA: gl.constexpr = _head_mma()
+        R2: gl.constexpr = gl.SliceLayout(2, MMA)
+        NG: gl.constexpr = _groups(H)
+        for t in gl.static_range(NG):
+            Os.index(t).store(gl.zeros([HW, BM, 64], gl.float32, MMA))
+            Ms.index(t).store(gl.full([HW, BM], -1.0e30, gl.float32, R2))
+            Ls.index(t).store(gl.zeros([HW, BM], gl.float32, R2))
         for w in gl.static_range(2):
             if w < n_win:
-                for t in gl.static_range(NHW):
-                    if j + 4 * t < H:
-                        _qk(Qs, X, Se, tile, K + kbase + (j + 4 * t) * skh, skt, j + 4 * t, w, q0, T, scale, KS, BM,
-                            w == 0)
+                for t in gl.static_range(NG):
+                    _qk(Qs, X, Se, tiles, Kb, skh, skt, t, w, q0, T, scale, H, KS, BM, w == 0)
+                _thread_barrier()   # all four warps' S is stored before the one elected arrive
                 mbarrier.arrive(sready.index(w))
         for w in range(n_win):
             mbarrier.wait(lready.index(w % 2), (w // 2) & 1)
-            for t in gl.static_range(NHW):
-                if j + 4 * t < H:
-                    _softmax_pv(X, Se, Os, Ms, Ls, tile, V + vbase + (j + 4 * t) * svh, svt,
-                                T2 + (j + 4 * t) * (2 * T - 1), j + 4 * t, w, q0, T, KS, BM)
+            for t in gl.static_range(NG):
+                _softmax_pv(X, Se, Os, Ms, Ls, tiles, Vb, svh, svt, T2, t, w, q0, T, H, KS, BM)
             if w + 2 < n_win:
-                for t in gl.static_range(NHW):
-                    if j + 4 * t < H:
-                        _qk(Qs, X, Se, tile, K + kbase + (j + 4 * t) * skh, skt, j + 4 * t, w + 2, q0, T, scale, KS,
-                            BM, False)
+                for t in gl.static_range(NG):
+                    _qk(Qs, X, Se, tiles, Kb, skh, skt, t, w + 2, q0, T, scale, H, KS, BM, False)
+                _thread_barrier()
                 mbarrier.arrive(sready.index(w % 2))
-        rows = q0 + gl.arange(0, BM, SROW)
-        d = gl.arange(0, 64, gl.SliceLayout(0, MMA))
-        for t in gl.static_range(NHW):
-            if j + 4 * t < H:
-                l = gl.maximum(Ls.index(j + 4 * t).load(SROW), 1e-30)
-                o = Os.index(j + 4 * t).load(MMA) / l[:, None]
-                gl.store(O + obase + (j + 4 * t) * soh + rows[:, None] * sot + d[None, :], o.to(gl.bfloat16),
-                         mask=(rows < T)[:, None])
-                gl.store(LSE + (b * H + j + 4 * t) * T + rows, Ms.index(j + 4 * t).load(SROW) + gl.log(l), mask=rows < T)
+        rows = q0 + gl.arange(0, BM, gl.SliceLayout(0, R2))
+        d = gl.arange(0, 64, gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
+        for t in gl.static_range(NG):
+            hh = HW * t + gl.arange(0, HW, gl.SliceLayout(1, R2))
+            ok = (hh < H)[:, None] & (rows < T)[None, :]
+            l = gl.maximum(Ls.index(t).load(R2), 1e-30)
+            o = Os.index(t).load(MMA) / l[:, :, None]
+            gl.store(O + hh[:, None, None] * soh + rows[None, :, None] * sot + d[None, None, :], o.to(gl.bfloat16),
+                     mask=ok[:, :, None])
+            gl.store(LSE + (b * H + hh[:, None]) * T + rows[None, :], Ms.index(t).load(R2) + gl.log(l),
+                     mask=ok)
 
     @gluon.jit
     def _dape_v2_chain_ws(Q, K, V, W1A, W2A, T1, K0, T2, O, LSE,
@@ -251,30 +275,30 @@ if _GLUON_ERROR is None:
 
         LD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
         LF3: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 1, 32], [8, 1, 1], [2, 1, 0])
-        PLAIN1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
         PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         PLAIN3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
         BAR: gl.constexpr = mbarrier.MBarrierLayout()
-        Qs = gl.allocate_shared_memory(gl.bfloat16, [H, BM, 64], gl.NVMMASharedLayout.get_default_for([BM, 64], gl.bfloat16))
+        NG: gl.constexpr = _groups(H)   # head buffers are [NG, 4, ...]: ptxas's layouts want powers of 2 after .index
+        QL: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0])   # ldmatrix without bank conflicts
+        Qs = gl.allocate_shared_memory(gl.bfloat16, [NG, HW, BM, 64], QL)
         X = gl.allocate_shared_memory(gl.float16, [2, BM, 16, 64], PLAIN3)   # per window: S in, L = S + f out
         Xrows = X._reinterpret(gl.float16, [2 * BM, 16, 64], PLAIN2)          # the same bytes, a row per .index
         Fp = gl.allocate_shared_memory(gl.float16, [64, 64], PLAIN2)          # a row pair's f (32 slots)
         Xb = gl.allocate_shared_memory(gl.float16, [16, 128], gl.NVMMASharedLayout.get_default_for([16, 128], gl.float16))
         Zb = gl.allocate_shared_memory(gl.float16, [32, 128], gl.NVMMASharedLayout.get_default_for([32, 128], gl.float16))
-        Os = gl.allocate_shared_memory(gl.float32, [H, BM, 64], PLAIN2)
-        Ms = gl.allocate_shared_memory(gl.float32, [H, BM], PLAIN1)
-        Ls = gl.allocate_shared_memory(gl.float32, [H, BM], PLAIN1)
-        Se = gl.allocate_shared_memory(gl.float32, [2 * H, BM], PLAIN1)   # window 0's S of keys 0, 1 (_qk)
-        KV: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [1, 0])     # ldmatrix-friendly, sliceable
-        kv0 = gl.allocate_shared_memory(gl.bfloat16, [64, 64], KV)     # one K / V tile per head warp
-        kv1 = gl.allocate_shared_memory(gl.bfloat16, [64, 64], KV)
-        kv2 = gl.allocate_shared_memory(gl.bfloat16, [64, 64], KV)
-        kv3 = gl.allocate_shared_memory(gl.bfloat16, [64, 64], KV)
+        Os = gl.allocate_shared_memory(gl.float32, [NG, HW, BM, 64], PLAIN3)
+        Ms = gl.allocate_shared_memory(gl.float32, [NG, HW, BM], PLAIN2)
+        Ls = gl.allocate_shared_memory(gl.float32, [NG, HW, BM], PLAIN2)
+        Se = gl.allocate_shared_memory(gl.float32, [2 * NG, HW, BM], PLAIN2)   # window 0's S of keys 0, 1 (_qk)
+        # one K / V tile per head warp; the swizzle stays inside 32-column halves (PV slices V there): with
+        # (8, 1, 8) ptxas spilled 3 values in the head loop; ldmatrix on it is 2-way bank-conflicted
+        KV: gl.constexpr = gl.SwizzledSharedLayout(8, 2, 4, [2, 1, 0])
+        tiles = gl.allocate_shared_memory(gl.bfloat16, [HW, 64, 64], KV)
         sready = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
         lready = gl.allocate_shared_memory(gl.int64, [2, 1], BAR)
         for i in gl.static_range(2):
-            mbarrier.init(sready.index(i), count=4)   # one arrival per head warp
-            mbarrier.init(lready.index(i), count=1)   # the conv partition's one (elected) arrival
+            mbarrier.init(sready.index(i), count=1)   # the head partition's one (elected) arrival
+            mbarrier.init(lready.index(i), count=1)   # the conv partition's
 
         r128 = gl.arange(0, 128, gl.SliceLayout(1, LD))
         w1 = gl.allocate_shared_memory(gl.float16, [128, 16], gl.NVMMASharedLayout.get_default_for([128, 16], gl.float16))
@@ -284,25 +308,19 @@ if _GLUON_ERROR is None:
         for i in gl.static_range(2):   # conv1's input slots H..15 stay zero (W1A is zero there too)
             for h in gl.static_range(H, 16):
                 X.index(i).slice(h, 1, dim=1).store(gl.zeros([BM, 1, 64], gl.float16, LF3))
-        ld_r = gl.arange(0, BM, gl.SliceLayout(1, LD))
-        ld_d = gl.arange(0, 64, gl.SliceLayout(0, LD))
-        q_rows = q0 + ld_r
-        for h in gl.static_range(H):
-            Qs.index(h).store(gl.load(Q + b * sqb + h * sqh + q_rows[:, None] * sqt + ld_d[None, :],
-                                      mask=(q_rows < T)[:, None], other=0.0))
+        LQ: gl.constexpr = gl.BlockedLayout([1, 1, 8], [1, 4, 8], [1, 8, 1], [2, 1, 0])   # [1, BM, 64]
+        q_rows = q0 + gl.arange(0, BM, gl.SliceLayout(0, gl.SliceLayout(2, LQ)))
+        q_d = gl.arange(0, 64, gl.SliceLayout(0, gl.SliceLayout(1, LQ)))
+        q_off = b * sqb + q_rows[None, :, None] * sqt + q_d[None, None, :]
+        for h in gl.static_range(HW * NG):   # heads H .. 4 NG - 1: zeros (their S is zero, their outputs masked)
+            qh = gl.load(Q + h * sqh + q_off, mask=(q_rows < T)[None, :, None] & (h < H), other=0.0)
+            Qs.index(h // HW).slice(h % HW, 1, dim=0).store(qh)
         fence_async_shared()
-        kb, vb, ob = b * skb, b * svb, b * sob
         gl.warp_specialize([
             (_conv_part, (X, Xrows, Fp, Xb, Zb, w1, w2, T1, K0, sready, lready, q0, T, n_win, D, KS, BM)),
-            (_head_part, (0, Qs, X, Se, Os, Ms, Ls, kv0, sready, lready, K, V, T2, O, LSE, kb, vb, ob,
-                          skh, skt, svh, svt, soh, sot, b, q0, T, scale, n_win, H, KS, BM)),
-            (_head_part, (1, Qs, X, Se, Os, Ms, Ls, kv1, sready, lready, K, V, T2, O, LSE, kb, vb, ob,
-                          skh, skt, svh, svt, soh, sot, b, q0, T, scale, n_win, H, KS, BM)),
-            (_head_part, (2, Qs, X, Se, Os, Ms, Ls, kv2, sready, lready, K, V, T2, O, LSE, kb, vb, ob,
-                          skh, skt, svh, svt, soh, sot, b, q0, T, scale, n_win, H, KS, BM)),
-            (_head_part, (3, Qs, X, Se, Os, Ms, Ls, kv3, sready, lready, K, V, T2, O, LSE, kb, vb, ob,
-                          skh, skt, svh, svt, soh, sot, b, q0, T, scale, n_win, H, KS, BM)),
-        ], [1, 1, 1, 1], [HEAD_REGS, HEAD_REGS, HEAD_REGS, HEAD_REGS])
+            (_head_part, (Qs, X, Se, Os, Ms, Ls, tiles, sready, lready, K + b * skb, V + b * svb, T2, O + b * sob,
+                          LSE, skh, skt, svh, svt, soh, sot, b, q0, T, scale, n_win, H, KS, BM)),
+        ], [HW], [HEAD_REGS])
 
 
 def kernel():

@@ -9,10 +9,13 @@ up to half an fp16 spacing (0.5 logit).
 
 Protocol. ws_protocol replays the partitions on window names with mbarrier semantics, under random
 interleavings: the conv partition waits sready[w % NB] (phase (w // NB) & 1), reads S of window w
-from X_(w % NB), writes L over it, arrives on lready[w % NB]; each head warp writes S of windows
-0 .. AHEAD - 1 for its heads (the prologue), then per window w waits lready, reads its heads' L,
-writes S of window w + AHEAD into the buffer it just read (if that window exists) and arrives on
-sready. The kernel's NB and AHEAD are 2 and 2.
+from X_(w % NB), writes L over it, arrives on lready[w % NB]; the head partition is four warps (warp
+j: heads j, j + 4, j + 8), each writing S of windows 0 .. AHEAD - 1 for its heads (the prologue),
+then per window w waiting on lready, reading its heads' L and writing S of window w + AHEAD into the
+buffer it just read (if that window exists). The hand-off of S is ONE arrival on sready (count 1),
+made by warp 0 after a partition barrier that all four warps reach once their S is stored; without
+that barrier warp 0 could hand over a window the others have not written (the `barrier` switch
+replays that bug). The kernel's NB and AHEAD are 2 and 2.
 """
 
 import random
@@ -40,15 +43,31 @@ class _Barrier:
             self.done, self.arrived = self.done + 1, 0
 
 
-def ws_protocol(n_windows: int, H: int = 12, n_buffers: int = 2, ahead: int = 2, seed: int = 0) -> list:
+class _PartitionBarrier:
+    """A named barrier of the head partition (bar.sync over its 128 threads): a warp's k-th call
+    returns once every warp has made its k-th call."""
+
+    def __init__(self, n):
+        self.n, self.arrived = n, {}
+
+    def sync(self, k):
+        self.arrived[k] = self.arrived.get(k, 0) + 1
+        while self.arrived[k] < self.n:
+            yield "blocked"
+
+
+def ws_protocol(n_windows: int, H: int = 12, n_buffers: int = 2, ahead: int = 2, seed: int = 0,
+                barrier: bool = True) -> list:
     """Replay the hand-offs for n_windows windows with one random interleaving (seeded); returns the
     reads as (who, window, what) in the order they happened. AssertionError on a read of the wrong
     window or state, an overwrite of a buffer before its last read, a wait that passes on a phase
-    other than the one it means (a producer two phases ahead, or a stale completion), or a deadlock."""
+    other than the one it means (a producer two phases ahead, or a stale completion), or a deadlock.
+    barrier=False: the head partition's arrive without its partition barrier (a bug to catch)."""
     rng = random.Random(seed)
     X = [{} for _ in range(n_buffers)]   # head -> (window, "S" or "L")
-    sready = [_Barrier(HEAD_WARPS) for _ in range(n_buffers)]
+    sready = [_Barrier(1) for _ in range(n_buffers)]   # the head partition's one elected arrival
     lready = [_Barrier(1) for _ in range(n_buffers)]
+    part = _PartitionBarrier(HEAD_WARPS)
     reads = []
 
     def wait(bar, w):
@@ -72,27 +91,35 @@ def ws_protocol(n_windows: int, H: int = 12, n_buffers: int = 2, ahead: int = 2,
 
     def head_warp(j):
         mine = range(j, H, HEAD_WARPS)
+        syncs, last_read = 0, -1
 
         def qk(w):
+            nonlocal syncs
             b = w % n_buffers
-            for h in mine:
-                assert X[b].get(h) in (None, (w - n_buffers, "L")), f"S of window {w} over unread {X[b].get(h)}"
+            for h in mine:   # the buffer's previous window must be read by the conv (L) and by this warp
+                assert X[b].get(h) in (None, (w - n_buffers, "L")) and last_read >= w - n_buffers, \
+                    f"S of window {w} over unread {X[b].get(h)}"
                 X[b][h] = (w, "S")
-            sready[b].arrive()
+                yield "step"   # the heads of a warp are written one after another
+            if barrier:
+                yield from part.sync(syncs)
+                syncs += 1
+            if j == 0:
+                sready[b].arrive()
 
         for w in range(min(ahead, n_windows)):
-            qk(w)
+            yield from qk(w)
             yield "step"
         for w in range(n_windows):
             b = w % n_buffers
             yield from wait(lready[b], w)
             assert all(X[b].get(h) == (w, "L") for h in mine), f"head warp {j} reads window {w}: {X[b]}"
             reads.append((f"head{j}", w, "L"))
+            last_read = w
             yield "step"
             if w + ahead < n_windows:
-                qk(w + ahead)
+                yield from qk(w + ahead)
                 yield "step"
-
     actors = [conv()] + [head_warp(j) for j in range(HEAD_WARPS)]
     while actors:
         progressed = False
