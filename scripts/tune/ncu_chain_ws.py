@@ -1,7 +1,8 @@
 """The DAPE V2 forward chain (chain.py) and its warp-specialised form (chain_ws.py), each launched
 twice at T 8192 (B 1, H 12, d 64, D 32, k 3, Kerple, bf16; the first launch compiles), for Nsight
 Compute: where the warps of each kernel stall (no instruction: the instruction caches; long
-scoreboard: the cp.async tiles and t2 loads; barrier: the conv partition's 256-thread barriers).
+scoreboard: the cp.async tiles and t2 loads; barrier: the conv partition's 256-thread barriers and the
+head partition's 128-thread ones).
 Run one kernel per ncu call, skipping its compiling launch:
 
     PYTHONPATH=src ncu --kernel-name regex:_dape_v2_chain_ws --launch-skip 1 --launch-count 1 \\
