@@ -6,7 +6,10 @@ it off ("name") and on ("name+res").
 
 Usage (repository root; triton 3.6 as on the device, torch from lenx's venv):
   PYTHONPATH=src:/work/main/.venv/lib/python3.11/site-packages /work/venv-t36/bin/python \
-      scripts/tune/compile_skewed.py [--module lenx.ops.dape_v2.skewed]
+      scripts/tune/compile_skewed.py [--module lenx.ops.dape_v2.skewed] [--tiles attn_fwd=128,32,8,2 ...]
+
+--tiles compiles only the kernels named, at the settings given (BM,BN,warps,stages), for a sweep's
+candidates before device time.
 """
 
 import argparse
@@ -26,11 +29,13 @@ BF16 = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV", "SB", "FB", "GB", "DSB", "ZB
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--module", default="lenx.ops.dape_v2.skewed")
+    ap.add_argument("--tiles", nargs="*", default=[], help="KERNEL=BM,BN,WARPS,STAGES: only these, at these settings")
     a = ap.parse_args()
     mod = importlib.import_module(a.module)
+    only = {kv.split("=")[0]: tuple(int(x) for x in kv.split("=")[1].split(",")) for kv in a.tiles}
     H, HP, D, DP, KS, DH = 12, 16, 32, 32, 3, 64
     out = {"triton": triton.__version__, "module": a.module}
-    for name, tiles in mod.CONFIG.items():
+    for name, tiles in (only or mod.CONFIG).items():
         fn = getattr(mod, "_" + name, None)
         if fn is None:
             continue
