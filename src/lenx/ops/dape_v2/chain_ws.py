@@ -1,6 +1,7 @@
 """DAPE V2 causal attention forward as chain.py's chain with its steps overlapped by warp
-specialisation (Gluon, Hopper sm_90a, triton 3.6): an opt-in prototype, not routed. The design, its
-shared-memory budget and the expected time: notes/kernels.md, "Issue 45 step 5".
+specialisation (Gluon, Hopper sm_90a, triton 3.6): the fused backend's forward-only DAPE V2 kernel where it
+takes the shape (attention/backends/fused.py, `_gluon_forward`). The design, its shared-memory budget, the
+measured time and the profile: notes/kernels.md, "Issue 45 step 5" and after.
 
 A CTA owns BM = 16 query rows of one batch entry, all heads, and walks chain.py's 64-key windows. Its
 12 warps are two partitions working on different windows at once:
