@@ -65,15 +65,16 @@ def test_kernel_odd_heads_and_head_dims(H, d):
 
 
 def test_kernel_any_strides_and_several_tiles_per_chunk():
-    """d not the innermost dim (a transposed view), and few programs: each sums many tiles of rows."""
+    """d not the innermost dim (a transposed view), a batch broadcast with stride 0 (as autograd
+    expands a sum's gradient), and few programs: each sums many tiles of rows."""
     from lenx.ops.head_dot.triton import head_dot
 
     x = torch.randn(2, 3, 16, 50, device=DEVICE).transpose(2, 3)  # [2, 3, 50, 16], d's stride 50
-    y = torch.randn(2, 3, 50, 16, device=DEVICE)
-    want, scale = exact(x, y)
-    for programs, rows in ((3, 4), (1, 16), (512, None)):
-        got = head_dot(x, y, programs=programs, block_rows=rows)
-        assert ((got.double() - want).abs() <= 1e-6 * scale).all(), (programs, rows)
+    for y in (torch.randn(2, 3, 50, 16, device=DEVICE), torch.randn(1, 3, 50, 16, device=DEVICE).expand(2, -1, -1, -1)):
+        want, scale = exact(x, y)
+        for programs, rows in ((3, 4), (1, 16), (512, None)):
+            got = head_dot(x, y, programs=programs, block_rows=rows)
+            assert ((got.double() - want).abs() <= 1e-6 * scale).all(), (programs, rows)
 
 
 def test_kernel_is_more_accurate_than_the_bf16_products():
