@@ -23,7 +23,7 @@ PROGRAMS = 512  # about four per SM of an H200 (132 SMs): enough loads in flight
 @triton.jit
 def _head_dot_partials(x_ptr, y_ptr, out_ptr, x_sb, x_sh, x_st, x_sd, y_sb, y_sh, y_st, y_sd, T, R, PER,
                        D: tl.constexpr, DP: tl.constexpr, BR: tl.constexpr):
-    c, h = tl.program_id(0), tl.program_id(1)
+    c, h = tl.program_id(0), tl.program_id(1).to(tl.int64)  # int64: offsets past 2^31 elements
     j = tl.arange(0, DP)
     acc = tl.zeros([BR, DP], dtype=tl.float32)
     for start in range(0, PER, BR):  # PER: a whole number of tiles, so chunks never overlap
