@@ -137,14 +137,15 @@ def mta_scores(logits, kernel=None, pre_mix=None, q_pos=None, k_pos=None, key_va
         k_pos = torch.arange(Tk, device=logits.device)
     if q_pos is None:
         q_pos = k_pos[..., Tk - Tq:]
-    x = logits.masked_fill(future_mask(q_pos, k_pos), 0.0)
+    # wheres, not masked_fills (a clone and a fill of the map on a GPU): the same values
+    x = torch.where(future_mask(q_pos, k_pos), 0.0, logits)
     if visible is not None:
-        x = x.masked_fill(~visible.unsqueeze(-3), 0.0)
+        x = torch.where(visible.unsqueeze(-3), x, 0.0)
     documents = None
     if key_valid is not None:
         if key_valid.dim() == 3:
             documents = key_valid
-        x = x.masked_fill(~(key_valid[:, None] if key_valid.dim() == 3 else key_valid[:, None, None, :]), 0.0)
+        x = torch.where(key_valid[:, None] if key_valid.dim() == 3 else key_valid[:, None, None, :], x, 0.0)
     if kernel is not None:
         x = (conv or _conv)(x, kernel, documents)
     return x if pre_mix is None else mix_heads(x, pre_mix)
@@ -177,8 +178,7 @@ def mta_probs(probs, allowed=None, kernel=None, post_mix=None, context: int = 0,
     conv: as mta_scores'."""
     if kernel is not None:
         documents = key_valid if key_valid is not None and key_valid.dim() == 3 else None
-        hidden = ~allowed
-        probs = (conv or _conv)(probs.masked_fill(hidden, 0.0), kernel, documents).masked_fill(hidden, 0.0)
+        probs = torch.where(allowed, (conv or _conv)(torch.where(allowed, probs, 0.0), kernel, documents), 0.0)
     # mixed before the halo rows are dropped: the mixing then reads the map as it lies (no copy)
     probs = probs if post_mix is None else mix_heads(probs, post_mix)
     return probs[..., context:, :]
