@@ -114,3 +114,23 @@ def test_the_scaled_product_through_mta_is_the_loops():
     want = mta_loops(q, k, v, p.conv_kernel, p.pre_mix, p.post_mix, None, (p.norm_weight, p.gate.weight[0], p.gate.bias))
     for backend in ("dense", "chunked"):
         assert_close(full(attn, q, k, v, backend, chunk=4), want, 1e-10, backend)
+
+
+def test_one_block_is_returned_as_it_is():
+    """T <= chunk_size (the 125m step: T 512 in one block): the block's output is the path's, no cat
+    copies it (before: one copy of [B, H, T, d] a layer forward)."""
+    attn = attention("mta", n_head=H, head_dim=D)
+    q, k, v = qkv(T, n_head=H, head_dim=D)
+    with OpNames() as names:
+        chunked_attention(q, k, v, attn.parts, T)
+    assert names.ops and "cat" not in names.ops, names.ops
+
+
+class OpNames(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func._opname)
+        return func(*args, **(kwargs or {}))
