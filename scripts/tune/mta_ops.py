@@ -171,6 +171,15 @@ def time_mixing(batch: int, heads: int, length: int, splits, reps: int):
         print(f"  {'plain matmul' if not split else f'lenx, split {split}':18s} {ms:8.3f} ms")
         for name in names:
             print(f"      {name[:110]}")
+    # forward alone: lenx's (K = 12 from rows of 16), and the same as a K = 16 c_h product with the
+    # weights as kron(w, I_16) over each map read as [16 c_h, N / 16] rows (aligned K, 16x the flops)
+    z, xb = batch, x.detach().bfloat16().view(batch, heads, -1)
+    kron = torch.kron(w.detach()[0], torch.eye(16, device="cuda")).bfloat16().expand(z, -1, -1).contiguous()
+    forwards = {"lenx forward": lambda: mix_heads(xb.view(x.shape), w.detach()),
+                "kron forward": lambda: torch.bmm(kron, xb.view(z, 16 * heads, -1))}
+    for name, run in forwards.items():
+        ms, names = _timed(run, reps)
+        print(f"  {name:18s} {ms:8.3f} ms   {'; '.join(n[:60] for n in names)}")
     scores = torch.randn(batch, heads, length, length, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     allowed = torch.ones(length, length, device="cuda", dtype=torch.bool).tril()
     fills = {"masked_fill": lambda: scores.masked_fill(~allowed, float("-inf")),
