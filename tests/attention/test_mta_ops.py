@@ -2,7 +2,8 @@
 autograd, about one GPU kernel each): the head mixing copies no map (a matmul over the map as it
 lies, not an einsum that permutes it in and out), a layer without a convolution masks each block
 once (the softmax's -inf; Mask_0's zeros are read by no convolution there), the softmax's mask
-fills the map in the scores' dtype before widening it, and 1/sqrt(d) rides on the q.k product
+fills the map in the scores' dtype before widening it, every fill is a torch.where (a masked_fill
+clones the map first), and 1/sqrt(d) rides on the q.k product
 where it is a power of two. The values: test_mta_attention.py and tests/ops/test_mta.py (and here,
 the scaled product's, alone and through MTA against the loops)."""
 
@@ -64,14 +65,24 @@ def test_the_head_mixing_copies_no_map(convolved):
 def test_a_layer_without_a_convolution_masks_each_block_once():
     """The softmax's -inf fill only (3 blocks); before, Mask_0's zeros too: 6."""
     forward, _ = map_ops(False)
-    assert [name for name, _ in forward].count("masked_fill") == T // CHUNK
+    assert [name for name, _ in forward].count("where") == T // CHUNK
 
 
 def test_the_softmax_masks_in_the_scores_dtype():
     """bf16 scores: every map-sized fill is a bf16 one (before, the -inf fill ran on the fp32 copy)."""
     forward, backward = map_ops(False, torch.bfloat16)
-    fills = [dtype for name, dtype in forward + backward if name == "masked_fill"]
+    fills = [dtype for name, dtype in forward + backward if name == "where"]
     assert fills and set(fills) == {torch.bfloat16}, fills
+
+
+@pytest.mark.parametrize("convolved", [False, True])
+def test_every_fill_is_a_where(convolved):
+    """A map-sized masked_fill (its forward, or the backward's grad.masked_fill) is a clone of the map
+    and a fill of the clone on a GPU (a Memcpy DtoD and a kernel): every fill is a torch.where, one
+    pass (before, every one was a masked_fill)."""
+    forward, backward = map_ops(convolved)
+    names = [name for name, _ in forward + backward]
+    assert "masked_fill" not in names and names.count("where") == (36 if convolved else 9), names
 
 
 def test_the_score_scale_rides_on_the_product():
@@ -103,3 +114,23 @@ def test_the_scaled_product_through_mta_is_the_loops():
     want = mta_loops(q, k, v, p.conv_kernel, p.pre_mix, p.post_mix, None, (p.norm_weight, p.gate.weight[0], p.gate.bias))
     for backend in ("dense", "chunked"):
         assert_close(full(attn, q, k, v, backend, chunk=4), want, 1e-10, backend)
+
+
+def test_one_block_is_returned_as_it_is():
+    """T <= chunk_size (the 125m step: T 512 in one block): the block's output is the path's, no cat
+    copies it (before: one copy of [B, H, T, d] a layer forward)."""
+    attn = attention("mta", n_head=H, head_dim=D)
+    q, k, v = qkv(T, n_head=H, head_dim=D)
+    with OpNames() as names:
+        chunked_attention(q, k, v, attn.parts, T)
+    assert names.ops and "cat" not in names.ops, names.ops
+
+
+class OpNames(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func._opname)
+        return func(*args, **(kwargs or {}))

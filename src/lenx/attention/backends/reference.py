@@ -114,6 +114,8 @@ def chunked_attention(q, k, v, parts: Parts, chunk_size: int = 256, segments=Non
         out, rem = checkpoint(block_attention, *args, use_reentrant=False) if recompute else block_attention(*args)
         outs.append(out)
         rems.append(rem)
+    if len(outs) == 1:  # one block (T <= chunk_size): a cat would copy it
+        return outs[0], rems[0]
     rem = None if rems[0] is None else torch.cat(rems, -1)
     return torch.cat(outs, -2), rem
 

@@ -22,8 +22,9 @@ def masked_softmax(scores: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor,
     scores) -> [..., Tq, d].
     post, if given, maps the probabilities before they weight v."""
     acc = torch.float64 if scores.dtype == torch.float64 else torch.float32
-    # masked before it is widened: the same values, the fill (and its backward) in the scores' dtype
-    probs = scores.masked_fill(~allowed, float("-inf")).to(acc).softmax(-1)
+    # masked before it is widened: the same values, the fill (and its backward) in the scores' dtype;
+    # a where, not a masked_fill: that one clones the map and fills the clone (two passes on a GPU)
+    probs = torch.where(allowed, scores, float("-inf")).to(acc).softmax(-1)
     if post is not None:
         probs = post(probs)
     return torch.matmul(probs.to(v.dtype), v)

@@ -43,13 +43,77 @@ def future_mask(q_pos, k_pos):
     return mask.unsqueeze(-3) if mask.dim() == 3 else mask
 
 
-def mix_heads(x, w):
-    """x [B, H, ...] mixed within groups of c_h heads by w [G, c_h, c_h] (H = G c_h)."""
+MIX_SPLIT = 16  # the mixing weights' gradient: each map's N in 16 parts (_Mix)
+
+
+def mix_heads(x, w, split: int = MIX_SPLIT):
+    """x [B, H, ...] mixed within groups of c_h heads by w [G, c_h, c_h] (H = G c_h), in the dtype a
+    matmul of x would take (autocast's). One batched matmul over x's own layout [B G, c_h, N] (no
+    copy of x or of the output; not an einsum, which folds B into the columns through a permuted
+    copy in and out), its operands aligned for the GPU's fast kernels (_Mix). split: how the
+    weights' gradient splits each map's N for parallelism (_Mix.backward; 1: one matmul a map)."""
     G, c, _ = w.shape
-    # one batched matmul over x's own layout [B, G, c_h, N], copying neither x nor the output (not
-    # an einsum: it folds B into the columns, a permuted copy in and out)
-    groups = x.reshape(x.shape[0], G, c, -1)
-    return torch.matmul(w.to(x.dtype), groups).view(x.shape)
+    groups = x.to(_matmul_dtype(x)).reshape(x.shape[0] * G, c, -1)
+    return _Mix.apply(groups, w, split).view(x.shape)
+
+
+def _matmul_dtype(x):
+    """The dtype autocast gives a matmul of x (float64 is never cast), else x's."""
+    kind = x.device.type
+    if x.dtype != torch.float64 and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return x.dtype
+
+
+def _aligned(w, batch: int, dtype):
+    """w [G, c, c] as [batch G, c, c] in `dtype`: views of a buffer whose rows are a multiple of 8
+    entries long, so every row starts 16 bytes after the last. cuBLAS's Hopper kernels (TMA) need
+    16-byte row strides: with rows of c = 12 bf16 (24 bytes) it fell back to sm80 wmma kernels with
+    32x32 tiles (84 of a 209 ms 125m step at B 32, T 512 on an H200). Written out per batch (a few
+    KB), not broadcast with a zero batch stride, so nothing rests on how cuBLAS takes a stride of 0."""
+    G, c, _ = w.shape
+    buf = torch.zeros(batch, G, c, -(-c // 8) * 8, dtype=dtype, device=w.device)
+    buf[..., :c] = w
+    return buf.view(batch * G, c, -1)[..., :c]
+
+
+class _Mix(torch.autograd.Function):
+    """out[z] = w[z % G] @ x[z] for x [Z, c, N] (Z = B G), w [G, c, c] (any float dtype; used in x's).
+    backward: dx[z] = w^T @ g[z] (the same aligned weights), and dw as one matmul a map of its N
+    split in S parts: each map's [c, N] rows read as [c S, N / S] (a view), so g' x'^T [c S, c S]
+    holds every part's c x c product on its diagonal blocks, summed in fp32 (the blocks off the
+    diagonal are S times the products dw needs: cheap, as the matmul is memory-bound either way).
+    Without the split it is [c, N] @ [N, c] a map: B G output tiles each looping over all N, on
+    too few of the GPU's SMs (the 32x32 wmma kernel took ~1.6 ms a call at B 32, N 512^2); split,
+    its output is [c S]^2 (192^2 at c 12) with aligned rows."""
+
+    @staticmethod
+    def forward(ctx, x, w, split):
+        wz = _aligned(w, x.shape[0] // w.shape[0], x.dtype)
+        ctx.save_for_backward(x, wz)
+        ctx.w_dtype, ctx.groups, ctx.split = w.dtype, w.shape[0], split
+        return torch.bmm(wz, x)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, wz = ctx.saved_tensors
+        dx = torch.bmm(wz.transpose(1, 2), g) if ctx.needs_input_grad[0] else None
+        dw = _mix_weight_grad(g, x, ctx.groups, ctx.split).to(ctx.w_dtype) if ctx.needs_input_grad[1] else None
+        return dx, dw, None
+
+
+def _mix_weight_grad(g, x, G: int, split: int):
+    """sum over z in each group's maps of g[z] x[z]^T, [G, c, c] in fp32 (fp64 for fp64): g and x
+    [Z, c, N], N split in S parts (S = split, or a smaller power of two that divides N into parts
+    of whole 16-byte rows)."""
+    Z, c, N = x.shape
+    S = split
+    while S > 1 and N % (S * 8):
+        S //= 2
+    rows = torch.bmm(g.reshape(Z, c * S, N // S), x.reshape(Z, c * S, N // S).transpose(1, 2))
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    blocks = rows.view(Z // G, G, c, S, c, S).diagonal(dim1=3, dim2=5)  # [B, G, c, c, S]
+    return blocks.sum((0, -1), dtype=acc)
 
 
 def mta_scores(logits, kernel=None, pre_mix=None, q_pos=None, k_pos=None, key_valid=None, visible=None, conv=None,
@@ -73,14 +137,15 @@ def mta_scores(logits, kernel=None, pre_mix=None, q_pos=None, k_pos=None, key_va
         k_pos = torch.arange(Tk, device=logits.device)
     if q_pos is None:
         q_pos = k_pos[..., Tk - Tq:]
-    x = logits.masked_fill(future_mask(q_pos, k_pos), 0.0)
+    # wheres, not masked_fills (a clone and a fill of the map on a GPU): the same values
+    x = torch.where(future_mask(q_pos, k_pos), 0.0, logits)
     if visible is not None:
-        x = x.masked_fill(~visible.unsqueeze(-3), 0.0)
+        x = torch.where(visible.unsqueeze(-3), x, 0.0)
     documents = None
     if key_valid is not None:
         if key_valid.dim() == 3:
             documents = key_valid
-        x = x.masked_fill(~(key_valid[:, None] if key_valid.dim() == 3 else key_valid[:, None, None, :]), 0.0)
+        x = torch.where(key_valid[:, None] if key_valid.dim() == 3 else key_valid[:, None, None, :], x, 0.0)
     if kernel is not None:
         x = (conv or _conv)(x, kernel, documents)
     return x if pre_mix is None else mix_heads(x, pre_mix)
@@ -113,8 +178,7 @@ def mta_probs(probs, allowed=None, kernel=None, post_mix=None, context: int = 0,
     conv: as mta_scores'."""
     if kernel is not None:
         documents = key_valid if key_valid is not None and key_valid.dim() == 3 else None
-        hidden = ~allowed
-        probs = (conv or _conv)(probs.masked_fill(hidden, 0.0), kernel, documents).masked_fill(hidden, 0.0)
+        probs = torch.where(allowed, (conv or _conv)(torch.where(allowed, probs, 0.0), kernel, documents), 0.0)
     # mixed before the halo rows are dropped: the mixing then reads the map as it lies (no copy)
     probs = probs if post_mix is None else mix_heads(probs, post_mix)
     return probs[..., context:, :]
