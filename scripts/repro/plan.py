@@ -218,6 +218,21 @@ def newer() -> list[dict]:
     return jobs
 
 
+def ssmax_init() -> list[dict]:
+    """Issue 42's check of SSMax's initialisation: ssmax-rope as `newer` ran it, with s_h = 0.43 at the
+    start (the value of the paper's Fig. 1, which some reimplementations take as the paper's) on three
+    seeds, and with lenx's s_h = 1 once more on seed 0 (the newer runs' learned scales were lost with
+    their checkpoints). Each run prints its learned scales per layer (ssmax_scales.py) into its job log."""
+    jobs = []
+    for seed, init in ((0, 0.43), (1, 0.43), (2, 0.43), (0, 1.0)):
+        name = f"ssmax-rope-init{int(init * 100):03d}-s{seed}"
+        job = lm_job("T128", "ssmax-rope", seed, corpus="code", root="runs/newer", name=name,
+                     extra=("train.sampling=pass", "eval.per_position=true", f"model.temp_ssmax_init={init}"))
+        job["cmd"] += f" && python3 scripts/repro/ssmax_scales.py {job['run']}"
+        jobs.append(job)
+    return jobs
+
+
 # Issue 44 part 4: the newer methods and layouts at T 512 (the paper's main length), 125M, 64 x 512, 3
 # seeds, beside the epoch runs' five (results/epoch/runs/T512), each scored on perplexity, the
 # per-position loss and the synthetic suite. VERDICT_RECIPE holds the recipe part 2 adopts (empty: the
@@ -281,7 +296,7 @@ def controls() -> list[dict]:
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else "repro"
     plans = {"repro": plan, "controls": controls, "epoch": epoch, "recipe": recipe,
-             "newer": newer, "verdict2": verdict2}
+             "newer": newer, "verdict2": verdict2, "ssmax_init": ssmax_init}
     if which not in plans:
         sys.exit(f"plan.py: the plan is one of {', '.join(plans)}, got {which!r}")
     json.dump(plans[which](), sys.stdout, indent=1)
