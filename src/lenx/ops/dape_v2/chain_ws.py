@@ -42,6 +42,13 @@ if _GLUON_ERROR is None:
     from .gluon import (_col_key, _lane_shift, _minus_k0, _next_row, _slot_key, _slot_run, _tapsum,
                         _thread_barrier, _to_columns, _to_rows, _unpack16)
 
+    # Fp against bank conflicts (notes/kernels.md, "Issue 45 step 6"): the conv's stmatrix of f writes 8
+    # slots (rows of 128 B) per 8x8 matrix, which unswizzled sit in the same 4 banks (8 wavefronts a
+    # matrix, not 1). Its 16-byte chunks XOR the slot % 8; the L update's 8-byte reads of a row stay
+    # whole and conflict-free. (The order has one entry less than the shape, as for the kernel's other
+    # buffers: .index drops a dim.)
+    FP_SWIZZLE = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+
     @gluon.jit
     def _conv_input(xrows, i):
         """Conv1's B operand [16, 128] from rows i, i + 1 of X's row view xrows [2 BM, 16, 64]."""
@@ -60,7 +67,7 @@ if _GLUON_ERROR is None:
         ACC_Y: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                         instr_shape=[16, 64, 16])
         LL: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [8, 1], [1, 0])   # [16, 64]
-        Fp2 = Fp._reinterpret(gl.float16, [2, 32, 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))   # row p, slot c
+        Fp2 = Fp._reinterpret(gl.float16, [2, 32, 64], FP_SWIZZLE)   # row p, slot c (Fp's swizzle: phase c % 8)
         key = key0 + ws
         rows = q0 + pp
         dist = rows - key
@@ -283,7 +290,7 @@ if _GLUON_ERROR is None:
         Qs = gl.allocate_shared_memory(gl.bfloat16, [NG, HW, BM, 64], QL)
         X = gl.allocate_shared_memory(gl.float16, [2, BM, 16, 64], PLAIN3)   # per window: S in, L = S + f out
         Xrows = X._reinterpret(gl.float16, [2 * BM, 16, 64], PLAIN2)          # the same bytes, a row per .index
-        Fp = gl.allocate_shared_memory(gl.float16, [64, 64], PLAIN2)          # a row pair's f (32 slots)
+        Fp = gl.allocate_shared_memory(gl.float16, [64, 64], FP_SWIZZLE)     # a row pair's f (32 slots)
         Xb = gl.allocate_shared_memory(gl.float16, [16, 128], gl.NVMMASharedLayout.get_default_for([16, 128], gl.float16))
         Zb = gl.allocate_shared_memory(gl.float16, [32, 128], gl.NVMMASharedLayout.get_default_for([32, 128], gl.float16))
         Os = gl.allocate_shared_memory(gl.float32, [NG, HW, BM, 64], PLAIN3)
