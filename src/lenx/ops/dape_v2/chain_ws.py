@@ -43,6 +43,13 @@ if _GLUON_ERROR is None:
     from .gluon import (_col_key, _lane_shift, _minus_k0, _next_row, _slot_key, _slot_run, _tapsum,
                         _thread_barrier, _to_columns, _to_rows, _unpack16)
 
+    # Fp against bank conflicts (notes/kernels.md, "Issue 45 step 6"): the conv's stmatrix of f writes 8
+    # slots (rows of 128 B) per 8x8 matrix, which unswizzled sit in the same 4 banks (8 wavefronts a
+    # matrix, not 1). Its 16-byte chunks XOR the slot % 8; the L update's 8-byte reads of a row stay
+    # whole and conflict-free. (The order has one entry less than the shape, as for the kernel's other
+    # buffers: .index drops a dim.)
+    FP_SWIZZLE = gl.constexpr(gl.SwizzledSharedLayout(8, 1, 8, [1, 0]))
+
     @gluon.jit
     def _conv_input(xrows, i):
         """Conv1's B operand [16, 128] from rows i, i + 1 of X's row view xrows [2 BM, 16, 64]."""
@@ -61,7 +68,7 @@ if _GLUON_ERROR is None:
         ACC_Y: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                         instr_shape=[16, 64, 16])
         LL: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [8, 1], [1, 0])   # [16, 64]
-        Fp2 = Fp._reinterpret(gl.float16, [2, 32, 64], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))   # row p, slot c
+        Fp2 = Fp._reinterpret(gl.float16, [2, 32, 64], FP_SWIZZLE)   # row p, slot c (Fp's swizzle: phase c % 8)
         key = key0 + ws
         rows = q0 + pp
         dist = rows - key
@@ -131,6 +138,22 @@ if _GLUON_ERROR is None:
     def _groups(H):
         """Head groups (4 heads, one a warp): the head buffers' first dimension."""
         return (H + HEAD_WARPS - 1) // HEAD_WARPS
+
+    @gluon.jit
+    def _to_blocks(x):
+        """O [heads, rows, 16 nb] -> [heads, nb, rows, 16], its order in shared memory (Os): blocks of 16
+        columns (renames in registers). Each 8-byte access of the mma_v2 accumulator's layout reads 8
+        rows x 32 bytes; in rows of 256 B those sat in the same 8 banks (8 wavefronts, 2 the least), in
+        rows of 64 B in two groups of 8 (4 wavefronts). Blocks of 8 columns (2 wavefronts) spilled a
+        loop-invariant in the head partition's window loop (triton 3.6; notes/kernels.md, step 6)."""
+        return gl.permute(gl.reshape(x, [x.shape[0], x.shape[1], x.shape[2] // 16, 16]), (0, 2, 1, 3))
+
+    @gluon.jit
+    def _load_blocks(buf, like):
+        """buf [heads, nb, rows, 16] (Os) as a [heads, rows, 16 nb] tensor in the layout of `like`."""
+        x = buf.load(_to_blocks(like).type.layout)
+        x = gl.reshape(gl.permute(x, (0, 2, 1, 3)), [like.shape[0], like.shape[1], like.shape[2]])
+        return gl.convert_layout(x, like.type.layout, assert_trivial=True)
 
     @gluon.jit
     def _load_tiles(tiles, base, sh, st, h0, ws, T, H: gl.constexpr):
@@ -217,8 +240,9 @@ if _GLUON_ERROR is None:
         pa = gl.convert_layout(p.to(gl.bfloat16), gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2))
         for half in gl.static_range(2):   # O's halves in turn: half of V's B operand live at a time
             vb = tiles.slice(32 * half, 32, dim=2).load(gl.DotOperandLayout(operand_index=1, parent=MMA, k_width=2))
-            oh = Os.index(t).slice(32 * half, 32, dim=2)
-            oh.store(mma_v2(pa, vb, oh.load(MMA) * alpha[:, :, None]))
+            oh = Os.index(2 * t + half)
+            acc = _load_blocks(oh, gl.zeros([HW, BM, 32], gl.float32, MMA))
+            oh.store(_to_blocks(mma_v2(pa, vb, acc * alpha[:, :, None])))
 
     @gluon.jit
     def _head_part(Qs, X, Se, Os, Ms, Ls, tiles, sready, lready, Kb, Vb, T2, O, LSE,
@@ -231,7 +255,8 @@ if _GLUON_ERROR is None:
         R2: gl.constexpr = gl.SliceLayout(2, MMA)
         NG: gl.constexpr = _groups(H)
         for t in gl.static_range(NG):
-            Os.index(t).store(gl.zeros([HW, BM, 64], gl.float32, MMA))
+            for half in gl.static_range(2):
+                Os.index(2 * t + half).store(_to_blocks(gl.zeros([HW, BM, 32], gl.float32, MMA)))
             Ms.index(t).store(gl.full([HW, BM], -1.0e30, gl.float32, R2))
             Ls.index(t).store(gl.zeros([HW, BM], gl.float32, R2))
         for w in gl.static_range(2):
@@ -250,14 +275,15 @@ if _GLUON_ERROR is None:
                 _thread_barrier()
                 mbarrier.arrive(sready.index(w % 2))
         rows = q0 + gl.arange(0, BM, gl.SliceLayout(0, R2))
-        d = gl.arange(0, 64, gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
+        d = gl.arange(0, 32, gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
         for t in gl.static_range(NG):
             hh = HW * t + gl.arange(0, HW, gl.SliceLayout(1, R2))
             ok = (hh < H)[:, None] & (rows < T)[None, :]
             l = gl.maximum(Ls.index(t).load(R2), 1e-30)
-            o = Os.index(t).load(MMA) / l[:, :, None]
-            gl.store(O + hh[:, None, None] * soh + rows[None, :, None] * sot + d[None, None, :], o.to(gl.bfloat16),
-                     mask=ok[:, :, None])
+            for half in gl.static_range(2):
+                o = _load_blocks(Os.index(2 * t + half), gl.zeros([HW, BM, 32], gl.float32, MMA)) / l[:, :, None]
+                gl.store(O + hh[:, None, None] * soh + rows[None, :, None] * sot + (32 * half + d)[None, None, :],
+                         o.to(gl.bfloat16), mask=ok[:, :, None])
             gl.store(LSE + (b * H + hh[:, None]) * T + rows[None, :], Ms.index(t).load(R2) + gl.log(l),
                      mask=ok)
 
@@ -278,16 +304,17 @@ if _GLUON_ERROR is None:
         LF3: gl.constexpr = gl.BlockedLayout([1, 1, 2], [1, 1, 32], [8, 1, 1], [2, 1, 0])
         PLAIN2: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         PLAIN3: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [2, 1, 0])
+        PLAIN4: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [3, 2, 1, 0])
         BAR: gl.constexpr = mbarrier.MBarrierLayout()
         NG: gl.constexpr = _groups(H)   # head buffers are [NG, 4, ...]: ptxas's layouts want powers of 2 after .index
         QL: gl.constexpr = gl.SwizzledSharedLayout(8, 1, 8, [2, 1, 0])   # ldmatrix without bank conflicts
         Qs = gl.allocate_shared_memory(gl.bfloat16, [NG, HW, BM, 64], QL)
         X = gl.allocate_shared_memory(gl.float16, [2, BM, 16, 64], PLAIN3)   # per window: S in, L = S + f out
         Xrows = X._reinterpret(gl.float16, [2 * BM, 16, 64], PLAIN2)          # the same bytes, a row per .index
-        Fp = gl.allocate_shared_memory(gl.float16, [64, 64], PLAIN2)          # a row pair's f (32 slots)
+        Fp = gl.allocate_shared_memory(gl.float16, [64, 64], FP_SWIZZLE)     # a row pair's f (32 slots)
         Xb = gl.allocate_shared_memory(gl.float16, [16, 128], gl.NVMMASharedLayout.get_default_for([16, 128], gl.float16))
         Zb = gl.allocate_shared_memory(gl.float16, [32, 128], gl.NVMMASharedLayout.get_default_for([32, 128], gl.float16))
-        Os = gl.allocate_shared_memory(gl.float32, [NG, HW, BM, 64], PLAIN3)
+        Os = gl.allocate_shared_memory(gl.float32, [2 * NG, HW, 2, BM, 16], PLAIN4)   # O: group, half, _to_blocks
         Ms = gl.allocate_shared_memory(gl.float32, [NG, HW, BM], PLAIN2)
         Ls = gl.allocate_shared_memory(gl.float32, [NG, HW, BM], PLAIN2)
         Se = gl.allocate_shared_memory(gl.float32, [2 * NG, HW, BM], PLAIN2)   # window 0's S of keys 0, 1 (_qk)
