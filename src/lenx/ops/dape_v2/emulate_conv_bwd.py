@@ -32,8 +32,8 @@ way and each distance is flushed once. Per tile, every head at once:
  4. partial sums, each pair once: dW1 and dW2 and dt2 over the owned keys j of X and G; dt1 and dk0
     over the owned keys u of dY (dY is not 0 up to h keys past the diagonal, so tiles own keys up to
     the block's last row + h).
-Products read both operands rounded (the weights to their partner's dtype); None keeps full
-precision. The host (reduce_programs) sums the programs' partials in program order (deterministic)
+Products read both operands rounded to one dtype, as a wgmma does: the weights to their partner's,
+X to dY's for dW1, G to Z's for dW2; None keeps full precision. The host (reduce_programs) sums the programs' partials in program order (deterministic)
 and adds dW2's table part: with the residual, sum G Z = sum G R + sum_n dt2[h, n] LeakyReLU(t1[c, n - t + h]).
 """
 
@@ -143,13 +143,13 @@ def conv_bwd_programs(q, k, G, w1, b1, w2, table=None, *, s_dtype=None, z_dtype=
                 ii, jj = out.nonzero(as_tuple=True)
                 dS[b][:, rows[ii], keys[jj]] = rds((Gt + dX)[:, ii, jj])
                 # 4. this program's partial sums, each (row, key) once
-                Xo, Go = X * own, Gt * own
+                Xw, Gw = rdy(X) * own, rz(Gt) * own   # one operand dtype per product: dY's, Z's
                 for t in range(ks):
-                    p["w1s"][:, :, t] += torch.einsum("cij,hij->ch", torch.roll(dY, t - h, dims=-1), Xo)
-                    p["w2"][:, :, t] += torch.einsum("hij,cij->hc", Go, torch.roll(R, h - t, dims=-1))
+                    p["w1s"][:, :, t] += torch.einsum("cij,hij->ch", torch.roll(dY, t - h, dims=-1), Xw)
+                    p["w2"][:, :, t] += torch.einsum("hij,cij->hc", Gw, torch.roll(R, h - t, dims=-1))
                 yo = (hid & own[None, :]).nonzero(as_tuple=True)
                 p["t1"].index_add_(1, dist[yo] + T - 1, dY[:, yo[0], yo[1]])
-                p["t2"].index_add_(1, dist[yo] + T - 1, Go[:, yo[0], yo[1]])
+                p["t2"].index_add_(1, dist[yo] + T - 1, Gt[:, yo[0], yo[1]])
                 for j in range(h):
                     if ws <= j < ws + block_n and own[j - ws]:
                         p["k0"][j].index_add_(1, rows[r_ok], -dY[:, r_ok, j - ws])
