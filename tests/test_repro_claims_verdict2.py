@@ -203,3 +203,18 @@ def test_verdict2_options(trees):
     assert out.returncode == 2 and out.stderr.strip() == "error: --baselines goes with --plan verdict2"
     help_out = script("claims_epoch.py", "--help", cwd=cwd)
     assert help_out.returncode == 0 and "verdict2" in help_out.stdout and "--baselines" in help_out.stdout
+
+
+def test_a_method_the_verdict2_plan_runs_itself_is_its_own(monkeypatch):
+    """If the verdict2 plan reruns one of the five (a recipe that changes at T 512), its runs are read
+    from the verdict2 tree, not from the epoch one."""
+    monkeypatch.syspath_prepend(str(REPRO))
+    import claims_plans
+    import plan as plans
+
+    entry = claims_plans.verdict2_plan(Path("results/verdict2"), Path("results/epoch"))[512]
+    assert entry["shown"]["rope"] == "../epoch/runs/T512" and entry["runs"]["rope"] == ["rope-s0", "rope-s1"]
+    monkeypatch.setitem(plans.VERDICT_RUNS, "rope", ("rope", ()))
+    entry = claims_plans.verdict2_plan(Path("results/verdict2"), Path("results/epoch"))[512]
+    assert entry["shown"]["rope"] == "runs/T512" and entry["runs"]["rope"] == ["rope-s0", "rope-s1", "rope-s2"]
+    assert entry["shown"]["kerple"] == "../epoch/runs/T512"

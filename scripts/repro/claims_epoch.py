@@ -303,6 +303,7 @@ def write_claims(results: Path, claims_path: Path, n: int = 2000, seed: int = 0,
     """claims.json and claims.md under `results` from claims.toml (`checked`: load_claims' result,
     when the caller checked it before its own work) against plan `which` (verdict2: with the epoch
     tree `baselines`), and the summary in the REPORT.md beside `results` where it has the markers."""
+    baselines = baselines or results.parent / "epoch"
     plan = planned(which, results, baselines)
     claims, untested = checked or load_claims(claims_path, plan, which)
     lengths = {c["train_len"] for c in claims} | {c.get("b_train_len", c["train_len"]) for c in claims}

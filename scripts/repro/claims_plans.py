@@ -7,7 +7,8 @@ names]}}}, from plan.py's jobs:
   verdict2  plan.py's verdict2 plan at T 512 (issue 44 part 4) beside the epoch plan's five methods at
             T 512. A verdict2 method is its run's name without the seed, since several share a
             model.method (rnope-swa and rope-p0.5 are RoPE, kerple-docmasked is Kerple); the five keep
-            their labels (rope, kerple, ...), and their runs are read from the epoch tree (--baselines).
+            their labels (rope, kerple, ...), and their runs are read from the epoch tree (--baselines),
+            unless the verdict2 plan runs one of them itself (a new recipe at T 512): then its own.
             Only the planned run folders are read, and each must hold its planned configuration
             ("folders", "shown", "expected" in the plan's entry).
 """
@@ -72,12 +73,12 @@ def verdict2_plan(results: Path, baselines: Path) -> dict[int, dict]:
 
     for job in verdict2():
         add(re.sub(r"-s\d+$", "", Path(job["run"]).name), job, job_config(job), results)
-    lengths = set(out)
+    own = {T: set(entry["runs"]) for T, entry in out.items()}
     for job in epoch():
         cfg = job_config(job)
-        if cfg.train.seq_len in lengths:
-            add(label({"model": {"method": cfg.model.method, "dape_hidden": cfg.model.dape_hidden}}), job, cfg,
-                baselines)
+        method = label({"model": {"method": cfg.model.method, "dape_hidden": cfg.model.dape_hidden}})
+        if method not in own.get(cfg.train.seq_len, {method}):  # a method verdict2 runs itself is its own
+            add(method, job, cfg, baselines)
     return out
 
 
