@@ -2,12 +2,16 @@
 claims.toml) against what the single-epoch runs of results/epoch measured, with a verdict.
 
     python scripts/repro/claims_epoch.py                 # --results results/epoch --resamples 2000
+    python scripts/repro/claims_epoch.py --plan verdict2 # --results results/verdict2 --baselines results/epoch
 
 writes <results>/claims.md (a table for people) and <results>/claims.json, and the one-line summary of
 each claim into the REPORT.md beside <results> (between its markers, where it has them).
 collect_epoch.py runs it at its end, so one command updates the tables, the claims and the summary.
 claims_md.py holds the text (the rule, the tables, the summary); stability.py the rule that a verdict
-must not change with the bootstrap's random seed.
+must not change with the bootstrap's random seed; claims_plans.py the plans a claims.toml is checked
+against: `epoch` (plan.py's epoch plan, the runs of <results>/runs/T<T>) or `verdict2` (plan.py's
+verdict2 plan at T 512 under <results>, beside the epoch plan's five methods at T 512 read from
+--baselines; its methods are the run names without the seed: fox, rnope-swa, kerple-docmasked, ...).
 
 Each claim's test compares window NLLs on the same 64 test windows (claims.toml says how): method a
 against method b at each length (b trained at another length with b_train_len: the same tokens spent
@@ -23,20 +27,19 @@ the interval covers documents only, and the table says so.
 
 import argparse
 import json
+import os
 from pathlib import Path
 import re
-import shlex
 import sys
 import tomllib
 
 import numpy as np
 
-from collect import label, load_run as load_finished
-from plan import epoch
+from collect import load_run as load_finished
 from claims_md import RULE, STABILITY, markdown, sync_report, tally
+from claims_plans import PLANS, checked_groups, epoch_plan, load_planned, verdict2_plan
 from stability import stable
 
-from lenx.evaluation.evaluate import default_lengths
 from lenx.report.compare import MIN_RESAMPLES, WINDOW_KEYS, CompareError, load_run
 from lenx.report.stats import delta_p_difference, method_difference, same_seeds_difference
 
@@ -52,21 +55,10 @@ class ClaimsError(ValueError):
     """A claims.toml that cannot be read or checked; the message is one line for the user."""
 
 
-def planned() -> dict[int, dict]:
-    """train_len -> {"lengths": the evaluated lengths, "runs": {label: [planned run names]}}, from
-    plan.py's epoch plan."""
-    from lenx.config import load_config
-
-    out = {}
-    for job in epoch():
-        words = shlex.split(job["cmd"].split(" && ")[0])
-        sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
-        cfg = load_config("125m", sets)
-        T = cfg.train.seq_len
-        name = label({"model": {"method": cfg.model.method, "dape_hidden": cfg.model.dape_hidden}})
-        entry = out.setdefault(T, {"lengths": default_lengths(T, cfg.eval.max_length, cfg.eval.scored), "runs": {}})
-        entry["runs"].setdefault(name, []).append(Path(job["run"]).name)
-    return out
+def planned(which: str = "epoch", results: Path | None = None, baselines: Path | None = None) -> dict[int, dict]:
+    """train_len -> {"lengths": the evaluated lengths, "runs": {label: [planned run names]}, ...} of
+    plan.py's epoch or verdict2 plan (claims_plans.py; verdict2 needs the results and baselines trees)."""
+    return epoch_plan() if which == "epoch" else verdict2_plan(results, baselines)
 
 
 def resolve_lengths(claim: dict, lengths: list[int]) -> list[int] | None:
@@ -79,8 +71,9 @@ def resolve_lengths(claim: dict, lengths: list[int]) -> list[int] | None:
     return list(spec)
 
 
-def check_claim(claim, plan: dict, seen: set) -> dict:
-    """A claim with its defaults filled in, or a ClaimsError naming it and what is wrong."""
+def check_claim(claim, plan: dict, seen: set, which: str = "epoch") -> dict:
+    """A claim with its defaults filled in, or a ClaimsError naming it and what is wrong (`which`: the
+    plan's name, for the message)."""
     if not isinstance(claim, dict):
         raise ClaimsError("a [[claim]] must be a table of keys")
     name = claim.get("id")
@@ -104,7 +97,7 @@ def check_claim(claim, plan: dict, seen: set) -> dict:
             bad(f"{key} must be a non-empty string")
     T = claim["train_len"]
     if T not in plan or isinstance(T, bool):
-        bad(f"train_len must be one of the epoch plan's {', '.join(map(str, sorted(plan)))}, got {T!r}")
+        bad(f"train_len must be one of the {which} plan's {', '.join(map(str, sorted(plan)))}, got {T!r}")
     if claim["metric"] not in METRICS:
         bad(f"metric must be one of {', '.join(METRICS)}, got {claim['metric']!r}")
     if claim["direction"] not in ("below", "above"):
@@ -120,13 +113,13 @@ def check_claim(claim, plan: dict, seen: set) -> dict:
     runs, lengths = plan[T]["runs"], plan[T]["lengths"]
     Tb = c.get("b_train_len", T)
     if Tb not in plan or isinstance(Tb, bool):
-        bad(f"b_train_len must be one of the epoch plan's {', '.join(map(str, sorted(plan)))}, got {Tb!r}")
+        bad(f"b_train_len must be one of the {which} plan's {', '.join(map(str, sorted(plan)))}, got {Tb!r}")
     if Tb != T and (c["metric"] != "ppl" or c["b"] is None or c["b_length"] is not None):
         bad("b_train_len compares perplexity with another method trained at another length: metric ppl, b, "
             "no b_length")
     for side, at in (("a", T), ("b", Tb)):
         if c[side] is not None and c[side] not in plan[at]["runs"]:
-            bad(f"{side} = {c[side]!r} is not a method of the epoch plan at T {at} ({', '.join(plan[at]['runs'])})")
+            bad(f"{side} = {c[side]!r} is not a method of the {which} plan at T {at} ({', '.join(plan[at]['runs'])})")
     if c["metric"] == "delta_p" and (c["b_length"] is not None or c["scale"] != "difference" or c["b"] == c["a"]):
         bad("delta_p is one method's ΔP, or with b another method's ΔP subtracted: no b_length, ratio or b = a")
     if c["metric"] == "in_distribution":
@@ -161,8 +154,9 @@ def check_claim(claim, plan: dict, seen: set) -> dict:
     return c
 
 
-def load_claims(path: Path) -> tuple[list[dict], list[dict]]:
-    """claims.toml's claims (checked against the epoch plan) and its untested entries."""
+def load_claims(path: Path, plan: dict | None = None, which: str = "epoch") -> tuple[list[dict], list[dict]]:
+    """claims.toml's claims (checked against `plan`, named `which`; by default the epoch plan) and its
+    untested entries."""
     try:
         data = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
@@ -174,9 +168,9 @@ def load_claims(path: Path) -> tuple[list[dict], list[dict]]:
         raise ClaimsError(f"{path}: unknown table {', '.join(odd)} (it holds [[claim]] and [[untested]] entries)")
     if not isinstance(data.get("claim"), list) or not data["claim"]:
         raise ClaimsError(f"{path}: no [[claim]] entry")
-    plan, seen = planned(), set()
+    plan, seen = plan or planned(), set()
     try:
-        claims = [check_claim(c, plan, seen) for c in data["claim"]]
+        claims = [check_claim(c, plan, seen, which) for c in data["claim"]]
         untested = data.get("untested", [])
         for u in untested:
             if not isinstance(u, dict) or sorted(u) != sorted(UNTESTED):
@@ -198,16 +192,7 @@ def load_length(results: Path, T: int) -> dict:
         r = load_finished(run) if (run / "config.toml").is_file() else None
         if r is not None and r["results"]:
             groups.setdefault(r["label"], []).append(load_run(run, r["label"]))
-    first = next((runs[0] for runs in groups.values()), None)
-    for method, runs in groups.items():
-        other = [r["run"] for r in runs if r["windows"] != first["windows"]]
-        if other:
-            raise CompareError(f"runs evaluated on other windows than {first['run']}: {', '.join(other)}")
-        seeds = [r["seed"] for r in runs]
-        if len(set(seeds)) != len(seeds):
-            raise CompareError(f"two {method} runs at T {T} have the same training seed: {', '.join(r['run'] for r in runs)}")
-        runs.sort(key=lambda r: r["seed"])
-    return groups
+    return checked_groups(groups, T)
 
 
 def sides(c: dict, by_T: dict, L: int | None) -> tuple[np.ndarray, ...] | None:
@@ -262,7 +247,8 @@ def evaluate_claim(c: dict, by_T: dict, plan: dict, n: int, seed: int) -> dict:
     out["planned"] = {names[m, at]: plan[at]["runs"][m] for m, at in compared}
     missing = [(m, at) for m, at in compared if not by_T[at].get(m)]
     if missing:
-        absent = [f"runs/T{at}/{name}" for m, at in missing for name in plan[at]["runs"][m]]
+        absent = [f"{plan[at].get('shown', {}).get(m, f'runs/T{at}')}/{name}" for m, at in missing
+                  for name in plan[at]["runs"][m]]
         return out | {"verdict": "not tested", "missing": absent, "figures": []}
     first, other = by_T[T][c["a"]][0], by_T[Tb][c["b"] or c["a"]][0]
     differ = [key for key in WINDOW_KEYS if key != "lengths" and first["windows"][key] != other["windows"][key]]
@@ -313,16 +299,19 @@ def describe(c: dict) -> str:
 
 
 def write_claims(results: Path, claims_path: Path, n: int = 2000, seed: int = 0,
-                 checked: tuple[list, list] | None = None) -> dict:
+                 checked: tuple[list, list] | None = None, which: str = "epoch", baselines: Path | None = None) -> dict:
     """claims.json and claims.md under `results` from claims.toml (`checked`: load_claims' result,
-    when the caller checked it before its own work), and the summary in the REPORT.md beside `results`
-    where it has the markers."""
-    claims, untested = checked or load_claims(claims_path)
-    plan = planned()
+    when the caller checked it before its own work) against plan `which` (verdict2: with the epoch
+    tree `baselines`), and the summary in the REPORT.md beside `results` where it has the markers."""
+    baselines = baselines or results.parent / "epoch"
+    plan = planned(which, results, baselines)
+    claims, untested = checked or load_claims(claims_path, plan, which)
     lengths = {c["train_len"] for c in claims} | {c.get("b_train_len", c["train_len"]) for c in claims}
-    by_T = {T: load_length(results, T) for T in sorted(lengths)}
+    by_T = {T: load_planned(plan[T], T) if "folders" in plan[T] else load_length(results, T) for T in sorted(lengths)}
     report = {"written_by": WRITTEN_BY, "rule": RULE, "stability_rule": STABILITY, "level": LEVEL, "resamples": n, "seed": seed,
               "claims": [evaluate_claim(c, by_T, plan, n, seed) for c in claims], "untested": untested}
+    if which != "epoch":  # results/epoch's claims.json keeps the keys it always had
+        report |= {"plan": which, "baselines": os.path.relpath(baselines, results)}
     (results / "claims.json").write_text(json.dumps(report, indent=1, ensure_ascii=False) + "\n")
     (results / "claims.md").write_text(markdown(report) + "\n")
     if sync_report(results.parent / "REPORT.md", report):
@@ -332,18 +321,33 @@ def write_claims(results: Path, claims_path: Path, n: int = 2000, seed: int = 0,
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--results", type=Path, default=Path("results/epoch"), help="the results tree (runs/<T>/<run>)")
+    p.add_argument("--plan", choices=PLANS, default="epoch",
+                   help="the plan the claims are checked against: epoch (default) or verdict2 (T 512, with the "
+                        "epoch runs at T 512 from --baselines)")
+    p.add_argument("--results", type=Path, default=None, help="the results tree (runs/<T>/<run>; default: results/PLAN)")
+    p.add_argument("--baselines", type=Path, default=None,
+                   help="--plan verdict2: the epoch results tree its five methods come from (default: RESULTS/../epoch)")
     p.add_argument("--claims", type=Path, default=None, help="the claims (default: RESULTS/claims.toml)")
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of the documents")
     args = p.parse_args(argv)
+    args.results = args.results or Path("results") / args.plan
     if not args.results.is_dir():
         print(f"error: --results {args.results} is not a folder", file=sys.stderr)
         return 2
+    if args.baselines is not None and args.plan != "verdict2":
+        print("error: --baselines goes with --plan verdict2", file=sys.stderr)
+        return 2
+    if args.plan == "verdict2":
+        args.baselines = args.baselines or args.results.parent / "epoch"
+        if not args.baselines.is_dir():
+            print(f"error: --baselines {args.baselines} is not a folder (the epoch results tree)", file=sys.stderr)
+            return 2
     if args.resamples < MIN_RESAMPLES:
         print(f"error: --resamples must be at least {MIN_RESAMPLES}, got {args.resamples}", file=sys.stderr)
         return 2
     try:
-        report = write_claims(args.results, args.claims or args.results / "claims.toml", args.resamples)
+        report = write_claims(args.results, args.claims or args.results / "claims.toml", args.resamples,
+                              which=args.plan, baselines=args.baselines)
     except (ClaimsError, CompareError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

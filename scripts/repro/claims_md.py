@@ -2,6 +2,7 @@
 summary that REPORT.md carries between its markers, and the rule the verdicts follow."""
 
 from pathlib import Path
+import re
 
 from stability import MORE, SEEDS, stability_text
 
@@ -51,7 +52,7 @@ def deciding_figure(r: dict) -> str:
     if r["verdict"] == "not tested":
         if r.get("why"):
             return r["why"]
-        n, Ts = len(r["missing"]), sorted({int(m.split("/")[1][1:]) for m in r["missing"]})
+        n, Ts = len(r["missing"]), sorted({int(re.search(r"(?:^|/)T(\d+)/", m).group(1)) for m in r["missing"]})
         return f"waits for {n} run{'s' if n > 1 else ''} at T {', '.join(map(str, Ts))}"
     ratio = r.get("scale") == "ratio"
 
@@ -89,18 +90,25 @@ def summary(report: dict) -> str:
     return to_markdown(table)
 
 
-SUMMARY_BEGIN = "<!-- claims summary: made by scripts/repro/claims_epoch.py from results/epoch/claims.json -->"
+def summary_begin(plan: str = "epoch") -> str:
+    """The marker a plan's summary starts after in REPORT.md (each plan has its own)."""
+    return f"<!-- claims summary: made by scripts/repro/claims_epoch.py from results/{plan}/claims.json -->"
+
+
+SUMMARY_BEGIN = summary_begin()
 SUMMARY_END = "<!-- end of the claims summary -->"
 
 
 def sync_report(path: Path, report: dict) -> bool:
-    """Write the summary between the markers of `path` (REPORT.md); False when it has none."""
+    """Write the summary between the markers of `path` (REPORT.md) for the report's plan; False when
+    it has none."""
+    begin = summary_begin(report.get("plan", "epoch"))
     text = path.read_text() if path.is_file() else ""
-    if SUMMARY_BEGIN not in text or SUMMARY_END not in text:
+    if begin not in text or SUMMARY_END not in text.split(begin, 1)[1]:
         return False
-    head, rest = text.split(SUMMARY_BEGIN, 1)
+    head, rest = text.split(begin, 1)
     tail = rest.split(SUMMARY_END, 1)[1]
-    path.write_text(f"{head}{SUMMARY_BEGIN}\n\n{summary(report)}\n{SUMMARY_END}{tail}")
+    path.write_text(f"{head}{begin}\n\n{summary(report)}\n{SUMMARY_END}{tail}")
     return True
 
 
@@ -111,9 +119,15 @@ def tally(report: dict) -> str:
 
 
 def markdown(report: dict) -> str:
-    lines = ["# Claims of the two papers against the single-epoch runs", "",
-             "Made by scripts/repro/claims_epoch.py from claims.toml and runs/<T>/*/eval.json; the numbers are "
-             "in claims.json.", "",
+    if report.get("plan", "epoch") == "epoch":
+        title, made, runs = ("# Claims of the two papers against the single-epoch runs", "from claims.toml and "
+                             "runs/<T>/*/eval.json", "the epoch runs")
+    else:
+        title = f"# Claims of the newer methods' papers against the {report['plan']} runs"
+        made = (f"with `--plan {report['plan']}` from claims.toml, runs/<T>/*/eval.json and the epoch runs' "
+                f"({report['baselines']}/runs/<T>/*/eval.json)")
+        runs = f"the {report['plan']} runs"
+    lines = [title, "", f"Made by scripts/repro/claims_epoch.py {made}; the numbers are in claims.json.", "",
              f"Verdicts: {tally(report)}.", "", f"Rule: {RULE} {STABILITY}", "", summary(report), "",
              f"The interval: Student's t over the variance of {report['resamples']} bootstrap resamples of the "
              f"documents (seed {report['seed']}) plus the seeds' (lenx.report.stats: method_difference for two "
@@ -128,8 +142,8 @@ def markdown(report: dict) -> str:
         one_seed = " (one seed: documents only)" if r.get("covers") == "documents only" else ""
         table.add_row(claim, r["paper"], r["evidence"], r["test"], figure_text(r), seeds_text(r),
                       f"**{r['verdict']}**{one_seed}{stability_note(r)}")
-    lines += [to_markdown(table), "", "## Not tested in the epoch runs", ""]
-    untested = Table("claims the epoch plan cannot test, and where REPORT.md covers them",
+    lines += [to_markdown(table), "", f"## Not tested in {runs}", ""]
+    untested = Table(f"claims {runs.replace('runs', 'plan')} cannot test, and where REPORT.md covers them",
                      columns("claim", "paper", "paper's evidence", "why not here", "covered in"))
     for u in report["untested"]:
         untested.add_row(f"**{u['id']}**: {u['claim']}", u["paper"], u["evidence"], u["why"], u["report"])

@@ -6,7 +6,8 @@ notes/gluon.md); torch is not needed.
 Usage (repository root):
     /work/venv-t36/bin/python scripts/tune/gluon_compile.py            # the DAPE V2 forward, H 12, k 3
     /work/venv-t36/bin/python scripts/tune/gluon_compile.py --heads 16 --k 5 --sass /tmp/fwd.sass
-    /work/venv-t36/bin/python scripts/tune/gluon_compile.py --probes   # the shift probes of notes/gluon.md
+    /work/venv-t36/bin/python scripts/tune/gluon_compile.py --probes   # the shift probes of notes/gluon.md,
+                                                                       # and the register-A probes of K_C
 """
 
 import argparse
@@ -261,8 +262,66 @@ def probe_smem_offset(W, X, Out):
     _store_cqu(Out, gl.reshape(y, [32, 4, 16]))
 
 
+# ---- register-A probes (K_C's weight gradients, notes/kernels.md "Issue 45 step 7"): a conv accumulator,
+# shifted along keys per tap, stacked on M and fed to a wgmma as its register A operand (no shared memory) ----
+@gluon.jit
+def _shift1(t, s: gl.constexpr):
+    """[32, 4, 16] tap tile (key 16 q + u) -> out[key] = t[key - s], s = +-1: renames and one lane shuffle
+    for the run edges (the wrapped keys are the tile's halo)."""
+    a = _unpack16(t)
+    if s == 1:
+        y = (_lane_shift(a[15], -1), a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11],
+             a[12], a[13], a[14])
+    else:
+        y = (a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
+             _lane_shift(a[0], 1))
+    return _pack16(y)
+
+
+@gluon.jit
+def _untaps(t0, t1, t2, t3):
+    """The inverse of _taps: four [32, 4, 16] tap tiles (one layout) back to a [128, 64] accumulator."""
+    y = gl.join(gl.join(t0, t2), gl.join(t1, t3))      # [32, 4, 16, 2 (a), 2 (rb)]
+    y = gl.reshape(y, [4, 8, 4, 8, 2, 2, 2])            # w, lh, q, m, b, a, rb
+    y = gl.permute(y, [5, 0, 6, 1, 3, 2, 4])            # a, w, rb, lh, m, q, b
+    return gl.reshape(y, [128, 64])
+
+
+@gluon.jit
+def _rs_wgmma(stack, X, Out):
+    """acc [128, 16] = stack [128, 64 keys] (registers, fp16 A operand) x X read as [64 keys, 16] (smem)."""
+    ACC: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 16, 16])
+    blk: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    r = gl.arange(0, 64, gl.SliceLayout(1, blk))
+    c = gl.arange(0, 16, gl.SliceLayout(0, blk))
+    xt = gl.allocate_shared_memory(gl.float16, [64, 16], gl.NVMMASharedLayout.get_default_for([64, 16], gl.float16),
+                                   gl.load(X + r[:, None] * 16 + c[None, :]))
+    fence_async_shared()
+    a = gl.convert_layout(stack.to(gl.float16), gl.DotOperandLayout(operand_index=0, parent=ACC, k_width=2))
+    acc = warpgroup_mma(a, xt, gl.zeros([128, 16], gl.float32, ACC))
+    ro = gl.arange(0, 128, gl.SliceLayout(1, ACC))
+    gl.store(Out + ro[:, None] * 16 + gl.arange(0, 16, gl.SliceLayout(0, ACC))[None, :], acc)
+
+
+@gluon.jit
+def probe_rs_acc(W, X, Out):
+    """The accumulator itself as the A operand (FlashAttention's P-as-A)."""
+    _rs_wgmma(_conv_y(W, X), X, Out)
+
+
+@gluon.jit
+def probe_rs_shifted(W, X, Out):
+    """dW1's A operand: one [32, 64] map (tap 1 of the accumulator standing in for dY) shifted by +1, 0, -1
+    keys into tap blocks 0-2, block 3 zero."""
+    t0, t1, t2, t3 = _taps(_conv_y(W, X))
+    L: gl.constexpr = t1.type.layout
+    _rs_wgmma(_untaps(gl.convert_layout(_shift1(t1, 1), L), t1, gl.convert_layout(_shift1(t1, -1), L), t1 * 0.0),
+              X, Out)
+
+
 PROBE_SIG = {"W": "*fp16", "X": "*fp16", "Out": "*fp32"}
-PROBES = ["probe_split", "probe_gather_u", "probe_gather_flat", "probe_gather_raw", "probe_smem_offset"]
+PROBES = ["probe_split", "probe_gather_u", "probe_gather_flat", "probe_gather_raw", "probe_smem_offset",
+          "probe_rs_acc", "probe_rs_shifted"]
 
 
 def fwd_signature(fn) -> dict:
