@@ -72,7 +72,8 @@ def test_the_committed_claims_table_is_up_to_date(tmp_path):
     here = tmp_path / "results" / "epoch"
     shutil.copytree(RESULTS, here)
     report_md = RESULTS.parent / "REPORT.md"
-    assert report_md.read_text().count(SUMMARY_BEGIN) == 1 and report_md.read_text().count(SUMMARY_END) == 1
+    text = report_md.read_text()  # the verdict2 summary has its own begin marker and the same end marker
+    assert text.count(SUMMARY_BEGIN) == 1 and SUMMARY_END in text.split(SUMMARY_BEGIN)[1]
     shutil.copy(report_md, here.parent / "REPORT.md")
     out = script("claims_epoch.py", "--results", "results/epoch", cwd=tmp_path)
     assert out.returncode == 0, out.stderr

@@ -15,7 +15,8 @@
 # committed under results/epoch/runs; for controls: none) are skipped, and CHE jobs resume from the logs committed
 # under results/repro/che/runs/. LM_SLOTS: training runs sharing one GPU (default 1). REPRO_GPUS: the GPUs
 # used (default all); the epoch plan's runs take one GPU each, so REPRO_GPUS=4 runs four at once.
-# Collect what came back: scripts/repro/collect.py (repro, controls), collect_epoch.py (epoch).
+# Collect what came back: scripts/repro/collect.py (repro, controls), collect_epoch.py (epoch),
+# collect_verdict2.py (verdict2).
 set -u
 PLAN=${PLAN:-repro}
 # the repro plan's finished jobs (carry/done.txt) are not the controls'
