@@ -43,5 +43,9 @@ def test_the_scales_of_a_trained_run_one_line_per_run(tmp_path):
     assert row["init"] == 0.43 and len(row["s"]) == 2 and all(len(layer) == 2 for layer in row["s"])
     # two AdamW steps at the tiny preset's lr move s_h off its start, but not far
     assert all(abs(x - 0.43) < 0.1 for layer in row["s"] for x in layer)
-    out = scales("runs/r", cwd=tmp_path)
-    assert out.returncode != 0 and "has no SSMax scales" in out.stderr and "Traceback" not in out.stderr
+    for args, needle in ((["runs/r"], "has no SSMax scales"), (["runs/s", "runs/none"], "is not a run folder"),
+                         ([], "usage")):
+        out = scales(*args, cwd=tmp_path)
+        lines = out.stderr.splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], out.stderr
+        assert out.stdout == ""  # nothing printed for the good run before the bad one

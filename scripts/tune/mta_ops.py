@@ -26,6 +26,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import lenx.attention.mta as mta_module
 from lenx.attention import Attention
 from lenx.attention.backends import chunked_attention
+from lenx.bench.kernels import median_ms
 from lenx.config import AttentionConfig
 from lenx.ops.mta.reference import _conv, mix_heads
 
@@ -135,21 +136,14 @@ def main():
 
 
 def _timed(fn, reps: int):
-    """(median ms of fn on the GPU, the names of the GPU kernels of one call)."""
-    fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
+    """(median ms of fn on the GPU, back to back: lenx.bench.kernels.median_ms; the names of the GPU
+    kernels of one call). reps: at most this many calls a batch."""
+    ms = median_ms(fn, 25, 200, reps)[0]
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
     names = sorted({e.key for e in prof.key_averages() if e.device_type.name == "CUDA"})
-    return sorted(times)[len(times) // 2], names
+    return ms, names
 
 
 def time_mixing(batch: int, heads: int, length: int, splits, reps: int):

@@ -24,13 +24,7 @@ ALL_BF16 = dict(s_dtype=BF, z_dtype=BF, dy_dtype=BF, g_dtype=BF, ds_dtype=BF)
 NAMES = ("dS", "dw1", "db1", "dw2", "db2", "dtable")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Many tiny ops per call: OpenMP's fork-join per op costs more than the op on 2 busy cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/ops/conftest.py
 
 
 def _case(T, H, D, ks, kind, d=16, seed=0):

@@ -14,14 +14,7 @@ from lenx.ops.dape_v2.emulate import dape_v2_emulate, pair_permutation
 from lenx.ops.dape_v2.reference import dape_v2_reference, dape_v2_scores
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The emulator runs hundreds of tiny ops per call, and on a busy 2-core machine OpenMP's
-    fork-join per op costs more than the op (7x slower with 2 threads here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/ops/conftest.py
 
 
 def case(B, H, T, d, D, ks, kind, dtype=torch.float64, seed=0):
