@@ -17,13 +17,7 @@ from lenx.ops.dape_v2.emulate_chain_ws import HEAD_WARPS, chain_ws_schedule, ws_
 from lenx.ops.dape_v2.reference import dape_v2_reference
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Hundreds of tiny ops per call: OpenMP's fork-join per op costs more than the op on 2 busy cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/ops/conftest.py
 
 
 def _case(T, H, D, ks, kind, dtype=torch.float64, device="cpu", seed=0):
