@@ -43,3 +43,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def one_thread():
+    """For tests of the CPU schedule emulations (tests/ops), which run hundreds of tiny ops per call:
+    on a busy 2-core machine OpenMP's fork-join per op costs more than the op (7x slower with 2 threads)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -15,7 +15,7 @@ from lenx.ops.dape_v2.emulate_chain import chain_schedule, windows
 from lenx.ops.dape_v2.reference import dape_v2_reference
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/ops/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _case(T, H, d, D, ks, kind, dtype=torch.float64, device="cpu", seed=0):

@@ -24,7 +24,7 @@ ALL_BF16 = dict(s_dtype=BF, z_dtype=BF, dy_dtype=BF, g_dtype=BF, ds_dtype=BF)
 NAMES = ("dS", "dw1", "db1", "dw2", "db2", "dtable")
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/ops/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _case(T, H, D, ks, kind, d=16, seed=0):

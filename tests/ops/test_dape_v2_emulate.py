@@ -14,7 +14,7 @@ from lenx.ops.dape_v2.emulate import dape_v2_emulate, pair_permutation
 from lenx.ops.dape_v2.reference import dape_v2_reference, dape_v2_scores
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/ops/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def case(B, H, T, d, D, ks, kind, dtype=torch.float64, seed=0):
