@@ -17,7 +17,7 @@ from lenx.ops.dape_v2.emulate_chain_ws import HEAD_WARPS, chain_ws_schedule, ws_
 from lenx.ops.dape_v2.reference import dape_v2_reference
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # tests/ops/conftest.py
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _case(T, H, D, ks, kind, dtype=torch.float64, device="cpu", seed=0):
