@@ -315,7 +315,7 @@ def gluon_choice() -> str:
 def _gluon_forward(q, k, v, proc, weights, prepared):
     """The Gluon forward's output: the warp-specialised chain (lenx.ops.dape_v2.chain_ws) where it takes
     the shape (H <= 12), else gluon.py's kernel; both read the same host operands (gluon.prepare). On
-    an H200 the chain_ws runs 4.79 ms at T 8192 against gluon.py's 6.32 (results/bench/h200_ws24_9c71ad9).
+    an H200 the chain_ws runs 4.05 ms at T 8192 against gluon.py's 6.28 (results/bench/h200_land_78053f5).
     LENX_DAPE_V2_GLUON picks one for timing: `gluon` (gluon.py), `chain` (chain.py), `ws` (chain_ws)."""
     from ...ops.dape_v2 import chain, chain_ws, gluon
 
