@@ -40,7 +40,8 @@ if ! { [ -f $pid_file ] && kill -0 "$(cat $pid_file)" 2>/dev/null; }; then
       dest=$R/che/$(basename "$(dirname "$log")")
       [ -f "$dest/runs.jsonl" ] || { mkdir -p "$dest" && cp "$log" "$dest/"; }
     done
-  elif [ "$PLAN" = epoch ] || [ "$PLAN" = recipe ] || [ "$PLAN" = newer ] || [ "$PLAN" = verdict2 ]; then
+  elif [ "$PLAN" = epoch ] || [ "$PLAN" = recipe ] || [ "$PLAN" = newer ] || [ "$PLAN" = verdict2 ] \
+       || [ "$PLAN" = ssmax_init ]; then
     # issue 29 step 4: the sharded `code` corpus came in earlier calls: .carry/code (pack_corpus.py's
     # pieces of its top-level files) and .carry/shards/*.bin.xz (the train shards the runs read)
     [ -f data/code/manifest.json ] || python3 scripts/data/pack_corpus.py unpack .carry/code data/code || exit 1
