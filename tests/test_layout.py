@@ -103,7 +103,8 @@ print("ok")
 
 def test_every_op_folder_has_its_reference():
     folders = [p for p in OPS.iterdir() if p.is_dir() and not p.name.startswith("_")]
-    assert {p.name for p in folders} == {"biased_softmax", "dape_v2", "forgetting", "mta", "rope", "stickbreaking"}
+    assert {p.name for p in folders} == {"biased_softmax", "dape_v2", "forgetting", "head_dot", "mta", "rope",
+                                          "stickbreaking"}
     for folder in folders:
         assert (folder / "reference.py").is_file(), folder
         assert (ROOT / "tests" / "ops" / f"test_{folder.name}.py").is_file(), f"no tests/ops/test_{folder.name}.py"

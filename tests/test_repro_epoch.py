@@ -116,6 +116,18 @@ def test_solo_jobs_run_one_per_gpu_at_once(tmp_path):
     assert overlapping and all(spans[a][2] != spans[b][2] for a, b in overlapping)
 
 
+def test_first_gpu_moves_the_jobs(tmp_path):
+    """--first-gpu 1 --gpus 1 (the other GPU of a two-GPU call kept for other work): jobs see GPU 1."""
+    work = tmp_path / "work"
+    work.mkdir()
+    jobs = [{"id": f"j{i}", "kind": "solo", "run": f"runs/j{i}", "cmd": f"echo $CUDA_VISIBLE_DEVICES > runs/j{i}/gpu"}
+            for i in range(2)]
+    (work / "plan.json").write_text(json.dumps(jobs))
+    out = script("run_jobs.py", "plan.json", "--gpus", "1", "--first-gpu", "1", "--status", "status.json", cwd=work)
+    assert out.returncode == 0, out.stderr
+    assert [(work / f"runs/j{i}/gpu").read_text().strip() for i in range(2)] == ["1", "1"]
+
+
 def test_a_solo_job_shares_its_gpu_with_nothing(tmp_path):
     """One GPU with two lm slots: the two lm jobs run together, the solo job alone."""
     work = tmp_path / "work"

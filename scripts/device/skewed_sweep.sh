@@ -14,7 +14,7 @@ case ${KERNELS:-conv} in
         conv_dy:8,32,8,1 conv_dy:2,32,4,1 conv_dy:8,32,4,1 conv_dy:16,32,8,1 conv_z:16,16,8,1 conv_z:8,32,8,1
         conv_f:16,16,8,1 conv_f:8,32,8,1 conv_dx:16,16,8,1 conv_dx:8,32,8,1" ;;
     flash) SETTINGS="attn_fwd:64,32,4,2 attn_fwd:64,32,4,3 attn_fwd:128,32,8,2 attn_fwd:128,64,8,2
-        attn_fwd:64,64,8,2 attn_bwd:64,64,4,2 attn_bwd:64,64,4,3 attn_bwd:64,32,4,2 dq:64,64,4,2 dq:64,32,4,3
+        attn_fwd:64,64,8,2 attn_bwd:64,64,4,2 attn_bwd:64,64,4,3 dq:64,64,4,2 dq:64,32,4,3
         dq:128,64,8,2 dk:64,64,4,2 dk:64,32,4,3 dk:128,64,8,2" ;;
     *) echo "error: KERNELS is conv or flash, got '$KERNELS'" >&2; exit 2 ;;
 esac

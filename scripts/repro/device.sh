@@ -40,7 +40,8 @@ if ! { [ -f $pid_file ] && kill -0 "$(cat $pid_file)" 2>/dev/null; }; then
       dest=$R/che/$(basename "$(dirname "$log")")
       [ -f "$dest/runs.jsonl" ] || { mkdir -p "$dest" && cp "$log" "$dest/"; }
     done
-  elif [ "$PLAN" = epoch ] || [ "$PLAN" = recipe ] || [ "$PLAN" = newer ] || [ "$PLAN" = verdict2 ]; then
+  elif [ "$PLAN" = epoch ] || [ "$PLAN" = recipe ] || [ "$PLAN" = newer ] || [ "$PLAN" = verdict2 ] \
+       || [ "$PLAN" = ssmax_init ]; then
     # issue 29 step 4: the sharded `code` corpus came in earlier calls: .carry/code (pack_corpus.py's
     # pieces of its top-level files) and .carry/shards/*.bin.xz (the train shards the runs read)
     [ -f data/code/manifest.json ] || python3 scripts/data/pack_corpus.py unpack .carry/code data/code || exit 1
@@ -58,8 +59,9 @@ if ! { [ -f $pid_file ] && kill -0 "$(cat $pid_file)" 2>/dev/null; }; then
   python3 scripts/repro/plan.py $PLAN > $R/plan.json || exit 1
   { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__)"; } \
     > $R/machine.txt 2>&1
-  # REPRO_GPUS: use only the first N GPUs (the others stay free for other work of the same call)
+  # REPRO_GPUS: use only N GPUs from REPRO_FIRST_GPU (default 0; the others stay free for other work)
   setsid nohup python3 scripts/repro/run_jobs.py $R/plan.json --gpus "${REPRO_GPUS:-$(nvidia-smi -L | wc -l)}" \
+    --first-gpu "${REPRO_FIRST_GPU:-0}" \
     --lm-slots "${LM_SLOTS:-1}" --status $R/status.json --skip "${SKIP:-$default_skip}" \
     > $R/scheduler.log 2>&1 < /dev/null &
   echo $! > $pid_file

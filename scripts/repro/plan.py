@@ -226,7 +226,7 @@ def ssmax_init() -> list[dict]:
     jobs = []
     for seed, init in ((0, 0.43), (1, 0.43), (2, 0.43), (0, 1.0)):
         name = f"ssmax-rope-init{int(init * 100):03d}-s{seed}"
-        job = lm_job("T128", "ssmax-rope", seed, corpus="code", root="runs/newer", name=name,
+        job = lm_job("T128", "ssmax-rope", seed, corpus="code", root="runs/ssmax_init", name=name,
                      extra=("train.sampling=pass", "eval.per_position=true", f"model.temp_ssmax_init={init}"))
         job["cmd"] += f" && python3 scripts/repro/ssmax_scales.py {job['run']}"
         jobs.append(job)

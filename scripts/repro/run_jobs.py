@@ -25,6 +25,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("plan")
     p.add_argument("--gpus", type=int, required=True)
+    p.add_argument("--first-gpu", type=int, default=0, help="the first of the --gpus GPUs used (others: other work)")
     p.add_argument("--lm-slots", type=int, default=1)
     p.add_argument("--small-slots", type=int, default=3)
     p.add_argument("--status", default="runs/repro/status.json")
@@ -74,7 +75,8 @@ def main():
             run = Path(job["run"])
             run.mkdir(parents=True, exist_ok=True)
             (run / "command.txt").write_text(job["cmd"] + "\n")
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu), OMP_NUM_THREADS=threads, PYTHONUNBUFFERED="1")
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(args.first_gpu + gpu), OMP_NUM_THREADS=threads,
+                       PYTHONUNBUFFERED="1")
             log = open(run / "job.log", "a")
             proc = subprocess.Popen(["bash", "-c", job["cmd"]], stdout=log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)

@@ -5,6 +5,7 @@ when there are any there. Needs triton 3.6 (the Gluon API the kernel is written 
 
 Usage (repository root):
     PYTHONPATH=src /path/to/triton-3.6/python scripts/tune/compile_chain.py [--heads 12] [--k 3] [--ring 4] [--sass F]
+    PYTHONPATH=src /path/to/triton-3.6/python scripts/tune/compile_chain.py --ws [--k 1]   # chain_ws.py
 """
 
 import argparse
@@ -17,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 
 import gluon_compile as gc  # noqa: E402
+import ws_sass_regions as wr  # noqa: E402
 
 
 def loop_spills(sass: str) -> dict:
@@ -46,6 +48,38 @@ def compile_chain(heads: int = 12, hidden: int = 32, k: int = 3, sass_path=None,
     return out
 
 
+def partition_spills(sass: str) -> list:
+    """[register request, LDL + STL, HGMMA] per region of the SASS, in order: a region runs from one
+    USETMAXREG to the next; the first (request 0) is the code before any, the kernel's prologue. The
+    conv partition is the region with the HGMMAs."""
+    out = [[0, 0, 0]]
+    for line in sass.splitlines():
+        m = re.search(r"USETMAXREG\.\w+\.CTAPOOL\s+(?:UP\d+,\s+)?(0x[0-9a-f]+)", line)
+        if m:
+            out.append([int(m[1], 16), 0, 0])
+        elif re.search(r"\s(LDL|STL)[\s.]", line):
+            out[-1][1] += 1
+        elif re.search(r"\sHGMMA\.", line):
+            out[-1][2] += 1
+    return out
+
+
+def compile_chain_ws(heads: int = 12, hidden: int = 32, k: int = 3, sass_path=None) -> dict:
+    """chain_ws.py's kernel: the census, the spills per partition (conv: the 8-warp default) and
+    ws_sass_regions' census of each partition and its loops ("regions")."""
+    from lenx.ops.dape_v2 import chain_ws as W
+
+    fn = W.kernel()
+    sig = gc.fwd_signature(fn)
+    div = [n for n, t in sig.items() if t.startswith("*") or n.startswith(("sq", "sk", "sv", "so"))]
+    consts = {"H": heads, "D": hidden, "KS": k, "BM": W.BM, "HEAD_REGS": W.HEAD_REGS, "num_warps": W.NUM_WARPS}
+    tmp = sass_path or "/tmp/lenx_chain_ws.sass"
+    out = gc.compile_gluon(fn, sig, consts, W.NUM_WARPS, sass_path=tmp, divisible=div)
+    out["partitions"] = partition_spills(Path(tmp).read_text())
+    out["regions"] = wr.analyse(Path(tmp).read_text())
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--heads", type=int, default=12)
@@ -53,8 +87,15 @@ def main():
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--ring", type=int, default=None, help="K/V ring slots (chain.ring_sizes; default 2)")
     ap.add_argument("--sass", default=None, help="write the SASS here")
+    ap.add_argument("--ws", action="store_true", help="the warp-specialised chain (chain_ws.py): spills per partition")
     a = ap.parse_args()
     import triton
+
+    if a.ws:
+        res = compile_chain_ws(a.heads, a.hidden, a.k, a.sass)
+        res.pop("regions")   # ws_sass_regions.py prints them readably from the --sass file
+        print(json.dumps({"triton": triton.__version__, "chain_ws": res}))
+        return
 
     res = {"triton": triton.__version__, "shape": {"heads": a.heads, "hidden": a.hidden, "k": a.k, "ring": a.ring},
            "chain": compile_chain(a.heads, a.hidden, a.k, a.sass, a.ring)}

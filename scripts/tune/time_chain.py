@@ -3,11 +3,12 @@ evaluation runs it: bf16, B 1, H 12, d 64, D 32, k 3, Kerple, no autograd graph,
 once outside the timing (tables.cached does that in the model). Back-to-back medians
 (lenx.bench.kernels.median_ms), the chain's output checked against gluon.py's on the same inputs,
 one JSON file out. With --rings, the chain once per K/V ring size (chain.ring_sizes: 2 is the
-default), each checked bit-equal to ring 2's output. About 30-60 s on an H200 (+ ~10 s a ring), most
+default), each checked bit-equal to ring 2's output. With --ws, also the warp-specialised chain
+(chain_ws.py), checked against the chain's output. About 30-60 s on an H200 (+ ~10 s a ring), most
 of it the kernels' first compile.
 
 Usage (repository root, sm_90 GPU, triton 3.6):
-    PYTHONPATH=src python3 scripts/tune/time_chain.py chain_times.json [--lengths 8192,16384] [--rings 2,3,4]
+    PYTHONPATH=src python3 scripts/tune/time_chain.py chain_times.json [--lengths 8192,16384] [--rings 2,3,4] [--ws]
 """
 
 import argparse
@@ -20,6 +21,7 @@ from torch.nn import functional as F
 from lenx.attention import DapeV2, KerpleLog
 from lenx.bench.kernels import median_ms
 from lenx.ops.dape_v2 import chain as C
+from lenx.ops.dape_v2 import chain_ws as CW
 from lenx.ops.dape_v2 import gluon as G
 from lenx.runinfo import environment, kernel_sources_hash
 
@@ -29,6 +31,7 @@ def main():
     ap.add_argument("out", help="JSON file to write")
     ap.add_argument("--lengths", default="8192,16384")
     ap.add_argument("--rings", default="2", help="K/V ring sizes of the chain, comma-separated (default 2)")
+    ap.add_argument("--ws", action="store_true", help="also time the warp-specialised chain (chain_ws.py)")
     a = ap.parse_args()
     H, dh, D, ks = 12, 64, 32, 3
     try:
@@ -55,6 +58,8 @@ def main():
             }
             for r in rings[1:]:
                 cases[f"chain_ring{r}"] = lambda r=r: C.dape_v2_chain_forward(q, k, v, *w, prepared=prepared, ring=r)
+            if a.ws:
+                cases["chain_ws"] = lambda: CW.dape_v2_chain_ws_forward(q, k, v, *w, prepared=prepared)
             og, lg = cases["gluon"]()
             oc, lc = cases["chain"]()
             err = ((oc.float() - og.float()).norm() / og.float().norm()).item()
@@ -62,6 +67,10 @@ def main():
             for r in rings[1:]:
                 o_r, l_r = cases[f"chain_ring{r}"]()
                 row[f"chain_ring{r}_bits_equal"] = bool(torch.equal(o_r, oc) and torch.equal(l_r, lc))
+            if a.ws:
+                ow, lw = cases["chain_ws"]()
+                row["ws_vs_chain_rel_err"] = ((ow.float() - oc.float()).norm() / oc.float().norm()).item()
+                row["ws_vs_chain_lse_max_abs"] = (lw - lc).abs().max().item()
             for name, fn in cases.items():
                 row[f"{name}_ms"] = median_ms(fn, 25, 200, 20)[0]
         row["gluon_x_sdpa"] = row["gluon_ms"] / row["sdpa_ms"]
@@ -69,6 +78,9 @@ def main():
         row["chain_speedup_vs_gluon"] = row["gluon_ms"] / row["chain_ms"]
         for r in rings[1:]:
             row[f"chain_ring{r}_x_sdpa"] = row[f"chain_ring{r}_ms"] / row["sdpa_ms"]
+        if a.ws:
+            row["chain_ws_x_sdpa"] = row["chain_ws_ms"] / row["sdpa_ms"]
+            row["ws_speedup_vs_chain"] = row["chain_ms"] / row["chain_ws_ms"]
         rows.append(row)
         print(json.dumps(row), flush=True)
     with open(a.out, "w") as f:

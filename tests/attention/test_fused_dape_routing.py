@@ -114,6 +114,37 @@ def test_gluon_forward_gets_cached_operands(monkeypatch):
     assert not torch.equal(prepared[0][4], prepared[1][4])  # t2 follows the bias
 
 
+@pytest.mark.parametrize("pick,heads,ran", [(None, 2, "chain_ws"), ("ws", 2, "chain_ws"), ("1", 2, "chain_ws"),
+                                             ("chain", 2, "chain"), ("gluon", 2, "gluon"), (None, 16, "gluon")])
+def test_the_gluon_forward_runs_the_kernel_asked_for(pick, heads, ran, monkeypatch):
+    """Which Gluon kernel forward-only work runs (the kernels faked: they need an sm_90 GPU): the
+    warp-specialised chain by default, chain.py or gluon.py when LENX_DAPE_V2_GLUON says so, and
+    gluon.py where the chains cannot take the shape (H > 12)."""
+    from lenx.ops.dape_v2 import chain, chain_ws
+
+    if pick is None:
+        monkeypatch.delenv("LENX_DAPE_V2_GLUON", raising=False)
+    else:
+        monkeypatch.setenv("LENX_DAPE_V2_GLUON", pick)
+    seen = []
+    fake = lambda name: lambda q, k, v, *w, prepared=None, **kw: seen.append(name) or (q, None)  # noqa: E731
+    monkeypatch.setattr(chain, "dape_v2_chain_forward", fake("chain"))
+    monkeypatch.setattr(chain_ws, "dape_v2_chain_ws_forward", fake("chain_ws"))
+    monkeypatch.setattr(gluon, "dape_v2_gluon_forward", fake("gluon"))
+    monkeypatch.setattr(gluon, "unsupported_reason", lambda *a: None)
+    proc = DapeV2(heads, D, 3).to(DEVICE)
+    q, k, v = (torch.randn(1, heads, 8, 64, device=DEVICE) for _ in range(3))
+    out = fused._gluon_forward(q, k, v, proc, proc.conv_weights(), prepared=None)
+    assert seen == [ran] and out is q
+    assert proc.kernel == {"chain_ws": "gluon (chain_ws)", "chain": "gluon (chain)"}.get(ran, proc.kernel)
+
+
+def test_a_wrong_gluon_choice_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("LENX_DAPE_V2_GLUON", "fast")
+    with pytest.raises(ValueError, match="LENX_DAPE_V2_GLUON must be one of ws, 1, chain, gluon, 0, got 'fast'"):
+        fused._use_gluon(torch.zeros(1, H, 4, 64), DapeV2(H, D, 3))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("grad", [True, False])
 def test_gpu_module_head_dim_128(grad):

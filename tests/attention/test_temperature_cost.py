@@ -39,11 +39,16 @@ def step_operators(method: str, n_layer: int) -> list[str]:
 
 
 @pytest.mark.parametrize("kind,per_layer", [("ssmax", 6), ("logn", 2), ("l4temp", 2)])
-def test_each_further_layer_adds_one_scaling_each_way(kind, per_layer):
+def test_each_further_layer_adds_one_scaling_each_way(kind, per_layer, monkeypatch):
     """A layer's temperature: the product forward and its one backward (SSMax also s_h log n, [H, T],
     and s_h's product, sum and division); the table's operators come once. Measured: 0, 0 and 5 a
     layer beyond Kerple's (the contiguous scaled q spares the backend's copy of q each way); 9, 12 and
-    12 before the table was shared and the product fused."""
+    12 before the table was shared and the product fused. s_h's reduction in the plain ops, as the
+    CPU runs it (under Triton's interpreter its kernel would dispatch the interpreter's copies; on
+    CUDA it is one launch and the partials' sum: the profiler test below)."""
+    from lenx.ops.head_dot import route
+
+    monkeypatch.setattr(route, "uses_triton", lambda x, y: False)
     extra = [len(step_operators(f"{kind}-kerple", n)) - len(step_operators("kerple", n)) for n in (1, 3)]
     assert (extra[1] - extra[0]) / 2 <= per_layer, extra
 
@@ -185,7 +190,14 @@ def folded_against_unfolded(method, device, monkeypatch, tol, backend="dense", d
     assert q.transpose(1, 2).is_contiguous() == (layer.backend_for(xs.device) == "sdpa")  # heads-last for SDPA
     assert_close(y.double().cpu(), want, tol, f"{method} forward")
     w = torch.randn_like(want)
+    from lenx.ops.head_dot import triton as kernel
+
+    launches, launch = [], kernel.head_dot  # s_h's reduction: the kernel, on the layout the backend left
+    monkeypatch.setattr(kernel, "head_dot", lambda dy, y: launches.append(y.transpose(1, 2).is_contiguous())
+                        or launch(dy, y))
     got_g = torch.autograd.grad((y * w.to(y)).sum(), [xs] + list(layer.parameters()))
+    sdpa = layer.backend_for(xs.device) == "sdpa"
+    assert launches == ([sdpa] if ref.temperature.s is not None else []), launches
     want_g = torch.autograd.grad((want * w).sum(), [xr] + list(ref.parameters()))
     for (name, _), a, b in zip([("x", None)] + list(layer.named_parameters()), got_g, want_g):
         assert_close(a.double().cpu(), b, tol, f"{method} d{name}")
@@ -212,7 +224,8 @@ def test_gpu_folded_into_rope_s_kernel_the_layer_is_the_reference(method, backen
 @pytest.mark.parametrize("kind", KINDS)
 def test_on_cuda_one_kernel_each_way_with_the_plain_ops_bits(kind):
     """On CUDA the product casts as it stores: one kernel forward, one backward (SSMax: its table
-    s_h log n, and for s_h's gradient a product and a reduction more), the plain ops' bits."""
+    s_h log n, and for s_h's gradient ops/head_dot's kernel and the sum of its partials), the plain
+    ops' bits."""
     from torch.profiler import ProfilerActivity, profile
 
     t = QueryTemperature(kind, 12, train_len=64, floor_scale=64.0).cuda()
@@ -232,9 +245,10 @@ def test_on_cuda_one_kernel_each_way_with_the_plain_ops_bits(kind):
                 and "emset" not in e.name] for p in (fwd, bwd)]
     ssmax = kind == "ssmax"
     assert len(kernels[0]) <= 1 + ssmax, [e.name for e in kernels[0]]
-    # backward: dq, and for SSMax dy * y, its sum and the division by s_h (gradient accumulation into
-    # the leaves q and s may add a copy each)
+    # backward: dq, and for SSMax the head_dot kernel, its partials' sum and the division by s_h
+    # (gradient accumulation into the leaves q and s may add a copy each)
     assert len(kernels[1]) <= 1 + 3 * ssmax + 2, [e.name for e in kernels[1]]
+    assert any("_head_dot_partials" in e.name for e in kernels[1]) == ssmax, [e.name for e in kernels[1]]
     factor = term[None, :] if t.s is None else t.s.detach()[:, None] * term
     assert torch.equal(y, (q.detach() * factor[..., None]).to(torch.bfloat16)) and y.is_contiguous()
     assert torch.equal(q.grad, (dy * factor[..., None]).to(torch.bfloat16))

@@ -202,16 +202,16 @@ def test_gpu_chain_is_causal(t):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(_chain_ready() is not None, reason=str(_chain_ready()))
-@pytest.mark.parametrize("chain,autocast", [(False, True), (True, True), (True, False)])
-def test_gpu_module_eval_routes_to_the_chain_only_when_asked(chain, autocast, monkeypatch):
-    """fp32 activations under bf16 autocast, no_grad (as `lenx eval`): LENX_DAPE_V2_GLUON=chain runs the
-    chain, the default gluon.py's kernel; both match the dense backend. Without autocast (fp32 q, k, v)
-    neither Gluon kernel runs, also when the chain is asked for."""
+@pytest.mark.parametrize("pick,autocast", [(None, True), ("chain", True), ("gluon", True), (None, False)])
+def test_gpu_module_eval_routes_to_the_gluon_kernel_asked_for(pick, autocast, monkeypatch):
+    """fp32 activations under bf16 autocast, no_grad (as `lenx eval`): by default the warp-specialised
+    chain runs, LENX_DAPE_V2_GLUON=chain the chain, =gluon gluon.py's kernel; each matches the dense
+    backend. Without autocast (fp32 q, k, v) no Gluon kernel runs."""
     from lenx.attention import Attention, AttentionConfig
-    if chain:
-        monkeypatch.setenv("LENX_DAPE_V2_GLUON", "chain")
-    else:
+    if pick is None:
         monkeypatch.delenv("LENX_DAPE_V2_GLUON", raising=False)
+    else:
+        monkeypatch.setenv("LENX_DAPE_V2_GLUON", pick)
     torch.manual_seed(0)
     cfg = AttentionConfig(method="dapev2-kerple", backend="dense")
     ref = Attention(cfg, 12, 768).to("cuda")
@@ -223,7 +223,7 @@ def test_gpu_module_eval_routes_to_the_chain_only_when_asked(chain, autocast, mo
     kernels = {m.kernel for m in fast.modules() if isinstance(getattr(m, "kernel", None), str)}
     assert len(kernels) == 1
     if autocast:
-        assert kernels == {"gluon (chain)" if chain else "gluon"}
+        assert kernels == {{None: "gluon (chain_ws)", "chain": "gluon (chain)", "gluon": "gluon"}[pick]}
     else:
         assert not kernels.pop().startswith("gluon")
     assert rel_err(y.float(), y_ref.float()) < 2e-2

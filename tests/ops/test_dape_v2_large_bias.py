@@ -228,7 +228,7 @@ def module_error(method, T, fast, x, y):
 def test_gpu_eval_forward_with_a_large_bias(method, T, gluon_ok):
     """Forward only under bf16 autocast (evaluation): Kerple-power at 2048 went to the Gluon forward,
     whose fp16 hidden map overflowed (NaN); its tables now send it to the skewed forward
-    (kernel_note says why). ALiBi at 1536 stays on the Gluon forward where that runs. Finite and
+    (kernel_note says why). ALiBi at 1536 stays on a Gluon forward (gluon.py or chain_ws) where they run. Finite and
     within module_error's bar."""
     from lenx.attention import Attention, AttentionConfig
     from lenx.ops.dape_v2 import gluon
@@ -241,9 +241,10 @@ def test_gpu_eval_forward_with_a_large_bias(method, T, gluon_ok):
     assert torch.isfinite(y).all()
     on_gluon = gluon.unsupported_reason(x.new_zeros(1, 12, 1, 64).bfloat16(), 12, 32, 3) is None
     if on_gluon:
-        assert (fast.processor.kernel == "gluon") == gluon_ok, (fast.processor.kernel, fast.processor.kernel_note)
+        on_family = fast.processor.kernel.startswith("gluon")  # "gluon" or "gluon (chain_ws)": the fp16 hidden map
+        assert on_family == gluon_ok, (fast.processor.kernel, fast.processor.kernel_note)
     if not gluon_ok:
-        assert fast.processor.kernel != "gluon"
+        assert not fast.processor.kernel.startswith("gluon")
     err, bar = module_error(method, T, fast, x, y)
     assert err < bar, f"{method} T {T} ({fast.processor.kernel}): rel err {err:.3g}, bar {bar:.3g}"
 

@@ -22,8 +22,9 @@ near 6, one factor for whole bands of positions. q is scaled by one elementwise 
 (scale_rows: the product in fp32, rounded once to q's dtype into a contiguous tensor, the bits of
 `(q * f).to(q.dtype)`; after RoPE's fused kernel, by that kernel as it rotates q, no pass of its
 own), and SSMax's s_h gets its gradient from one reduction over the output
-(ssmax_grad: d/ds_h of y = s_h log(n) q is y / s_h), so no fp32 copy of q and no input q is kept
-for the backward: the output, which the attention keeps anyway, serves.
+(ssmax_grad: d/ds_h of y = s_h log(n) q is y / s_h; on CUDA one Triton launch, ops/head_dot, that
+reads dy and y in whatever layout they come and writes no product), so no fp32 copy of q and no
+input q is kept for the backward: the output, which the attention keeps anyway, serves.
 
 Before the fused biased-softmax and FoX kernels (Kerple, ALiBi, T5, FoX on the triton backend) q is
 not scaled at all: the attention passes factor(term, grad=True) to them (q_scale), they fold it
@@ -34,6 +35,8 @@ import math
 
 import torch
 from torch import nn
+
+from ..ops.head_dot.route import head_dot
 
 KINDS = ("ssmax", "logn", "l4temp")
 
@@ -148,11 +151,10 @@ class _SSMaxGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         y, s = ctx.saved_tensors
-        # products rounded to y's dtype, the sum in fp32. s_h = 0 exactly would zero the head's rows and
-        # make this 0/0: a non-positive initial s is refused, and an optimiser step landing on 0.0 is
-        # not expected
-        ds = torch.sum(dy * y, dim=(0, 2, 3), dtype=torch.promote_types(s.dtype, torch.float32))
-        return dy, (ds / s).to(s.dtype)
+        # sum over b, t, d of dy y in fp32: one Triton launch on CUDA (dy and y read by their strides),
+        # else the plain ops. s_h = 0 exactly would zero the head's rows and make this 0/0: a
+        # non-positive initial s is refused, and an optimiser step landing on 0.0 is not expected
+        return dy, (head_dot(dy, y) / s).to(s.dtype)
 
 
 def ssmax_grad(y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ the formula: the definition the kernels are tested against) beside its fused ker
     forgetting/      forgetting attention (FoX): causal softmax plus c_i - c_j, c per token
     dape_v2/         DAPE V2: softmax over S + Bias + f(tril([S; Bias])), f a 1 x k conv pair
     mta/             Multi-Token Attention: a c_q x c_k conv over (query, key) of the logits, head mixing
+    head_dot/        sum over b, t, d of x y per head (SSMax's s_h gradient), by the tensors' strides
     stickbreaking/   stick-breaking attention
 
 _launch.py holds the host helpers the kernel launchers share; tiles.py and fastmath.py the Triton

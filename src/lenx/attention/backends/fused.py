@@ -292,22 +292,39 @@ def _use_gluon(q, proc) -> bool:
     """The DAPE V2 forward goes to the Gluon kernel (lenx.ops.dape_v2.gluon; on an H200 with its host
     tables 1.60-1.65x faster than the Triton one at k 3 and 1.01-1.12x at k 1, results/bench/
     h200_gluon_fwd_8warps) where nothing needs a gradient (it has no backward yet: evaluation,
-    generation) and it covers the shape. LENX_DAPE_V2_GLUON=0 keeps the Triton kernel."""
-    if os.environ.get("LENX_DAPE_V2_GLUON", "1") == "0":
+    generation) and it covers the shape (_gluon_forward picks which Gluon kernel). LENX_DAPE_V2_GLUON=0 keeps
+    the Triton kernel."""
+    if gluon_choice() == "0":
         return False
     from ...ops.dape_v2 import gluon
 
     return gluon.unsupported_reason(q, proc.num_heads, proc.hidden, proc.kernel_size) is None
 
 
-def _gluon_forward(q, k, v, proc, weights, prepared):
-    """The Gluon forward's output: the forward chain (lenx.ops.dape_v2.chain: QK once per window) where
-    LENX_DAPE_V2_GLUON=chain and it takes the shape, else gluon.py's kernel. Opt-in until GPU runs
-    have measured it; both read the same host operands (gluon.prepare)."""
-    from ...ops.dape_v2 import chain, gluon
+GLUON_CHOICES = ("ws", "1", "chain", "gluon", "0")
 
-    if os.environ.get("LENX_DAPE_V2_GLUON") == "chain" and \
+
+def gluon_choice() -> str:
+    """LENX_DAPE_V2_GLUON: "ws" (the default; "1" says the same), "chain", "gluon" or "0" (no Gluon)."""
+    value = os.environ.get("LENX_DAPE_V2_GLUON", "ws")
+    if value not in GLUON_CHOICES:
+        raise ValueError(f"LENX_DAPE_V2_GLUON must be one of {', '.join(GLUON_CHOICES)}, got {value!r}")
+    return value
+
+
+def _gluon_forward(q, k, v, proc, weights, prepared):
+    """The Gluon forward's output: the warp-specialised chain (lenx.ops.dape_v2.chain_ws) where it takes
+    the shape (H <= 12), else gluon.py's kernel; both read the same host operands (gluon.prepare). On
+    an H200 the chain_ws runs 4.05 ms at T 8192 against gluon.py's 6.28 (results/bench/h200_land_78053f5).
+    LENX_DAPE_V2_GLUON picks one for timing: `gluon` (gluon.py), `chain` (chain.py), `ws` (chain_ws)."""
+    from ...ops.dape_v2 import chain, chain_ws, gluon
+
+    pick = gluon_choice()
+    if pick != "gluon" and \
             chain.unsupported_reason(q, proc.num_heads, proc.hidden, proc.kernel_size) is None:
-        proc.kernel = "gluon (chain)"
-        return chain.dape_v2_chain_forward(q, k, v, *weights, prepared=prepared)[0]
+        if pick == "chain":
+            proc.kernel = "gluon (chain)"
+            return chain.dape_v2_chain_forward(q, k, v, *weights, prepared=prepared)[0]
+        proc.kernel = "gluon (chain_ws)"
+        return chain_ws.dape_v2_chain_ws_forward(q, k, v, *weights, prepared=prepared)[0]
     return gluon.dape_v2_gluon_forward(q, k, v, *weights, prepared=prepared)[0]

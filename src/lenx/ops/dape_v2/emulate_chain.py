@@ -58,11 +58,14 @@ def windows(q0: int, T: int, ks: int, block_m: int = BM):
     return range(-2 * h, last - 2 * h + 1, BNW - 4 * h)
 
 
-def chain_schedule(q, k, v, w1, b1, w2, b2, table=None, *, half=None, p_dtype=None, block_m: int = BM):
+def chain_schedule(q, k, v, w1, b1, w2, b2, table=None, *, half=None, p_dtype=None, block_m: int = BM,
+                   fused_l: bool = False):
     """DAPE V2 causal attention of q, k, v [B, H, T, d] through the chain's schedule (module
     docstring); weights and table as reference.dape_v2_reference. half: the conv dtype (S, X, Z, f
     rounded to it; the kernel's is fp16), p_dtype: P's (bf16 in the kernel); None keeps full
-    precision. Returns (o in q's dtype, lse [B, H, T], natural log)."""
+    precision. fused_l: S + f rounded to the conv dtype once more before t2 is added (chain_ws.py
+    keeps L = S + f in place of S), except at keys < 2 (k // 2) (chain_ws._qk says why). Returns (o
+    in q's dtype, lse [B, H, T], natural log)."""
     B, H, T, d = q.shape
     ks = w1.shape[-1]
     h = ks // 2
@@ -112,7 +115,10 @@ def chain_schedule(q, k, v, w1, b1, w2, b2, table=None, *, half=None, p_dtype=No
                 f = rnd(tap_sum(torch.einsum("hct,cij->htij", W2, rnd(z))))
                 # 3. logits, online softmax, PV
                 valid = tril & inner[None, :] & r_ok[:, None]
-                lg = torch.where(valid, S + gather(t2, dist) + f, float("-inf"))
+                # fused_l: L = S + f rounded, except at keys < 2h, where |f| is table-sized (the taps reach
+                # keys < 0): the kernel keeps S aside there and sums in full precision, as here
+                sf = torch.where(keys < 2 * h, S + f, rnd(S + f)) if fused_l else S + f
+                lg = torch.where(valid, sf + gather(t2, dist), float("-inf"))
                 m_new = torch.maximum(m, lg.amax(-1))
                 alpha = torch.exp2((m - m_new) * math.log2(math.e))
                 p = torch.exp2((lg - m_new[..., None]) * math.log2(math.e))
