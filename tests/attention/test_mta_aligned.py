@@ -3,7 +3,7 @@ recompute), reads and writes operands that cuBLAS's Hopper kernels take: a data 
 and every stride but the unit one a whole number of 16 bytes (the head mixing's 12 x 12 weights had
 rows of 24 bytes in bf16). Aligned operands did not take cuBLAS off its sm80 wmma kernels on an
 H200: the mixing's forward and dx still ran one (K = 12), and the split weight gradient a magma
-kernel (notes/next.md, session 27); the mixing needs its own kernel. Recorded on the CPU
+kernel (results/bench/h200_land_78053f5); the mixing needs its own kernel. Recorded on the CPU
 below autograd (the aten products the GPU runs, one cuBLAS call each), under bf16 autocast as the
 training step; the released configuration's 12 heads in one group, blocks cut inside the query
 halo. Also: the mixing's values and gradients are the plain matmul's (the split weight gradient
