@@ -11,8 +11,9 @@ recipe: the mean training loss over steps 100-1000, 1000-2000 and the last 200 s
 steps, every 50th), the validation loss at steps 250, 1000 and the last, and the perplexity at each
 evaluated length with its 95% interval over the 64 documents; then each recipe minus the epoch recipe
 (same method, length and seeds: results/epoch's runs and the plan's own seeds of it) and each T 2048
-row minus the method trained at 512 with the epoch recipe (its seeds), at each length both scored,
-with intervals (lenx.report.stats; † where a side has one seed: documents only).
+row minus the method trained at 512 with the epoch recipe (its seeds) and with its own recipe where
+that ran, at each length both scored, with intervals (lenx.report.stats; † where a side has one
+seed: documents only).
 """
 
 import argparse
@@ -110,6 +111,7 @@ def table(out: Path, resamples: int) -> dict:
                "curves": {r.name: curve(r) for r in runs}, "lengths": {}}
         base = [r for r in found.get((T, method, None), []) if r.name[-2:] in {x.name[-2:] for x in runs}]
         short = found.get(("T512", method, None)) if T == "T2048" else None
+        same = found.get(("T512", method, recipe)) if T == "T2048" and recipe else None
         for L in map(str, lengths):
             a = nll(runs, L)
             if a is None:
@@ -119,6 +121,8 @@ def table(out: Path, resamples: int) -> dict:
                 cell["minus epoch recipe"] = method_difference(a, nll(base, L), docs, n=resamples)
             if short and nll(short, L) is not None:
                 cell["minus T512"] = method_difference(a, nll(short, L), docs, n=resamples)
+            if same and nll(same, L) is not None:
+                cell["minus T512 same recipe"] = method_difference(a, nll(same, L), docs, n=resamples)
             row["lengths"][L] = cell
         rows[label(T, method, recipe)] = row
     return {"written_by": "scripts/repro/recipe_t2048.py", "resamples": resamples, "windows": len(docs), "recipes": rows}
@@ -160,7 +164,9 @@ def markdown(t: dict) -> str:
                                                         f"{c['ppl']['hi']:.3f}]") + " |")
     for key, title in (("minus epoch recipe", "Minus the epoch recipe (same method, length and seeds)"),
                        ("minus T512", "Minus the same method trained at 512 with the epoch recipe (its seeds), "
-                                      "the same tokens")):
+                                      "the same tokens"),
+                       ("minus T512 same recipe", "Minus the same method trained at 512 with the same recipe (its "
+                                                  "seeds), the same tokens")):
         lines += ["", f"{title}, perplexity:", "", "| method, length, recipe | " + " | ".join(lengths) + " |",
                   "|---|" + "--:|" * len(lengths)]
         for name, r in recipes.items():
