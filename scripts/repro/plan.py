@@ -233,10 +233,10 @@ def ssmax_init() -> list[dict]:
     return jobs
 
 
-# Issue 44 part 4: the newer methods and layouts at T 512 (the paper's main length), 125M, 64 x 512, 3
-# seeds, beside the five methods of the epoch verdict trained with the same recipe, each scored on
-# perplexity, the per-position loss and the synthetic suite. The costly runs come last in each seed: MTA
-# on its chunked path (~6x Kerple's step, results/bench/h200_issue42_8c3998e) and document-masked DAPE V2
+# Issue 44 parts 2 and 4: the newer methods and layouts at T 512 (the paper's main length), 125M, 64 x 512,
+# 3 seeds, beside the five methods of the epoch verdict trained with the same recipe at T 512 and 2048
+# (part 2's seeds), each scored on perplexity, the per-position loss and the synthetic suite. The costly
+# runs come last in each seed's T 512 runs: MTA on its chunked path (~6x Kerple's step, results/bench/h200_issue42_8c3998e) and document-masked DAPE V2
 # on the O(T) Triton kernel (~10x the skewed kernels' time, notes/kernels.md).
 # The recipe is warm10 at every length: it removes the epoch recipe's handicap at T 2048 (Kerple and RoPE,
 # two seeds) and at T 512 extrapolates far better at the same in-distribution perplexity
