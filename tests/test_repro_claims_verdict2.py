@@ -1,12 +1,14 @@
 """scripts/repro/claims_epoch.py --plan verdict2: results/verdict2/claims.toml names only methods and
-lengths of plan.py's verdict2 plan at T 512 and the epoch plan's five there; on fabricated finished runs
-(results/verdict2/runs/T512 and results/epoch/runs/T512 under a temporary folder, as a user's tree)
-every claim gets a verdict and claims.md / claims.json are written; a malformed claim, a folder holding
-another run's config or a bad option is a one-line error before anything is written."""
+lengths of plan.py's verdict2 plan at T 512 (the newer methods and the epoch verdict's five, all with
+the warm10 recipe); on fabricated finished runs (results/verdict2/runs/T512, and the recipe run the plan
+reuses under results/recipe/runs/T512, in a temporary folder, as a user's tree) every claim gets a
+verdict and claims.md / claims.json are written; a malformed claim, a folder holding another run's
+config (another recipe included) or a bad option is a one-line error before anything is written."""
 
 import json
 from pathlib import Path
 import re
+import shutil
 import tomllib
 
 import pytest
@@ -27,18 +29,31 @@ def plan(name: str) -> list[dict]:
 
 
 def verdict2_methods() -> dict[str, list[str]]:
-    """The verdict2 plan's methods (run names without the seed) -> the --set overrides of seed 0."""
-    return {Path(job["run"]).name[:-3]: train_sets(job["cmd"])[0] for job in plan("verdict2")
-            if job["run"].endswith("-s0")}
+    """The verdict2 plan's methods at T 512 (run names without the seed) -> the --set overrides of the
+    first seed it runs (the seed's own setting aside, all seeds have the same)."""
+    out = {}
+    for job in plan("verdict2"):
+        if "/T512/" in job["run"]:
+            out.setdefault(Path(job["run"]).name[:-3], train_sets(job["cmd"])[0])
+    return out
+
+
+IDENTIFYING = ("model.layers", "model.rope_fraction", "train.documents", "train.warmup_frac")
+
+
+def planned_sets(overrides: list[str]) -> tuple[str, tuple]:
+    """(model.method, the settings of `IDENTIFYING` a run folder must hold) of a job's overrides."""
+    method = next(s.split("=")[1] for s in overrides if s.startswith("model.method="))
+    return method, tuple(s for s in overrides if s.split("=")[0] in IDENTIFYING)
 
 
 def test_every_verdict2_claim_names_planned_methods_and_lengths():
     data = tomllib.loads(CLAIMS.read_text())
-    methods = set(verdict2_methods())
+    methods = set(verdict2_methods()) - set(FIVE)
     assert methods == {"fox", "ssmax-rope", "pope", "rnope-swa", "rope-p0.5", "dapev2-fox", "kerple-docmasked", "mta",
                        "dapev2-kerple-docmasked"}
     at_512 = {train_sets(j["cmd"])[0][0].split("=")[1] for j in plan("epoch") if "train.seq_len=512" in j["cmd"]}
-    assert at_512 == set(FIVE)
+    assert at_512 == set(FIVE) <= set(verdict2_methods())  # the epoch verdict's five, run again with warm10
     for claim in data["claim"]:
         assert claim["train_len"] == 512, claim["id"]
         assert claim["a"] in methods, claim["id"]  # every claim is about a newer method or layout
@@ -54,15 +69,16 @@ def test_every_verdict2_claim_names_planned_methods_and_lengths():
     assert not {c["id"] for c in data["claim"]} & {u["id"] for u in untested}
 
 
-def fabricate(folder: Path, method: str, seed: int, shift: float, sets: tuple = (), inside: float = 0.0) -> Path:
-    """fake_run at T 512 with the planned settings (`sets`: key=value of model.layers, model.rope_fraction,
-    train.documents) and its in-distribution NLLs shifted by `inside`."""
-    fake_run(folder, method, seed, shift, seq_len=512)
+def fabricate(folder: Path, method: str, seed: int, shift: float, sets: tuple = (), inside: float = 0.0,
+              seq_len: int = 512) -> Path:
+    """fake_run at T seq_len with the planned settings (`sets`: key=value of IDENTIFYING) and its
+    in-distribution NLLs shifted by `inside`."""
+    fake_run(folder, method, seed, shift, seq_len=seq_len)
     cfg = load_config(str(folder / "config.toml"))
     for setting in sets:
         key, value = setting.split("=")
         section, name = key.split(".")
-        setattr(getattr(cfg, section), name, float(value) if name == "rope_fraction" else value)
+        setattr(getattr(cfg, section), name, float(value) if name in ("rope_fraction", "warmup_frac") else value)
     (folder / "config.toml").write_text(to_toml(cfg))
     result = json.loads((folder / "eval.json").read_text())
     result["in_distribution"]["window_nll"] = [v + inside for v in result["in_distribution"]["window_nll"]]
@@ -73,24 +89,24 @@ def fabricate(folder: Path, method: str, seed: int, shift: float, sets: tuple = 
 SHIFTS = {"fox": (-0.3, -0.3), "pope": (0.3, 0.3), "mta": (0.0, -0.3), "rnope-swa": (0.0, 0.0)}
 
 
+REUSED_KERPLE = Path("recipe") / "runs" / "T512" / "kerple-warm10-s0"  # plan.py VERDICT_REUSED's at T 512
+
+
 @pytest.fixture
 def trees(tmp_path):
-    """results/verdict2 with two seeds of every verdict2 method (FoX 0.3 nats below RoPE everywhere,
-    PoPE 0.3 above, MTA 0.3 below in distribution only, one seed of rnope-swa) and results/epoch with
-    the five at T 512 but stick-breaking."""
+    """results/verdict2 with two seeds of every verdict2 method at T 512 but stick-breaking (FoX 0.3
+    nats below RoPE everywhere, PoPE 0.3 above, MTA 0.3 below in distribution only, one seed of
+    rnope-swa), Kerple's seed 0 being results/recipe's kerple-warm10-s0, which the plan reuses."""
     res = tmp_path / "results"
-    sets = verdict2_methods()
-    for name, overrides in sets.items():
-        method = next(s.split("=")[1] for s in overrides if s.startswith("model.method="))
-        extra = tuple(s for s in overrides if s.split("=")[0] in ("model.layers", "model.rope_fraction",
-                                                                   "train.documents"))
+    for name, overrides in verdict2_methods().items():
+        if name == "stickbreaking":
+            continue
+        method, extra = planned_sets(overrides)
         shift, inside = SHIFTS.get(name, (0.01, 0.01))
         for seed in (0,) if name == "rnope-swa" else (0, 1):
-            fabricate(res / "verdict2" / "runs" / "T512" / f"{name}-s{seed}", method, seed, shift + 0.002 * seed, extra,
-                      inside)
-    for method in FIVE[:4]:
-        for seed in (0, 1):
-            fabricate(res / "epoch" / "runs" / "T512" / f"{method}-s{seed}", method, seed, 0.002 * seed)
+            folder = res / REUSED_KERPLE if (name, seed) == ("kerple", 0) else \
+                res / "verdict2" / "runs" / "T512" / f"{name}-s{seed}"
+            fabricate(folder, method, seed, shift + 0.002 * seed, extra, inside)
     (res / "verdict2" / "claims.toml").write_text(CLAIMS.read_text())
     return tmp_path, res
 
@@ -105,7 +121,7 @@ def test_every_claim_gets_a_verdict_on_fabricated_runs(trees):
     assert out.returncode == 0, out.stderr
     report = json.loads((res / "verdict2" / "claims.json").read_text())
     by_id = {r["id"]: r for r in report["claims"]}
-    assert report["plan"] == "verdict2" and report["baselines"] == "../epoch"
+    assert report["plan"] == "verdict2" and report["baselines"] == "../recipe"
     assert list(by_id) == [c["id"] for c in tomllib.loads(CLAIMS.read_text())["claim"]]
     assert all(r["verdict"] in VERDICTS for r in by_id.values()), {k: r["verdict"] for k, r in by_id.items()}
     assert by_id["fox-below-rope-beyond"]["verdict"] == "confirmed"
@@ -115,7 +131,8 @@ def test_every_claim_gets_a_verdict_on_fabricated_runs(trees):
     fox = by_id["fox-below-rope-beyond"]
     assert [f["length"] for f in fox["figures"]] == LENGTHS[1:]
     assert fox["runs"] == {"fox": ["fox-s0", "fox-s1"], "rope": ["rope-s0", "rope-s1"]}
-    assert fox["planned"] == {"fox": ["fox-s0", "fox-s1", "fox-s2"], "rope": ["rope-s0", "rope-s1"]}
+    assert fox["planned"] == {"fox": ["fox-s0", "fox-s1", "fox-s2"], "rope": ["rope-s0", "rope-s1", "rope-s2"]}
+    assert by_id["docmask-kerple-in"]["runs"]["kerple"] == ["kerple-warm10-s0", "kerple-s1"]  # the reused one too
     assert fox["covers"] == "seeds and documents" and by_id["rnope-swa-below-rope-beyond"]["covers"] == "documents only"
     table = (res / "verdict2" / "claims.md").read_text()
     assert table.startswith("# Claims of the newer methods' papers against the verdict2 runs")
@@ -150,9 +167,8 @@ def test_missing_runs_are_named_where_they_belong_and_the_report_summary_is_its_
     out = run_claims(cwd, "--results", "results/verdict2")
     assert out.returncode == 0, out.stderr
     r = json.loads((res / "verdict2" / "claims.json").read_text())["claims"][0]
-    assert r["verdict"] == "not tested" and r["missing"] == ["../epoch/runs/T512/stickbreaking-s0",
-                                                           "../epoch/runs/T512/stickbreaking-s1"]
-    assert "| waits for 2 runs at T 512 | **not tested** |" in (res / "verdict2" / "claims.md").read_text()
+    assert r["verdict"] == "not tested" and r["missing"] == [f"runs/T512/stickbreaking-s{s}" for s in (0, 1, 2)]
+    assert "| waits for 3 runs at T 512 | **not tested** |" in (res / "verdict2" / "claims.md").read_text()
     text = report_md.read_text()
     assert "epoch table" in text and "old" not in text and "| **sb**: FoX below stick-breaking |" in text
     assert text.index("**sb**") > text.index("mid")
@@ -161,7 +177,7 @@ def test_missing_runs_are_named_where_they_belong_and_the_report_summary_is_its_
 BAD = [
     ('a = "fox"\nb = "stickbreaking"', 'a = "fox"\nb = "alibi"',
      "claim 'sb': b = 'alibi' is not a method of the verdict2 plan at T 512"),
-    ("train_len = 512", "train_len = 128", "claim 'sb': train_len must be one of the verdict2 plan's 512, got 128"),
+    ("train_len = 512", "train_len = 128", "claim 'sb': train_len must be one of the verdict2 plan's 512, 2048, got 128"),
     ("lengths = [8192]", "lengths = [256]", "claim 'sb': length 256 is not evaluated at T 512"),
     ('direction = "below"', 'direction = "lower"', "claim 'sb': direction must be below or above"),
 ]
@@ -199,22 +215,56 @@ def test_verdict2_options(trees):
         out = run_claims(cwd, *args)
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1 and message in lines[0], lines
-    out = script("claims_epoch.py", "--results", "results/epoch", "--baselines", "results/epoch", cwd=cwd)
+    out = script("claims_epoch.py", "--results", "results/verdict2", "--baselines", "results/recipe", cwd=cwd)
     assert out.returncode == 2 and out.stderr.strip() == "error: --baselines goes with --plan verdict2"
     help_out = script("claims_epoch.py", "--help", cwd=cwd)
     assert help_out.returncode == 0 and "verdict2" in help_out.stdout and "--baselines" in help_out.stdout
 
 
-def test_a_method_the_verdict2_plan_runs_itself_is_its_own(monkeypatch):
-    """If the verdict2 plan reruns one of the five (a recipe that changes at T 512), its runs are read
-    from the verdict2 tree, not from the epoch one."""
+def test_a_missing_reused_run_is_named_in_the_recipe_tree(trees):
+    cwd, res = trees
+    (res / "verdict2" / "claims.toml").write_text(MISSING.replace('b = "stickbreaking"', 'b = "kerple"'))
+    shutil.rmtree(res / REUSED_KERPLE)
+    shutil.rmtree(res / "verdict2" / "runs" / "T512" / "kerple-s1")
+    out = run_claims(cwd)
+    assert out.returncode == 0, out.stderr
+    r = json.loads((res / "verdict2" / "claims.json").read_text())["claims"][0]
+    assert r["missing"] == ["../recipe/runs/T512/kerple-warm10-s0", "runs/T512/kerple-s1", "runs/T512/kerple-s2"]
+
+
+@pytest.mark.parametrize("where", ["verdict2/runs/T512/rope-s1", str(REUSED_KERPLE)])
+def test_a_run_of_another_recipe_is_refused(trees, where):
+    """An epoch-recipe run (1% warm-up) where a warm10 run belongs, in the verdict2 tree or the recipe
+    run it reuses, is not that run."""
+    cwd, res = trees
+    folder = res / where
+    shutil.rmtree(folder)
+    method, seed = ("rope", 1) if "rope" in where else ("kerple", 0)
+    fabricate(folder, method, seed, 0.0)  # the fabricated config keeps the epoch recipe's warm-up
+    out = run_claims(cwd)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1, out.stderr
+    assert f"is not the planned {method}-s{seed}: its config has train.warmup_frac = 0.01 (planned 0.1)" in lines[0]
+    assert not (res / "verdict2" / "claims.json").exists()
+
+
+def test_the_five_are_the_verdict2_plan_s_own_runs_and_the_reused_recipe_runs(monkeypatch):
+    """The epoch recipe's five (results/epoch) are not read: each run of the five is the verdict2
+    tree's, but those plan.py VERDICT_REUSED maps to the recipe tree (--baselines), at 512 and 2048."""
     monkeypatch.syspath_prepend(str(REPRO))
     import claims_plans
-    import plan as plans
 
-    entry = claims_plans.verdict2_plan(Path("results/verdict2"), Path("results/epoch"))[512]
-    assert entry["shown"]["rope"] == "../epoch/runs/T512" and entry["runs"]["rope"] == ["rope-s0", "rope-s1"]
-    monkeypatch.setitem(plans.VERDICT_RUNS, "rope", ("rope", ()))
-    entry = claims_plans.verdict2_plan(Path("results/verdict2"), Path("results/epoch"))[512]
-    assert entry["shown"]["rope"] == "runs/T512" and entry["runs"]["rope"] == ["rope-s0", "rope-s1", "rope-s2"]
-    assert entry["shown"]["kerple"] == "../epoch/runs/T512"
+    plans = claims_plans.verdict2_plan(Path("results/verdict2"), Path("results/recipe"))
+    at512, at2048 = plans[512], plans[2048]
+    assert set(plans) == {512, 2048} and set(at2048["runs"]) == set(FIVE)
+    assert at512["runs"]["kerple"] == ["kerple-s0", "kerple-s1", "kerple-s2"]
+    assert at512["shown"]["kerple", "kerple-s0"] == "../recipe/runs/T512/kerple-warm10-s0"
+    assert at512["shown"]["kerple", "kerple-s1"] == "runs/T512/kerple-s1"
+    assert at512["shown"]["rope", "rope-s0"] == "runs/T512/rope-s0"
+    assert [at2048["shown"]["rope", f"rope-s{s}"] for s in (0, 1, 2)] == [
+        "../recipe/runs/T2048/rope-warm10-s0", "../recipe/runs/T2048/rope-warm10-s1", "runs/T2048/rope-s2"]
+    assert at2048["shown"]["kerple", "kerple-s0"] == "runs/T2048/kerple-s0"  # ran without the suite: run again
+    assert at2048["shown"]["kerple", "kerple-s1"] == "../recipe/runs/T2048/kerple-warm10-s1"
+    shown = [v for entry in plans.values() for v in entry["shown"].values()]
+    assert not [v for v in shown if "epoch" in v]
+    assert all(e["train.warmup_frac"] == 0.1 for entry in plans.values() for e in entry["expected"].values())

@@ -1,8 +1,9 @@
 """scripts/repro/collect_verdict2.py, as a user runs it (a subprocess, relative paths, another working
-directory): a fabricated device tree of the verdict2 plan -> results/verdict2 with every finished run's
-files, done.txt for the next machine, the scheduler's files, `lenx compare` beside the epoch five and
-the claims with REPORT.md's verdict2 summary (a copy of the real REPORT.md); unfinished runs named and
-left out; a second collect adds to the first; bad input is one line before anything is written."""
+directory): a fabricated device tree of the verdict2 plan (T 512 and T 2048) -> results/verdict2 with
+every finished run's files, done.txt for the next machine, the scheduler's files, `lenx compare` at
+each length with the recipe runs the plan reuses (copies of the committed ones under results/recipe)
+and the claims with REPORT.md's verdict2 summary (a copy of the real REPORT.md); unfinished runs named
+and left out; a second collect adds to the first; bad input is one line before anything is written."""
 
 import json
 from pathlib import Path
@@ -13,12 +14,13 @@ import pytest
 
 from lenx.evaluation.positions import per_position
 
-from test_repro_claims_verdict2 import CLAIMS, FIVE, fabricate, verdict2_methods
+from test_repro_claims_verdict2 import CLAIMS, fabricate, planned_sets, verdict2_methods
 from test_repro_epoch import REPRO, script
 
 ROOT = REPRO.parents[1]
 REPORT = ROOT / "results" / "REPORT.md"
-SUITE_RUN = ROOT / "results" / "newer" / "runs" / "T128" / "kerple-s0"  # a real run's suite files
+RECIPE = ROOT / "results" / "recipe" / "runs"  # the runs plan.py VERDICT_REUSED maps verdict2 runs to
+SUITE_RUNS = {512: RECIPE / "T512" / "kerple-warm10-s0", 2048: RECIPE / "T2048" / "rope-warm10-s0"}  # real suite files
 SUITE = ("eval_ruler.json", "eval_babilong.json")
 KEPT = ("config.toml", "meta.json", "metrics.jsonl", "eval.json", "command.txt", "job.log", *SUITE)
 BEGIN = "<!-- claims summary: made by scripts/repro/claims_epoch.py from results/verdict2/claims.json -->"
@@ -27,21 +29,15 @@ PLACEHOLDER = "Newer methods at T 512 (issue 44 part 4): not run yet."
 SHIFTS = {"fox": -0.3, "pope": 0.3}
 
 
-def planned(name: str) -> tuple[str, tuple]:
-    """(model.method, the layout / fraction / masking settings) of a verdict2 run name without the seed."""
-    sets = verdict2_methods()[name]
-    method = next(s.split("=")[1] for s in sets if s.startswith("model.method="))
-    return method, tuple(s for s in sets if s.split("=")[0] in ("model.layers", "model.rope_fraction", "train.documents"))
-
-
-def device_run(tree: Path, name: str, seed: int, suite: tuple = SUITE, **kw) -> Path:
-    method, sets = planned(name)
-    folder = fabricate(tree / "T512" / f"{name}-s{seed}", method, seed, SHIFTS.get(name, 0.01) + 0.002 * seed, sets)
+def device_run(tree: Path, name: str, seed: int, suite: tuple = SUITE, T: int = 512, **kw) -> Path:
+    method, sets = planned_sets(verdict2_methods()[name])  # the same settings at 512 and 2048
+    folder = fabricate(tree / f"T{T}" / f"{name}-s{seed}", method, seed, SHIFTS.get(name, 0.01) + 0.002 * seed, sets,
+                       seq_len=T)
     if kw.get("steps_done"):  # cut off: its metrics stop early
         metrics = (folder / "metrics.jsonl").read_text().splitlines()
         (folder / "metrics.jsonl").write_text("\n".join(m for m in metrics if json.loads(m)["step"] <= kw["steps_done"]))
     for f in suite:
-        shutil.copy(SUITE_RUN / f, folder / f)
+        shutil.copy(SUITE_RUNS[T] / f, folder / f)
     result = json.loads((folder / "eval.json").read_text())  # the per-position loss, as eval.per_position writes it
     nll = np.random.default_rng(seed).normal(2.0 + SHIFTS.get(name, 0.0), 0.1, (len(result["window_documents"]), 16384))
     (folder / "eval.json").write_text(json.dumps(result | {"per_position": per_position(nll)}))
@@ -58,26 +54,29 @@ def device_tree(tree: Path, ids: list[str]) -> None:
 
 @pytest.fixture
 def here(tmp_path):
-    """here/results: REPORT.md (the real one), verdict2/claims.toml, epoch/runs/T512 with the five but
-    stick-breaking on two seeds; here/back/runs/verdict2: seed 0 of every verdict2 run finished with its
-    suite files, fox-s1 never evaluated, pope-s1 without its BABILong file, and a folder the plan does
-    not hold."""
+    """here/results: REPORT.md (the real one), verdict2/claims.toml, recipe/runs with the committed
+    T512/kerple-warm10-s0 and T2048/rope-warm10-s0 (verdict2's kerple-s0 at 512, rope-s0 at 2048);
+    here/back/runs/verdict2: seed 0 of every verdict2 run at T 512 the device runs (all but Kerple's)
+    finished with its suite files, Kerple's and stick-breaking's seed 0 at T 2048, fox-s1 never
+    evaluated, pope-s1 without its BABILong file, and a folder the plan does not hold."""
     res = tmp_path / "results"
     res.mkdir()
     shutil.copy(REPORT, res / "REPORT.md")
     (res / "verdict2").mkdir()
     shutil.copy(CLAIMS, res / "verdict2" / "claims.toml")
-    for method in FIVE[:4]:
-        for seed in (0, 1):
-            fabricate(res / "epoch" / "runs" / "T512" / f"{method}-s{seed}", method, seed, 0.002 * seed)
+    for run in ("T512/kerple-warm10-s0", "T2048/rope-warm10-s0"):
+        shutil.copytree(RECIPE / run, res / "recipe" / "runs" / run)
     tree = tmp_path / "back" / "runs" / "verdict2"
     device_run(tree, "fox", 0).rename(tree / "T512" / "extra-s0")
     for name in verdict2_methods():
-        device_run(tree, name, 0)
+        if name != "kerple":
+            device_run(tree, name, 0)
+    for name in ("kerple", "stickbreaking"):
+        device_run(tree, name, 0, T=2048)
     fabricate(tree / "T512" / "fox-s1", "fox", 1, -0.3)
     (tree / "T512" / "fox-s1" / "eval.json").unlink()
     device_run(tree, "pope", 1, suite=SUITE[:1])
-    device_tree(tree, [f"verdict2/T512/{n}-s0" for n in verdict2_methods()])
+    device_tree(tree, [f"verdict2/T512/{n}-s0" for n in verdict2_methods() if n != "kerple"])
     return tmp_path
 
 
@@ -93,27 +92,35 @@ def test_collect_copies_finished_runs_writes_done_and_fills_the_claims(here):
     out = collect(here, "back/runs/verdict2", "--session", "session27")
     assert out.returncode == 0, out.stderr
     res, tree = here / "results" / "verdict2", here / "back" / "runs" / "verdict2"
-    names = [f"{n}-s0" for n in verdict2_methods()]
-    assert sorted(p.name for p in (res / "runs" / "T512").iterdir()) == sorted(names)  # no .part / .old left
+    names = [f"T512/{n}-s0" for n in verdict2_methods() if n != "kerple"] + ["T2048/kerple-s0", "T2048/stickbreaking-s0"]
+    assert sorted(f"{p.parent.name}/{p.name}" for p in (res / "runs").glob("*/*")) == sorted(names)  # no .part / .old
     for name in names:
-        assert sorted(p.name for p in (res / "runs" / "T512" / name).iterdir()) == sorted(KEPT)
+        assert sorted(p.name for p in (res / "runs" / name).iterdir()) == sorted(KEPT)
         for f in KEPT:
-            assert (res / "runs" / "T512" / name / f).read_bytes() == (tree / "T512" / name / f).read_bytes()
-    assert (res / "done.txt").read_text().split() == [f"verdict2/T512/{n}" for n in names]  # plan order
+            assert (res / "runs" / name / f).read_bytes() == (tree / name / f).read_bytes()
+    assert (res / "done.txt").read_text().split() == [f"verdict2/{n}" for n in names]  # plan order
     assert "not finished (not trained and evaluated to the end), left out: back/runs/verdict2/T512/fox-s1" in out.stdout
     assert "not finished (no readable eval_babilong.json), left out: back/runs/verdict2/T512/pope-s1" in out.stdout
     assert "not in plan.py's verdict2 plan, left out: back/runs/verdict2/T512/extra-s0" in out.stdout
-    assert "(9 of 27 planned runs done)" in out.stdout
+    assert "(15 of 53 planned runs done)" in out.stdout
     assert sorted(p.name for p in (res / "device" / "session27").iterdir()) == [
         "machine.txt", "plan.json", "scheduler.log", "status.json"]
 
-    # compare: the verdict2 runs by run name beside the epoch five, against Kerple and against RoPE
+    # compare: the verdict2 runs by run name, the reused recipe run among them (not the epoch five),
+    # against Kerple and against RoPE, at 512 and at 2048
     compared = json.loads((res / "compare.json").read_text())
     assert set(compared) == {"kerple", "rope"}
     rope = compared["rope"]
-    assert set(rope["methods"]) == set(verdict2_methods()) | set(FIVE[:4])
+    assert set(rope["methods"]) == set(verdict2_methods())
     assert rope["methods"]["rnope-swa"]["runs"] == ["runs/T512/rnope-swa-s0"]
-    assert rope["methods"]["rope"]["runs"] == ["../epoch/runs/T512/rope-s0", "../epoch/runs/T512/rope-s1"]
+    assert rope["methods"]["rope"]["runs"] == ["runs/T512/rope-s0"]
+    assert rope["methods"]["kerple"]["runs"] == ["../recipe/runs/T512/kerple-warm10-s0"]
+    at2048 = json.loads((res / "compare_T2048.json").read_text())
+    assert set(at2048) == {"kerple", "rope"} and set(at2048["rope"]["methods"]) == {"kerple", "rope", "stickbreaking"}
+    assert at2048["rope"]["methods"]["rope"]["runs"] == ["../recipe/runs/T2048/rope-warm10-s0"]
+    assert at2048["rope"]["methods"]["kerple"]["runs"] == ["runs/T2048/kerple-s0"]
+    assert "# The verdict2 runs at T 2048" in (res / "compare_T2048.md").read_text()
+    assert (res / "compare_T2048_per_position.png").stat().st_size > 0
     assert rope["differences"]["fox"]["16384"]["diff"] < 0 < rope["differences"]["pope"]["16384"]["diff"]
     assert "## Every method against kerple" in (res / "compare.md").read_text()
     assert "fox" in compared["kerple"]["per_position"] and (res / "compare_per_position.png").stat().st_size > 0
@@ -144,7 +151,7 @@ def test_a_second_collect_adds_to_the_first(here):
     assert files(res / "runs" / "T512" / "fox-s0") == first
     assert "left out: later/runs/verdict2/T512/fox-s0" in out.stdout
     done = (res / "done.txt").read_text().split()
-    assert len(done) == 10 and done[-1] == "verdict2/T512/fox-s1"
+    assert len(done) == 16 and done[-1] == "verdict2/T512/fox-s1"
     assert (res / "device" / "session27" / "status.json").is_file() and (res / "device" / "session28").is_dir()
     claims = {r["id"]: r for r in json.loads((res / "claims.json").read_text())["claims"]}
     assert claims["fox-below-rope-beyond"]["runs"]["fox"] == ["fox-s0", "fox-s1"]
@@ -160,7 +167,8 @@ def test_bad_input_is_one_line_before_anything_is_written(here):
              (("back", "--session", "s"), "(did you mean back/runs/verdict2?)"),
              (("other", "--session", "s"), "other is the device tree of another plan (its plan.json lists epoch/"),
              (("back/runs/verdict2", "--session", "../x"), "--session takes a plain folder name, got ../x"),
-             (("back/runs/verdict2", "--session", "s", "--baselines", "nowhere"), "--baselines nowhere is not a folder"),
+             (("back/runs/verdict2", "--session", "s", "--baselines", "nowhere"),
+              "--baselines nowhere is not a folder (the recipe results tree)"),
              (("back/runs/verdict2", "--session", "s", "--out", "back/runs"), "is inside --out back/runs")]
     before = files(res)
     for args, message in cases:
@@ -176,7 +184,7 @@ def test_bad_input_is_one_line_before_anything_is_written(here):
     shutil.rmtree(wrong)
     fabricate(wrong, "rope", 0, 0.0)  # plain RoPE where the RNoPE-SWA layout belongs
     for f in SUITE:
-        shutil.copy(SUITE_RUN / f, wrong / f)
+        shutil.copy(SUITE_RUNS[512] / f, wrong / f)
     out = collect(here, "back/runs/verdict2", "--session", "s")
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 2 and len(lines) == 1, out.stderr

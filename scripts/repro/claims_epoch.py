@@ -2,7 +2,7 @@
 claims.toml) against what the single-epoch runs of results/epoch measured, with a verdict.
 
     python scripts/repro/claims_epoch.py                 # --results results/epoch --resamples 2000
-    python scripts/repro/claims_epoch.py --plan verdict2 # --results results/verdict2 --baselines results/epoch
+    python scripts/repro/claims_epoch.py --plan verdict2 # --results results/verdict2 --baselines results/recipe
 
 writes <results>/claims.md (a table for people) and <results>/claims.json, and the one-line summary of
 each claim into the REPORT.md beside <results> (between its markers, where it has them).
@@ -10,8 +10,9 @@ collect_epoch.py runs it at its end, so one command updates the tables, the clai
 claims_md.py holds the text (the rule, the tables, the summary); stability.py the rule that a verdict
 must not change with the bootstrap's random seed; claims_plans.py the plans a claims.toml is checked
 against: `epoch` (plan.py's epoch plan, the runs of <results>/runs/T<T>) or `verdict2` (plan.py's
-verdict2 plan at T 512 under <results>, beside the epoch plan's five methods at T 512 read from
---baselines; its methods are the run names without the seed: fox, rnope-swa, kerple-docmasked, ...).
+verdict2 plan under <results>: the newer methods and the five trained with the same recipe, the
+recipe plan's runs it reuses read from --baselines; its methods are the run names without the seed:
+kerple, fox, rnope-swa, kerple-docmasked, ...).
 
 Each claim's test compares window NLLs on the same 64 test windows (claims.toml says how): method a
 against method b at each length (b trained at another length with b_train_len: the same tokens spent
@@ -247,7 +248,7 @@ def evaluate_claim(c: dict, by_T: dict, plan: dict, n: int, seed: int) -> dict:
     out["planned"] = {names[m, at]: plan[at]["runs"][m] for m, at in compared}
     missing = [(m, at) for m, at in compared if not by_T[at].get(m)]
     if missing:
-        absent = [f"{plan[at].get('shown', {}).get(m, f'runs/T{at}')}/{name}" for m, at in missing
+        absent = [plan[at].get("shown", {}).get((m, name), f"runs/T{at}/{name}") for m, at in missing
                   for name in plan[at]["runs"][m]]
         return out | {"verdict": "not tested", "missing": absent, "figures": []}
     first, other = by_T[T][c["a"]][0], by_T[Tb][c["b"] or c["a"]][0]
@@ -301,9 +302,10 @@ def describe(c: dict) -> str:
 def write_claims(results: Path, claims_path: Path, n: int = 2000, seed: int = 0,
                  checked: tuple[list, list] | None = None, which: str = "epoch", baselines: Path | None = None) -> dict:
     """claims.json and claims.md under `results` from claims.toml (`checked`: load_claims' result,
-    when the caller checked it before its own work) against plan `which` (verdict2: with the epoch
-    tree `baselines`), and the summary in the REPORT.md beside `results` where it has the markers."""
-    baselines = baselines or results.parent / "epoch"
+    when the caller checked it before its own work) against plan `which` (verdict2: with the recipe
+    tree `baselines`, where its reused runs are), and the summary in the REPORT.md beside `results`
+    where it has the markers."""
+    baselines = baselines or results.parent / "recipe"
     plan = planned(which, results, baselines)
     claims, untested = checked or load_claims(claims_path, plan, which)
     lengths = {c["train_len"] for c in claims} | {c.get("b_train_len", c["train_len"]) for c in claims}
@@ -322,11 +324,11 @@ def write_claims(results: Path, claims_path: Path, n: int = 2000, seed: int = 0,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--plan", choices=PLANS, default="epoch",
-                   help="the plan the claims are checked against: epoch (default) or verdict2 (T 512, with the "
-                        "epoch runs at T 512 from --baselines)")
+                   help="the plan the claims are checked against: epoch (default) or verdict2 (with the "
+                        "recipe runs it reuses from --baselines)")
     p.add_argument("--results", type=Path, default=None, help="the results tree (runs/<T>/<run>; default: results/PLAN)")
     p.add_argument("--baselines", type=Path, default=None,
-                   help="--plan verdict2: the epoch results tree its five methods come from (default: RESULTS/../epoch)")
+                   help="--plan verdict2: the recipe results tree its reused runs come from (default: RESULTS/../recipe)")
     p.add_argument("--claims", type=Path, default=None, help="the claims (default: RESULTS/claims.toml)")
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of the documents")
     args = p.parse_args(argv)
@@ -338,9 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --baselines goes with --plan verdict2", file=sys.stderr)
         return 2
     if args.plan == "verdict2":
-        args.baselines = args.baselines or args.results.parent / "epoch"
+        args.baselines = args.baselines or args.results.parent / "recipe"
         if not args.baselines.is_dir():
-            print(f"error: --baselines {args.baselines} is not a folder (the epoch results tree)", file=sys.stderr)
+            print(f"error: --baselines {args.baselines} is not a folder (the recipe results tree)", file=sys.stderr)
             return 2
     if args.resamples < MIN_RESAMPLES:
         print(f"error: --resamples must be at least {MIN_RESAMPLES}, got {args.resamples}", file=sys.stderr)

@@ -4,13 +4,14 @@ A plan is {training length: {"lengths": the lengths lenx eval scores, "runs": {m
 names]}}}, from plan.py's jobs:
   epoch     plan.py's epoch plan at T 128, 512 and 2048; a method is collect.label of its config, and
             its runs are whatever <results>/runs/T<T> holds.
-  verdict2  plan.py's verdict2 plan at T 512 (issue 44 part 4) beside the epoch plan's five methods at
-            T 512. A verdict2 method is its run's name without the seed, since several share a
-            model.method (rnope-swa and rope-p0.5 are RoPE, kerple-docmasked is Kerple); the five keep
-            their labels (rope, kerple, ...), and their runs are read from the epoch tree (--baselines),
-            unless the verdict2 plan runs one of them itself (a new recipe at T 512): then its own.
-            Only the planned run folders are read, and each must hold its planned configuration
-            ("folders", "shown", "expected" in the plan's entry).
+  verdict2  plan.py's verdict2 plan (issue 44 parts 2 and 4): the newer methods at T 512 beside the
+            epoch verdict's five methods trained with the same recipe (warm10) at T 512 and 2048. A
+            method is its run's name without the seed, since several share a model.method
+            (rnope-swa and rope-p0.5 are RoPE, kerple-docmasked is Kerple). Its runs are read from
+            the verdict2 tree, but for the recipe plan's runs it reuses (plan.py VERDICT_REUSED),
+            read from the recipe tree (--baselines). Only the planned run folders are read, and each
+            must hold its planned configuration, recipe included ("folders", "shown", "expected" in
+            the plan's entry, each keyed by (method, run name)).
 """
 
 import os
@@ -19,7 +20,7 @@ import re
 import shlex
 
 from collect import label, load_run as load_finished
-from plan import epoch, verdict2
+from plan import VERDICT_REUSED, epoch, verdict2_jobs
 
 from lenx.config import load_config
 from lenx.evaluation.evaluate import default_lengths
@@ -28,7 +29,8 @@ from lenx.report.compare import CompareError, load_run
 PLANS = ("epoch", "verdict2")
 # what tells the planned runs apart: a folder holding another configuration is not that run
 IDENTITY = (("model", "method"), ("model", "layers"), ("model", "rope_fraction"), ("model", "dape_hidden"),
-            ("train", "documents"), ("train", "seq_len"), ("train", "seed"))
+            ("train", "documents"), ("train", "seq_len"), ("train", "seed"),
+            ("train", "warmup_frac"), ("train", "lr"), ("train", "seq_len_start"))  # the recipe (plan.py RECIPES)
 
 
 def job_config(job: dict):
@@ -55,30 +57,23 @@ def epoch_plan() -> dict[int, dict]:
 
 
 def verdict2_plan(results: Path, baselines: Path) -> dict[int, dict]:
-    """The verdict2 plan's runs (their folders under results/runs/T<T>) and the epoch plan's at the same
-    training length (under baselines/runs/T<T>), each entry also with "folders" {method: where its runs
-    are}, "shown" {method: that folder relative to results, for the missing runs' names} and "expected"
-    {(method, run name): identity of its planned config}."""
+    """The verdict2 plan's runs at each training length, under results/runs/T<T>, or for a reused
+    recipe run under baselines/runs (the recipe tree), each entry also with "folders" {(method, run
+    name): its folder}, "shown" {(method, run name): that folder relative to results, for the missing
+    runs' names} and "expected" {(method, run name): identity of its planned config}."""
     out = {}
-
-    def add(method: str, job: dict, cfg, root: Path):
-        T = cfg.train.seq_len
+    for job in verdict2_jobs():
+        cfg = job_config(job)
+        T, name = cfg.train.seq_len, Path(job["run"]).name
+        method = re.sub(r"-s\d+$", "", name)
+        reused = VERDICT_REUSED.get(f"T{T}/{name}")
+        folder = baselines / "runs" / reused if reused else results / "runs" / f"T{T}" / name
         entry = out.setdefault(T, {"lengths": default_lengths(T, cfg.eval.max_length, cfg.eval.scored), "runs": {},
                                    "folders": {}, "shown": {}, "expected": {}})
-        name = Path(job["run"]).name
         entry["runs"].setdefault(method, []).append(name)
-        entry["folders"][method] = root / "runs" / f"T{T}"
-        entry["shown"][method] = os.path.relpath(entry["folders"][method], results)
+        entry["folders"][method, name] = folder
+        entry["shown"][method, name] = os.path.relpath(folder, results)
         entry["expected"][method, name] = identity(cfg)
-
-    for job in verdict2():
-        add(re.sub(r"-s\d+$", "", Path(job["run"]).name), job, job_config(job), results)
-    own = {T: set(entry["runs"]) for T, entry in out.items()}
-    for job in epoch():
-        cfg = job_config(job)
-        method = label({"model": {"method": cfg.model.method, "dape_hidden": cfg.model.dape_hidden}})
-        if method not in own.get(cfg.train.seq_len, {method}):  # a method verdict2 runs itself is its own
-            add(method, job, cfg, baselines)
     return out
 
 
@@ -103,7 +98,7 @@ def load_planned(entry: dict, T: int) -> dict:
     groups = {}
     for method, names in entry["runs"].items():
         for name in names:
-            run = entry["folders"][method] / name
+            run = entry["folders"][method, name]
             r = load_finished(run) if (run / "config.toml").is_file() else None
             if r is None or not r["results"]:
                 continue

@@ -1,10 +1,11 @@
 """Turn what came back from the device for the verdict2 plan (plan.py verdict2: the newer methods and
-layouts at T 512, issue 44 part 4; runs/verdict2, unpacked) into results/verdict2, adding to the runs
-already there:
+layouts at T 512, issue 44 part 4, and the epoch verdict's five methods with the adopted recipe warm10
+at T 512 and 2048, part 2; runs/verdict2, unpacked) into results/verdict2, adding to the runs already
+there:
 
     python scripts/repro/collect_verdict2.py <unpacked>/runs/verdict2 --session sessionNN   # --out results/verdict2
 
-- runs/T512/<name>-s<seed>/: each finished planned run's small files (config, meta, metrics, eval.json
+- runs/T512/<name>-s<seed>/, runs/T2048/<name>-s<seed>/: each finished planned run's small files (config, meta, metrics, eval.json
   with the per-position loss, command, log) and the suite files its job writes (eval_ruler.json,
   eval_babilong.json). A run is finished when eval.json says it trained every step and every file its
   job's evaluations write is there; any other run is named and left out (its checkpoint went with the
@@ -13,9 +14,10 @@ already there:
 - done.txt: the plan ids of the finished runs under --out, for the next machine
   (`SKIP=results/verdict2/done.txt PLAN=verdict2 bash scripts/repro/device.sh SECONDS`);
 - compare.json, compare.md (and compare_per_position.png where runs have per-position loss): `lenx
-  compare` of the collected runs beside the epoch plan's five at T 512 (--baselines), each method named
-  by its run name without the seed (rnope-swa and rope-p0.5 are RoPE by model.method), against Kerple
-  and against RoPE where their runs exist;
+  compare` at T 512 of the collected runs and the recipe plan's runs the plan reuses (plan.py
+  VERDICT_REUSED, read from --baselines, the recipe tree), each method named by its run name without
+  the seed (rnope-swa and rope-p0.5 are RoPE by model.method), against Kerple and against RoPE where
+  their runs exist; compare_T2048.json, compare_T2048.md (and its _per_position.png) the same at T 2048;
 - claims.md, claims.json and REPORT.md's verdict2 summary: `claims_epoch.py --plan verdict2 --results OUT`.
 """
 
@@ -38,16 +40,16 @@ from lenx.report.compare_tables import compare_report
 from lenx.report.positions import draw_compare
 from lenx.report.tables import to_markdown
 
-T = "T512"
+LENGTHS = ("T512", "T2048")
 REFERENCES = ("kerple", "rope")  # the bias DAPE V2 builds on, and the position code most newer methods change
 
 
 def planned_jobs() -> dict[str, dict]:
-    """run name -> its job, with "files": the evaluation files its commands write."""
+    """T<T>/<run name> -> its job, with "files": the evaluation files its commands write."""
     jobs = {}
     for job in verdict2():
         tasks = re.findall(r"--task (\S+)", job["cmd"])
-        jobs[Path(job["run"]).name] = job | {"files": ["eval.json", *(f"eval_{t}.json" for t in tasks)]}
+        jobs["/".join(Path(job["run"]).parts[-2:])] = job | {"files": ["eval.json", *(f"eval_{t}.json" for t in tasks)]}
     return jobs
 
 
@@ -92,22 +94,22 @@ def copy_run(run: Path, dest: Path, files: list[str]) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def compare(out: Path, baselines: Path, resamples: int) -> list[str]:
-    """compare.json / compare.md / compare_per_position.png of every finished planned run beside the
-    epoch five; the references compared against."""
-    groups = load_planned(verdict2_plan(out, baselines)[512], 512)
+def compare(out: Path, baselines: Path, resamples: int, T: int = 512, stem: str = "compare") -> list[str]:
+    """<stem>.json / <stem>.md / <stem>_per_position.png of every finished planned run at training
+    length T, the reused recipe runs among them; the references compared against."""
+    groups = load_planned(verdict2_plan(out, baselines)[T], T)
     runs = [Path(r["run"]) for members in groups.values() for r in members]
     labels = [method for method, members in groups.items() for _ in members]
-    done, sections, text = [], {}, ["# The verdict2 runs beside the epoch runs at T 512", "",
-                                    "Made by scripts/repro/collect_verdict2.py from runs/T512/*/eval.json and the "
-                                    f"epoch runs' ({os.path.relpath(baselines, out)}/runs/T512); the numbers are "
-                                    "in compare.json.", ""]
+    done, sections, text = [], {}, [f"# The verdict2 runs at T {T}", "",
+                                    f"Made by scripts/repro/collect_verdict2.py from runs/T{T}/*/eval.json and the "
+                                    f"recipe runs it reuses ({os.path.relpath(baselines, out)}/runs/T{T}); the "
+                                    f"numbers are in {stem}.json.", ""]
     for reference in REFERENCES:
         if reference not in groups or len(groups) < 2:
             continue
         result = compare_runs(runs, reference=reference, n=resamples, labels=labels)
         if not done:
-            draw_compare(result, out / "compare_per_position.png")
+            draw_compare(result, out / f"{stem}_per_position.png")
         for r in result["runs"]:
             r["run"] = os.path.relpath(r["run"], out)
         for m in result["methods"].values():
@@ -117,22 +119,23 @@ def compare(out: Path, baselines: Path, resamples: int) -> list[str]:
         text += [to_markdown(t) if not isinstance(t, str) else t + "\n" for t in compare_report(result)]
         done.append(reference)
     if done:
-        (out / "compare.json").write_text(json.dumps(sections, indent=1))
-        (out / "compare.md").write_text("\n".join(text))
+        (out / f"{stem}.json").write_text(json.dumps(sections, indent=1))
+        (out / f"{stem}.md").write_text("\n".join(text))
     return done
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("source", type=Path, help="the device's runs/verdict2 as it came back (T512/<run>, status.json)")
+    p.add_argument("source", type=Path,
+                   help="the device's runs/verdict2 as it came back (T512/<run>, T2048/<run>, status.json)")
     p.add_argument("--session", required=True, help="a name for this device session (its files go to device/<name>)")
     p.add_argument("--out", type=Path, default=Path("results/verdict2"), help="the results tree, updated in place")
     p.add_argument("--baselines", type=Path, default=None,
-                   help="the epoch results tree the five methods come from (default: OUT/../epoch)")
+                   help="the recipe results tree, where the runs the plan reuses are (default: OUT/../recipe)")
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of `lenx compare` and the claims")
     args = p.parse_args(argv)
     src, out = args.source, args.out
-    baselines = args.baselines or out.parent / "epoch"
+    baselines = args.baselines or out.parent / "recipe"
 
     def fail(message: str) -> int:
         print(f"error: {message}", file=sys.stderr)
@@ -140,10 +143,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if not src.is_dir():
         return fail(f"not a folder: {src}")
-    if not ((src / T).is_dir() or (src / "status.json").is_file()):
+    if not (any((src / T).is_dir() for T in LENGTHS) or (src / "status.json").is_file()):
         hint = src / "runs" / "verdict2"
-        return fail(f"not a device tree of the verdict2 plan (T512/<run>, status.json): {src}"
-                    + (f" (did you mean {hint}?)" if (hint / T).is_dir() else ""))
+        return fail(f"not a device tree of the verdict2 plan (T512/<run>, T2048/<run>, status.json): {src}"
+                    + (f" (did you mean {hint}?)" if any((hint / T).is_dir() for T in LENGTHS) else ""))
     try:
         ids = [job["id"] for job in json.loads((src / "plan.json").read_text())]
     except (OSError, ValueError, TypeError, KeyError):
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.session):
         return fail(f"--session takes a plain folder name, got {args.session}")
     if not baselines.is_dir():
-        return fail(f"--baselines {baselines} is not a folder (the epoch results tree)")
+        return fail(f"--baselines {baselines} is not a folder (the recipe results tree)")
     if args.resamples < MIN_RESAMPLES:
         return fail(f"--resamples must be at least {MIN_RESAMPLES}, got {args.resamples}")
     claims_path = out / "claims.toml"
@@ -166,34 +169,36 @@ def main(argv: list[str] | None = None) -> int:
 
     jobs = planned_jobs()
     found = []
-    for run in sorted(d for d in (src / T).glob("*") if d.is_dir()):
-        if run.name not in jobs:
+    for run in sorted(d for T in LENGTHS for d in (src / T).glob("*") if d.is_dir()):
+        key = f"{run.parent.name}/{run.name}"
+        if key not in jobs:
             print(f"not in plan.py's verdict2 plan, left out: {run}")
             continue
-        why = unfinished(run, jobs[run.name])
+        why = unfinished(run, jobs[key])
         if why:
             print(f"not finished ({why}), left out: {run}")
             continue
-        wrong = check_config(run, jobs[run.name])
+        wrong = check_config(run, jobs[key])
         if wrong:
             return fail(wrong)
-        found.append(run)
+        found.append((run, key))
 
-    for run in found:
-        copy_run(run, out / "runs" / T / run.name, jobs[run.name]["files"])
+    for run, key in found:
+        copy_run(run, out / "runs" / key, jobs[key]["files"])
     device = out / "device" / args.session
     device.mkdir(parents=True, exist_ok=True)
     for name in DEVICE_FILES:
         if (src / name).is_file():
             shutil.copy(src / name, device / name)
-    done = [job["id"] for name, job in jobs.items()
-            if (out / "runs" / T / name).is_dir() and unfinished(out / "runs" / T / name, job) is None]
+    done = [job["id"] for key, job in jobs.items()
+            if (out / "runs" / key).is_dir() and unfinished(out / "runs" / key, job) is None]
     (out / "done.txt").write_text("".join(f"{i}\n" for i in done))
     print(f"copied {len(found)} finished runs; wrote {out / 'done.txt'} ({len(done)} of {len(jobs)} planned runs done)")
     try:
-        references = compare(out, baselines, args.resamples)
-        print(f"wrote {out / 'compare.md'} (against {', '.join(references)})" if references
-              else "note: fewer than two methods with finished runs, so no comparison")
+        for T, stem in ((512, "compare"), (2048, "compare_T2048")):
+            references = compare(out, baselines, args.resamples, T, stem)
+            print(f"wrote {out / (stem + '.md')} (against {', '.join(references)})" if references
+                  else f"note: fewer than two methods with finished runs at T {T}, so no comparison there")
         if claims is None:
             print(f"note: no {claims_path}, so no claims table")
             return 0

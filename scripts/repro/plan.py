@@ -233,26 +233,47 @@ def ssmax_init() -> list[dict]:
     return jobs
 
 
-# Issue 44 part 4: the newer methods and layouts at T 512 (the paper's main length), 125M, 64 x 512, 3
-# seeds, beside the epoch runs' five (results/epoch/runs/T512), each scored on perplexity, the
-# per-position loss and the synthetic suite. VERDICT_RECIPE holds the recipe part 2 adopts (empty: the
-# epoch recipe, as the five ran; if it changes at T 512 the five run again with it). The costly runs
-# come last in each seed: MTA on its chunked path (~6x Kerple's step, results/bench/h200_issue42_8c3998e)
-# and document-masked DAPE V2 on the O(T) Triton kernel (~10x the skewed kernels' time, notes/kernels.md).
-VERDICT_RECIPE: tuple = ()
+# Issue 44 parts 2 and 4: the newer methods and layouts at T 512 (the paper's main length), 125M, 64 x 512,
+# 3 seeds, beside the five methods of the epoch verdict trained with the same recipe at T 512 and 2048
+# (part 2's seeds), each scored on perplexity, the per-position loss and the synthetic suite. The costly
+# runs come last in each seed's T 512 runs: MTA on its chunked path (~6x Kerple's step, results/bench/h200_issue42_8c3998e) and document-masked DAPE V2
+# on the O(T) Triton kernel (~10x the skewed kernels' time, notes/kernels.md).
+# The recipe is warm10 at every length: it removes the epoch recipe's handicap at T 2048 (Kerple and RoPE,
+# two seeds) and at T 512 extrapolates far better at the same in-distribution perplexity
+# (results/recipe/README.md, "What it shows so far"), so the five run again with it at 512 and 2048.
+VERDICT_RECIPE = RECIPES["warm10"]
+VERDICT_FIVE = ["rope", "kerple", "stickbreaking", "dape-kerple", "dapev2-kerple"]  # cheap first
 VERDICT_RUNS = {  # name: (method, settings)
     "fox": ("fox", ()), "ssmax-rope": ("ssmax-rope", ()), "pope": ("pope", ()),
     "rnope-swa": ("rope", ("model.layers=rnope-swa",)), "rope-p0.5": ("rope", ("model.rope_fraction=0.5",)),
     "dapev2-fox": ("dapev2-fox", ()), "kerple-docmasked": ("kerple", ("train.documents=masked",)),
     "mta": ("mta", ()), "dapev2-kerple-docmasked": ("dapev2-kerple", ("train.documents=masked",)),
 }
+# Recipe-plan runs that are exactly a verdict2 job (the same command but for its folder): verdict2 reads
+# them from the recipe results and does not run them again. T2048/kerple-warm10-s0 is not one: it ran
+# before the suite was part of the job (no --task evaluations), so verdict2 runs its kerple-s0 again.
+VERDICT_REUSED = {"T512/kerple-s0": "T512/kerple-warm10-s0", "T2048/kerple-s1": "T2048/kerple-warm10-s1",
+                  "T2048/rope-s0": "T2048/rope-warm10-s0", "T2048/rope-s1": "T2048/rope-warm10-s1"}
+
+
+def verdict2_jobs() -> list[dict]:
+    """Every verdict2 run, the reused ones too: seed-major (a cut-off session still compares every
+    method), in each seed the five at T 512, the newer runs, then the five at T 2048 (16 x 2048)."""
+    def job(name, method, seed, sets=(), seq_len=512):
+        return epoch_job(method, seed, (*VERDICT_RECIPE, *sets, "eval.per_position=true"), f"{name}-s{seed}",
+                         seq_len, "runs/verdict2", "verdict2", suite=True)
+
+    jobs = []
+    for s in (0, 1, 2):
+        jobs += [job(m, m, s) for m in VERDICT_FIVE]
+        jobs += [job(name, method, s, sets) for name, (method, sets) in VERDICT_RUNS.items()]
+        jobs += [job(m, m, s, seq_len=2048) for m in VERDICT_FIVE]
+    return jobs
 
 
 def verdict2() -> list[dict]:
-    """Every run's seed 0 first (a cut-off session still compares them all), then seeds 1 and 2."""
-    return [epoch_job(method, s, (*VERDICT_RECIPE, *sets, "eval.per_position=true"), f"{name}-s{s}", 512,
-                      "runs/verdict2", "verdict2", suite=True)
-            for s in (0, 1, 2) for name, (method, sets) in VERDICT_RUNS.items()]
+    """The verdict2 jobs the device runs: all but the reused recipe runs (VERDICT_REUSED)."""
+    return [j for j in verdict2_jobs() if j["id"].removeprefix("verdict2/") not in VERDICT_REUSED]
 
 
 def controls() -> list[dict]:
