@@ -1,7 +1,7 @@
 """SSMax's s_h gradient, sum over b, t, d of dy y per head, at the 125m step's shape (B 32, H 12,
 T 512, d 64, bf16): the plain expression `torch.sum(dy * y, dim=(0, 2, 3), dtype=fp32)` against
-lenx.ops.head_dot's kernel (its default launch, then a sweep of programs and tile rows), medians of
-CUDA-event timings after a warmup, each with its effective bandwidth (two reads of the inputs) and
+lenx.ops.head_dot's kernel (its default launch, then a sweep of programs and tile rows), timed back
+to back by lenx.bench.kernels.median_ms, each with its effective bandwidth (two reads of the inputs) and
 its error against float64 relative to sum |dy y|. Layouts: y as RoPE's kernel writes q for SDPA
 (heads_last: [B, T, H, d] in memory) or contiguous, dy likewise.
 
@@ -20,23 +20,10 @@ import sys
 import torch
 import triton
 
+from lenx.bench.kernels import median_ms
 from lenx.ops.head_dot.triton import head_dot
 
 LAYOUTS = (("heads_last", "heads_last"), ("heads_last", "contiguous"), ("contiguous", "contiguous"))
-
-
-def median_ms(fn, warmup: int = 5, reps: int = 50) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def tensor(shape, layout):
@@ -51,7 +38,7 @@ def plain(dy, y):
 
 
 def row(fn, dy, y, exact, scale, base) -> dict:
-    ms = median_ms(lambda: fn(dy, y))
+    ms = median_ms(lambda: fn(dy, y), 25, 200, 200)[0]  # back to back, as lenx bench times
     err = float(((fn(dy, y).double() - exact).abs() / scale).max())
     return base | {"ms": ms, "GBps": 2 * dy.numel() * dy.element_size() / ms / 1e6, "error": err}
 
