@@ -36,6 +36,35 @@ def bias_table(kind, H, T):
     return biases[kind](H).to(DEVICE).table(T, DEVICE).detach().float().requires_grad_()
 
 
+def dape_v2_case(T, H, d, D, ks, kind, dtype=torch.float64, device="cpu", seed=0):
+    """One sequence of a Gluon DAPE V2 forward's inputs: q, k, v [1, H, T, d] in dtype, the conv
+    weights (conv1 over 2H channels where a bias table `kind` comes, else H) in float64 for float64
+    inputs, else float32, and the table (bias_table) likewise."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, H, T, d, generator=g).to(device, dtype) for _ in range(3))
+    wt = torch.float64 if dtype == torch.float64 else torch.float32
+    tab = bias_table(kind, H, T)
+    tab = None if tab is None else tab.detach().to(device, wt)
+    Cin = 2 * H if tab is not None else H
+    w = [torch.randn(D, Cin, 1, ks, generator=g) * 0.3, torch.randn(D, generator=g) * 0.1,
+         torch.randn(H, D, 1, ks, generator=g) * 0.3, torch.randn(H, generator=g) * 0.1]
+    return q, k, v, [x.to(device, wt) for x in w], tab
+
+
+def dape_v2_reference_rows(q, k, v, w, tab, rows):
+    """The dense DAPE V2 reference's output at some query rows only (the convs run along keys, so
+    rows are independent): what 8192 allows without T x T x D maps."""
+    import math
+
+    from lenx.ops.biased_softmax.reference import table_bias
+    from lenx.ops.dape_v2.reference import dape_v2_scores
+
+    pos = torch.arange(q.shape[-2], device=q.device)
+    S = q[:, :, rows] @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    A = dape_v2_scores(S, None if tab is None else table_bias(tab, rows, pos), *w, rows, pos)
+    return torch.softmax(A.masked_fill(pos[None, :] > rows[:, None], float("-inf")), -1) @ v
+
+
 def log_errors(record: dict):
     if ERR_LOG:
         with open(ERR_LOG, "a") as f:

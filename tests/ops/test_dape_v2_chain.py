@@ -9,25 +9,13 @@ import pytest
 import torch
 
 from helpers import rel_err
-from kernel_cases import bias_table
+from kernel_cases import dape_v2_case, dape_v2_reference_rows
 from lenx.ops.dape_v2 import chain as C
 from lenx.ops.dape_v2.emulate_chain import chain_schedule, windows
 from lenx.ops.dape_v2.reference import dape_v2_reference
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
-
-
-def _case(T, H, d, D, ks, kind, dtype=torch.float64, device="cpu", seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(1, H, T, d, generator=g).to(device, dtype) for _ in range(3))
-    tab = bias_table(kind, H, T)
-    tab = None if tab is None else tab.detach().to(device, torch.float64 if dtype == torch.float64 else torch.float32)
-    Cin = 2 * H if tab is not None else H
-    w = [torch.randn(D, Cin, 1, ks, generator=g) * 0.3, torch.randn(D, generator=g) * 0.1,
-         torch.randn(H, D, 1, ks, generator=g) * 0.3, torch.randn(H, generator=g) * 0.1]
-    wt = torch.float64 if dtype == torch.float64 else torch.float32
-    return q, k, v, [x.to(device, wt) for x in w], tab
 
 
 def _lse_ref(q, k, v, w, tab):
@@ -49,7 +37,7 @@ def test_schedule_matches_reference_fp64(T, ks, kind):
     """H 12, d 64, D 32: the schedule (16-row programs, 64-key windows with a 2h-key halo each side, the
     first window's k0, the residual hidden map, online softmax over windows) is the reference to 1e-10:
     T 1 is one window, T 300 nineteen programs of up to seven windows (k 5: a 56-key step)."""
-    q, k, v, w, tab = _case(T, 12, 64, 32, ks, kind)
+    q, k, v, w, tab = dape_v2_case(T, 12, 64, 32, ks, kind)
     o, lse = chain_schedule(q, k, v, *w, tab)
     assert o.dtype == torch.float64 and lse.shape == (1, 12, T)
     assert rel_err(o, dape_v2_reference(q, k, v, *w, tab)) < 1e-10
@@ -57,7 +45,7 @@ def test_schedule_matches_reference_fp64(T, ks, kind):
 
 
 def test_schedule_without_a_table():
-    q, k, v, w, tab = _case(111, 3, 16, 8, 3, None)
+    q, k, v, w, tab = dape_v2_case(111, 3, 16, 8, 3, None)
     assert tab is None
     assert rel_err(chain_schedule(q, k, v, *w, None)[0], dape_v2_reference(q, k, v, *w, None)) < 1e-10
 
@@ -77,7 +65,7 @@ def test_schedule_rounding(ks, kind):
     """The kernel's rounding points (fp16 S used for conv1 AND the logits, fp16 z and f, bf16 P) on
     bf16 inputs: within 1e-2 of the fp32 reference on the same inputs (the GPU bar), and the fp16 S in
     the logits is visible in the lse (its error is above the fp32 path's)."""
-    q, k, v, w, tab = _case(300, 12, 64, 32, ks, kind, dtype=torch.bfloat16)
+    q, k, v, w, tab = dape_v2_case(300, 12, 64, 32, ks, kind, dtype=torch.bfloat16)
     q32, k32, v32 = (x.float() for x in (q, k, v))
     ref = dape_v2_reference(q32, k32, v32, *w, tab)
     o, lse = chain_schedule(q, k, v, *w, tab, half=torch.float16, p_dtype=torch.bfloat16)
@@ -94,7 +82,7 @@ def test_emulated_tables_are_the_kernels(kind):
     from lenx.ops.dape_v2 import gluon as G
     from lenx.ops.dape_v2.emulate_chain import chain_tables
     T, H = 200, 12
-    _, _, _, w, tab = _case(T, H, 8, 32, 3, kind, dtype=torch.float32)
+    _, _, _, w, tab = dape_v2_case(T, H, 8, 32, 3, kind, dtype=torch.float32)
     t1, k0, t2 = chain_tables(*w, tab, T, H)
     _, _, pt1, pk0, pt2 = G.prepare(*w, tab, T, H, "cpu")
     assert torch.allclose(t1, pt1, rtol=1e-5, atol=1e-5) and torch.allclose(t2, pt2, rtol=1e-5, atol=1e-5)
@@ -103,7 +91,7 @@ def test_emulated_tables_are_the_kernels(kind):
 
 def test_schedule_is_causal():
     T, t = 130, 63
-    q, k, v, w, tab = _case(T, 3, 8, 4, 3, "alibi")
+    q, k, v, w, tab = dape_v2_case(T, 3, 8, 4, 3, "alibi")
     a, la = chain_schedule(q, k, v, *w, tab)
     q2, k2, v2 = (x.clone() for x in (q, k, v))
     for x in (q2, k2, v2):
@@ -134,19 +122,6 @@ def _chain_ready():
     return why
 
 
-def _reference_rows(q, k, v, w, tab, rows):
-    """The dense reference's output at some query rows only (the convs run along keys, so rows are
-    independent): what 8192 allows without T x T x 32 maps."""
-    from lenx.ops.biased_softmax.reference import table_bias
-    from lenx.ops.dape_v2.reference import dape_v2_scores
-    T = q.shape[-2]
-    pos = torch.arange(T, device=q.device)
-    S = q[:, :, rows] @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    A = dape_v2_scores(S, None if tab is None else table_bias(tab, rows, pos), *w, rows, pos)
-    A = A.masked_fill(pos[None, :] > rows[:, None], float("-inf"))
-    return torch.softmax(A, -1) @ v
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(_chain_ready() is not None, reason=str(_chain_ready()))
 @pytest.mark.parametrize("T", [1, 111, 1000, 8192])
@@ -155,14 +130,14 @@ def test_gpu_chain_forward(T, ks, kind):
     """bf16 q, k, v against the fp32 reference on the same inputs (every row up to 1000; at 8192 the
     first 64 and last 192 rows), and against gluon.py's kernel (the GPU oracle) on all rows."""
     from lenx.ops.dape_v2 import gluon as G
-    q, k, v, w, tab = _case(T, 12, 64, 32, ks, kind, dtype=torch.bfloat16, device="cuda")
+    q, k, v, w, tab = dape_v2_case(T, 12, 64, 32, ks, kind, dtype=torch.bfloat16, device="cuda")
     o, lse = C.dape_v2_chain_forward(q, k, v, *w, tab)
     torch.cuda.synchronize()
     assert torch.isfinite(o.float()).all() and torch.isfinite(lse).all()
     q32, k32, v32 = (x.float() for x in (q, k, v))
     rows = torch.arange(T, device="cuda") if T <= 1000 else torch.cat(
         [torch.arange(64, device="cuda"), torch.arange(T - 192, T, device="cuda")])
-    err = rel_err(o.float()[:, :, rows], _reference_rows(q32, k32, v32, w, tab, rows))
+    err = rel_err(o.float()[:, :, rows], dape_v2_reference_rows(q32, k32, v32, w, tab, rows))
     assert err < 1e-2, f"T {T} k {ks} {kind}: rel err {err:.3g} against the reference"
     og, lg = G.dape_v2_gluon_forward(q, k, v, *w, tab)
     assert rel_err(o.float(), og.float()) < 1e-2 and (lse - lg).abs().max().item() < 0.05
@@ -173,7 +148,7 @@ def test_gpu_chain_forward(T, ks, kind):
 @pytest.mark.parametrize("H,D,ks", [(1, 8, 3), (5, 16, 1), (12, 10, 3), (7, 21, 1)])
 def test_gpu_chain_writes_every_output(H, D, ks, monkeypatch):
     """Other head and channel counts at T 111, outputs NaN-poisoned before the launch."""
-    q, k, v, w, tab = _case(111, H, 64, D, ks, "kerple", dtype=torch.bfloat16, device="cuda", seed=1)
+    q, k, v, w, tab = dape_v2_case(111, H, 64, D, ks, "kerple", dtype=torch.bfloat16, device="cuda", seed=1)
     nan = float("nan")
     monkeypatch.setattr(torch, "empty_like", lambda x, **kw: torch.full_like(x, nan, **kw))
     monkeypatch.setattr(torch, "empty", lambda *shape, **kw: torch.full(shape, nan, **kw))
@@ -190,7 +165,7 @@ def test_gpu_chain_writes_every_output(H, D, ks, monkeypatch):
 @pytest.mark.parametrize("t", [0, 63, 64, 150])
 def test_gpu_chain_is_causal(t):
     T = 200
-    q, k, v, w, tab = _case(T, 12, 64, 32, 3, "kerple", dtype=torch.bfloat16, device="cuda", seed=2)
+    q, k, v, w, tab = dape_v2_case(T, 12, 64, 32, 3, "kerple", dtype=torch.bfloat16, device="cuda", seed=2)
     a, la = C.dape_v2_chain_forward(q, k, v, *w, tab)
     q2, k2, v2 = (x.clone() for x in (q, k, v))
     for x in (q2, k2, v2):
@@ -324,7 +299,7 @@ def test_gpu_ablation_base_is_the_chain(tmp_path):
     """The ablation's base (chain.py with its own copy of the conv row loop) computes exactly what
     chain.py's kernel does, and a variant without the convs runs and differs: its times measure the kernel."""
     A = _ablate_chain()
-    q, k, v, w, tab = _case(300, 12, 64, 32, 3, "kerple", dtype=torch.bfloat16, device="cuda", seed=3)
+    q, k, v, w, tab = dape_v2_case(300, 12, 64, 32, 3, "kerple", dtype=torch.bfloat16, device="cuda", seed=3)
     o, lse = C.dape_v2_chain_forward(q, k, v, *w, tab)
     ob, lb = A.load_variant("base", tmp_path).dape_v2_chain_forward(q, k, v, *w, tab)
     on, _ = A.load_variant("no step 2 (conv rows)", tmp_path).dape_v2_chain_forward(q, k, v, *w, tab)
@@ -374,7 +349,7 @@ def test_gpu_chain_rings_give_the_same_bits(H, T, ks, kind):
     """The ring only changes when K and V tiles arrive: every size the kernel takes at H gives the
     default's output and LSE bit for bit (the default is checked against the reference elsewhere).
     Seven compiles: H 12 rings 3, 4; H 6 rings 2, 3, 4; H 9 rings 2, 3."""
-    q, k, v, w, tab = _case(T, H, 64, 32, ks, kind, dtype=torch.bfloat16, device="cuda", seed=4)
+    q, k, v, w, tab = dape_v2_case(T, H, 64, 32, ks, kind, dtype=torch.bfloat16, device="cuda", seed=4)
     o2, l2 = C.dape_v2_chain_forward(q, k, v, *w, tab, ring=2)
     for ring in C.ring_sizes(H)[1:]:
         o, lse = C.dape_v2_chain_forward(q, k, v, *w, tab, ring=ring)

@@ -4,13 +4,11 @@ its values (emulate_chain_ws.chain_ws_schedule) against the float64 and fp32 ref
 protocol replayed under random interleavings. GPU (sm_90, triton 3.6): the kernel against the
 reference and against chain.py's kernel; the offline sm_90a compile's spills per partition."""
 
-import math
-
 import pytest
 import torch
 
 from helpers import rel_err
-from kernel_cases import bias_table
+from kernel_cases import dape_v2_case, dape_v2_reference_rows
 from lenx.ops.dape_v2 import chain_ws as W
 from lenx.ops.dape_v2.emulate_chain import chain_schedule
 from lenx.ops.dape_v2.emulate_chain_ws import HEAD_WARPS, chain_ws_schedule, ws_protocol
@@ -20,22 +18,10 @@ from lenx.ops.dape_v2.reference import dape_v2_reference
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
-def _case(T, H, D, ks, kind, dtype=torch.float64, device="cpu", seed=0):
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(1, H, T, 64, generator=g).to(device, dtype) for _ in range(3))
-    tab = bias_table(kind, H, T)
-    tab = None if tab is None else tab.detach().to(device, torch.float64 if dtype == torch.float64 else torch.float32)
-    Cin = 2 * H if tab is not None else H
-    w = [torch.randn(D, Cin, 1, ks, generator=g) * 0.3, torch.randn(D, generator=g) * 0.1,
-         torch.randn(H, D, 1, ks, generator=g) * 0.3, torch.randn(H, generator=g) * 0.1]
-    wt = torch.float64 if dtype == torch.float64 else torch.float32
-    return q, k, v, [x.to(device, wt) for x in w], tab
-
-
 @pytest.mark.parametrize("T,kind", [(1, "kerple"), (63, "alibi"), (300, "kerple")])
 def test_ws_schedule_matches_reference_fp64(T, kind):
     """In float64 the extra rounding point is the identity: the reference to 1e-10."""
-    q, k, v, w, tab = _case(T, 12, 32, 3, kind)
+    q, k, v, w, tab = dape_v2_case(T, 12, 64, 32, 3, kind)
     o, _ = chain_ws_schedule(q, k, v, *w, tab)
     assert rel_err(o, dape_v2_reference(q, k, v, *w, tab)) < 1e-10
 
@@ -46,7 +32,7 @@ def test_ws_schedule_rounding(ks, kind):
     of the fp32 reference (the GPU bar), and L's one more fp16 rounding costs at most a quarter more
     error than chain.py's schedule has (measured: 1-5% more at T 300), while it does change the
     output (the point is modelled, not skipped)."""
-    q, k, v, w, tab = _case(300, 12, 32, ks, kind, dtype=torch.bfloat16)
+    q, k, v, w, tab = dape_v2_case(300, 12, 64, 32, ks, kind, dtype=torch.bfloat16)
     ref = dape_v2_reference(q.float(), k.float(), v.float(), *w, tab)
     o, _ = chain_ws_schedule(q, k, v, *w, tab, half=torch.float16, p_dtype=torch.bfloat16)
     oc, _ = chain_schedule(q, k, v, *w, tab, half=torch.float16, p_dtype=torch.bfloat16)
@@ -60,7 +46,7 @@ def test_ws_schedule_lse_at_a_large_bias():
     conv taps see keys < 0), so L = S + f rounded to fp16 there moved the LSE by 0.498 from chain.py's
     (the emulation gave the device's figures: 0.498 and output 1.06e-3). With S kept aside at those keys
     the LSE stays within the GPU test's 0.05 of chain.py's."""
-    q, k, v, w, tab = _case(1000, 12, 32, 3, "alibi", dtype=torch.bfloat16)
+    q, k, v, w, tab = dape_v2_case(1000, 12, 64, 32, 3, "alibi", dtype=torch.bfloat16)
     o, lse = chain_ws_schedule(q, k, v, *w, tab, half=torch.float16, p_dtype=torch.bfloat16)
     oc, lse_c = chain_schedule(q, k, v, *w, tab, half=torch.float16, p_dtype=torch.bfloat16)
     assert lse_c.abs().max() > 1000   # the large-logit regime the case is for
@@ -160,15 +146,6 @@ def finishes():
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
 
 
-def _reference_rows(q, k, v, w, tab, rows):
-    from lenx.ops.biased_softmax.reference import table_bias
-    from lenx.ops.dape_v2.reference import dape_v2_scores
-    pos = torch.arange(q.shape[-2], device=q.device)
-    S = q[:, :, rows] @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    A = dape_v2_scores(S, None if tab is None else table_bias(tab, rows, pos), *w, rows, pos)
-    return torch.softmax(A.masked_fill(pos[None, :] > rows[:, None], float("-inf")), -1) @ v
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(_ready() is not None, reason=str(_ready()))
 @pytest.mark.parametrize("T", [1, 111, 1000, 8192])
@@ -177,13 +154,13 @@ def test_gpu_chain_ws_forward(T, ks, kind, finishes):
     """bf16 q, k, v against the fp32 reference (every row up to 1000; at 8192 the first 64 and last
     192 rows) and against chain.py's kernel on all rows."""
     from lenx.ops.dape_v2 import chain as C
-    q, k, v, w, tab = _case(T, 12, 32, ks, kind, dtype=torch.bfloat16, device="cuda")
+    q, k, v, w, tab = dape_v2_case(T, 12, 64, 32, ks, kind, dtype=torch.bfloat16, device="cuda")
     o, lse = W.dape_v2_chain_ws_forward(q, k, v, *w, tab)
     torch.cuda.synchronize()
     assert torch.isfinite(o.float()).all() and torch.isfinite(lse).all()
     rows = torch.arange(T, device="cuda") if T <= 1000 else torch.cat(
         [torch.arange(64, device="cuda"), torch.arange(T - 192, T, device="cuda")])
-    ref = _reference_rows(q.float(), k.float(), v.float(), w, tab, rows)
+    ref = dape_v2_reference_rows(q.float(), k.float(), v.float(), w, tab, rows)
     assert rel_err(o.float()[:, :, rows], ref) < 1e-2
     oc, lc = C.dape_v2_chain_forward(q, k, v, *w, tab)
     assert rel_err(o.float(), oc.float()) < 1e-2 and (lse - lc).abs().max().item() < 0.05
@@ -197,7 +174,7 @@ def test_gpu_chain_ws_writes_every_output(H, D, ks, monkeypatch, finishes):
     partly past H: its heads >= H computed on zero tiles, never written), outputs NaN-poisoned before
     the launch; o against the reference, lse against chain.py's (each head's own, not a neighbour's)."""
     from lenx.ops.dape_v2 import chain as C
-    q, k, v, w, tab = _case(111, H, D, ks, "kerple", dtype=torch.bfloat16, device="cuda", seed=1)
+    q, k, v, w, tab = dape_v2_case(111, H, 64, D, ks, "kerple", dtype=torch.bfloat16, device="cuda", seed=1)
     nan = float("nan")
     monkeypatch.setattr(torch, "empty_like", lambda x, **kw: torch.full_like(x, nan, **kw))
     monkeypatch.setattr(torch, "empty", lambda *shape, **kw: torch.full(shape, nan, **kw))
@@ -214,7 +191,7 @@ def test_gpu_chain_ws_writes_every_output(H, D, ks, monkeypatch, finishes):
 @pytest.mark.skipif(_ready() is not None, reason=str(_ready()))
 @pytest.mark.parametrize("t", [0, 63, 150])
 def test_gpu_chain_ws_is_causal(t, finishes):
-    q, k, v, w, tab = _case(200, 12, 32, 3, "kerple", dtype=torch.bfloat16, device="cuda", seed=2)
+    q, k, v, w, tab = dape_v2_case(200, 12, 64, 32, 3, "kerple", dtype=torch.bfloat16, device="cuda", seed=2)
     a, la = W.dape_v2_chain_ws_forward(q, k, v, *w, tab)
     q2, k2, v2 = (x.clone() for x in (q, k, v))
     for x in (q2, k2, v2):
