@@ -126,6 +126,9 @@ def test_first_gpu_moves_the_jobs(tmp_path):
     out = script("run_jobs.py", "plan.json", "--gpus", "1", "--first-gpu", "1", "--status", "status.json", cwd=work)
     assert out.returncode == 0, out.stderr
     assert [(work / f"runs/j{i}/gpu").read_text().strip() for i in range(2)] == ["1", "1"]
+    bad = script("run_jobs.py", "plan.json", "--gpus", "1", "--first-gpu", "-1", "--status", "s2.json", cwd=work)
+    assert bad.returncode == 2 and bad.stderr == "error: --gpus must be >= 1 and --first-gpu >= 0 (got 1, -1)\n", bad.stderr
+    assert not (work / "s2.json").exists()
 
 
 def test_a_solo_job_shares_its_gpu_with_nothing(tmp_path):

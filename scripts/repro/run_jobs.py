@@ -16,6 +16,7 @@ import json
 import os
 from pathlib import Path
 import subprocess
+import sys
 import time
 
 KINDS = ("lm", "small", "exclusive", "solo")
@@ -31,6 +32,9 @@ def main():
     p.add_argument("--status", default="runs/repro/status.json")
     p.add_argument("--skip", default=None)
     args = p.parse_args()
+    if args.first_gpu < 0 or args.gpus < 1:
+        print(f"error: --gpus must be >= 1 and --first-gpu >= 0 (got {args.gpus}, {args.first_gpu})", file=sys.stderr)
+        sys.exit(2)
 
     jobs = json.loads(Path(args.plan).read_text())
     odd = sorted({j["kind"] for j in jobs} - set(KINDS))
