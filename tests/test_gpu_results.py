@@ -59,8 +59,9 @@ def test_kernel_hash_covers_kernel_code_only(tmp_path, monkeypatch):
 
 
 def test_kernel_hash_covers_host_tables_and_routing(tmp_path, monkeypatch):
-    """dape_v2_tables and residual_table (what the fused kernels read) and the routing in fused.py decide what runs
-    on the GPU: changing either's code changes the hash; other reference code does not."""
+    """dape_v2_tables and residual_table (what the fused kernels read), the routing in fused.py and the
+    skewed kernels' memory plan decide what runs on the GPU: changing their code changes the hash;
+    other reference code does not."""
     runinfo = hashed_copy(tmp_path, monkeypatch)
     before = runinfo.kernel_sources_hash()
     reference = tmp_path / "ops" / "dape_v2" / "reference.py"
@@ -74,9 +75,12 @@ def test_kernel_hash_covers_host_tables_and_routing(tmp_path, monkeypatch):
     reference.write_text(head + "def residual_table" + resid.replace("t1.float(), 0.01", "t1.float(), 0.02", 1))
     assert runinfo.kernel_sources_hash() != before
     reference.write_text(text)
-    fused = tmp_path / "attention" / "backends" / "fused.py"
-    fused.write_text(fused.read_text() + "\nROUTE_CHANGED = 1\n")
-    assert runinfo.kernel_sources_hash() != before
+    for name in ("fused.py", "skewed_memory.py"):  # the routing, and the skewed kernels' memory plan
+        routing = tmp_path / "attention" / "backends" / name
+        text = routing.read_text()
+        routing.write_text(text + "\nROUTE_CHANGED = 1\n")
+        assert runinfo.kernel_sources_hash() != before, name
+        routing.write_text(text)
 
 
 def test_kernel_hash_text_ignores_fields_newer_pythons_add():

@@ -78,6 +78,7 @@ def kernel_sources_hash() -> str:
 HASHED_CODE = (
     ("ops/dape_v2/reference.py", ("dape_v2_tables", "residual_table")),
     ("attention/backends/fused.py", None),
+    ("attention/backends/skewed_memory.py", None),
 )
 
 

@@ -151,8 +151,9 @@ def test_parts_record_the_kernel_that_ran(monkeypatch, tmp_path):
 
 def test_skewed_plan_follows_free_memory(monkeypatch):
     """Gradient work takes the skewed kernels with their buffers kept when six buffers fit in free
-    memory, recomputed when four fit, else the O(T)-memory Triton kernel; forward-only work only at
-    a head dim the Triton kernel cannot take (wide), when three fit."""
+    memory, recomputed when four fit (in batch slices where only a slice's four do:
+    test_skewed_memory), else the O(T)-memory Triton kernel; forward-only work only at a head dim
+    the Triton kernel cannot take (wide), when three fit."""
     from lenx.attention.backends import fused
     from lenx.ops.dape_v2.skewed import buffer_bytes
 
@@ -168,14 +169,16 @@ def test_skewed_plan_follows_free_memory(monkeypatch):
         return fused._skewed_plan(q_cuda, D, grad, wide)
 
     for free, want in ((6 * need + hidden, "keep"), (6 * need + hidden - 1, "recompute"),
-                       (4 * need + hidden, "recompute"), (4 * need + hidden - 1, None)):
+                       (4 * need + hidden, "recompute"), (4 * need + hidden - 1, "recompute, batch slices of 1"),
+                       ((4 * need + hidden) // 2, "recompute, batch slices of 1"),
+                       ((4 * need + hidden) // 2 - 1, None)):
         assert plan(free, True) == want, free
         assert plan(free, False) is None  # forward only: the Gluon or Triton forward
     assert plan(2 * need + hidden, False, wide=True) == "forward"
     assert plan(2 * need + hidden - 1, False, wide=True) is None
     # the hidden buffer is allocated with at least 16 channels (pow2(D, 16)): D 8 counts 16, not 8
     small = buffer_bytes(2, 12, 64, torch.bfloat16, channels=16)
-    assert plan(4 * need + small - 1, True, D=8) is None
+    assert plan((4 * need + small) // 2 - 1, True, D=8) is None
     for mode in ("keep", "recompute"):
         monkeypatch.setenv("LENX_DAPE_V2_SKEWED", mode)
         assert plan(0, True) == mode

@@ -13,6 +13,7 @@ train_step_bench(...) -> dict (also written as JSON); its table: lenx.report.ben
 
 from dataclasses import replace
 import gc
+import os
 import statistics
 import time
 import warnings
@@ -84,6 +85,8 @@ def _train_step_row(method, model_cfg, cfg, batch_size, seq_len, vocab_size, ste
     row["mean_ms"] = statistics.fmean(times)
     row["tokens_per_s"] = batch_size * seq_len / (row["median_ms"] / 1000)
     row["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else None
+    if any(model.kernels()):  # the fused kernel each layer ran in the last step (DAPE V2's skewed mode)
+        row["kernels"] = model.kernels()
     row["final_loss"] = float(loss.detach())  # a sanity check that the steps computed something finite
     row.update(_profile_steps(step, profile_steps, device, top_kernels) if profile_steps
                else dict.fromkeys(PROFILE_KEYS))
@@ -230,6 +233,7 @@ def train_step_bench(methods: list[str], preset: str = "125m", seq_len: int = 51
                          top_kernels=top_kernels,
                          device=device, reference=reference, documents=documents,
                          backend_overrides=dict(backend_overrides), overrides=list(overrides or []),
+                         environment={k: v for k, v in sorted(os.environ.items()) if k.startswith("LENX_")},
                          model={k: v for k, v in vars(cfg.model).items() if k != "method"}),
         "profiled_time": None if not profile_steps else (
             "GPU kernel time (torch.profiler, CUDA activity)" if dev.type == "cuda" else

@@ -12,6 +12,7 @@ commands build no tables: lenx.report does.
 """
 
 import inspect
+import os
 from pathlib import Path
 import sys
 
@@ -167,6 +168,14 @@ def main(argv: list[str] | None = None) -> int:
     """The `lenx` command. Typer's own usage errors (a missing argument, a value of the wrong type,
     an unknown option or command) are one line as well, like every other user error."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if any(name.startswith("LENX_DAPE_V2_") for name in os.environ):
+        from ..attention.backends.fused import check_settings
+
+        try:
+            check_settings()
+        except ValueError as e:
+            sys.stderr.write(f"error: {e}\n")
+            return 2
     try:
         code = app(args or ["--help"], prog_name="lenx", standalone_mode=False)
     except Exception as e:  # click's exceptions, which typer may vendor: matched by name

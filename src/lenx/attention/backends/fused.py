@@ -29,6 +29,7 @@ import os
 import torch
 
 from ...ops._launch import HEAD_DIMS
+from . import skewed_memory
 from .base import Backend
 from .reference import Chunked, chunked_attention
 
@@ -73,7 +74,8 @@ class Fused(Backend):
 
     def describe(self, parts):
         if parts.processor is not None and parts.normaliser.name == "softmax":
-            return ("training: skewed where its buffers fit, else triton; forward only: gluon on sm_90 (skewed where "
+            return ("training: skewed where its buffers fit (kept, recomputed, or in batch slices; "
+                    "LENX_DAPE_V2_MEMORY sets a budget), else triton; forward only: gluon on sm_90 (skewed where "
                     "the bias tables exceed its fp16 range), else triton; "
                     "head dim 128 (the triton kernel cannot take it): skewed where its buffers fit, else chunked; "
                     "a window or documents: triton (chunked at head dim 128, or fp32 inputs past k 3 or d 32)")
@@ -212,8 +214,14 @@ def _dape_v2(q, k, v, parts, chunk_size, segments=None):
         if kernel != "skewed (forward)":
             switch = proc.__dict__.setdefault("residual_switch", skewed.ResidualSwitch())
             residual = switch.decide(tables[0], weights[2], q.dtype)
-        return skewed.dape_v2_skewed(q, k, v, *weights, tab, keep=kernel == "skewed (keep)", tables=tables,
-                                     residual=residual), None
+        keep = kernel == "skewed (keep)"
+        size = _batch_slice(kernel, B)
+        outs = [skewed.dape_v2_skewed(qs, ks, vs, *weights, tab, keep=keep, tables=tables, residual=residual)
+                for qs, ks, vs in zip(q.split(size), k.split(size), v.split(size))]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        if keep and out.grad_fn is not None:  # its S and F buffers stay until its backward (skewed_memory)
+            skewed_memory.KEPT.add(out.grad_fn, 2 * skewed.buffer_bytes(B, H, T, q.dtype))
+        return out, None
     if kernel == "chunked":
         return chunked_attention(q, k, v, parts, chunk_size, segments)
     from ...ops.dape_v2.triton import dape_v2_triton
@@ -261,31 +269,57 @@ def _needs_grad(operands) -> bool:
 
 def _skewed_plan(q, hidden: int, grad: bool, forward: bool) -> str | None:
     """Work that needs DAPE V2's gradient goes to the skewed kernels (lenx.ops.dape_v2.skewed) where
-    their T x T buffers fit in the device's free memory: "keep" (the forward keeps its two buffers
-    for the backward) when six buffers fit, "recompute" when four do (the backward's peak), else
-    None (the O(T)-memory Triton kernel, 10-11x slower at the 125m training shapes: notes/kernels.md).
-    Forward-only work takes them ("forward", three buffers) only where `forward` says so: a head dim
-    the Triton kernel cannot take, or tables out of the Gluon forward's range (else it is the Gluon
-    or Triton forward's). LENX_DAPE_V2_SKEWED=0 keeps the
-    Triton kernel (or the chunked reference where it cannot run), =keep or =recompute forces that mode."""
-    mode = os.environ.get("LENX_DAPE_V2_SKEWED", "auto")
+    their T x T buffers fit (skewed_memory.plan: the device's free memory, and LENX_DAPE_V2_MEMORY's
+    budget where set): "keep" (the forward keeps its S and F buffers for the backward), "recompute"
+    (the backward's four buffers and the hidden one), "recompute, batch slices of N" (the batch
+    run N entries at a time, so that one slice's buffers fit), else None (the O(T)-memory Triton
+    kernel, 10-11x slower at the 125m training shapes: notes/kernels.md). Forward-only work takes
+    them ("forward", three buffers) only where `forward` says so: a head dim the Triton kernel
+    cannot take, or tables out of the Gluon forward's range (else it is the Gluon or Triton
+    forward's). LENX_DAPE_V2_SKEWED=0 keeps the Triton kernel (or the chunked reference where it
+    cannot run), =keep or =recompute forces that mode."""
+    mode = skewed_choice()
     if mode == "0" or not (grad or forward):
         return None
     if grad and mode in ("keep", "recompute"):
         return mode
-    if q.device.type != "cuda":  # Triton's interpreter (the CPU tests)
-        return "keep" if grad else "forward"
+    budget = skewed_memory.budget_bytes() if grad else None
+    if q.device.type != "cuda":  # Triton's interpreter (the CPU tests): no device memory to ask
+        if not grad:
+            return "forward"
+        return "keep" if budget is None else _budget_plan(q, hidden, budget, free=1 << 62)
+    free = torch.cuda.mem_get_info(q.device)[0] + torch.cuda.memory_reserved(q.device) - torch.cuda.memory_allocated(q.device)
+    return _budget_plan(q, hidden, budget, free) if grad else _forward_plan(q, hidden, free)
+
+
+def _buffers(q, hidden: int) -> tuple[int, int]:
+    """Bytes of one score-shaped skewed buffer and of the hidden one (skewed.buffer_bytes)."""
     from ...ops.dape_v2.skewed import buffer_bytes
 
     B, H, T, _ = q.shape
-    need = buffer_bytes(B, H, T, q.dtype)
-    hidden = buffer_bytes(B, H, T, q.dtype, channels=max(16, 1 << max(0, hidden - 1).bit_length()))
-    free = torch.cuda.mem_get_info(q.device)[0] + torch.cuda.memory_reserved(q.device) - torch.cuda.memory_allocated(q.device)
-    if not grad:
-        return "forward" if 2 * need + hidden <= free else None
-    if 6 * need + hidden <= free:
-        return "keep"
-    return "recompute" if 4 * need + hidden <= free else None
+    return (buffer_bytes(B, H, T, q.dtype),
+            buffer_bytes(B, H, T, q.dtype, channels=max(16, 1 << max(0, hidden - 1).bit_length())))
+
+
+def _forward_plan(q, hidden: int, free: int) -> str | None:
+    need, hid = _buffers(q, hidden)
+    return "forward" if 2 * need + hid <= free else None
+
+
+def _budget_plan(q, hidden: int, budget, free: int) -> str | None:
+    need, hid = _buffers(q, hidden)
+    B = q.shape[0]
+    mode, size = skewed_memory.plan(B, 2 * need, 4 * need + hid, skewed_memory.KEPT.total, free, budget)
+    if mode == "recompute" and size < B:
+        return f"recompute, batch slices of {size}"
+    return mode
+
+
+def _batch_slice(kernel: str, batch: int) -> int:
+    """The batch slice of a skewed kernel name (_skewed_plan's "recompute, batch slices of N"), else
+    the whole batch."""
+    tail = kernel.rsplit(" slices of ", 1)
+    return int(tail[1].rstrip(")")) if len(tail) == 2 else batch
 
 
 def _use_gluon(q, proc) -> bool:
@@ -302,6 +336,25 @@ def _use_gluon(q, proc) -> bool:
 
 
 GLUON_CHOICES = ("ws", "1", "chain", "gluon", "0")
+
+
+SKEWED_CHOICES = ("auto", "0", "keep", "recompute")
+
+
+def skewed_choice() -> str:
+    """LENX_DAPE_V2_SKEWED: "auto" (the default: _skewed_plan decides), "0", "keep" or "recompute"."""
+    value = os.environ.get("LENX_DAPE_V2_SKEWED", "auto")
+    if value not in SKEWED_CHOICES:
+        raise ValueError(f"LENX_DAPE_V2_SKEWED must be one of {', '.join(SKEWED_CHOICES)}, got {value!r}")
+    return value
+
+
+def check_settings() -> None:
+    """A ValueError of one line for an environment setting of this backend that names nothing
+    (LENX_DAPE_V2_GLUON, LENX_DAPE_V2_SKEWED, LENX_DAPE_V2_MEMORY), so the CLI stops before any work."""
+    gluon_choice()
+    skewed_choice()
+    skewed_memory.budget_bytes()
 
 
 def gluon_choice() -> str:
