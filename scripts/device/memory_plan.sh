@@ -4,7 +4,7 @@
 # device's free memory, which keeps every layer's buffers where they fit). Each run's JSON records
 # the budget (settings.environment) and the kernel each layer ran (rows[].kernels).
 # Usage (repository root on the device): COMMIT=<sha> OUT=/some/dir bash scripts/device/memory_plan.sh
-# BUDGETS_512 / BUDGETS_2048: space-separated budgets (defaults below); RUN_S: seconds per run.
+# BUDGETS_512 / BUDGETS_2048: space-separated budgets (defaults below; empty: none); RUN_S: seconds per run.
 set -o pipefail
 export PYTHONPATH=src PYTHONUNBUFFERED=1 LENX_GIT_COMMIT=$COMMIT
 W=$OUT/memplan
@@ -15,6 +15,6 @@ run() {  # B T budget
         -o "$W/train_step_T$2_$3.json" > "$W/train_step_T$2_$3.log" 2>&1
     echo "T $2 B $1 budget $3: rc $?"
 }
-for b in ${BUDGETS_512:-auto 4 1.6 0.5}; do run 32 512 "$b"; done
-for b in ${BUDGETS_2048:-auto 6.5 4 2}; do run 8 2048 "$b"; done
+for b in ${BUDGETS_512-auto 1.6 0.5}; do run 32 512 "$b"; done
+for b in ${BUDGETS_2048-auto 6.5 2}; do run 8 2048 "$b"; done
 (cd "$OUT" && tar czf memplan.tar.gz memplan && rm -rf memplan)
