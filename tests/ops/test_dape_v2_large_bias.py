@@ -49,7 +49,16 @@ def fused_logits(q, k, w, table, residual=True):
     fb = skewed._conv_buffer(sb, skewed._Weights(w1[:, :H], t1, k0, w2, q.dtype), cfg, residual)
     pos = torch.arange(T, device=q.device)
     S = q.double() @ k.double().transpose(-1, -2) / math.sqrt(d)
-    return S + fb.double() + flash_bias(*skewed.flash_tables(t1, k0, w2, t2, residual), T)
+    return S + square(fb.double(), T) + flash_bias(*skewed.flash_tables(t1, k0, w2, t2, residual), T)
+
+
+def square(packed, T):
+    """A packed score-shaped buffer [..., T (T + 1) / 2] (row i: keys 0 .. i) as [..., T, T], zero above
+    the diagonal: the causal mask's True entries in row-major order are the packed ones."""
+    causal = torch.ones(T, T, dtype=torch.bool, device=packed.device).tril()
+    out = packed.new_zeros(*packed.shape[:-1], T, T)
+    out[..., causal] = packed
+    return out
 
 
 def flash_bias(t2f, e0, T):

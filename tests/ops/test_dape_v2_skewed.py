@@ -75,10 +75,10 @@ def test_skewed_recompute_and_small_tiles():
 
 @pytest.mark.parametrize("ks,residual", [(1, True), (3, True), (5, True), (3, False), (5, False)])
 def test_buffers_hold_scores_and_residual_logits(ks, residual):
-    """The index maps: the S buffer is Q K^T / sqrt(d) at (b, i, j, slot h), its padded slots zero,
+    """The index maps: the S buffer is Q K^T / sqrt(d) at (b, pair, slot h), its padded slots zero,
     and the F buffer conv2(...) without its bias (with the residual: less the residual table g[h, i
-    - j] and the edge term e0 at keys < 2h), at (b, h, i, j), on and below the diagonal, for a
-    sequence that spans several bands."""
+    - j] and the edge term e0 at keys < 2h) at (b, h, pair), the pairs (i, j <= i) of the packed
+    triangle in row-major order, for a sequence that spans several bands."""
     B, H, T, d, D = 2, 3, 41, 16, 8
     q, k = (torch.randn(B, H, T, d, device=DEVICE) for _ in range(2))
     w1, b1, w2, b2 = (x.to(DEVICE).float() for x in conv_weights(H, D, ks, True))
@@ -94,10 +94,11 @@ def test_buffers_hold_scores_and_residual_logits(ks, residual):
     f = dape_v2_scores(S, bias, w1, b1, w2, b2, pos, pos) - S - bias - b2[:, None, None]
     t2f, e0 = skewed.flash_tables(t1, k0, w2, t2, residual)  # F - g - e0: the sum is what the flash kernels add
     f = f - (flash_bias(t2f, e0, T) - table_bias(t2, pos, pos))
-    assert sb.shape == (B, T, T, 16)
-    assert_close(sb[..., :H].permute(0, 3, 1, 2)[..., causal], S[..., causal], 1e-6, "S buffer")
-    assert torch.equal(sb[:, causal][..., H:], torch.zeros_like(sb[:, causal][..., H:]))
-    assert_close(fb[..., causal], f[..., causal], 1e-5, "F buffer")
+    P = T * (T + 1) // 2
+    assert sb.shape == (B, P, 16) and fb.shape == (B, H, P)
+    assert_close(sb[..., :H].permute(0, 2, 1), S[..., causal], 1e-6, "S buffer")
+    assert torch.equal(sb[..., H:], torch.zeros_like(sb[..., H:]))
+    assert_close(fb, f[..., causal], 1e-5, "F buffer")
 
 
 def forced(residual):
@@ -247,11 +248,34 @@ def test_t2_tile_table_holds_t2_by_distance(T, BM, BN):
     assert torch.equal(table, want)
 
 
-def test_buffer_bytes_match_the_buffers():
-    q = torch.randn(2, 3, 21, 16, device=DEVICE)
-    sb = skewed._scores_buffer(q, q, skewed.CONFIG_FP32)
-    assert sb.numel() * sb.element_size() == skewed.buffer_bytes(2, 3, 21, torch.float32)
-    assert skewed.buffer_bytes(32, 12, 512, torch.bfloat16) == 32 * 16 * 512 * 512 * 2  # 268 MB per buffer (16 slots)
+@pytest.mark.parametrize("keep", [True, False])
+def test_buffer_bytes_match_the_buffers(keep, monkeypatch):
+    """buffer_bytes is what the T x T buffers take, forward and backward: the slot-minor S and G
+    (pow2(H) slots) and the hidden Z and dY (DP channels) exactly, the head-planar S, F, G and dS
+    H / pow2(H) of it; with keep=True the forward keeps one slot-minor and one planar buffer."""
+    B, H, T, ks, D = 2, 3, 21, 5, 8
+    sizes = []
+    real = skewed.new
+    monkeypatch.setattr(skewed, "new", lambda shape, like, dtype=None: sizes.append(
+        (tuple(shape), real(shape, like, dtype).nbytes)) or real(shape, like, dtype))
+    q, k, v = (torch.randn(B, H, T, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    w = [x.to(DEVICE).float() for x in conv_weights(H, D, ks, False)]
+    out = skewed.dape_v2_skewed(q, k, v, *w, keep=keep)
+    score, hidden = skewed.buffer_bytes(B, H, T, torch.float32), skewed.buffer_bytes(B, H, T, torch.float32, 16)
+    P, PZ = T * (T + 1) // 2, T * (T + 7) // 2  # hidden rows: keys 0 .. i + 3 (k <= 7)
+    assert score == B * 16 * P * 4 and hidden == B * 16 * PZ * 4
+    planar = [(B, H, P, score * H // 16)]
+    forward = planar + [(B, P, 16, score), (B, PZ, 16, hidden)] + planar  # S, its slots, Z, F
+    assert [(*s, n) for s, n in sizes if P in s or PZ in s] == forward
+    kept = [x.nbytes for x in out.grad_fn.saved_tensors if x is not None and x.shape[1:] in ((H, P), (P, 16))]
+    assert kept == ([score, score * H // 16] if keep else [])
+    sizes.clear()
+    out.sum().backward()
+    backward = (forward if not keep else []) + planar + [(B, P, 16, score), (B, PZ, 16, hidden)] + planar
+    assert [(*s, n) for s, n in sizes if P in s or PZ in s] == backward  # G, its slots, dY, dS
+    # the 125m shapes in bf16: 134 MB per score-shaped buffer at 512 x 32 (268 MB as a square)
+    assert skewed.buffer_bytes(32, 12, 512, torch.bfloat16) == 32 * 16 * (512 * 513 // 2) * 2
+    assert skewed.buffer_bytes(8, 12, 2048, torch.bfloat16, 32) == 8 * 32 * (2048 * 2055 // 2) * 2
 
 
 def test_rejects_bad_arguments():
