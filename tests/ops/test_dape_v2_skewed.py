@@ -59,16 +59,19 @@ def test_skewed_head_dim_128(T, ks, kind):
     run_dape(1, 2, T, 128, ks, 8, kind, torch.float32, op=skewed.dape_v2_skewed)
 
 
+# small tiles: many bands and row blocks (and a partial last band) in a short sequence
+TINY = {"conv_z": (2, 16, 4, 1), "conv_f": (4, 16, 4, 1), "conv_dy": (2, 16, 4, 1), "conv_dx": (4, 16, 4, 1),
+        "attn_fwd": (16, 16, 4, 1), "attn_bwd": (16, 16, 4, 1), "dq": (16, 16, 4, 1), "dk": (16, 16, 4, 1),
+        "scores": (16, 16, 4, 1)}
+
+
 def test_skewed_recompute_and_small_tiles():
     """keep=False recomputes the buffers in the backward; small tiles put many bands and row blocks
     (and a partial last band) into a short sequence."""
     run_dape(2, 3, 45, 16, 3, 8, "kerple", torch.float32, op=recompute)
-    tiny = {"conv_z": (2, 16, 4, 1), "conv_f": (4, 16, 4, 1), "conv_dy": (2, 16, 4, 1), "conv_dx": (4, 16, 4, 1),
-            "attn_fwd": (16, 16, 4, 1),
-            "attn_bwd": (16, 16, 4, 1), "dq": (16, 16, 4, 1), "dk": (16, 16, 4, 1), "scores": (16, 16, 4, 1)}
 
     def small(q, k, v, w1, b1, w2, b2, table):
-        return skewed.dape_v2_skewed(q, k, v, w1, b1, w2, b2, table, config=tiny)
+        return skewed.dape_v2_skewed(q, k, v, w1, b1, w2, b2, table, config=TINY)
 
     run_dape(1, 3, 45, 16, 5, 8, "alibi", torch.float32, op=small)
 
@@ -202,6 +205,60 @@ def test_bounds_check_catches_an_access_past_a_tensor():
     x = torch.randn(16)
     with pytest.raises(Exception, match="outside every argument tensor"), bounds_checked():
         shifted_copy[(1,)](x, torch.empty(16), N=16)
+
+
+@pytest.mark.skipif(CUDA, reason="moves the interpreter's buffer layout")
+@pytest.mark.parametrize("T,ks,kind,keep,tiles", [(1, 7, "kerple", True, None), (2, 5, "alibi", False, None),
+                                                  (45, 7, None, True, None), (70, 3, "kerple", False, None),
+                                                  (45, 5, "alibi", True, "tiny")])
+def test_kernels_read_only_what_they_stored(T, ks, kind, keep, tiles, monkeypatch):
+    """Packed rows abut, so a load of a key past a row's last one would read the next row's first keys.
+    With GAP unused (NaN) entries after every row of every buffer, such a load meets an entry no kernel
+    stored: every lane any kernel loads from a buffer must have been stored before (reads_written),
+    forward and backward, kept and recomputed, at odd sizes and many bands and row blocks, and the
+    results still match the reference. The S buffer with the gaps shows that the kernels use them."""
+    import triton.language as tl
+
+    from kernel_cases import reads_written
+
+    gap, H = 2, 3
+    monkeypatch.setattr(skewed, "GAP", tl.constexpr(gap))
+    real = skewed.new
+    with reads_written() as track:
+        monkeypatch.setattr(skewed, "new", lambda *args, **kwargs: track(real(*args, **kwargs)))
+        q, k = (torch.randn(1, H, T, 16, device=DEVICE) for _ in range(2))
+        sb = skewed._scores_buffer(q, k, skewed.CONFIG_FP32)
+        config = TINY if tiles else None
+        run_dape(1, H, T, 16, ks, 8, kind, torch.float32,
+                 op=lambda *args: skewed.dape_v2_skewed(*args, keep=keep, config=config))
+    row = torch.arange(T + 1)
+    starts = row * (row + 1 + 2 * gap) // 2  # row i: keys 0 .. i, then `gap` unused entries
+    assert sb.shape == (1, starts[-1], 16)
+    S = q @ k.transpose(-1, -2) / 4
+    for i in range(T):
+        assert_close(sb[0, starts[i]:starts[i] + i + 1, :H].T, S[0, :, i, :i + 1], 1e-6, f"S buffer row {i}")
+        assert sb[0, starts[i] + i + 1:starts[i + 1]].isnan().all()
+
+
+@pytest.mark.skipif(CUDA, reason="checks the interpreter's memory accesses")
+def test_reads_written_catches_a_load_of_an_unstored_element():
+    import triton
+    import triton.language as tl
+
+    from kernel_cases import reads_written
+
+    @triton.jit
+    def copy_from(X, Y, start, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(Y + i, tl.load(X + start + i))
+
+    x, y = torch.randn(32), torch.empty(32)
+    with reads_written() as track:
+        track(y)
+        copy_from[(1,)](x, y, 0, N=16)  # stores y[:16]
+        copy_from[(1,)](y, x, 0, N=16)
+        with pytest.raises(Exception, match="1 lanes that no kernel stored"):
+            copy_from[(1,)](y, x, 1, N=16)
 
 
 def test_backward_is_bitwise_repeatable():
