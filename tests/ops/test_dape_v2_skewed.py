@@ -14,7 +14,7 @@ from helpers import assert_close
 from kernel_cases import CUDA, DEVICE, GPU_T, batch_for, bias_table, bounds_checked, causal_gap
 from lenx.ops.biased_softmax.reference import table_bias
 from lenx.ops.dape_v2.reference import dape_v2_scores, dape_v2_tables
-from test_dape_v2_large_bias import flash_bias
+from test_dape_v2_large_bias import causal_entries, flash_bias, row_starts
 from test_dape_v2 import conv_weights, run_dape
 
 pytest.importorskip("triton")
@@ -80,8 +80,8 @@ def test_skewed_recompute_and_small_tiles():
 def test_buffers_hold_scores_and_residual_logits(ks, residual):
     """The index maps: the S buffer is Q K^T / sqrt(d) at (b, pair, slot h), its padded slots zero,
     and the F buffer conv2(...) without its bias (with the residual: less the residual table g[h, i
-    - j] and the edge term e0 at keys < 2h) at (b, h, pair), the pairs (i, j <= i) of the packed
-    triangle in row-major order, for a sequence that spans several bands."""
+    - j] and the edge term e0 at keys < 2h) at (b, h, pair), a pair (i, j <= i) at key j of packed
+    row i (rows of 8 ceil((i + 1) / 8) entries), for a sequence that spans several bands."""
     B, H, T, d, D = 2, 3, 41, 16, 8
     q, k = (torch.randn(B, H, T, d, device=DEVICE) for _ in range(2))
     w1, b1, w2, b2 = (x.to(DEVICE).float() for x in conv_weights(H, D, ks, True))
@@ -97,11 +97,11 @@ def test_buffers_hold_scores_and_residual_logits(ks, residual):
     f = dape_v2_scores(S, bias, w1, b1, w2, b2, pos, pos) - S - bias - b2[:, None, None]
     t2f, e0 = skewed.flash_tables(t1, k0, w2, t2, residual)  # F - g - e0: the sum is what the flash kernels add
     f = f - (flash_bias(t2f, e0, T) - table_bias(t2, pos, pos))
-    P = T * (T + 1) // 2
+    P, at = row_starts(T)[-1].item(), causal_entries(T).to(DEVICE)
     assert sb.shape == (B, P, 16) and fb.shape == (B, H, P)
-    assert_close(sb[..., :H].permute(0, 2, 1), S[..., causal], 1e-6, "S buffer")
-    assert torch.equal(sb[..., H:], torch.zeros_like(sb[..., H:]))
-    assert_close(fb, f[..., causal], 1e-5, "F buffer")
+    assert_close(sb[:, at, :H].permute(0, 2, 1), S[..., causal], 1e-6, "S buffer")
+    assert torch.equal(sb[:, at, H:], torch.zeros_like(sb[:, at, H:]))
+    assert_close(fb[..., at], f[..., causal], 1e-5, "F buffer")
 
 
 def forced(residual):
@@ -231,8 +231,7 @@ def test_kernels_read_only_what_they_stored(T, ks, kind, keep, tiles, monkeypatc
         config = TINY if tiles else None
         run_dape(1, H, T, 16, ks, 8, kind, torch.float32,
                  op=lambda *args: skewed.dape_v2_skewed(*args, keep=keep, config=config))
-    row = torch.arange(T + 1)
-    starts = row * (row + 1 + 2 * gap) // 2  # row i: keys 0 .. i, then `gap` unused entries
+    starts = row_starts(T, gap)  # row i: keys 0 .. i, padding, then `gap` unused entries
     assert sb.shape == (1, starts[-1], 16)
     S = q @ k.transpose(-1, -2) / 4
     for i in range(T):
@@ -319,7 +318,7 @@ def test_buffer_bytes_match_the_buffers(keep, monkeypatch):
     w = [x.to(DEVICE).float() for x in conv_weights(H, D, ks, False)]
     out = skewed.dape_v2_skewed(q, k, v, *w, keep=keep)
     score, hidden = skewed.buffer_bytes(B, H, T, torch.float32), skewed.buffer_bytes(B, H, T, torch.float32, 16)
-    P, PZ = T * (T + 1) // 2, T * (T + 7) // 2  # hidden rows: keys 0 .. i + 3 (k <= 7)
+    P, PZ = row_starts(T)[-1].item(), T * (T + 7) // 2  # hidden rows: keys 0 .. i + 3 (k <= 7)
     assert score == B * 16 * P * 4 and hidden == B * 16 * PZ * 4
     planar = [(B, H, P, score * H // 16)]
     forward = planar + [(B, P, 16, score), (B, PZ, 16, hidden)] + planar  # S, its slots, Z, F
@@ -330,8 +329,8 @@ def test_buffer_bytes_match_the_buffers(keep, monkeypatch):
     out.sum().backward()
     backward = (forward if not keep else []) + planar + [(B, P, 16, score), (B, PZ, 16, hidden)] + planar
     assert [(*s, n) for s, n in sizes if P in s or PZ in s] == backward  # G, its slots, dY, dS
-    # the 125m shapes in bf16: 134 MB per score-shaped buffer at 512 x 32 (268 MB as a square)
-    assert skewed.buffer_bytes(32, 12, 512, torch.bfloat16) == 32 * 16 * (512 * 513 // 2) * 2
+    # the 125m shapes in bf16: 136 MB per score-shaped buffer at 512 x 32 (268 MB as a square)
+    assert skewed.buffer_bytes(32, 12, 512, torch.bfloat16) == 32 * 16 * row_starts(512)[-1].item() * 2
     assert skewed.buffer_bytes(8, 12, 2048, torch.bfloat16, 32) == 8 * 32 * (2048 * 2055 // 2) * 2
 
 

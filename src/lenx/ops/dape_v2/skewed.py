@@ -29,12 +29,14 @@ Kernels, one job each (every product a plain tl.dot):
   _dq, _dk    dQ = dS K, dK = dS^T Q from the dS buffer (query owner and key owner: deterministic)
 Tiles are indexed (row, distance) but a tile's distances run in descending order, so its keys
 ascend and every row of a tile is one contiguous run of each buffer. The buffers hold only the
-causal triangle, packed: row i of a score-shaped plane holds keys 0 .. i and starts at i (i + 1) / 2
-(P = T (T + 1) / 2 entries a plane), row i of a hidden one keys 0 .. i + HALO (conv2 reads h <= HALO
-keys right of the diagonal) from i (i + 1 + 2 HALO) / 2 (PZ = T (T + 1 + 2 HALO) / 2); _row and
-_planes compute these offsets in int64. A load of a key past a row's end would read the next row,
-so every such load is masked (tests leave GAP poisoned entries after each row to check). The forward
-may keep the S and F buffers for the backward (keep=True) or the backward recomputes them (memory).
+causal triangle, packed row after row: row i of a score-shaped plane holds keys 0 .. i, padded to a
+multiple of ALIGN entries (so that every row starts 16-byte aligned and the per-head kernels' row
+runs stay vector loads and stores): P = _entries(T) ~ T (T + ALIGN) / 2 entries a plane. Row i of a
+hidden plane holds keys 0 .. i + HALO (conv2 reads h <= HALO keys right of the diagonal; a pair's DP
+channels are one aligned run anyway): PZ = T (T + 1 + 2 HALO) / 2. _row, _hrow and _planes, _hplanes
+compute the offsets in int64. A load of a key past a row's end would read the next row, so every such
+load is masked (the tests leave GAP poisoned entries after each row to check). The forward may keep
+the S and F buffers for the backward (keep=True) or the backward recomputes them (memory).
 """
 
 import functools
@@ -48,6 +50,9 @@ from .._launch import LOG2E, check_dape_v2_weights, check_qkv, dot_precision, ne
 from .reference import dape_v2_tables, residual_table
 
 LN2 = 0.6931471805599453
+# a score-shaped row's entries are a multiple of ALIGN = 2^ALIGN_BITS: 16 bytes of a 2-byte dtype
+ALIGN_BITS = tl.constexpr(3)
+ALIGN = tl.constexpr(1 << ALIGN_BITS.value)
 # keys right of the diagonal a hidden buffer's row holds: k // 2 for the largest k the fused kernels
 # take (7, triton.conv_unsupported_reason), so that buffer_bytes needs no kernel size
 HALO = tl.constexpr(3)
@@ -56,25 +61,58 @@ HALO = tl.constexpr(3)
 GAP = tl.constexpr(0)
 
 
-def _entries(T: int, extra: int = 0) -> int:
-    """Entries of one packed plane whose row i holds keys 0 .. i + extra (and GAP unused ones)."""
-    return T * (T + 1 + 2 * (extra + GAP.value)) // 2
+def _entries(T: int, hidden: bool = False) -> int:
+    """Entries of one packed plane of T rows: _row(T) (score-shaped) or _hrow(T) (hidden)."""
+    if hidden:
+        return T * (T + 1 + 2 * HALO.value) // 2 + T * GAP.value
+    a, m = ALIGN.value, T // ALIGN.value
+    return a * (m + 1) * (T - a // 2 * m) + T * GAP.value
 
 
 # --- packed triangles ------------------------------------------------------------------------------
 
 @triton.jit
-def _row(i, EXTRA: tl.constexpr = 0):
-    """Where row i of a packed plane starts (int64) when row i holds keys 0 .. i + EXTRA: the rows
-    before it hold i (i + 1) / 2 + i EXTRA entries (and i GAP unused ones)."""
+def _row(i):
+    """Where row i of a score-shaped plane starts (int64, a multiple of ALIGN): row r holds
+    ALIGN (r // ALIGN + 1) entries (keys 0 .. r, then padding), so with m = i // ALIGN the rows
+    before i hold ALIGN (m + 1) (i - ALIGN m / 2) (and i GAP unused ones)."""
     i = i.to(tl.int64)
-    return (i * (i + 1 + 2 * (EXTRA + GAP))) >> 1
+    m = i >> ALIGN_BITS  # i // ALIGN: a shift (a signed division costs registers in _conv_dx)
+    off = ALIGN * (m + 1) * (i - ALIGN // 2 * m)
+    if GAP > 0:
+        off += i * GAP
+    return off
 
 
 @triton.jit
-def _planes(n, T, EXTRA: tl.constexpr = 0):
-    """Where plane n of a packed buffer starts (int64): n planes of T rows as _row's (n a tensor)."""
-    return (n.to(tl.int64) * T * (T + 1 + 2 * (EXTRA + GAP))) >> 1
+def _planes(n, T):
+    """Where score-shaped plane n starts (int64; n a tensor): n planes of _row(T) entries."""
+    n = n.to(tl.int64)
+    m = T // ALIGN
+    off = n * ALIGN * (m + 1) * (T - ALIGN // 2 * m)
+    if GAP > 0:
+        off += n * T * GAP
+    return off
+
+
+@triton.jit
+def _hrow(i):
+    """Where row i of a hidden plane starts (int64): row r holds keys 0 .. r + HALO."""
+    i = i.to(tl.int64)
+    off = (i * (i + 1 + 2 * HALO)) >> 1
+    if GAP > 0:
+        off += i * GAP
+    return off
+
+
+@triton.jit
+def _hplanes(n, T):
+    """Where hidden plane n starts (int64; n a tensor): n planes of _hrow(T) entries."""
+    n = n.to(tl.int64)
+    off = (n * T * (T + 1 + 2 * HALO)) >> 1
+    if GAP > 0:
+        off += n * T * GAP
+    return off
 
 
 # --- (query, distance) tiles -----------------------------------------------------------------------
@@ -151,7 +189,7 @@ def _hidden_taps(HB, b, i, j, T, KS: tl.constexpr, DP: tl.constexpr, KZ: tl.cons
     col = tl.arange(0, KZ)
     key = j[:, None] - KS // 2 + col[None, :] // DP
     ok = (col < KS * DP)[None, :] & (key >= 0) & (key < T) & (i < T)[:, None]
-    base = HB + (_planes(b, T, HALO) + _row(i, HALO)) * DP  # keys <= i + h <= i + HALO: inside row i
+    base = HB + (_hplanes(b, T) + _hrow(i)) * DP  # keys <= i + h <= i + HALO: inside row i
     return tl.load(base[:, None] + key * DP + (col % DP)[None, :], mask=ok, other=0.0)
 
 
@@ -196,7 +234,7 @@ def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.co
                     part -= _near_k0(K0, i, j, T, DP, HALF)
             z -= tl.where(part > 0, part, 0.01 * part)
         ok = keyok & (n >= -HALF)
-        ptr = ZB + ((_planes(b, T, HALO) + _row(i, HALO) + j) * DP)[:, None] + cc[None, :]
+        ptr = ZB + ((_hplanes(b, T) + _hrow(i) + j) * DP)[:, None] + cc[None, :]
         tl.store(ptr, z.to(ZB.dtype.element_ty), mask=ok[:, None])
 
 
@@ -261,7 +299,7 @@ def _conv_dy(SB, GB, DYB, T1, K0, W1C, W2C, DW2, DT1, DK0, DT2, T,
             w2t = tl.load(W2C + (t * HP + ss)[:, None] * DP + cc[None, :])
             dz += tl.dot(g.to(CDT), w2t, input_precision=PREC)
         dy = tl.where(keyok[:, None], tl.where(y > 0, dz, 0.01 * dz), 0.0)
-        tl.store(DYB + ((_planes(b, T, HALO) + _row(i, HALO) + j) * DP)[:, None] + cc[None, :],
+        tl.store(DYB + ((_hplanes(b, T) + _hrow(i) + j) * DP)[:, None] + cc[None, :],
                  dy.to(DYB.dtype.element_ty), mask=keyok[:, None])
         zc = z.to(CDT)
         for t in tl.static_range(KS):
@@ -597,13 +635,13 @@ CONFIG_FP32 = {**CONFIG, "scores": (32, 32, 4, 1), "attn_fwd": (32, 32, 4, 1), "
 
 
 def buffer_bytes(B: int, H: int, T: int, dtype=torch.bfloat16, channels: int | None = None) -> int:
-    """Bytes of one packed T x T buffer as allocated here: B pow2(H) T (T + 1) / 2 elements of the input
-    dtype for a score-shaped one (the slot-minor S and G; F and dS hold H heads, so this bounds them
-    too), B channels T (T + 1 + 2 HALO) / 2 for a hidden one (Z in the forward, dY in the backward;
-    channels = the hidden width padded to a power of two). The forward holds S, Z and F at its peak,
-    the backward S, G, dY and dS."""
-    slots, extra = (pow2(H), 0) if channels is None else (channels, HALO.value)
-    return B * slots * _entries(T, extra) * torch.finfo(dtype).bits // 8
+    """Bytes of one packed T x T buffer, exactly as allocated here: B pow2(H) P elements of the input
+    dtype for a score-shaped one (P = _entries(T) ~ T (T + ALIGN) / 2; the slot-minor S and G; F and
+    dS hold H heads, so this bounds them too), B channels T (T + 1 + 2 HALO) / 2 for a hidden one (Z
+    in the forward, dY in the backward; channels = the hidden width padded to a power of two). The
+    forward holds S, Z and F at its peak, the backward S, G, dY and dS."""
+    slots = pow2(H) if channels is None else channels
+    return B * slots * _entries(T, channels is not None) * torch.finfo(dtype).bits // 8
 
 
 class _Weights:
@@ -814,7 +852,7 @@ def _conv_buffer(sb, wts, cfg, residual: bool):
     the residual, their residual forms (flash_tables)."""
     B, T = sb.shape[0], wts.T
     cdt, prec = _tl_dtype(wts.w1c.dtype), dot_precision(sb.dtype)
-    zb = new((B, _entries(T, HALO.value), wts.DP), sb)
+    zb = new((B, _entries(T, hidden=True), wts.DP), sb)
     BM, BN, nw, ns = cfg["conv_z"]
     _staged(_conv_z, (triton.cdiv(T + wts.KS // 2, BN), B), sb, zb, wts.t1, wts.k0, wts.w1c, T, BM=BM, BN=BN,
             CDT=cdt, PREC=prec, RES=residual, num_warps=nw, num_stages=ns, **wts.meta())
@@ -878,7 +916,7 @@ class DapeV2Skewed(torch.autograd.Function):
         del fb, t2w
         gb = _slots_buffer(gb, T, cfg)
         cdt = _tl_dtype(wts.w1c.dtype)
-        dyb = new((B, _entries(T, HALO.value), wts.DP), sb)
+        dyb = new((B, _entries(T, hidden=True), wts.DP), sb)
         BM, BN, nw, ns = cfg["conv_dy"]
         n_band = triton.cdiv(T + wts.KS // 2, BN)
         KSP = pow2(wts.KS, 1)
