@@ -156,3 +156,45 @@ def bounds_checked():
         interp.GridExecutor._init_args_hst = init
         interp.InterpreterBuilder.create_masked_load = load
         interp.InterpreterBuilder.create_masked_store = store
+
+
+@contextlib.contextmanager
+def reads_written():
+    """Under Triton's interpreter: every lane a kernel loads from a tracked tensor must have been stored
+    by some kernel since the tensor was tracked (a load of an element no kernel wrote fails; a store
+    into an element marks it). Yields track(x) -> x, which tracks x (and keeps it alive, so that its
+    memory is not another tensor's later)."""
+    import numpy as np
+    import triton.runtime.interpreter as interp
+
+    tracked = []  # (first byte, end byte, element size, written flags, the tensor)
+    load, store = interp.InterpreterBuilder.create_masked_load, interp.InterpreterBuilder.create_masked_store
+
+    def track(x):
+        assert x.is_contiguous()
+        tracked.append((x.data_ptr(), x.data_ptr() + x.nbytes, x.element_size(), np.zeros(x.numel(), bool), x))
+        return x
+
+    def hits(ptrs, mask):
+        addr = np.broadcast_to(ptrs.data, mask.data.shape)[mask.data.astype(bool)]
+        for lo, hi, size, flags, _ in tracked:
+            yield (addr[(addr >= lo) & (addr < hi)] - lo) // size, flags
+
+    def checked_load(self, ptrs, mask, other, *rest):
+        for idx, flags in hits(ptrs, mask):
+            unwritten = int((~flags[idx]).sum())
+            assert unwritten == 0, f"load of {unwritten} lanes that no kernel stored"
+        return load(self, ptrs, mask, other, *rest)
+
+    def checked_store(self, ptrs, value, mask, *rest):
+        for idx, flags in hits(ptrs, mask):
+            flags[idx] = True
+        return store(self, ptrs, value, mask, *rest)
+
+    interp.InterpreterBuilder.create_masked_load = checked_load
+    interp.InterpreterBuilder.create_masked_store = checked_store
+    try:
+        yield track
+    finally:
+        interp.InterpreterBuilder.create_masked_load = load
+        interp.InterpreterBuilder.create_masked_store = store

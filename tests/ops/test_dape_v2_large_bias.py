@@ -49,7 +49,29 @@ def fused_logits(q, k, w, table, residual=True):
     fb = skewed._conv_buffer(sb, skewed._Weights(w1[:, :H], t1, k0, w2, q.dtype), cfg, residual)
     pos = torch.arange(T, device=q.device)
     S = q.double() @ k.double().transpose(-1, -2) / math.sqrt(d)
-    return S + fb.double() + flash_bias(*skewed.flash_tables(t1, k0, w2, t2, residual), T)
+    return S + square(fb.double(), T) + flash_bias(*skewed.flash_tables(t1, k0, w2, t2, residual), T)
+
+
+def row_starts(T, gap=0):
+    """Where the rows of a packed score-shaped plane start, and its size ([T + 1]): row i holds keys 0 ..
+    i in 8 ceil((i + 1) / 8) entries (rows 16-byte aligned), then `gap` unused ones (skewed.GAP)."""
+    i = torch.arange(T)
+    return torch.cat([torch.zeros(1, dtype=torch.long), (8 * (i // 8 + 1) + gap).cumsum(0)])
+
+
+def causal_entries(T, gap=0):
+    """[T (T + 1) / 2]: where (i, j <= i) lies in a packed score-shaped plane, in row-major order (the
+    order of a causal mask's True entries)."""
+    i, j = torch.ones(T, T, dtype=torch.bool).tril().nonzero().unbind(1)
+    return row_starts(T, gap)[i] + j
+
+
+def square(packed, T):
+    """A packed score-shaped buffer [..., P] as [..., T, T], zero above the diagonal."""
+    causal = torch.ones(T, T, dtype=torch.bool, device=packed.device).tril()
+    out = packed.new_zeros(*packed.shape[:-1], T, T)
+    out[..., causal] = packed[..., causal_entries(T).to(packed.device)]
+    return out
 
 
 def flash_bias(t2f, e0, T):

@@ -14,7 +14,7 @@ from helpers import assert_close
 from kernel_cases import CUDA, DEVICE, GPU_T, batch_for, bias_table, bounds_checked, causal_gap
 from lenx.ops.biased_softmax.reference import table_bias
 from lenx.ops.dape_v2.reference import dape_v2_scores, dape_v2_tables
-from test_dape_v2_large_bias import flash_bias
+from test_dape_v2_large_bias import causal_entries, flash_bias, row_starts
 from test_dape_v2 import conv_weights, run_dape
 
 pytest.importorskip("triton")
@@ -59,26 +59,29 @@ def test_skewed_head_dim_128(T, ks, kind):
     run_dape(1, 2, T, 128, ks, 8, kind, torch.float32, op=skewed.dape_v2_skewed)
 
 
+# small tiles: many bands and row blocks (and a partial last band) in a short sequence
+TINY = {"conv_z": (2, 16, 4, 1), "conv_f": (4, 16, 4, 1), "conv_dy": (2, 16, 4, 1), "conv_dx": (4, 16, 4, 1),
+        "attn_fwd": (16, 16, 4, 1), "attn_bwd": (16, 16, 4, 1), "dq": (16, 16, 4, 1), "dk": (16, 16, 4, 1),
+        "scores": (16, 16, 4, 1)}
+
+
 def test_skewed_recompute_and_small_tiles():
     """keep=False recomputes the buffers in the backward; small tiles put many bands and row blocks
     (and a partial last band) into a short sequence."""
     run_dape(2, 3, 45, 16, 3, 8, "kerple", torch.float32, op=recompute)
-    tiny = {"conv_z": (2, 16, 4, 1), "conv_f": (4, 16, 4, 1), "conv_dy": (2, 16, 4, 1), "conv_dx": (4, 16, 4, 1),
-            "attn_fwd": (16, 16, 4, 1),
-            "attn_bwd": (16, 16, 4, 1), "dq": (16, 16, 4, 1), "dk": (16, 16, 4, 1), "scores": (16, 16, 4, 1)}
 
     def small(q, k, v, w1, b1, w2, b2, table):
-        return skewed.dape_v2_skewed(q, k, v, w1, b1, w2, b2, table, config=tiny)
+        return skewed.dape_v2_skewed(q, k, v, w1, b1, w2, b2, table, config=TINY)
 
     run_dape(1, 3, 45, 16, 5, 8, "alibi", torch.float32, op=small)
 
 
 @pytest.mark.parametrize("ks,residual", [(1, True), (3, True), (5, True), (3, False), (5, False)])
 def test_buffers_hold_scores_and_residual_logits(ks, residual):
-    """The index maps: the S buffer is Q K^T / sqrt(d) at (b, i, j, slot h), its padded slots zero,
+    """The index maps: the S buffer is Q K^T / sqrt(d) at (b, pair, slot h), its padded slots zero,
     and the F buffer conv2(...) without its bias (with the residual: less the residual table g[h, i
-    - j] and the edge term e0 at keys < 2h), at (b, h, i, j), on and below the diagonal, for a
-    sequence that spans several bands."""
+    - j] and the edge term e0 at keys < 2h) at (b, h, pair), a pair (i, j <= i) at key j of packed
+    row i (rows of 8 ceil((i + 1) / 8) entries), for a sequence that spans several bands."""
     B, H, T, d, D = 2, 3, 41, 16, 8
     q, k = (torch.randn(B, H, T, d, device=DEVICE) for _ in range(2))
     w1, b1, w2, b2 = (x.to(DEVICE).float() for x in conv_weights(H, D, ks, True))
@@ -94,10 +97,11 @@ def test_buffers_hold_scores_and_residual_logits(ks, residual):
     f = dape_v2_scores(S, bias, w1, b1, w2, b2, pos, pos) - S - bias - b2[:, None, None]
     t2f, e0 = skewed.flash_tables(t1, k0, w2, t2, residual)  # F - g - e0: the sum is what the flash kernels add
     f = f - (flash_bias(t2f, e0, T) - table_bias(t2, pos, pos))
-    assert sb.shape == (B, T, T, 16)
-    assert_close(sb[..., :H].permute(0, 3, 1, 2)[..., causal], S[..., causal], 1e-6, "S buffer")
-    assert torch.equal(sb[:, causal][..., H:], torch.zeros_like(sb[:, causal][..., H:]))
-    assert_close(fb[..., causal], f[..., causal], 1e-5, "F buffer")
+    P, at = row_starts(T)[-1].item(), causal_entries(T).to(DEVICE)
+    assert sb.shape == (B, P, 16) and fb.shape == (B, H, P)
+    assert_close(sb[:, at, :H].permute(0, 2, 1), S[..., causal], 1e-6, "S buffer")
+    assert torch.equal(sb[:, at, H:], torch.zeros_like(sb[:, at, H:]))
+    assert_close(fb[..., at], f[..., causal], 1e-5, "F buffer")
 
 
 def forced(residual):
@@ -203,6 +207,59 @@ def test_bounds_check_catches_an_access_past_a_tensor():
         shifted_copy[(1,)](x, torch.empty(16), N=16)
 
 
+@pytest.mark.skipif(CUDA, reason="moves the interpreter's buffer layout")
+@pytest.mark.parametrize("T,ks,kind,keep,tiles", [(1, 7, "kerple", True, None), (2, 5, "alibi", False, None),
+                                                  (45, 7, None, True, None), (70, 3, "kerple", False, None),
+                                                  (45, 5, "alibi", True, "tiny")])
+def test_kernels_read_only_what_they_stored(T, ks, kind, keep, tiles, monkeypatch):
+    """Packed rows abut, so a load of a key past a row's last one would read the next row's first keys.
+    With GAP unused (NaN) entries after every row of every buffer, such a load meets an entry no kernel
+    stored: every lane any kernel loads from a buffer must have been stored before (reads_written),
+    forward and backward, kept and recomputed, at odd sizes and many bands and row blocks, and the
+    results still match the reference. The S buffer with the gaps shows that the kernels use them."""
+    import triton.language as tl
+
+    from kernel_cases import reads_written
+
+    gap, H = 2, 3
+    monkeypatch.setattr(skewed, "GAP", tl.constexpr(gap))
+    real = skewed.new
+    with reads_written() as track:
+        monkeypatch.setattr(skewed, "new", lambda *args, **kwargs: track(real(*args, **kwargs)))
+        q, k = (torch.randn(1, H, T, 16, device=DEVICE) for _ in range(2))
+        sb = skewed._scores_buffer(q, k, skewed.CONFIG_FP32)
+        config = TINY if tiles else None
+        run_dape(1, H, T, 16, ks, 8, kind, torch.float32,
+                 op=lambda *args: skewed.dape_v2_skewed(*args, keep=keep, config=config))
+    starts = row_starts(T, gap)  # row i: keys 0 .. i, padding, then `gap` unused entries
+    assert sb.shape == (1, starts[-1], 16)
+    S = q @ k.transpose(-1, -2) / 4
+    for i in range(T):
+        assert_close(sb[0, starts[i]:starts[i] + i + 1, :H].T, S[0, :, i, :i + 1], 1e-6, f"S buffer row {i}")
+        assert sb[0, starts[i] + i + 1:starts[i + 1]].isnan().all()
+
+
+@pytest.mark.skipif(CUDA, reason="checks the interpreter's memory accesses")
+def test_reads_written_catches_a_load_of_an_unstored_element():
+    import triton
+    import triton.language as tl
+
+    from kernel_cases import reads_written
+
+    @triton.jit
+    def copy_from(X, Y, start, N: tl.constexpr):
+        i = tl.arange(0, N)
+        tl.store(Y + i, tl.load(X + start + i))
+
+    x, y = torch.randn(32), torch.empty(32)
+    with reads_written() as track:
+        track(y)
+        copy_from[(1,)](x, y, 0, N=16)  # stores y[:16]
+        copy_from[(1,)](y, x, 0, N=16)
+        with pytest.raises(Exception, match="1 lanes that no kernel stored"):
+            copy_from[(1,)](y, x, 1, N=16)
+
+
 def test_backward_is_bitwise_repeatable():
     B, H, T, d = 1, 3, 40, 16
     q, k, v = (torch.randn(B, H, T, d, device=DEVICE, requires_grad=True) for _ in range(3))
@@ -247,11 +304,34 @@ def test_t2_tile_table_holds_t2_by_distance(T, BM, BN):
     assert torch.equal(table, want)
 
 
-def test_buffer_bytes_match_the_buffers():
-    q = torch.randn(2, 3, 21, 16, device=DEVICE)
-    sb = skewed._scores_buffer(q, q, skewed.CONFIG_FP32)
-    assert sb.numel() * sb.element_size() == skewed.buffer_bytes(2, 3, 21, torch.float32)
-    assert skewed.buffer_bytes(32, 12, 512, torch.bfloat16) == 32 * 16 * 512 * 512 * 2  # 268 MB per buffer (16 slots)
+@pytest.mark.parametrize("keep", [True, False])
+def test_buffer_bytes_match_the_buffers(keep, monkeypatch):
+    """buffer_bytes is what the T x T buffers take, forward and backward: the slot-minor S and G
+    (pow2(H) slots) and the hidden Z and dY (DP channels) exactly, the head-planar S, F, G and dS
+    H / pow2(H) of it; with keep=True the forward keeps one slot-minor and one planar buffer."""
+    B, H, T, ks, D = 2, 3, 21, 5, 8
+    sizes = []
+    real = skewed.new
+    monkeypatch.setattr(skewed, "new", lambda shape, like, dtype=None: sizes.append(
+        (tuple(shape), real(shape, like, dtype).nbytes)) or real(shape, like, dtype))
+    q, k, v = (torch.randn(B, H, T, 16, device=DEVICE, requires_grad=True) for _ in range(3))
+    w = [x.to(DEVICE).float() for x in conv_weights(H, D, ks, False)]
+    out = skewed.dape_v2_skewed(q, k, v, *w, keep=keep)
+    score, hidden = skewed.buffer_bytes(B, H, T, torch.float32), skewed.buffer_bytes(B, H, T, torch.float32, 16)
+    P, PZ = row_starts(T)[-1].item(), T * (T + 7) // 2  # hidden rows: keys 0 .. i + 3 (k <= 7)
+    assert score == B * 16 * P * 4 and hidden == B * 16 * PZ * 4
+    planar = [(B, H, P, score * H // 16)]
+    forward = planar + [(B, P, 16, score), (B, PZ, 16, hidden)] + planar  # S, its slots, Z, F
+    assert [(*s, n) for s, n in sizes if P in s or PZ in s] == forward
+    kept = [x.nbytes for x in out.grad_fn.saved_tensors if x is not None and x.shape[1:] in ((H, P), (P, 16))]
+    assert kept == ([score, score * H // 16] if keep else [])
+    sizes.clear()
+    out.sum().backward()
+    backward = (forward if not keep else []) + planar + [(B, P, 16, score), (B, PZ, 16, hidden)] + planar
+    assert [(*s, n) for s, n in sizes if P in s or PZ in s] == backward  # G, its slots, dY, dS
+    # the 125m shapes in bf16: 136 MB per score-shaped buffer at 512 x 32 (268 MB as a square)
+    assert skewed.buffer_bytes(32, 12, 512, torch.bfloat16) == 32 * 16 * row_starts(512)[-1].item() * 2
+    assert skewed.buffer_bytes(8, 12, 2048, torch.bfloat16, 32) == 8 * 32 * (2048 * 2055 // 2) * 2
 
 
 def test_rejects_bad_arguments():

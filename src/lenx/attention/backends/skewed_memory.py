@@ -3,9 +3,9 @@
 A layer's skewed work either keeps its S and F buffers from the forward to the backward ("keep":
 the fastest) or recomputes them in the backward ("recompute": the same kernels once more), and a
 recomputing layer may run its batch in slices, one slice's buffers at a time, so that its working
-set shrinks with the slice. The buffers (skewed.buffer_bytes) are T x T: at the 125m shapes a
-kept layer holds 0.47 GB at 512 x 32 and 1.9 GB at 2048 x 8, twelve layers of it most of the step's
-peak.
+set shrinks with the slice. The buffers (skewed.buffer_bytes) are the packed causal triangles of
+T x T maps: at the 125m shapes a kept layer holds 0.24 GB at 512 x 32 and 0.94 GB at 2048 x 8,
+twelve layers of it most of what the step's peak holds beyond Kerple's.
 
 LENX_DAPE_V2_MEMORY sets a budget in GiB for all of it at once: the buffers every layer of the
 graph keeps plus one layer's working set. A layer's forward keeps where the kept buffers of the

@@ -9,28 +9,34 @@ sees only the H score channels: with m = i - j the distance,
     logits = S + F + t2[m]                                          (h = k // 2)
 
 Kernels, one job each (every product a plain tl.dot):
-  _scores     S -> S buffer [B, H, T, T] (per head, causal tiles only), then _to_slots: the slot-minor
-              S buffer [B, T, T, HP] the conv kernels read (a pair's HP = pow2(H) head slots one
+  _scores     S -> S buffer [B, H, P] (per head, causal tiles only), then _to_slots: the slot-minor
+              S buffer [B, P, HP] the conv kernels read (a pair's HP = pow2(H) head slots one
               aligned run: their gathers are vector loads, and the pipeliner can stage them)
-  _conv_z     S buffer -> hidden buffer Z = LeakyReLU(conv1(X)) [B, T, T, D]: a program owns a band of
+  _conv_z     S buffer -> hidden buffer Z = LeakyReLU(conv1(X)) [B, PZ, DP]: a program owns a band of
               BN distances (the first from -h: conv2 reads h keys right of the diagonal) and walks
               the query rows; a tile is BM rows x BN distances ("pairs"), all heads at once: conv1
               is one [pairs, head slots] @ [slots, hidden] dot per tap over the S buffer read at key
               offsets (a tap is an address offset, no register shifts)
-  _conv_f     Z -> F buffer [B, H, T, T]: conv2 as one dot over its concatenated taps, each pair's taps one
+  _conv_f     Z -> F buffer [B, H, P]: conv2 as one dot over its concatenated taps, each pair's taps one
               contiguous run of Z
   _attn_fwd   flash attention with logits Q K^T / sqrt(d) + F + t2 -> out, lse
-  _attn_bwd   key owner: G = dL/dlogits -> G buffer [B, H, T, T], dV; then slot-minor as S
+  _attn_bwd   key owner: G = dL/dlogits -> G buffer [B, H, P], dV; then slot-minor as S
   _conv_dy    G and S buffers -> hidden buffer dY = LeakyReLU'(Y) conv2^T(G), and the gradients of W2
               and the tables: per-distance sums are column sums that the band's program keeps in
               registers while it walks the rows; no atomics, partials summed on the host
-  _conv_dx    dY, G -> dS buffer [B, H, T, T]: G plus conv1^T(dY), one dot over concatenated taps; with S, the
+  _conv_dx    dY, G -> dS buffer [B, H, P]: G plus conv1^T(dY), one dot over concatenated taps; with S, the
               gradient of W1 from the same dY taps
   _dq, _dk    dQ = dS K, dK = dS^T Q from the dS buffer (query owner and key owner: deterministic)
 Tiles are indexed (row, distance) but a tile's distances run in descending order, so its keys
 ascend and every row of a tile is one contiguous run of each buffer. The buffers hold only the
-causal triangle (the hidden buffers also h keys right of it). The forward may keep the S and F buffers
-for the backward (keep=True) or the backward recomputes them (memory).
+causal triangle, packed row after row: row i of a score-shaped plane holds keys 0 .. i, padded to a
+multiple of ALIGN entries (so that every row starts 16-byte aligned and the per-head kernels' row
+runs stay vector loads and stores): P = _entries(T) ~ T (T + ALIGN) / 2 entries a plane. Row i of a
+hidden plane holds keys 0 .. i + HALO (conv2 reads h <= HALO keys right of the diagonal; a pair's DP
+channels are one aligned run anyway): PZ = T (T + 1 + 2 HALO) / 2. _row, _hrow and _planes, _hplanes
+compute the offsets in int64. A load of a key past a row's end would read the next row, so every such
+load is masked (the tests leave GAP poisoned entries after each row to check). The forward may keep
+the S and F buffers for the backward (keep=True) or the backward recomputes them (memory).
 """
 
 import functools
@@ -44,6 +50,69 @@ from .._launch import LOG2E, check_dape_v2_weights, check_qkv, dot_precision, ne
 from .reference import dape_v2_tables, residual_table
 
 LN2 = 0.6931471805599453
+# a score-shaped row's entries are a multiple of ALIGN = 2^ALIGN_BITS: 16 bytes of a 2-byte dtype
+ALIGN_BITS = tl.constexpr(3)
+ALIGN = tl.constexpr(1 << ALIGN_BITS.value)
+# keys right of the diagonal a hidden buffer's row holds: k // 2 for the largest k the fused kernels
+# take (7, triton.conv_unsupported_reason), so that buffer_bytes needs no kernel size
+HALO = tl.constexpr(3)
+# entries left unused after each row of every buffer: 0; the tests set it and poison those entries
+# (a read past a row's last key then meets NaN instead of the next row)
+GAP = tl.constexpr(0)
+
+
+def _entries(T: int, hidden: bool = False) -> int:
+    """Entries of one packed plane of T rows: _row(T) (score-shaped) or _hrow(T) (hidden)."""
+    if hidden:
+        return T * (T + 1 + 2 * HALO.value) // 2 + T * GAP.value
+    a, m = ALIGN.value, T // ALIGN.value
+    return a * (m + 1) * (T - a // 2 * m) + T * GAP.value
+
+
+# --- packed triangles ------------------------------------------------------------------------------
+
+@triton.jit
+def _row(i):
+    """Where row i of a score-shaped plane starts (int64, a multiple of ALIGN): row r holds
+    ALIGN (r // ALIGN + 1) entries (keys 0 .. r, then padding), so with m = i // ALIGN the rows
+    before i hold ALIGN (m + 1) (i - ALIGN m / 2) (and i GAP unused ones)."""
+    i = i.to(tl.int64)
+    m = i >> ALIGN_BITS  # i // ALIGN: a shift (a signed division costs registers in _conv_dx)
+    off = ALIGN * (m + 1) * (i - ALIGN // 2 * m)
+    if GAP > 0:
+        off += i * GAP
+    return off
+
+
+@triton.jit
+def _planes(n, T):
+    """Where score-shaped plane n starts (int64; n a tensor): n planes of _row(T) entries."""
+    n = n.to(tl.int64)
+    m = T // ALIGN
+    off = n * ALIGN * (m + 1) * (T - ALIGN // 2 * m)
+    if GAP > 0:
+        off += n * T * GAP
+    return off
+
+
+@triton.jit
+def _hrow(i):
+    """Where row i of a hidden plane starts (int64): row r holds keys 0 .. r + HALO."""
+    i = i.to(tl.int64)
+    off = (i * (i + 1 + 2 * HALO)) >> 1
+    if GAP > 0:
+        off += i * GAP
+    return off
+
+
+@triton.jit
+def _hplanes(n, T):
+    """Where hidden plane n starts (int64; n a tensor): n planes of _hrow(T) entries."""
+    n = n.to(tl.int64)
+    off = (n * T * (T + 1 + 2 * HALO)) >> 1
+    if GAP > 0:
+        off += n * T * GAP
+    return off
 
 
 # --- (query, distance) tiles -----------------------------------------------------------------------
@@ -59,13 +128,13 @@ def _pairs(i0, n0, BM: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def _slots(BUF, b, i, j, T, HP: tl.constexpr, TRANS: tl.constexpr = False):
-    """[pairs, HP] tile (TRANS: [HP, pairs]) of a slot-minor buffer [B, T, T, HP] at (i, j), zero
+    """[pairs, HP] tile (TRANS: [HP, pairs]) of a slot-minor buffer [B, P, HP] at (i, j), zero
     outside the causal triangle: a pair's head slots are one aligned run (vector loads; the padded
     slots hold zeros). TRANS loads the transposed tile from memory: a dot operand transposed in
     registers gave wrong weight gradients on the H100 (triton 3.6) at 128 columns or hidden 64."""
     s = tl.arange(0, HP)
     inside = (j >= 0) & (j <= i) & (i < T)
-    pair = ((b * T + i).to(tl.int64) * T + j) * HP
+    pair = (_planes(b, T) + _row(i) + j) * HP
     if TRANS:
         x = tl.load(BUF + pair[None, :] + s[:, None], mask=inside[None, :], other=0.0)
     else:
@@ -114,13 +183,13 @@ def _near_k0(K0, i, j, T, DP: tl.constexpr, HALF: tl.constexpr):
 
 @triton.jit
 def _hidden_taps(HB, b, i, j, T, KS: tl.constexpr, DP: tl.constexpr, KZ: tl.constexpr):
-    """[pairs, KZ] tile of a hidden buffer [B, T, T, DP]: column u DP + c holds channel c at (row i,
+    """[pairs, KZ] tile of a hidden buffer [B, PZ, DP]: column u DP + c holds channel c at (row i,
     key j - h + u), zero outside keys [0, T) and for padded columns u >= KS: for each pair one
     contiguous run of the buffer."""
     col = tl.arange(0, KZ)
     key = j[:, None] - KS // 2 + col[None, :] // DP
     ok = (col < KS * DP)[None, :] & (key >= 0) & (key < T) & (i < T)[:, None]
-    base = HB + (b * T + i).to(tl.int64) * T * DP
+    base = HB + (_hplanes(b, T) + _hrow(i)) * DP  # keys <= i + h <= i + HALO: inside row i
     return tl.load(base[:, None] + key * DP + (col % DP)[None, :], mask=ok, other=0.0)
 
 
@@ -165,7 +234,7 @@ def _conv_z(SB, ZB, T1, K0, W1C, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.co
                     part -= _near_k0(K0, i, j, T, DP, HALF)
             z -= tl.where(part > 0, part, 0.01 * part)
         ok = keyok & (n >= -HALF)
-        ptr = ZB + (b * T + i).to(tl.int64)[:, None] * T * DP + (j * DP)[:, None] + cc[None, :]
+        ptr = ZB + ((_hplanes(b, T) + _hrow(i) + j) * DP)[:, None] + cc[None, :]
         tl.store(ptr, z.to(ZB.dtype.element_ty), mask=ok[:, None])
 
 
@@ -180,8 +249,8 @@ def _conv_f(ZB, FB, W2Z, T1, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.conste
     band = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
     n0 = band * BN
-    plane0 = (b * H).to(tl.int64) * T * T
     ss = tl.arange(0, HP)
+    planes = _planes(b * H + ss, T)
     w2 = tl.load(W2Z + tl.arange(0, KZ)[:, None] * HP + ss[None, :])
     for i0 in range((n0 // BM) * BM, T, BM):
         i, n, j = _pairs(i0, n0, BM, BN)
@@ -191,8 +260,7 @@ def _conv_f(ZB, FB, W2Z, T1, T, H: tl.constexpr, HP: tl.constexpr, KS: tl.conste
                 z -= _edge_taps(T1, i, j, T, KS, DP, KZ).to(z.dtype)
         f = tl.dot(z.to(CDT), w2, input_precision=PREC)
         ok = (ss < H)[None, :] & ((n >= 0) & (n <= i) & (i < T))[:, None]
-        tl.store(FB + (plane0 + ss.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None],
-                 f.to(FB.dtype.element_ty), mask=ok)
+        tl.store(FB + planes[None, :] + (_row(i) + j)[:, None], f.to(FB.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -231,7 +299,7 @@ def _conv_dy(SB, GB, DYB, T1, K0, W1C, W2C, DW2, DT1, DK0, DT2, T,
             w2t = tl.load(W2C + (t * HP + ss)[:, None] * DP + cc[None, :])
             dz += tl.dot(g.to(CDT), w2t, input_precision=PREC)
         dy = tl.where(keyok[:, None], tl.where(y > 0, dz, 0.01 * dz), 0.0)
-        tl.store(DYB + (b * T + i).to(tl.int64)[:, None] * T * DP + (j * DP)[:, None] + cc[None, :],
+        tl.store(DYB + ((_hplanes(b, T) + _hrow(i) + j) * DP)[:, None] + cc[None, :],
                  dy.to(DYB.dtype.element_ty), mask=keyok[:, None])
         zc = z.to(CDT)
         for t in tl.static_range(KS):
@@ -265,8 +333,8 @@ def _conv_dx(GB, SB, DYB, DSB, W1X, DW1, T, H: tl.constexpr, HP: tl.constexpr, K
     b = tl.program_id(1)
     prog = b * tl.num_programs(0) + band
     n0 = band * BN
-    plane0 = (b * H).to(tl.int64) * T * T
     ss = tl.arange(0, HP)
+    planes = _planes(b * H + ss, T)
     zz = tl.arange(0, KZ)
     w1 = tl.load(W1X + zz[:, None] * HP + ss[None, :])
     dw1 = tl.zeros((HP, KZ), tl.float32)
@@ -276,8 +344,8 @@ def _conv_dx(GB, SB, DYB, DSB, W1X, DW1, T, H: tl.constexpr, HP: tl.constexpr, K
         dx = tl.dot(dyc, w1, input_precision=PREC)
         causal = (n >= 0) & (n <= i) & (i < T)
         ds = _slots(GB, b, i, j, T, HP) + dx
-        tl.store(DSB + (plane0 + ss.to(tl.int64) * T * T)[None, :] + (i * T + j)[:, None],
-                 ds.to(DSB.dtype.element_ty), mask=(ss < H)[None, :] & causal[:, None])
+        tl.store(DSB + planes[None, :] + (_row(i) + j)[:, None], ds.to(DSB.dtype.element_ty),
+                 mask=(ss < H)[None, :] & causal[:, None])
         xt = _slots(SB, b, i, j, T, HP, True)  # zero off the triangle, where dyc need not be
         dw1 += tl.dot(xt.to(CDT), dyc, input_precision=PREC)
     tl.store(DW1 + prog * HP * KZ + ss[:, None] * KZ + zz[None, :], dw1)
@@ -297,7 +365,7 @@ def _score_tile(q, K, SB, b, h, rows, n0, skb, skh, skt, T, scale, DH: tl.conste
         k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dd[None, :])
         ok = (rows < T)[:, None]
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * scale
-    tl.store(SB + rows[:, None] * T + cols[None, :], s.to(SB.dtype.element_ty), mask=ok)
+    tl.store(SB + _row(rows)[:, None] + cols[None, :], s.to(SB.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -313,7 +381,7 @@ def _scores(Q, K, SB, sqb, sqh, sqt, skb, skh, skt, T, scale,
     rows = m0 + tl.arange(0, BM)
     dd = tl.arange(0, DH)
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=(rows < T)[:, None], other=0.0)
-    sb = SB + bh.to(tl.int64) * T * T
+    sb = SB + _planes(bh, T)
     for n0 in range(0, m0, BN):
         _score_tile(q, K, sb, b, h, rows, n0, skb, skh, skt, T, scale, DH, BN, False, PREC)
     for n0 in range(m0, tl.minimum(m0 + BM, T), BN):
@@ -331,12 +399,12 @@ def _logits2(q, k, fb, T2H, t2w, E0H, rows, cols, n0, T, qk_scale, NE: tl.conste
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     if MASK:
         ok = (rows < T)[:, None] & (cols[None, :] <= rows[:, None])
-        f = tl.load(fb + rows[:, None] * T + cols[None, :], mask=ok, other=0.0).to(tl.float32)
+        f = tl.load(fb + _row(rows)[:, None] + cols[None, :], mask=ok, other=0.0).to(tl.float32)
         t2 = tl.load(T2H + rows[:, None] - cols[None, :], mask=ok, other=0.0)
         s = tl.where(ok, s + (f + t2) * 1.4426950408889634, float("-inf"))
     else:
         rows_c = tl.minimum(rows, T - 1)
-        f = tl.load(fb + rows_c[:, None] * T + cols[None, :]).to(tl.float32)
+        f = tl.load(fb + _row(rows_c)[:, None] + cols[None, :]).to(tl.float32)
         a = tl.arange(0, rows.shape[0])
         x = tl.arange(0, cols.shape[0])
         t2 = tl.load(t2w + a[:, None] * cols.shape[0] + x[None, :])
@@ -385,7 +453,7 @@ def _attn_fwd(Q, K, V, FB, T2, T2W, E0, O, LSE, sqb, sqh, sqt, skb, skh, skt, sv
     rows = m0 + tl.arange(0, BM)
     dd = tl.arange(0, DH)
     q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=(rows < T)[:, None], other=0.0)
-    fb = FB + bh.to(tl.int64) * T * T
+    fb = FB + _planes(bh, T)
     t2h = T2 + h * (2 * T - 1) + T - 1
     e0h = E0 + (h * T).to(tl.int64) * NE
     m_i = tl.full([BM], -1e30, tl.float32)  # finite: padding rows see no key
@@ -421,7 +489,7 @@ def _bwd_tile(k, v, Q, DO, LSE, DELTA, fb, gb, t2h, t2w, e0h, b, h, bh, cols, n0
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
     g = p * (dp - delta[:, None])
     ok = rok[:, None] & (cols[None, :] <= rows[:, None]) if MASK else rok[:, None]
-    tl.store(gb + rows[:, None] * T + cols[None, :], g.to(gb.dtype.element_ty), mask=ok)
+    tl.store(gb + _row(rows)[:, None] + cols[None, :], g.to(gb.dtype.element_ty), mask=ok)
     return dv
 
 
@@ -441,8 +509,8 @@ def _attn_bwd(Q, K, V, FB, T2, T2W, E0, DO, LSE, DELTA, GB, DV, sqb, sqh, sqt, s
     dd = tl.arange(0, DH)
     k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dd[None, :], mask=(cols < T)[:, None], other=0.0)
     v = tl.load(V + b * svb + h * svh + cols[:, None] * svt + dd[None, :], mask=(cols < T)[:, None], other=0.0)
-    fb = FB + bh.to(tl.int64) * T * T
-    gb = GB + bh.to(tl.int64) * T * T
+    fb = FB + _planes(bh, T)
+    gb = GB + _planes(bh, T)
     t2h = T2 + h * (2 * T - 1) + T - 1
     t2w = T2W + (h * nq).to(tl.int64) * BM * BN
     e0h = E0 + (h * T).to(tl.int64) * NE
@@ -468,13 +536,13 @@ def _dq(DSB, K, DQ, skb, skh, skt, sqb, sqh, sqt, T, scale,
     h = bh % H
     rows = pid_m * BM + tl.arange(0, BM)
     dd = tl.arange(0, DH)
-    base = DSB + bh.to(tl.int64) * T * T
+    base = DSB + _planes(bh, T)
     acc = tl.zeros([BM, DH], tl.float32)
     for n0 in range(0, tl.minimum(pid_m * BM + BM, T), BN):
         cols = n0 + tl.arange(0, BN)
         k = tl.load(K + b * skb + h * skh + cols[:, None] * skt + dd[None, :], mask=(cols < T)[:, None], other=0.0)
         ok = (rows < T)[:, None] & (cols[None, :] <= rows[:, None])
-        ds = tl.load(base + rows[:, None] * T + cols[None, :], mask=ok, other=0.0)
+        ds = tl.load(base + _row(rows)[:, None] + cols[None, :], mask=ok, other=0.0)
         acc += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
     tl.store(DQ + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], (acc * scale).to(DQ.dtype.element_ty),
              mask=(rows < T)[:, None])
@@ -490,13 +558,13 @@ def _dk(DSB, Q, DK, sqb, sqh, sqt, skb, skh, skt, T, scale,
     h = bh % H
     cols = pid_n * BN + tl.arange(0, BN)
     dd = tl.arange(0, DH)
-    base = DSB + bh.to(tl.int64) * T * T
+    base = DSB + _planes(bh, T)
     acc = tl.zeros([BN, DH], tl.float32)
     for m0 in range((pid_n * BN // BM) * BM, T, BM):
         rows = m0 + tl.arange(0, BM)
         q = tl.load(Q + b * sqb + h * sqh + rows[:, None] * sqt + dd[None, :], mask=(rows < T)[:, None], other=0.0)
         ok = (rows < T)[:, None] & (cols[None, :] <= rows[:, None])
-        ds = tl.load(base + rows[:, None] * T + cols[None, :], mask=ok, other=0.0)
+        ds = tl.load(base + _row(rows)[:, None] + cols[None, :], mask=ok, other=0.0)
         acc += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
     tl.store(DK + b * skb + h * skh + cols[:, None] * skt + dd[None, :], (acc * scale).to(DK.dtype.element_ty),
              mask=(cols < T)[:, None])
@@ -533,16 +601,16 @@ def _slots_block(SRC, DST, src_row, dst_row, i, s, j0, T, H: tl.constexpr, HP: t
 
 @triton.jit
 def _to_slots(SRC, DST, T, H: tl.constexpr, HP: tl.constexpr, BR: tl.constexpr, BK: tl.constexpr):
-    """The causal triangle of a head-planar buffer [B, H, T, T] (as the per-head kernels write it:
-    whole vector stores per head) into a slot-minor one [B, T, T, HP] (as the conv kernels gather it:
+    """The causal triangle of a head-planar buffer [B, H, P] (as the per-head kernels write it:
+    whole vector stores per head) into a slot-minor one [B, P, HP] (as the conv kernels gather it:
     a pair's slots one aligned run), the padded slots zero; the transpose goes through shared memory."""
     pid = tl.program_id(0)
     b = tl.program_id(1)
     m0 = pid * BR
     i = m0 + tl.arange(0, BR)
     s = tl.arange(0, HP)
-    src_row = ((b * H + s).to(tl.int64)[None, :] * T + i[:, None]) * T  # [BR, HP]
-    dst_row = (b * T + i).to(tl.int64) * T  # [BR]
+    src_row = _planes(b * H + s, T)[None, :] + _row(i)[:, None]  # [BR, HP]
+    dst_row = _planes(b, T) + _row(i)  # [BR]
     full = (m0 // BK) * BK
     for j0 in range(0, full, BK):
         _slots_block(SRC, DST, src_row, dst_row, i, s, j0, T, H, HP, BK, False)
@@ -567,11 +635,13 @@ CONFIG_FP32 = {**CONFIG, "scores": (32, 32, 4, 1), "attn_fwd": (32, 32, 4, 1), "
 
 
 def buffer_bytes(B: int, H: int, T: int, dtype=torch.bfloat16, channels: int | None = None) -> int:
-    """Bytes of one T x T buffer: B T^2 pow2(H) elements of the input dtype for a score-shaped one (the
-    slot-minor S and G; F and dS hold H heads, so this bounds them too), B T^2 channels for a hidden
-    one (Z in the forward, dY in the backward; channels = the hidden width padded to a power of two).
-    The forward holds S, Z and F at its peak, the backward S, G, dY and dS."""
-    return B * (pow2(H) if channels is None else channels) * T * T * torch.finfo(dtype).bits // 8
+    """Bytes of one packed T x T buffer, exactly as allocated here: B pow2(H) P elements of the input
+    dtype for a score-shaped one (P = _entries(T) ~ T (T + ALIGN) / 2; the slot-minor S and G; F and
+    dS hold H heads, so this bounds them too), B channels T (T + 1 + 2 HALO) / 2 for a hidden one (Z
+    in the forward, dY in the backward; channels = the hidden width padded to a power of two). The
+    forward holds S, Z and F at its peak, the backward S, G, dY and dS."""
+    slots = pow2(H) if channels is None else channels
+    return B * slots * _entries(T, channels is not None) * torch.finfo(dtype).bits // 8
 
 
 class _Weights:
@@ -601,7 +671,7 @@ class _Weights:
         self.w2c = packed(self.KP, self.HP, self.DP, w2f.permute(2, 0, 1))
         self.w2z = packed(self.KZ, self.DP, self.HP, w2f.permute(2, 1, 0))
         self.w1x = packed(self.KZ, self.DP, self.HP, w1.permute(2, 0, 1).flip(0))
-        T = k0.shape[-1]
+        self.T = T = k0.shape[-1]
         self.t1 = torch.zeros(2 * T - 1, self.DP, device=dev)
         self.t1[:, :D] = t1.detach().float().T
         self.k0 = torch.zeros(max(KS // 2, 1), T, self.DP, device=dev)
@@ -761,17 +831,17 @@ def _tl_dtype(dtype):
 
 def _scores_buffer(q, k, cfg):
     B, H, T, DH = q.shape
-    sb = new((B, H, T, T), q)
+    sb = new((B, H, _entries(T)), q)
     BM, BN, nw, ns = cfg["scores"]
     _scores[(B * H, triton.cdiv(T, BM))](q, k, sb, *strides(q), *strides(k), T, DH ** -0.5, H=H, DH=DH, BM=BM, BN=BN,
                                          PREC=dot_precision(q.dtype), num_warps=nw, num_stages=ns)
-    return _slots_buffer(sb, cfg)
+    return _slots_buffer(sb, T, cfg)
 
 
-def _slots_buffer(planar, cfg):
-    """A head-planar buffer [B, H, T, T] as a slot-minor one [B, T, T, pow2(H)] (causal triangle)."""
-    B, H, T, _ = planar.shape
-    out = new((B, T, T, pow2(H)), planar)
+def _slots_buffer(planar, T: int, cfg):
+    """A head-planar buffer [B, H, P] as a slot-minor one [B, P, pow2(H)] (P: a packed plane of T rows)."""
+    B, H, _ = planar.shape
+    out = new((B, _entries(T), pow2(H)), planar)
     BR, BK, nw, ns = cfg["to_slots"]
     _to_slots[(triton.cdiv(T, BR), B)](planar, out, T, H=H, HP=pow2(H), BR=BR, BK=BK, num_warps=nw, num_stages=ns)
     return out
@@ -780,13 +850,13 @@ def _slots_buffer(planar, cfg):
 def _conv_buffer(sb, wts, cfg, residual: bool):
     """The F buffer: conv1 and the activation into a hidden buffer Z (freed here), then conv2; with
     the residual, their residual forms (flash_tables)."""
-    B, T = sb.shape[:2]
+    B, T = sb.shape[0], wts.T
     cdt, prec = _tl_dtype(wts.w1c.dtype), dot_precision(sb.dtype)
-    zb = new((B, T, T, wts.DP), sb)
+    zb = new((B, _entries(T, hidden=True), wts.DP), sb)
     BM, BN, nw, ns = cfg["conv_z"]
     _staged(_conv_z, (triton.cdiv(T + wts.KS // 2, BN), B), sb, zb, wts.t1, wts.k0, wts.w1c, T, BM=BM, BN=BN,
             CDT=cdt, PREC=prec, RES=residual, num_warps=nw, num_stages=ns, **wts.meta())
-    fb = new((B, wts.H, T, T), sb)
+    fb = new((B, wts.H, _entries(T)), sb)
     BM, BN, nw, ns = cfg["conv_f"]
     _staged(_conv_f, (triton.cdiv(T, BN), B), zb, fb, wts.w2z, wts.t1, T, KZ=wts.KZ, BM=BM, BN=BN,
             CDT=cdt, PREC=prec, RES=residual, num_warps=nw, num_stages=ns, **wts.meta())
@@ -836,7 +906,7 @@ class DapeV2Skewed(torch.autograd.Function):
         prec = dot_precision(q.dtype)
         scale = DH ** -0.5
         dq, dk, dv = new_like(q), new_like(k), new_like(v)
-        gb = new((B, H, T, T), q)
+        gb = new((B, H, _entries(T)), q)
         BM, BN, nw, ns = cfg["attn_bwd"]
         t2w, nq = _t2_tiles(t2f, T, BM, BN)
         _attn_bwd[(B * H, triton.cdiv(T, BN))](q, k, v, fb, t2f, t2w, e0, dout, lse, delta, gb, dv, *strides(q),
@@ -844,9 +914,9 @@ class DapeV2Skewed(torch.autograd.Function):
                                                DH=DH, BM=BM, BN=BN, NE=e0.shape[-1] if e0.dim() == 3 else 0, PREC=prec,
                                                num_warps=nw, num_stages=ns)
         del fb, t2w
-        gb = _slots_buffer(gb, cfg)
+        gb = _slots_buffer(gb, T, cfg)
         cdt = _tl_dtype(wts.w1c.dtype)
-        dyb = new((B, T, T, wts.DP), sb)
+        dyb = new((B, _entries(T, hidden=True), wts.DP), sb)
         BM, BN, nw, ns = cfg["conv_dy"]
         n_band = triton.cdiv(T + wts.KS // 2, BN)
         KSP = pow2(wts.KS, 1)
@@ -856,7 +926,7 @@ class DapeV2Skewed(torch.autograd.Function):
         dt2 = new((B, T, wts.HP), q, torch.float32)
         _staged(_conv_dy, (n_band, B), sb, gb, dyb, wts.t1, wts.k0, wts.w1c, wts.w2c, dw2, dt1, dk0, dt2, T, KSP=KSP,
                 BM=BM, BN=BN, CDT=cdt, PREC=prec, num_warps=nw, num_stages=ns, **wts.meta())
-        dsb = new((B, H, T, T), gb)
+        dsb = new((B, H, _entries(T)), gb)
         BM, BN, nw, ns = cfg["conv_dx"]
         n_band = triton.cdiv(T, BN)
         dw1 = new((B * n_band, wts.HP, wts.KZ), q, torch.float32)
@@ -909,6 +979,8 @@ def dape_v2_skewed(q, k, v, w1, b1, w2, b2, table=None, keep: bool = True, confi
     check_qkv(q, k, v)
     B, H, T, d = q.shape
     check_dape_v2_weights(w1, w2, H, T, table)
+    if w1.shape[-1] // 2 > HALO.value:
+        raise ValueError(f"the skewed kernels take conv kernel sizes <= {2 * HALO.value + 1}, got {w1.shape[-1]}")
     t1, k0, t2 = tables if tables is not None else host_tables(w1, b1, w2, b2, table, T)
     cfg = dict(CONFIG_FP32 if q.dtype == torch.float32 else CONFIG)
     unknown = set(config or {}) - set(cfg)
