@@ -30,6 +30,9 @@ def script(name: str, *args: str, cwd: Path = ROOT, env: dict | None = None) -> 
                           timeout=300, env=env)
 
 
+ALL_GPUS = {"CUDA_VISIBLE_DEVICES": ""}  # run_jobs.py numbering the device's GPUs, whatever this process sees
+
+
 def epoch_plan(smoke: bool = False) -> list[dict]:
     out = script("plan.py", "epoch", env={"REPRO_SMOKE": "1" if smoke else "0"})
     assert out.returncode == 0, out.stderr
@@ -102,7 +105,7 @@ def test_solo_jobs_run_one_per_gpu_at_once(tmp_path):
     (work / "plan.json").write_text(json.dumps(jobs))
     (work / "done.txt").write_text("j2\nold-id\n")
     out = script("run_jobs.py", "plan.json", "--gpus", "2", "--status", "runs/status.json", "--skip", "done.txt",
-                 cwd=work)
+                 cwd=work, env=ALL_GPUS)
     assert out.returncode == 0, out.stderr
     assert "--skip ids not in the plan, ignored: old-id" in out.stdout
     status = {j["id"]: j for j in json.loads((work / "runs" / "status.json").read_text())["jobs"]}
@@ -123,12 +126,37 @@ def test_first_gpu_moves_the_jobs(tmp_path):
     jobs = [{"id": f"j{i}", "kind": "solo", "run": f"runs/j{i}", "cmd": f"echo $CUDA_VISIBLE_DEVICES > runs/j{i}/gpu"}
             for i in range(2)]
     (work / "plan.json").write_text(json.dumps(jobs))
-    out = script("run_jobs.py", "plan.json", "--gpus", "1", "--first-gpu", "1", "--status", "status.json", cwd=work)
+    out = script("run_jobs.py", "plan.json", "--gpus", "1", "--first-gpu", "1", "--status", "status.json", cwd=work,
+                 env=ALL_GPUS)
     assert out.returncode == 0, out.stderr
     assert [(work / f"runs/j{i}/gpu").read_text().strip() for i in range(2)] == ["1", "1"]
-    bad = script("run_jobs.py", "plan.json", "--gpus", "1", "--first-gpu", "-1", "--status", "s2.json", cwd=work)
+    bad = script("run_jobs.py", "plan.json", "--gpus", "1", "--first-gpu", "-1", "--status", "s2.json", cwd=work,
+                 env=ALL_GPUS)
     assert bad.returncode == 2 and bad.stderr == "error: --gpus must be >= 1 and --first-gpu >= 0 (got 1, -1)\n", bad.stderr
     assert not (work / "s2.json").exists()
+
+
+def test_an_inherited_cuda_visible_devices_is_kept(tmp_path):
+    """Started with CUDA_VISIBLE_DEVICES=1 (one GPU of a two-GPU call, scripts/device/two_gpus.sh), the
+    jobs see GPU 1, not the device's GPU 0; --first-gpu and --gpus index the visible GPUs, and asking
+    for more than are visible is one error line."""
+    work = tmp_path / "work"
+    work.mkdir()
+    jobs = [{"id": f"j{i}", "kind": "solo", "run": f"runs/j{i}", "cmd": f"echo $CUDA_VISIBLE_DEVICES > runs/j{i}/gpu"}
+            for i in range(2)]
+    (work / "plan.json").write_text(json.dumps(jobs))
+    out = script("run_jobs.py", "plan.json", "--gpus", "1", "--status", "status.json", cwd=work,
+                 env={"CUDA_VISIBLE_DEVICES": "1"})
+    assert out.returncode == 0, out.stderr
+    assert [(work / f"runs/j{i}/gpu").read_text().strip() for i in range(2)] == ["1", "1"]
+    out = script("run_jobs.py", "plan.json", "--gpus", "1", "--first-gpu", "1", "--status", "s3.json", cwd=work,
+                 env={"CUDA_VISIBLE_DEVICES": "2,5"})
+    assert out.returncode == 0, out.stderr
+    assert [(work / f"runs/j{i}/gpu").read_text().strip() for i in range(2)] == ["5", "5"]
+    bad = script("run_jobs.py", "plan.json", "--gpus", "2", "--status", "s4.json", cwd=work,
+                 env={"CUDA_VISIBLE_DEVICES": "1"})
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --first-gpu 0 --gpus 2 asks for more GPUs")
+    assert len(bad.stderr.splitlines()) == 1 and not (work / "s4.json").exists()
 
 
 def test_a_solo_job_shares_its_gpu_with_nothing(tmp_path):

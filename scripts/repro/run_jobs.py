@@ -35,6 +35,13 @@ def main():
     if args.first_gpu < 0 or args.gpus < 1:
         print(f"error: --gpus must be >= 1 and --first-gpu >= 0 (got {args.gpus}, {args.first_gpu})", file=sys.stderr)
         sys.exit(2)
+    # GPU numbers index the GPUs this process may see: an inherited CUDA_VISIBLE_DEVICES (a job of
+    # scripts/device/two_gpus.sh) is kept, not replaced by the device's own numbering
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()] or None
+    if visible is not None and args.first_gpu + args.gpus > len(visible):
+        print(f"error: --first-gpu {args.first_gpu} --gpus {args.gpus} asks for more GPUs than CUDA_VISIBLE_DEVICES "
+              f"lists ({','.join(visible)})", file=sys.stderr)
+        sys.exit(2)
 
     jobs = json.loads(Path(args.plan).read_text())
     odd = sorted({j["kind"] for j in jobs} - set(KINDS))
@@ -79,7 +86,8 @@ def main():
             run = Path(job["run"])
             run.mkdir(parents=True, exist_ok=True)
             (run / "command.txt").write_text(job["cmd"] + "\n")
-            env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(args.first_gpu + gpu), OMP_NUM_THREADS=threads,
+            device = str(args.first_gpu + gpu) if visible is None else visible[args.first_gpu + gpu]
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES=device, OMP_NUM_THREADS=threads,
                        PYTHONUNBUFFERED="1")
             log = open(run / "job.log", "a")
             proc = subprocess.Popen(["bash", "-c", job["cmd"]], stdout=log, stderr=subprocess.STDOUT, env=env,
