@@ -90,13 +90,15 @@ SHIFTS = {"fox": (-0.3, -0.3), "pope": (0.3, 0.3), "mta": (0.0, -0.3), "rnope-sw
 
 
 REUSED_KERPLE = Path("recipe") / "runs" / "T512" / "kerple-warm10-s0"  # plan.py VERDICT_REUSED's at T 512
+REUSED_KERPLE_S1 = REUSED_KERPLE.with_name("kerple-warm10-s1")
 
 
 @pytest.fixture
 def trees(tmp_path):
     """results/verdict2 with two seeds of every verdict2 method at T 512 but stick-breaking (FoX 0.3
     nats below RoPE everywhere, PoPE 0.3 above, MTA 0.3 below in distribution only, one seed of
-    rnope-swa), Kerple's seed 0 being results/recipe's kerple-warm10-s0, which the plan reuses."""
+    rnope-swa), Kerple's seeds 0 and 1 being results/recipe's kerple-warm10-s0 and -s1, which the plan
+    reuses."""
     res = tmp_path / "results"
     for name, overrides in verdict2_methods().items():
         if name == "stickbreaking":
@@ -104,8 +106,8 @@ def trees(tmp_path):
         method, extra = planned_sets(overrides)
         shift, inside = SHIFTS.get(name, (0.01, 0.01))
         for seed in (0,) if name == "rnope-swa" else (0, 1):
-            folder = res / REUSED_KERPLE if (name, seed) == ("kerple", 0) else \
-                res / "verdict2" / "runs" / "T512" / f"{name}-s{seed}"
+            reused = {("kerple", 0): REUSED_KERPLE, ("kerple", 1): REUSED_KERPLE_S1}.get((name, seed))
+            folder = res / reused if reused else res / "verdict2" / "runs" / "T512" / f"{name}-s{seed}"
             fabricate(folder, method, seed, shift + 0.002 * seed, extra, inside)
     (res / "verdict2" / "claims.toml").write_text(CLAIMS.read_text())
     return tmp_path, res
@@ -132,7 +134,7 @@ def test_every_claim_gets_a_verdict_on_fabricated_runs(trees):
     assert [f["length"] for f in fox["figures"]] == LENGTHS[1:]
     assert fox["runs"] == {"fox": ["fox-s0", "fox-s1"], "rope": ["rope-s0", "rope-s1"]}
     assert fox["planned"] == {"fox": ["fox-s0", "fox-s1", "fox-s2"], "rope": ["rope-s0", "rope-s1", "rope-s2"]}
-    assert by_id["docmask-kerple-in"]["runs"]["kerple"] == ["kerple-warm10-s0", "kerple-s1"]  # the reused one too
+    assert by_id["docmask-kerple-in"]["runs"]["kerple"] == ["kerple-warm10-s0", "kerple-warm10-s1"]  # reused
     assert fox["covers"] == "seeds and documents" and by_id["rnope-swa-below-rope-beyond"]["covers"] == "documents only"
     table = (res / "verdict2" / "claims.md").read_text()
     assert table.startswith("# Claims of the newer methods' papers against the verdict2 runs")
@@ -225,11 +227,12 @@ def test_a_missing_reused_run_is_named_in_the_recipe_tree(trees):
     cwd, res = trees
     (res / "verdict2" / "claims.toml").write_text(MISSING.replace('b = "stickbreaking"', 'b = "kerple"'))
     shutil.rmtree(res / REUSED_KERPLE)
-    shutil.rmtree(res / "verdict2" / "runs" / "T512" / "kerple-s1")
+    shutil.rmtree(res / REUSED_KERPLE_S1)
     out = run_claims(cwd)
     assert out.returncode == 0, out.stderr
     r = json.loads((res / "verdict2" / "claims.json").read_text())["claims"][0]
-    assert r["missing"] == ["../recipe/runs/T512/kerple-warm10-s0", "runs/T512/kerple-s1", "runs/T512/kerple-s2"]
+    assert r["missing"] == ["../recipe/runs/T512/kerple-warm10-s0", "../recipe/runs/T512/kerple-warm10-s1",
+                            "runs/T512/kerple-s2"]
 
 
 @pytest.mark.parametrize("where", ["verdict2/runs/T512/rope-s1", str(REUSED_KERPLE)])
@@ -259,7 +262,7 @@ def test_the_five_are_the_verdict2_plan_s_own_runs_and_the_reused_recipe_runs(mo
     assert set(plans) == {512, 2048} and set(at2048["runs"]) == set(FIVE)
     assert at512["runs"]["kerple"] == ["kerple-s0", "kerple-s1", "kerple-s2"]
     assert at512["shown"]["kerple", "kerple-s0"] == "../recipe/runs/T512/kerple-warm10-s0"
-    assert at512["shown"]["kerple", "kerple-s1"] == "runs/T512/kerple-s1"
+    assert at512["shown"]["kerple", "kerple-s1"] == "../recipe/runs/T512/kerple-warm10-s1"
     assert at512["shown"]["rope", "rope-s0"] == "runs/T512/rope-s0"
     assert [at2048["shown"]["rope", f"rope-s{s}"] for s in (0, 1, 2)] == [
         "../recipe/runs/T2048/rope-warm10-s0", "../recipe/runs/T2048/rope-warm10-s1", "runs/T2048/rope-s2"]

@@ -15,7 +15,8 @@ from test_repro_epoch import REPRO, script
 NAMES = ["fox", "ssmax-rope", "pope", "rnope-swa", "rope-p0.5", "dapev2-fox", "kerple-docmasked", "mta",
          "dapev2-kerple-docmasked"]
 FIVE = ["rope", "kerple", "stickbreaking", "dape-kerple", "dapev2-kerple"]
-REUSED = {"T512/kerple-s0": "T512/kerple-warm10-s0", "T2048/kerple-s1": "T2048/kerple-warm10-s1",
+REUSED = {"T512/kerple-s0": "T512/kerple-warm10-s0", "T512/kerple-s1": "T512/kerple-warm10-s1",
+          "T2048/kerple-s1": "T2048/kerple-warm10-s1",
           "T2048/rope-s0": "T2048/rope-warm10-s0", "T2048/rope-s1": "T2048/rope-warm10-s1"}
 RECIPE_RUNS = REPRO.parents[1] / "results" / "recipe" / "runs"
 
@@ -38,7 +39,7 @@ def test_the_plan_runs_every_method_s_seed_0_first_with_warm10():
     out = script("plan.py", "verdict2")
     assert out.returncode == 0, out.stderr
     jobs = json.loads(out.stdout)
-    assert [j["id"] for j in jobs] == planned_ids() and len(jobs) == 53
+    assert [j["id"] for j in jobs] == planned_ids() and len(jobs) == 52
     for j in jobs:
         cmd, T = j["cmd"], int(j["id"].split("/")[1][1:])
         assert j["run"] == "runs/verdict2/" + j["id"].removeprefix("verdict2/") and j["kind"] == "solo"

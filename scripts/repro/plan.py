@@ -252,7 +252,8 @@ VERDICT_RUNS = {  # name: (method, settings)
 # Recipe-plan runs that are exactly a verdict2 job (the same command but for its folder): verdict2 reads
 # them from the recipe results and does not run them again. T2048/kerple-warm10-s0 is not one: it ran
 # before the suite was part of the job (no --task evaluations), so verdict2 runs its kerple-s0 again.
-VERDICT_REUSED = {"T512/kerple-s0": "T512/kerple-warm10-s0", "T2048/kerple-s1": "T2048/kerple-warm10-s1",
+VERDICT_REUSED = {"T512/kerple-s0": "T512/kerple-warm10-s0", "T512/kerple-s1": "T512/kerple-warm10-s1",
+                  "T2048/kerple-s1": "T2048/kerple-warm10-s1",
                   "T2048/rope-s0": "T2048/rope-warm10-s0", "T2048/rope-s1": "T2048/rope-warm10-s1"}
 
 
