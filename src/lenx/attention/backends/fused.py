@@ -220,7 +220,7 @@ def _dape_v2(q, k, v, parts, chunk_size, segments=None):
                 for qs, ks, vs in zip(q.split(size), k.split(size), v.split(size))]
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         if keep and out.grad_fn is not None:  # its S and F buffers stay until its backward (skewed_memory)
-            skewed_memory.KEPT.add(out.grad_fn, 2 * skewed.buffer_bytes(B, H, T, q.dtype))
+            skewed_memory.KEPT.add(out.grad_fn, _kept_bytes(q, proc.hidden))
         return out, None
     if kernel == "chunked":
         return chunked_attention(q, k, v, parts, chunk_size, segments)
@@ -301,6 +301,11 @@ def _buffers(q, hidden: int) -> tuple[int, int]:
             buffer_bytes(B, H, T, q.dtype, channels=max(16, 1 << max(0, hidden - 1).bit_length())))
 
 
+def _kept_bytes(q, hidden: int) -> int:
+    """Bytes a layer that keeps its buffers holds until its backward: the S and F buffers."""
+    return 2 * _buffers(q, hidden)[0]
+
+
 def _forward_plan(q, hidden: int, free: int) -> str | None:
     need, hid = _buffers(q, hidden)
     return "forward" if 2 * need + hid <= free else None
@@ -309,7 +314,7 @@ def _forward_plan(q, hidden: int, free: int) -> str | None:
 def _budget_plan(q, hidden: int, budget, free: int) -> str | None:
     need, hid = _buffers(q, hidden)
     B = q.shape[0]
-    mode, size = skewed_memory.plan(B, 2 * need, 4 * need + hid, skewed_memory.KEPT.total, free, budget)
+    mode, size = skewed_memory.plan(B, _kept_bytes(q, hidden), 4 * need + hid, skewed_memory.KEPT.total, free, budget)
     if mode == "recompute" and size < B:
         return f"recompute, batch slices of {size}"
     return mode

@@ -87,12 +87,7 @@ def _row(i):
 @triton.jit
 def _planes(n, T):
     """Where score-shaped plane n starts (int64; n a tensor): n planes of _row(T) entries."""
-    n = n.to(tl.int64)
-    m = T // ALIGN
-    off = n * ALIGN * (m + 1) * (T - ALIGN // 2 * m)
-    if GAP > 0:
-        off += n * T * GAP
-    return off
+    return n.to(tl.int64) * _row(n * 0 + T)
 
 
 @triton.jit
@@ -108,11 +103,7 @@ def _hrow(i):
 @triton.jit
 def _hplanes(n, T):
     """Where hidden plane n starts (int64; n a tensor): n planes of _hrow(T) entries."""
-    n = n.to(tl.int64)
-    off = (n * T * (T + 1 + 2 * HALO)) >> 1
-    if GAP > 0:
-        off += n * T * GAP
-    return off
+    return n.to(tl.int64) * _hrow(n * 0 + T)
 
 
 # --- (query, distance) tiles -----------------------------------------------------------------------
