@@ -17,6 +17,7 @@ def test_last_gpu_run_matches_the_kernel_sources():
         "device and commit its gpu-tests/ output to results/gpu-tests/")
     assert summary["failures"] == 0 and summary["errors"] == 0 and not summary["failed_tests"], summary["failed_tests"]
     assert summary["passed"] > 0 and "gpu" in summary["environment"]
+    assert not summary.get("interrupted"), "the last GPU run was cut off at its time limit: not every test ran"
 
 
 def test_summary_agrees_with_the_junit_xml():

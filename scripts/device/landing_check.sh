@@ -26,11 +26,17 @@ on() { [[ $STAGES == *" $1 "* ]]; }
 pack() { (cd "$OUT" && tar czf landing.tar.gz.part landing && mv landing.tar.gz.part landing.tar.gz); }
 [ -d .carry/code ] && [ ! -f data/code/manifest.json ] && python3 scripts/data/pack_corpus.py unpack .carry/code data/code
 
-on tests && LENX_KERNEL_ERRORS=$W/gpu-tests/errors.jsonl timeout "${TESTS_S:-200}" python3 -m pytest -q -n 12 -m gpu \
-    -p no:cacheprovider --junitxml="$W/gpu-tests/junit.xml" tests/ops tests/attention tests/model 2>&1 \
-    | quiet 30 | tee "$W/gpu-tests/pytest.log"
-on tests && python3 scripts/device/gpu_summary.py "$W/gpu-tests/junit.xml" "$W/gpu-tests/summary.json" \
-    "bash scripts/device/landing_check.sh (pytest -n 12 -m gpu tests/ops tests/attention tests/model)"
+# SIGINT at the time limit: pytest then stops as on Ctrl-C, names its failures and writes the JUnit
+# file of what ran (a SIGTERM left neither); its exit status (2: interrupted) goes into the summary
+if on tests; then
+    LENX_KERNEL_ERRORS=$W/gpu-tests/errors.jsonl timeout -s INT -k 30 "${TESTS_S:-200}" python3 -m pytest -q -n 12 \
+        -m gpu -p no:cacheprovider --junitxml="$W/gpu-tests/junit.xml" tests/ops tests/attention tests/model \
+        > "$W/gpu-tests/pytest.full.log" 2>&1
+    rc=$?
+    quiet 30 < "$W/gpu-tests/pytest.full.log" | tee "$W/gpu-tests/pytest.log"
+    python3 scripts/device/gpu_summary.py "$W/gpu-tests/junit.xml" "$W/gpu-tests/summary.json" \
+        "bash scripts/device/landing_check.sh (pytest -n 12 -m gpu tests/ops tests/attention tests/model)" "$rc"
+fi
 pack
 
 step() {  # B T methods
