@@ -2,8 +2,8 @@
 hash, commit, GPU, torch and triton. tests/test_gpu_results.py checks the committed summary against
 the current kernel sources.
 Usage: PYTHONPATH=src python3 scripts/device/gpu_summary.py JUNIT.xml SUMMARY.json "COMMAND" [PYTEST_EXIT]
-PYTEST_EXIT: pytest's exit status; any but 0 and 1 (2: interrupted at the time limit) marks the run
-"interrupted", which tests/test_gpu_results.py refuses (not every test ran).
+PYTEST_EXIT: the test command's exit status; any but 0 and 1 (124: `timeout` stopped pytest at its
+limit; 2: pytest interrupted) marks the run "interrupted", which tests/test_gpu_results.py refuses.
 """
 
 import json

@@ -27,7 +27,7 @@ pack() { (cd "$OUT" && tar czf landing.tar.gz.part landing && mv landing.tar.gz.
 [ -d .carry/code ] && [ ! -f data/code/manifest.json ] && python3 scripts/data/pack_corpus.py unpack .carry/code data/code
 
 # SIGINT at the time limit: pytest then stops as on Ctrl-C, names its failures and writes the JUnit
-# file of what ran (a SIGTERM left neither); its exit status (2: interrupted) goes into the summary
+# file of what ran (a SIGTERM left neither); the exit status (124 from timeout at the limit) goes into the summary
 if on tests; then
     LENX_KERNEL_ERRORS=$W/gpu-tests/errors.jsonl timeout -s INT -k 30 "${TESTS_S:-200}" python3 -m pytest -q -n 12 \
         -m gpu -p no:cacheprovider --junitxml="$W/gpu-tests/junit.xml" tests/ops tests/attention tests/model \
