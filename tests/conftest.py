@@ -53,3 +53,20 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def _work_once(tmp_path_factory):
+    """test_nothing_lost.make_work's folder (a prepared corpus, a tiny run trained and evaluated through
+    the CLI), made once a session: five modules use it, and making it is three CLI calls."""
+    from test_nothing_lost import make_work
+
+    return make_work(tmp_path_factory.mktemp("work_once"))
+
+
+@pytest.fixture(scope="module")
+def work(_work_once, tmp_path_factory):
+    """A module's own copy of _work_once (its run reads the copy's corpus), as if made for the module."""
+    from test_nothing_lost import copy_work
+
+    return copy_work(_work_once, tmp_path_factory.mktemp("work") / "work")

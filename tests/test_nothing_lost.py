@@ -61,12 +61,10 @@ def write_jsonl(path: Path, words: list[str], seed: int, docs: int = 40) -> None
                                         + "."}) + "\n" for _ in range(docs)))
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
+def make_work(work: Path) -> Path:
     """work/: inputs/a.jsonl and b.jsonl (other words), data/mydata prepared from a.jsonl, runs/r (a
     tiny model trained on it through the CLI) evaluated at 32 and 64, and elsewhere/, the folder the
-    tests run lenx from."""
-    work = tmp_path_factory.mktemp("work")
+    tests run lenx from. Made once a session (tests/conftest.py); each module gets a copy, the `work` fixture."""
     write_jsonl(work / "inputs" / "a.jsonl", WORDS["a"], 0)
     write_jsonl(work / "inputs" / "b.jsonl", WORDS["b"], 1)
     (work / "elsewhere").mkdir()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from test_nothing_lost import copy_work, lenx, one_line_error, snapshot, work  # noqa: F401 (the fixture)
+from test_nothing_lost import copy_work, lenx, one_line_error, snapshot
 
 ROOT = os.geteuid() == 0
 ROOT_REASON = "running as root: a read-only folder (chmod 555) does not stop root from writing"
@@ -55,7 +55,7 @@ def test_an_unwritable_output_is_one_line_and_creates_nothing(here, args, needle
     unchanged(here, snapshot(here), args, needle)
 
 
-def test_plot_to_an_unwritable_folder_is_one_line(work, tmp_path):  # noqa: F811
+def test_plot_to_an_unwritable_folder_is_one_line(work, tmp_path):
     w = copy_work(work, tmp_path / "w")
     here, run = w / "elsewhere", w / "runs" / "r"
     (here / "afile").write_text("not a folder\n")
@@ -68,7 +68,7 @@ def test_plot_to_an_unwritable_folder_is_one_line(work, tmp_path):  # noqa: F811
     one_line_error(lenx("plot", "../runs/r/eval.json", cwd=here), "perplexity.png")
 
 
-def test_eval_of_an_unwritable_run_folder_fails_before_any_work(work, tmp_path, monkeypatch, capsys):  # noqa: F811
+def test_eval_of_an_unwritable_run_folder_fails_before_any_work(work, tmp_path, monkeypatch, capsys):
     w = copy_work(work, tmp_path / "w")
     run = w / "runs" / "r"
     os.replace(run / "eval.json", run / "kept.json")
@@ -90,7 +90,7 @@ def test_eval_of_an_unwritable_run_folder_fails_before_any_work(work, tmp_path, 
     assert main(args) == 2 and "eval.json" in capsys.readouterr().err
 
 
-def test_eval_task_to_a_folder_is_one_line(work, tmp_path):  # noqa: F811
+def test_eval_task_to_a_folder_is_one_line(work, tmp_path):
     w = copy_work(work, tmp_path / "w")
     run = w / "runs" / "r"
     (run / "eval_passkey.json").mkdir()
@@ -101,7 +101,7 @@ def test_eval_task_to_a_folder_is_one_line(work, tmp_path):  # noqa: F811
 
 
 @pytest.mark.skipif(ROOT, reason=ROOT_REASON)
-def test_a_read_only_folder_is_one_line(work, here, tmp_path):  # noqa: F811
+def test_a_read_only_folder_is_one_line(work, here, tmp_path):
     ro = here / "adir"
     ro.chmod(0o555)
     try:
@@ -141,7 +141,7 @@ def test_che_refuses_a_seed_named_twice(here, args, needle):
     (["--rope-scaling-factor", "auto"], ("--rope-scaling-factor", "not given")),
     (["--rope-scaling", "dynamic-ntk", "--rope-scaling-factor", "4"], ("dynamic-ntk", "does not apply")),
 ], ids=["factor-without-scaling", "auto-without-scaling", "factor-with-dynamic-ntk"])
-def test_a_rope_scaling_factor_that_would_be_ignored_is_one_line(work, tmp_path, args, needles):  # noqa: F811
+def test_a_rope_scaling_factor_that_would_be_ignored_is_one_line(work, tmp_path, args, needles):
     w = copy_work(work, tmp_path / "w")
     run = w / "runs" / "r"
     before = snapshot(run)

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from test_nothing_lost import copy_work, lenx, ok, one_line_error, work  # noqa: F401 (the fixture)
+from test_nothing_lost import copy_work, lenx, ok, one_line_error
 
 
 def test_log_edges_and_bin_means_on_a_hand_built_array():
@@ -28,7 +28,7 @@ def test_log_edges_and_bin_means_on_a_hand_built_array():
         bin_means(np.zeros((2, 7)), log_edges(8))
 
 
-def test_per_position_is_the_perplexity_windows_nll(work):  # noqa: F811
+def test_per_position_is_the_perplexity_windows_nll(work):
     """The bins come from the longest length's forward: its scored tokens (the last 32 of 64, bins
     32..64) give the very window NLLs of the perplexity, all positions its full-sequence NLL; and a
     float64 forward of the same windows gives the same bins."""
@@ -60,7 +60,7 @@ def test_per_position_is_the_perplexity_windows_nll(work):  # noqa: F811
     assert np.abs(bin_means(exact, edges) - rows).max() < 1e-4  # fp32 evaluation against float64
 
 
-def test_eval_compare_and_plot_per_position_from_another_folder(work, tmp_path):  # noqa: F811
+def test_eval_compare_and_plot_per_position_from_another_folder(work, tmp_path):
     w = copy_work(work, tmp_path / "w")
     out = ok(lenx("eval", "../runs/r", "--lengths", "32,64", "--per-position", "--device", "cpu", cwd=w / "elsewhere"))
     result = json.loads((w / "runs" / "r" / "eval.json").read_text())
@@ -102,7 +102,7 @@ def test_eval_compare_and_plot_per_position_from_another_folder(work, tmp_path):
     assert not (w / "elsewhere" / "oldfigs" / "per_position.png").exists()
 
 
-def test_the_config_key_and_the_flag(work, tmp_path):  # noqa: F811
+def test_the_config_key_and_the_flag(work, tmp_path):
     w = copy_work(work, tmp_path / "w")
     config = w / "runs" / "r" / "config.toml"
     assert "per_position = false" in config.read_text()  # every run's config names the key
@@ -120,7 +120,7 @@ def test_the_config_key_and_the_flag(work, tmp_path):  # noqa: F811
                    "eval.per_position")
 
 
-def test_a_malformed_per_position_is_one_line(work, tmp_path):  # noqa: F811
+def test_a_malformed_per_position_is_one_line(work, tmp_path):
     w = copy_work(work, tmp_path / "w")
     path = w / "runs" / "r" / "eval.json"
     result = json.loads(path.read_text())
@@ -156,7 +156,7 @@ def test_eval_hf_per_position(tmp_path):
                         "--task", "passkey", "--per-position", cwd=tmp_path / "elsewhere"), "--per-position")
 
 
-def test_a_sweep_evaluates_again_when_the_config_asks_for_the_bins(work, tmp_path):  # noqa: F811
+def test_a_sweep_evaluates_again_when_the_config_asks_for_the_bins(work, tmp_path):
     from lenx.evaluation.evaluate import evaluate
     from lenx.training.sweep import _run_state
 

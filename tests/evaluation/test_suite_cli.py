@@ -2,10 +2,10 @@
 
 import json
 
-from test_nothing_lost import lenx, ok, one_line_error, work  # noqa: F401 (the fixture)
+from test_nothing_lost import lenx, ok, one_line_error
 
 
-def test_eval_suite_tasks_writes_the_grid(work):  # noqa: F811
+def test_eval_suite_tasks_writes_the_grid(work):
     out = ok(lenx("eval", "../runs/r", "--task", "niah_single,qa1", "--lengths", "160", "--depths", "0,1",
                   "--samples", "1", "--device", "cpu", cwd=work / "elsewhere"))
     result = json.loads((work / "runs" / "r" / "eval_niah_single+qa1.json").read_text())
@@ -16,7 +16,7 @@ def test_eval_suite_tasks_writes_the_grid(work):  # noqa: F811
     assert result["corpus_fingerprint"]["test"] and result["generator_version"]["babilong"] == 1
 
 
-def test_eval_suite_bad_input_is_one_line(work):  # noqa: F811
+def test_eval_suite_bad_input_is_one_line(work):
     one_line_error(lenx("eval", "../runs/r", "--task", "qa1,nope", "--device", "cpu", cwd=work / "elsewhere"),
                    "nope")
     one_line_error(lenx("eval", "../runs/r", "--task", "ruler", "--lengths", "20", "--device", "cpu",
@@ -26,7 +26,7 @@ def test_eval_suite_bad_input_is_one_line(work):  # noqa: F811
     assert not list((work / "runs" / "r").glob("eval_ruler*")) and not list((work / "runs" / "r").glob("eval_bab*"))
 
 
-def test_plot_draws_a_heatmap_per_suite_task(work, tmp_path):  # noqa: F811
+def test_plot_draws_a_heatmap_per_suite_task(work, tmp_path):
     ok(lenx("eval", "../runs/r", "--task", "vt,qa2", "--lengths", "192,256", "--depths", "0.5", "--samples", "1",
             "--device", "cpu", cwd=work / "elsewhere"))
     ok(lenx("plot", str(work / "runs" / "r"), "-o", str(tmp_path / "figs"), cwd=work / "elsewhere"))
@@ -34,7 +34,7 @@ def test_plot_draws_a_heatmap_per_suite_task(work, tmp_path):  # noqa: F811
     assert {"eval_vt+qa2_vt_heatmap.png", "eval_vt+qa2_qa2_heatmap.png"} <= names, names
 
 
-def test_a_cell_that_would_not_fit_refuses_before_the_model_loads(work, monkeypatch):  # noqa: F811
+def test_a_cell_that_would_not_fit_refuses_before_the_model_loads(work, monkeypatch):
     import pytest
 
     from lenx.config import ConfigError

@@ -3,12 +3,12 @@ those `lenx eval RUN --task` scores (the same hash), and bad input is one line b
 
 import json
 
-from test_nothing_lost import lenx, ok, one_line_error, snapshot, work  # noqa: F401 (the fixture)
+from test_nothing_lost import lenx, ok, one_line_error, snapshot
 
 GRID = ["--lengths", "256", "--depths", "0.5", "--samples", "2"]
 
 
-def test_the_export_holds_the_instances_lenx_eval_scores(work):  # noqa: F811
+def test_the_export_holds_the_instances_lenx_eval_scores(work):
     ok(lenx("eval", "../runs/r", "--task", "niah_multikey,qa3", *GRID, "--device", "cpu", cwd=work / "elsewhere"))
     out = ok(lenx("suite-export", "../exports/a", "--like", "../runs/r", "--task", "niah_multikey,qa3", *GRID,
                   cwd=work / "elsewhere"))
@@ -38,7 +38,7 @@ def test_the_export_holds_the_instances_lenx_eval_scores(work):  # noqa: F811
                                                         "lenx_suite.py", "qa1.jsonl"]
 
 
-def test_bad_input_is_one_line_before_anything_is_written(work):  # noqa: F811
+def test_bad_input_is_one_line_before_anything_is_written(work):
     where = work / "elsewhere"
     cases = [
         (["--like", "../runs/r", "--task", "qa1,nope"], "nope"),

@@ -216,3 +216,20 @@ def test_window_summary_and_win_rate():
     s = window_summary(a, docs, vocab_size=16384)  # ln 16384 = 9.70
     assert s["median_nll"] == 2.5 and s["above_uniform_windows"] == 1 and s["above_uniform_documents"] == [1]
     assert document_win_rate(a, b, docs) == pytest.approx(2 / 3)  # a wins documents 0 and 2
+
+
+def test_the_resamples_are_a_bincount_per_draw_and_kept_draws_are_not_shared():
+    """The one-bincount draw equals a bincount of each resample's drawn documents, at odd document counts
+    and with string documents; a kept draw comes back the same, and changing a returned one changes no later one."""
+    from lenx.report import stats
+
+    for docs in (np.array([5]), np.array([1, 1, 2]), np.arange(63) % 41, np.array(["b", "a", "b", "c"] * 7)):
+        _, inverse = np.unique(docs, return_inverse=True)
+        k = inverse.max() + 1
+        draws = np.random.default_rng(3).integers(0, k, size=(111, k))
+        plain = np.stack([np.bincount(d, minlength=k) for d in draws])[:, inverse]
+        w = stats._resamples(docs, 111, 3)
+        assert w.dtype == np.int64 and np.array_equal(w, plain)
+        w[:] = -1
+        assert np.array_equal(stats._resamples(docs, 111, 3), plain)
+        assert k == 1 or not np.array_equal(stats._resamples(docs, 111, 4), plain)  # one document: one draw
