@@ -10,39 +10,28 @@ Differences between two methods are paired: the windows are the same for every m
 only on the corpus, split and eval seed), so each resample compares the two on the same windows.
 """
 
-from collections import OrderedDict
+import functools
 
 import numpy as np
 
 
-_DRAWS: "OrderedDict[tuple, tuple[np.ndarray, np.ndarray]]" = OrderedDict()  # (documents, n, seed) -> counts, inverse
-_HELD = [0]  # the bytes of the counts in _DRAWS
-_DRAWS_BYTES = 128 << 20  # a collect asks for the same ~100 draws thousands of times (every pair, length, left-out document)
-
-
 def _resamples(documents, n: int, seed: int) -> np.ndarray:
-    """For each of n resamples, the window weights: how often each window's document was drawn.
-    The same (documents, n, seed) always gives the same draw, so draws are kept (least recently used
-    dropped beyond _DRAWS_BYTES)."""
+    """For each of n resamples, the window weights: how often each window's document was drawn."""
     documents = np.asarray(documents)
-    key = (documents.dtype.str, tuple(documents.tolist()), n, seed)
-    if key in _DRAWS:
-        _DRAWS.move_to_end(key)
-        counts, inverse = _DRAWS[key]
-    else:
-        unique, inverse = np.unique(documents, return_inverse=True)
-        rng = np.random.default_rng(seed)
-        k = len(unique)
-        draws = rng.integers(0, k, size=(n, k))
-        # one bincount over all rows (row r's documents offset by r * k): a bincount per row cost most of a collect
-        counts = np.bincount((draws + k * np.arange(n)[:, None]).ravel(), minlength=n * k).reshape(n, k)
-        counts = counts.astype(np.int32)  # [n, documents]; at most k
-        _DRAWS[key] = counts, inverse
-        _HELD[0] += counts.nbytes
-        while _HELD[0] > _DRAWS_BYTES and len(_DRAWS) > 1:
-            _HELD[0] -= _DRAWS.popitem(last=False)[1][0].nbytes
+    counts, inverse = _draw(documents.dtype.str, tuple(documents.tolist()), n, seed)
     # int64 as numpy's integer matmul sums in its own order: float weights (BLAS) move the last digits of the tables
-    return counts[:, inverse].astype(np.int64)  # [n, windows]
+    return counts[:, inverse].astype(np.int64)  # [n, windows], a new array: the kept draw stays as it is
+
+
+@functools.lru_cache(maxsize=256)  # a collect asks for the same ~100 draws thousands of times; ~0.5 MB each
+def _draw(dtype: str, documents: tuple, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the document counts of n resamples [n, documents] int32, each window's document index)."""
+    unique, inverse = np.unique(np.asarray(documents, dtype=dtype), return_inverse=True)
+    k = len(unique)
+    draws = np.random.default_rng(seed).integers(0, k, size=(n, k))
+    # one bincount over all rows (row r's documents offset by r * k): a bincount per row cost most of a collect
+    counts = np.bincount((draws + k * np.arange(n)[:, None]).ravel(), minlength=n * k).reshape(n, k)
+    return counts.astype(np.int32), inverse
 
 
 def _nll_rows(window_nll) -> np.ndarray:
